@@ -1,0 +1,149 @@
+package deviceplugin
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// RegistrationMode selects how a plugin announces itself to the kubelet.
+type RegistrationMode string
+
+const (
+	// RegistrationAuto uses the plugin watcher when the registry directory
+	// exists and the kubelet's registration socket otherwise.
+	RegistrationAuto RegistrationMode = "auto"
+	// RegistrationKubelet calls Register on <PluginDir>/kubelet.sock.
+	RegistrationKubelet RegistrationMode = "kubelet"
+	// RegistrationRegistry places a pluginregistration v1 socket in the
+	// kubelet's plugins_registry directory and lets the kubelet find it.
+	RegistrationRegistry RegistrationMode = "registry"
+)
+
+// DefaultRegistryDir is where the kubelet's plugin watcher looks for sockets.
+const DefaultRegistryDir = "/var/lib/kubelet/plugins_registry"
+
+// KubeletMaxMessageSize is the largest message the kubelet accepts on a
+// ListAndWatch stream (the gRPC default receive limit, 4 MiB).
+const KubeletMaxMessageSize = 4 << 20
+
+// Config configures a Server. The zero value serves in the kubelet's
+// default directories and registers automatically.
+type Config struct {
+	// PluginDir is the kubelet's device plugin directory: where plugin
+	// sockets are created and kubelet.sock is found. Default
+	// /var/lib/kubelet/device-plugins/.
+	PluginDir string
+	// KubeletSocket is the kubelet's registration socket. Default
+	// <PluginDir>/kubelet.sock.
+	KubeletSocket string
+	// Registration selects the registration path. Default auto.
+	Registration RegistrationMode
+	// RegistryDir is the kubelet's plugin watcher directory. Default
+	// /var/lib/kubelet/plugins_registry.
+	RegistryDir string
+	// InstanceID distinguishes this process's sockets from those of other
+	// instances of the same plugin (a rolling update runs two at once).
+	// Default: random.
+	InstanceID string
+	// Logger receives the server's logs. Default: discard.
+	Logger *slog.Logger
+	// Registerer, when set, receives the server's Prometheus metrics.
+	Registerer prometheus.Registerer
+	// RetryMin and RetryMax bound the jittered exponential back-off between
+	// failed registrations. Defaults 50ms and 5s.
+	RetryMin, RetryMax time.Duration
+	// RegisterTimeout bounds one Register call. The kubelet dials the
+	// plugin for up to 10s inside it. Default 15s.
+	RegisterTimeout time.Duration
+	// ShutdownTimeout bounds how long shutdown waits for in-flight RPCs.
+	// Default 10s.
+	ShutdownTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.PluginDir == "" {
+		c.PluginDir = pluginapi.DevicePluginPath
+	}
+	if c.KubeletSocket == "" {
+		c.KubeletSocket = filepath.Join(c.PluginDir, filepath.Base(pluginapi.KubeletSocket))
+	}
+	if c.Registration == "" {
+		c.Registration = RegistrationAuto
+	}
+	if c.RegistryDir == "" {
+		c.RegistryDir = DefaultRegistryDir
+	}
+	if c.InstanceID == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.InstanceID = hex.EncodeToString(b[:])
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 50 * time.Millisecond
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.RegisterTimeout <= 0 {
+		c.RegisterTimeout = 15 * time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	return c
+}
+
+func (c Config) validate(resources []Resource) error {
+	var errs []error
+	if !filepath.IsAbs(c.PluginDir) {
+		errs = append(errs, fmt.Errorf("PluginDir: %q must be an absolute path", c.PluginDir))
+	}
+	switch c.Registration {
+	case RegistrationAuto, RegistrationKubelet, RegistrationRegistry:
+	default:
+		errs = append(errs, fmt.Errorf("Registration: unknown mode %q; use auto, kubelet or registry", c.Registration))
+	}
+	if c.RetryMax < c.RetryMin {
+		errs = append(errs, fmt.Errorf("RetryMax: %s is below RetryMin %s", c.RetryMax, c.RetryMin))
+	}
+	if len(resources) == 0 {
+		errs = append(errs, errors.New("resources: at least one resource is needed"))
+	}
+	seen := make(map[string]bool)
+	for i, r := range resources {
+		if err := ValidateResourceName(r.Name); err != nil {
+			errs = append(errs, fmt.Errorf("resources[%d].Name: %w", i, err))
+		}
+		if r.Plugin == nil {
+			errs = append(errs, fmt.Errorf("resources[%d].Plugin: is nil; set the Plugin that serves %q", i, r.Name))
+		}
+		if seen[r.Name] {
+			errs = append(errs, fmt.Errorf("resources[%d].Name: %q is served twice; one process serves each resource once", i, r.Name))
+		}
+		seen[r.Name] = true
+	}
+	return errors.Join(errs...)
+}
+
+// registryMode resolves auto to the mode actually used.
+func (c Config) registryMode() RegistrationMode {
+	if c.Registration != RegistrationAuto {
+		return c.Registration
+	}
+	if fi, err := os.Stat(c.RegistryDir); err == nil && fi.IsDir() {
+		return RegistrationRegistry
+	}
+	return RegistrationKubelet
+}

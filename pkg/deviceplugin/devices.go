@@ -1,0 +1,128 @@
+package deviceplugin
+
+import (
+	"slices"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// snapshot is one immutable view of a resource's devices, shared by every
+// reader until the next change replaces it.
+type snapshot struct {
+	version uint64
+	byID    map[string]Device
+	// msg is what ListAndWatch sends; size is its encoded size.
+	msg  *pluginapi.ListAndWatchResponse
+	size int
+	// healthy and unhealthy count the devices by health.
+	healthy, unhealthy int
+}
+
+// deviceSet holds the latest snapshot of one resource and wakes its
+// watchers when it changes. Notify never blocks: every watcher has a
+// one-slot channel, and a watcher that has not consumed the previous wake-up
+// simply reads the newest snapshot when it gets to it (latest wins).
+type deviceSet struct {
+	mu       sync.Mutex
+	cur      *snapshot
+	watchers map[chan struct{}]struct{}
+	onChange func(*snapshot)
+}
+
+func newDeviceSet(onChange func(*snapshot)) *deviceSet {
+	return &deviceSet{
+		cur:      buildSnapshot(0, nil),
+		watchers: make(map[chan struct{}]struct{}),
+		onChange: onChange,
+	}
+}
+
+// update replaces the device set with devs. It reports whether anything
+// changed; an identical snapshot wakes nobody.
+func (s *deviceSet) update(devs []Device) bool {
+	s.mu.Lock()
+	if sameDevices(s.cur, devs) {
+		s.mu.Unlock()
+		return false
+	}
+	snap := buildSnapshot(s.cur.version+1, devs)
+	s.cur = snap
+	for ch := range s.watchers {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	s.mu.Unlock()
+	if s.onChange != nil {
+		s.onChange(snap)
+	}
+	return true
+}
+
+func (s *deviceSet) current() *snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+// watch registers a watcher; the returned channel receives a value after
+// each change. cancel must be called when the watcher is done.
+func (s *deviceSet) watch() (ch chan struct{}, cancel func()) {
+	ch = make(chan struct{}, 1)
+	s.mu.Lock()
+	s.watchers[ch] = struct{}{}
+	s.mu.Unlock()
+	return ch, func() {
+		s.mu.Lock()
+		delete(s.watchers, ch)
+		s.mu.Unlock()
+	}
+}
+
+func sameDevices(cur *snapshot, devs []Device) bool {
+	if len(cur.byID) != len(devs) {
+		return false
+	}
+	for _, d := range devs {
+		old, ok := cur.byID[d.ID]
+		if !ok || old.Healthy != d.Healthy || !slices.Equal(old.NUMANodes, d.NUMANodes) {
+			return false
+		}
+	}
+	return true
+}
+
+func buildSnapshot(version uint64, devs []Device) *snapshot {
+	s := &snapshot{
+		version: version,
+		byID:    make(map[string]Device, len(devs)),
+		msg:     &pluginapi.ListAndWatchResponse{Devices: make([]*pluginapi.Device, 0, len(devs))},
+	}
+	for _, d := range devs {
+		if _, dup := s.byID[d.ID]; dup {
+			continue // the first report of an ID wins; Validate catches this for authors
+		}
+		d.NUMANodes = slices.Clone(d.NUMANodes)
+		s.byID[d.ID] = d
+		pd := &pluginapi.Device{ID: d.ID, Health: pluginapi.Unhealthy}
+		if d.Healthy {
+			pd.Health = pluginapi.Healthy
+			s.healthy++
+		} else {
+			s.unhealthy++
+		}
+		if len(d.NUMANodes) > 0 {
+			nodes := make([]*pluginapi.NUMANode, len(d.NUMANodes))
+			for i, n := range d.NUMANodes {
+				nodes[i] = &pluginapi.NUMANode{ID: n}
+			}
+			pd.Topology = &pluginapi.TopologyInfo{Nodes: nodes}
+		}
+		s.msg.Devices = append(s.msg.Devices, pd)
+	}
+	s.size = proto.Size(s.msg)
+	return s
+}

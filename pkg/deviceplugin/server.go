@@ -1,0 +1,233 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// resyncInterval is how often the server checks, as a safety net behind
+// fsnotify, that every socket still exists and every resource is
+// registered. Reacting to a kubelet restart never waits for it.
+const resyncInterval = 10 * time.Second
+
+// Server serves a set of resources to the kubelet. Create it with
+// NewServer and start it with Run.
+type Server struct {
+	cfg       Config
+	mode      RegistrationMode
+	resources []*resource
+	metrics   *metrics
+
+	mu      sync.Mutex
+	running bool
+}
+
+// NewServer validates cfg and resources and returns a Server ready to Run.
+// It reports every problem at once.
+func NewServer(cfg Config, resources ...Resource) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(resources); err != nil {
+		return nil, fmt.Errorf("invalid device plugin server configuration:\n%w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	s := &Server{cfg: cfg, mode: cfg.registryMode(), metrics: m}
+	for _, res := range resources {
+		s.resources = append(s.resources, newResource(res, cfg, s.mode, m))
+	}
+	return s, nil
+}
+
+// Serve is a shortcut that serves one resource with cfg until ctx ends.
+func Serve(ctx context.Context, cfg Config, name string, p Plugin) error {
+	s, err := NewServer(cfg, Resource{Name: name, Plugin: p})
+	if err != nil {
+		return err
+	}
+	return s.Run(ctx)
+}
+
+// Mode is the registration mode in use (auto resolved).
+func (s *Server) Mode() RegistrationMode { return s.mode }
+
+// Run serves every resource until ctx ends, then shuts down: streams end,
+// in-flight calls finish, sockets are removed. It returns an error only
+// when serving cannot start at all (an unusable socket directory); failures
+// to reach the kubelet are retried forever.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return errors.New("device plugin server is already running")
+	}
+	s.running = true
+	s.mu.Unlock()
+
+	log := s.cfg.Logger
+	dir := s.cfg.PluginDir
+	if s.mode == RegistrationRegistry {
+		dir = s.cfg.RegistryDir
+	}
+	for _, r := range s.resources {
+		if err := r.listen(); err != nil {
+			for _, o := range s.resources {
+				o.shutdown()
+			}
+			return fmt.Errorf("serve %s: %w", r.name, err)
+		}
+	}
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", dir, err)
+	}
+	defer watcher.Close()
+	watchDirs := []string{dir}
+	if s.mode == RegistrationKubelet {
+		if kd := filepath.Dir(s.cfg.KubeletSocket); kd != dir {
+			watchDirs = append(watchDirs, kd)
+		}
+	}
+	for _, d := range watchDirs {
+		if err := watcher.Add(d); err != nil {
+			return fmt.Errorf("watch %s: %w", d, err)
+		}
+	}
+	log.Info("Device plugin server started", "resources", s.names(), "registration", string(s.mode), "socketDir", dir)
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, r := range s.resources {
+		wg.Add(2)
+		go func() { defer wg.Done(); r.scan(ctx) }()
+		go func() { defer wg.Done(); r.registerLoop(ctx) }()
+		r.requestRegistration(reasonStart)
+	}
+
+	ticker := time.NewTicker(resyncInterval)
+	defer ticker.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				break loop
+			}
+			s.handleEvent(ev)
+		case err, ok := <-watcher.Errors:
+			if !ok {
+				break loop
+			}
+			log.Warn("File watch error", "error", err)
+		case <-ticker.C:
+			s.resync()
+		}
+	}
+	cancel()
+	wg.Wait()
+	var swg sync.WaitGroup
+	for _, r := range s.resources {
+		swg.Add(1)
+		go func() { defer swg.Done(); r.shutdown() }()
+	}
+	swg.Wait()
+	log.Info("Device plugin server stopped")
+	return nil
+}
+
+func (s *Server) handleEvent(ev fsnotify.Event) {
+	switch {
+	case s.mode == RegistrationKubelet && ev.Name == s.cfg.KubeletSocket && ev.Has(fsnotify.Create):
+		s.cfg.Logger.Info("Kubelet socket created; the kubelet restarted")
+		for _, r := range s.resources {
+			r.requestRegistration(reasonKubeletSocket)
+		}
+	case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
+		for _, r := range s.resources {
+			if ev.Name == r.socketPath && !r.ownsSocket() {
+				r.log.Info("Plugin socket was removed; serving it again")
+				if err := r.listen(); err != nil {
+					r.log.Error("Could not serve the socket again; will retry", "error", err)
+				}
+				r.requestRegistration(reasonSocketRemoved)
+			}
+		}
+	}
+}
+
+// resync is the safety net behind fsnotify: it puts back sockets whose
+// removal was missed and retries registrations that are not in place.
+func (s *Server) resync() {
+	for _, r := range s.resources {
+		if !r.ownsSocket() {
+			if err := r.listen(); err == nil {
+				r.requestRegistration(reasonSocketRemoved)
+			}
+			continue
+		}
+		if s.mode == RegistrationKubelet && !r.isRegistered() {
+			r.requestRegistration(reasonRetry)
+		}
+	}
+}
+
+func (s *Server) names() []string {
+	names := make([]string, len(s.resources))
+	for i, r := range s.resources {
+		names[i] = r.name
+	}
+	return names
+}
+
+// ResourceStatus describes one resource's registration.
+type ResourceStatus struct {
+	Name       string
+	Socket     string
+	Registered bool
+	Streams    int
+	Healthy    int
+	Unhealthy  int
+	LastError  error
+}
+
+// Status reports every resource's state, sorted by name.
+func (s *Server) Status() []ResourceStatus {
+	out := make([]ResourceStatus, 0, len(s.resources))
+	for _, r := range s.resources {
+		snap := r.devices.current()
+		r.mu.Lock()
+		out = append(out, ResourceStatus{
+			Name: r.name, Socket: r.socketPath, Registered: r.registered, Streams: r.streams,
+			Healthy: snap.healthy, Unhealthy: snap.unhealthy, LastError: r.lastErr,
+		})
+		r.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Ready returns nil when every resource is registered with the kubelet,
+// and otherwise an error naming those that are not.
+func (s *Server) Ready() error {
+	var missing []string
+	for _, st := range s.Status() {
+		if !st.Registered {
+			missing = append(missing, st.Name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("not registered with the kubelet: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
