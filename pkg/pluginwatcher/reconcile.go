@@ -1,0 +1,243 @@
+package pluginwatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// Timeouts of the calls to a plugin, as in the kubelet.
+const (
+	getInfoTimeout = time.Second
+	notifyTimeout  = 5 * time.Second
+)
+
+// ErrNoHandler is wrapped by the registration error of a plugin whose type
+// has no handler.
+var ErrNoHandler = errors.New("no handler registered for plugin type")
+
+// reconcileLoop reconciles the desired and actual states every period and
+// whenever something changed, until ctx is done; it then waits for the
+// operations it started.
+func (w *Watcher) reconcileLoop(ctx context.Context) {
+	defer w.ops.Wait()
+	t := w.clock.NewTicker(w.period)
+	defer t.Stop()
+	for {
+		w.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		case <-w.kickCh:
+		}
+	}
+}
+
+// reconcile starts the operations that bring the actual state of the
+// world towards the desired one: deregistration of plugins whose socket is
+// gone or was re-created, then registration of sockets not registered yet
+// whose back-off has expired. At most one operation runs per socket.
+func (w *Watcher) reconcile(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.clock.Now()
+	for path, r := range w.retries {
+		if d, ok := w.desired[path]; !ok || d.gen != r.gen {
+			delete(w.retries, path)
+		}
+	}
+	for path, r := range w.actual {
+		if w.pending[path] {
+			continue
+		}
+		if d, ok := w.desired[path]; ok && d.gen == r.gen {
+			continue
+		}
+		w.pending[path] = true
+		w.ops.Add(1)
+		go func() {
+			defer w.ops.Done()
+			w.deregister(path, r)
+		}()
+	}
+	for path, d := range w.desired {
+		if w.pending[path] {
+			continue
+		}
+		if _, ok := w.actual[path]; ok {
+			continue
+		}
+		if r := w.retries[path]; r != nil && now.Before(r.next) {
+			continue
+		}
+		w.pending[path] = true
+		w.ops.Add(1)
+		go func() {
+			defer w.ops.Done()
+			w.register(ctx, path, d)
+		}()
+	}
+}
+
+// backoff returns the wait after the n-th consecutive failure (n >= 1).
+func (w *Watcher) backoff(n int) time.Duration {
+	d := w.initialBackoff
+	for i := 1; i < n; i++ {
+		d *= 2
+		if d >= w.maxBackoff {
+			return w.maxBackoff
+		}
+	}
+	return min(d, w.maxBackoff)
+}
+
+func (w *Watcher) register(ctx context.Context, path string, d desired) {
+	var (
+		p      Plugin
+		h      Handler
+		status *registerapi.RegistrationStatus
+	)
+	conn, err := dial(ctx, path, w.dialTimeout)
+	if err != nil {
+		err = fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", path, err)
+	} else {
+		defer func() { _ = conn.Close() }()
+		p, h, status, err = w.attempt(ctx, registerapi.NewRegistrationClient(conn), path)
+	}
+
+	// The state is updated before the plugin hears the outcome, so that a
+	// plugin told it is registered is listed by Plugins.
+	w.mu.Lock()
+	delete(w.pending, path)
+	switch {
+	case err == nil:
+		delete(w.retries, path)
+		p.Seen = d.seen
+		p.Registered = w.clock.Now()
+		w.actual[path] = registered{Plugin: p, gen: d.gen, handler: h}
+		w.mu.Unlock()
+		w.log.Info("plugin registered", "path", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions)
+	case ctx.Err() != nil:
+		w.mu.Unlock()
+		return
+	default:
+		r := w.retries[path]
+		if r == nil || r.gen != d.gen {
+			r = &retry{gen: d.gen}
+			w.retries[path] = r
+		}
+		r.failures++
+		r.lastErr = err
+		n := r.failures
+		wait := w.backoff(n)
+		r.next = w.clock.Now().Add(wait)
+		w.mu.Unlock()
+		w.log.Error("plugin registration failed", "path", path, "failures", n, "retryIn", wait, "err", err)
+	}
+	w.kick()
+	if status != nil {
+		w.notify(ctx, registerapi.NewRegistrationClient(conn), path, status)
+	}
+}
+
+func (w *Watcher) deregister(path string, r registered) {
+	w.mu.Lock()
+	delete(w.actual, path)
+	w.mu.Unlock()
+	r.handler.DeRegisterPlugin(r.Name, r.Endpoint)
+	w.log.Info("plugin deregistered", "path", path, "type", r.Type, "name", r.Name, "endpoint", r.Endpoint)
+	w.mu.Lock()
+	delete(w.pending, path)
+	w.mu.Unlock()
+	w.kick()
+}
+
+// attempt runs one registration of the plugin at path: GetInfo, handler
+// lookup, ValidatePlugin and RegisterPlugin. It returns the status to
+// send to the plugin (nil when GetInfo failed); its texts are the
+// kubelet's.
+func (w *Watcher) attempt(ctx context.Context, client registerapi.RegistrationClient, path string) (Plugin, Handler, *registerapi.RegistrationStatus, error) {
+	infoCtx, cancel := context.WithTimeout(ctx, getInfoTimeout)
+	info, err := client.GetInfo(infoCtx, &registerapi.InfoRequest{})
+	cancel()
+	if err != nil {
+		return Plugin{}, nil, nil, fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", path, err)
+	}
+	failed := func(msg string, err error) (Plugin, Handler, *registerapi.RegistrationStatus, error) {
+		return Plugin{}, nil, &registerapi.RegistrationStatus{Error: msg}, err
+	}
+
+	h := w.handler(info.GetType())
+	if h == nil {
+		return failed(fmt.Sprintf("RegisterPlugin error -- no handler registered for plugin type: %s at socket %s", info.GetType(), path),
+			fmt.Errorf("RegisterPlugin error -- %w: %s at socket %s", ErrNoHandler, info.GetType(), path))
+	}
+	p := Plugin{
+		SocketPath: path,
+		Type:       info.GetType(),
+		Name:       info.GetName(),
+		Endpoint:   info.GetEndpoint(),
+		Versions:   info.GetSupportedVersions(),
+	}
+	if p.Endpoint == "" {
+		p.Endpoint = path
+	}
+	if err := h.ValidatePlugin(p.Name, p.Endpoint, p.Versions); err != nil {
+		return failed(fmt.Sprintf("RegisterPlugin error -- plugin validation failed with err: %v", err),
+			fmt.Errorf("RegisterPlugin error -- plugin validation failed: %w", err))
+	}
+	if err := h.RegisterPlugin(p.Name, p.Endpoint, p.Versions, nil); err != nil {
+		return failed(fmt.Sprintf("RegisterPlugin error -- plugin registration failed with err: %v", err),
+			fmt.Errorf("RegisterPlugin error -- plugin registration failed: %w", err))
+	}
+	// The handler has accepted the plugin; failing to tell the plugin does
+	// not undo that, as in the kubelet.
+	return p, h, &registerapi.RegistrationStatus{PluginRegistered: true}, nil
+}
+
+// notify sends the registration status to the plugin and logs a failure.
+func (w *Watcher) notify(ctx context.Context, client registerapi.RegistrationClient, path string, st *registerapi.RegistrationStatus) {
+	ctx, cancel := context.WithTimeout(ctx, notifyTimeout)
+	defer cancel()
+	if _, err := client.NotifyRegistrationStatus(ctx, st); err != nil {
+		w.log.Warn("cannot send registration status to plugin", "path", path, "registered", st.PluginRegistered, "err", err)
+	}
+}
+
+// dial connects to the unix socket at path and waits until the
+// connection is ready or timeout expires.
+func dial(ctx context.Context, path string, timeout time.Duration) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient("passthrough:///"+path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("failed to dial socket %s, err: %w", path, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		if s == connectivity.Ready {
+			return conn, nil
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			_ = conn.Close()
+			return nil, fmt.Errorf("failed to dial socket %s, err: %w (last state %s)", path, ctx.Err(), s)
+		}
+	}
+}

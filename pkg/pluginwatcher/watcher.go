@@ -1,0 +1,328 @@
+// Package pluginwatcher discovers plugins the way the kubelet's plugin
+// manager does: it watches a registration directory (the kubelet's
+// <root>/plugins_registry) for unix sockets, asks every new socket who it is
+// through the pluginregistration v1 API (GetInfo), hands it to the Handler
+// registered for its type (ValidatePlugin, RegisterPlugin), reports the
+// outcome back to the plugin (NotifyRegistrationStatus) and deregisters it
+// once the socket disappears.
+//
+// Internally it keeps a desired state of the world (the sockets that exist,
+// each with the time it was seen) and an actual state of the world (the
+// plugins registered with a handler) and reconciles them in a loop, with
+// an exponential back-off per socket after a failure.
+package pluginwatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/clock"
+)
+
+// Defaults applied by New to a zero Config field.
+const (
+	DefaultReconcilePeriod = time.Second
+	DefaultInitialBackoff  = 500 * time.Millisecond
+	DefaultMaxBackoff      = 2*time.Minute + 2*time.Second
+	DefaultDialTimeout     = 10 * time.Second
+)
+
+// Config configures a Watcher.
+type Config struct {
+	// Dir is the directory watched for plugin sockets, with its
+	// subdirectories. It is created if it does not exist.
+	Dir string
+	// Handlers maps plugin types (DevicePlugin, CSIPlugin, DRAPlugin or
+	// any other string) to their handlers. More can be added with
+	// AddHandler.
+	Handlers map[string]Handler
+	// Logger receives the watcher's logs. Nil discards them.
+	Logger *slog.Logger
+	// ReconcilePeriod is how often the desired and actual states are
+	// compared even when no file system event arrived. Default 1s.
+	ReconcilePeriod time.Duration
+	// InitialBackoff is the wait after a socket's first failed
+	// registration; it doubles with every further failure up to
+	// MaxBackoff. Defaults 500ms and 2m2s, as in the kubelet.
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	// DialTimeout bounds connecting to a plugin socket. Default 10s.
+	DialTimeout time.Duration
+	// Clock is the time source. Default the real clock.
+	Clock clock.WithTicker
+}
+
+// Validate reports every problem in c, each with its field path.
+func (c *Config) Validate() error {
+	var errs field.ErrorList
+	if c.Dir == "" {
+		errs = append(errs, field.Required(field.NewPath("dir"), "set the plugin registration directory to watch, for example <kubelet root>/plugins_registry"))
+	}
+	for typ, h := range c.Handlers {
+		if typ == "" {
+			errs = append(errs, field.Invalid(field.NewPath("handlers").Key(typ), typ, "plugin type must not be empty"))
+		}
+		if h == nil {
+			errs = append(errs, field.Required(field.NewPath("handlers").Key(typ), "handler must not be nil"))
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"reconcilePeriod", c.ReconcilePeriod},
+		{"initialBackoff", c.InitialBackoff},
+		{"maxBackoff", c.MaxBackoff},
+		{"dialTimeout", c.DialTimeout},
+	} {
+		if d.v < 0 {
+			errs = append(errs, field.Invalid(field.NewPath(d.name), d.v.String(), "must not be negative; leave it zero for the default"))
+		}
+	}
+	if c.InitialBackoff > 0 && c.MaxBackoff > 0 && c.MaxBackoff < c.InitialBackoff {
+		errs = append(errs, field.Invalid(field.NewPath("maxBackoff"), c.MaxBackoff.String(), "must not be smaller than initialBackoff"))
+	}
+	return errs.ToAggregate()
+}
+
+// Plugin is a plugin registered with its handler.
+type Plugin struct {
+	// SocketPath is the registration socket the plugin was found at.
+	SocketPath string
+	// Type, Name, Endpoint and Versions are what the plugin answered to
+	// GetInfo; Endpoint is SocketPath when the plugin left it empty.
+	Type     string
+	Name     string
+	Endpoint string
+	Versions []string
+	// Seen is when the watcher saw the socket appear.
+	Seen time.Time
+	// Registered is when the handler accepted the plugin.
+	Registered time.Time
+}
+
+// Failure describes a socket whose registration failed and will be
+// retried.
+type Failure struct {
+	SocketPath string
+	// Failures counts consecutive failed attempts for this socket.
+	Failures int
+	// LastError is the last attempt's error.
+	LastError string
+	// NextAttempt is the earliest time of the next attempt.
+	NextAttempt time.Time
+}
+
+// ErrAlreadyStarted is returned by Start and Run on a Watcher that was
+// started before.
+var ErrAlreadyStarted = errors.New("pluginwatcher: already started")
+
+// desired is a socket in the desired state of the world.
+type desired struct {
+	seen time.Time
+	gen  uint64
+	info os.FileInfo
+}
+
+// registered is a plugin in the actual state of the world.
+type registered struct {
+	Plugin
+	gen     uint64
+	handler Handler
+}
+
+// retry is the back-off state of one socket generation.
+type retry struct {
+	gen      uint64
+	failures int
+	next     time.Time
+	lastErr  error
+}
+
+// Watcher watches a plugin registration directory. Create it with New.
+type Watcher struct {
+	dir            string
+	log            *slog.Logger
+	clock          clock.WithTicker
+	period         time.Duration
+	initialBackoff time.Duration
+	maxBackoff     time.Duration
+	dialTimeout    time.Duration
+
+	started atomic.Bool
+	done    chan struct{}
+	kickCh  chan struct{}
+	ops     sync.WaitGroup
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	desired  map[string]desired
+	actual   map[string]registered
+	pending  map[string]bool
+	retries  map[string]*retry
+	nextGen  uint64
+}
+
+// New validates cfg, applies defaults and returns a Watcher that is not
+// started yet.
+func New(cfg Config) (*Watcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("pluginwatcher: invalid config: %w", err)
+	}
+	w := &Watcher{
+		dir:            cfg.Dir,
+		log:            cfg.Logger,
+		clock:          cfg.Clock,
+		period:         cmpOr(cfg.ReconcilePeriod, DefaultReconcilePeriod),
+		initialBackoff: cmpOr(cfg.InitialBackoff, DefaultInitialBackoff),
+		maxBackoff:     cmpOr(cfg.MaxBackoff, DefaultMaxBackoff),
+		dialTimeout:    cmpOr(cfg.DialTimeout, DefaultDialTimeout),
+		done:           make(chan struct{}),
+		kickCh:         make(chan struct{}, 1),
+		handlers:       make(map[string]Handler, len(cfg.Handlers)),
+		desired:        make(map[string]desired),
+		actual:         make(map[string]registered),
+		pending:        make(map[string]bool),
+		retries:        make(map[string]*retry),
+	}
+	if w.maxBackoff < w.initialBackoff {
+		w.maxBackoff = w.initialBackoff
+	}
+	if w.log == nil {
+		w.log = slog.New(slog.DiscardHandler)
+	}
+	if w.clock == nil {
+		w.clock = clock.RealClock{}
+	}
+	for typ, h := range cfg.Handlers {
+		w.handlers[typ] = h
+	}
+	return w, nil
+}
+
+func cmpOr(v, def time.Duration) time.Duration {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// AddHandler registers h for plugins of pluginType, replacing any handler
+// registered for it before. It may be called before or after Start;
+// sockets that failed for lack of a handler are retried at once.
+func (w *Watcher) AddHandler(pluginType string, h Handler) error {
+	if pluginType == "" {
+		return errors.New("pluginwatcher: AddHandler: plugin type must not be empty")
+	}
+	if h == nil {
+		return fmt.Errorf("pluginwatcher: AddHandler: handler for %q must not be nil", pluginType)
+	}
+	w.mu.Lock()
+	w.handlers[pluginType] = h
+	for path, r := range w.retries {
+		if errors.Is(r.lastErr, ErrNoHandler) {
+			delete(w.retries, path)
+		}
+	}
+	w.mu.Unlock()
+	w.kick()
+	return nil
+}
+
+func (w *Watcher) handler(pluginType string) Handler {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.handlers[pluginType]
+}
+
+// Start creates the directory if needed, starts watching it, scans the
+// sockets already there and starts the reconcile loop. It returns once
+// watching has begun; the watcher's goroutines run until ctx is done, and
+// Done is closed once they all returned.
+func (w *Watcher) Start(ctx context.Context) error {
+	if w.started.Swap(true) {
+		return ErrAlreadyStarted
+	}
+	fsw, err := w.startFS()
+	if err != nil {
+		close(w.done)
+		return err
+	}
+	var loops sync.WaitGroup
+	loops.Add(2)
+	go func() {
+		defer loops.Done()
+		w.watchLoop(ctx, fsw)
+	}()
+	go func() {
+		defer loops.Done()
+		w.reconcileLoop(ctx)
+	}()
+	go func() {
+		loops.Wait()
+		close(w.done)
+	}()
+	return nil
+}
+
+// Run starts the watcher and blocks until ctx is done and every goroutine
+// it started has returned. It returns an error only if watching could not
+// start.
+func (w *Watcher) Run(ctx context.Context) error {
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	<-w.done
+	return nil
+}
+
+// Done is closed once a started watcher has stopped.
+func (w *Watcher) Done() <-chan struct{} { return w.done }
+
+// Plugins returns the plugins registered with their handlers, sorted by
+// socket path.
+func (w *Watcher) Plugins() []Plugin {
+	w.mu.Lock()
+	out := make([]Plugin, 0, len(w.actual))
+	for _, r := range w.actual {
+		p := r.Plugin
+		p.Versions = slices.Clone(p.Versions)
+		out = append(out, p)
+	}
+	w.mu.Unlock()
+	slices.SortFunc(out, func(a, b Plugin) int { return strings.Compare(a.SocketPath, b.SocketPath) })
+	return out
+}
+
+// Failures returns the sockets whose registration failed and is retried,
+// sorted by socket path.
+func (w *Watcher) Failures() []Failure {
+	w.mu.Lock()
+	out := make([]Failure, 0, len(w.retries))
+	for path, r := range w.retries {
+		if d, ok := w.desired[path]; !ok || d.gen != r.gen {
+			continue
+		}
+		out = append(out, Failure{SocketPath: path, Failures: r.failures, LastError: r.lastErr.Error(), NextAttempt: r.next})
+	}
+	w.mu.Unlock()
+	slices.SortFunc(out, func(a, b Failure) int { return strings.Compare(a.SocketPath, b.SocketPath) })
+	return out
+}
+
+// kick asks the reconcile loop for a pass without waiting for its period.
+func (w *Watcher) kick() {
+	select {
+	case w.kickCh <- struct{}{}:
+	default:
+	}
+}
