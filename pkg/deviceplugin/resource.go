@@ -55,11 +55,12 @@ type resource struct {
 
 	grpc     *grpc.Server
 	stopping chan struct{} // closed when the server shuts down
-	trigger  chan string   // one pending registration request, with its reason
+	trigger  chan struct{} // wakes the registration loop; reasons are in pending
 	scanned  chan struct{} // closed on the first snapshot
 	scanOnce sync.Once
 
 	mu         sync.Mutex
+	pending    map[string]bool // reasons to register that the loop has not seen
 	ln         net.Listener
 	socketInfo os.FileInfo // the socket file this instance created
 	registered bool
@@ -83,7 +84,7 @@ func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *r
 		log:      cfg.Logger.With("resource", res.Name),
 		metrics:  m,
 		stopping: make(chan struct{}),
-		trigger:  make(chan string, 1),
+		trigger:  make(chan struct{}, 1),
 		scanned:  make(chan struct{}),
 	}
 	r.preferred, _ = res.Plugin.(PreferredAllocator)
@@ -222,11 +223,35 @@ func (r *resource) shutdown() {
 	r.setRegistered(false, nil)
 }
 
+// requestRegistration asks the registration loop to register again for
+// reason. Reasons accumulate until the loop takes them, so none is lost.
 func (r *resource) requestRegistration(reason string) {
-	select {
-	case r.trigger <- reason:
-	default: // one is pending already; it will see the latest state
+	r.mu.Lock()
+	if r.pending == nil {
+		r.pending = make(map[string]bool)
 	}
+	r.pending[reason] = true
+	r.mu.Unlock()
+	select {
+	case r.trigger <- struct{}{}:
+	default: // the loop is already woken and will take every pending reason
+	}
+}
+
+// takeReasons returns the pending reasons that still call for a
+// registration, and clears them all.
+func (r *resource) takeReasons() []string {
+	r.mu.Lock()
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	var out []string
+	for _, reason := range []string{reasonStart, reasonKubeletSocket, reasonSocketRemoved, reasonStreamEnded, reasonRetry} {
+		if pending[reason] && r.needsRegistration(reason) {
+			out = append(out, reason)
+		}
+	}
+	return out
 }
 
 func (r *resource) streamOpened() {
@@ -289,7 +314,10 @@ func (r *resource) needsRegistration(reason string) bool {
 		if err != nil {
 			return false // gone again; the next creation triggers us
 		}
-		return !r.registered || r.kubeletSock == nil || !os.SameFile(fi, r.kubeletSock)
+		// Inode numbers are reused at once when a socket is re-created, so
+		// the modification time must match too.
+		same := r.kubeletSock != nil && os.SameFile(fi, r.kubeletSock) && fi.ModTime().Equal(r.kubeletSock.ModTime())
+		return !r.registered || !same
 	case reasonRetry:
 		return !r.registered
 	default:
@@ -311,16 +339,16 @@ func (r *resource) registerLoop(ctx context.Context) {
 	}
 	b := backoff{min: r.cfg.RetryMin, max: r.cfg.RetryMax}
 	for {
-		var reason string
 		select {
 		case <-ctx.Done():
 			return
-		case reason = <-r.trigger:
+		case <-r.trigger:
 		}
-		if !r.needsRegistration(reason) {
+		reasons := r.takeReasons()
+		if len(reasons) == 0 {
 			continue
 		}
-		if reason != reasonStart && reason != reasonRetry {
+		if reason := reasons[0]; reason != reasonStart && reason != reasonRetry {
 			r.metrics.reregistration(r.name, reason)
 			r.log.Info("Registering again", "reason", reason)
 		}
@@ -343,7 +371,10 @@ func (r *resource) registerLoop(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-time.After(wait):
-			case reason = <-r.trigger:
+			case <-r.trigger:
+				// Something changed (the kubelet socket appeared, say):
+				// try again at once.
+				r.takeReasons()
 				b.reset()
 			}
 		}

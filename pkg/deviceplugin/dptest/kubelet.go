@@ -47,6 +47,7 @@ type Kubelet struct {
 	mu       sync.Mutex
 	server   *grpc.Server
 	plugins  map[string]*Plugin // resource -> latest registration
+	conns    []*grpc.ClientConn // every plugin connection since the last restart
 	regs     map[string]int
 	changed  chan struct{} // closed and replaced on every change
 	restarts int
@@ -59,7 +60,6 @@ type Plugin struct {
 	Options *pluginapi.DevicePluginOptions
 	Client  pluginapi.DevicePluginClient
 
-	conn    *grpc.ClientConn
 	devices []*pluginapi.Device
 	updates int
 	ended   bool
@@ -121,12 +121,23 @@ func (k *Kubelet) Close() {
 	}
 	k.closed = true
 	srv := k.server
-	plugins := k.plugins
-	k.plugins = map[string]*Plugin{}
+	conns := k.dropConnsLocked()
 	k.mu.Unlock()
 	srv.Stop()
-	for _, p := range plugins {
-		_ = p.conn.Close()
+	closeAll(conns)
+}
+
+// dropConnsLocked forgets every plugin and returns the connections to close.
+func (k *Kubelet) dropConnsLocked() []*grpc.ClientConn {
+	conns := k.conns
+	k.conns = nil
+	k.plugins = map[string]*Plugin{}
+	return conns
+}
+
+func closeAll(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		_ = c.Close()
 	}
 }
 
@@ -137,14 +148,11 @@ func (k *Kubelet) Restart(t testing.TB) {
 	t.Helper()
 	k.mu.Lock()
 	srv := k.server
-	plugins := k.plugins
-	k.plugins = map[string]*Plugin{}
+	conns := k.dropConnsLocked()
 	k.restarts++
 	k.mu.Unlock()
 	srv.Stop()
-	for _, p := range plugins {
-		_ = p.conn.Close()
-	}
+	closeAll(conns)
 	entries, err := os.ReadDir(k.dir)
 	if err != nil {
 		t.Fatalf("dptest: restart: %v", err)
@@ -309,7 +317,7 @@ func (r registration) Register(ctx context.Context, req *pluginapi.RegisterReque
 		_ = conn.Close()
 		return nil, fmt.Errorf("GetDevicePluginOptions of %s: %w", req.ResourceName, err)
 	}
-	p := &Plugin{Request: req, Options: opts, Client: client, conn: conn}
+	p := &Plugin{Request: req, Options: opts, Client: client}
 	k.mu.Lock()
 	if k.closed {
 		k.mu.Unlock()
@@ -318,6 +326,9 @@ func (r registration) Register(ctx context.Context, req *pluginapi.RegisterReque
 	}
 	k.regs[req.ResourceName]++
 	k.plugins[req.ResourceName] = p
+	// Like the kubelet, an earlier connection of the same resource stays
+	// open until the plugin or a restart ends it.
+	k.conns = append(k.conns, conn)
 	k.mu.Unlock()
 	k.broadcast()
 	go k.watch(p)

@@ -1,0 +1,35 @@
+package deviceplugin
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidateResourceName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, msg string
+	}{
+		{"example.com/foo", ""},
+		{"nvidia.com/gpu", ""},
+		{"amd.com/gpu", ""},
+		{"foo", "has no domain"},
+		{"", "is empty"},
+		{"kubernetes.io/foo", "reserved for Kubernetes"},
+		{"sub.kubernetes.io/foo", "reserved for Kubernetes"},
+		{"requests.example.com/foo", `must not start with "requests."`},
+		{"example.com/foo bar", "not a qualified name"},
+		{"example.com/" + strings.Repeat("a", 64), "not a qualified name"},
+		{"-example.com/foo", "not a qualified name"},
+	} {
+		err := ValidateResourceName(tc.name)
+		switch {
+		case tc.msg == "" && err != nil:
+			t.Errorf("%q: unexpected error %v", tc.name, err)
+		case tc.msg != "" && (err == nil || !strings.Contains(err.Error(), tc.msg)):
+			t.Errorf("%q: error %v, want one containing %q", tc.name, err, tc.msg)
+		case err != nil && !strings.Contains(err.Error(), `"example.com/foo"`):
+			t.Errorf("%q: error %q shows no valid example", tc.name, err)
+		}
+	}
+}

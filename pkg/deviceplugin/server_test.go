@@ -1,0 +1,424 @@
+package deviceplugin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testPlugin serves a device set that tests change with set.
+type testPlugin struct {
+	mu      sync.Mutex
+	devs    []deviceplugin.Device
+	notify  func([]deviceplugin.Device)
+	ready   chan struct{}
+	allocFn func(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error)
+}
+
+func newTestPlugin(n int) *testPlugin {
+	p := &testPlugin{ready: make(chan struct{})}
+	for i := range n {
+		p.devs = append(p.devs, deviceplugin.Device{ID: fmt.Sprintf("dev-%d", i), Healthy: true, NUMANodes: []int64{int64(i % 2)}})
+	}
+	return p
+}
+
+func (p *testPlugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	p.mu.Lock()
+	p.notify = notify
+	notify(p.devs)
+	p.mu.Unlock()
+	close(p.ready)
+	<-ctx.Done()
+	return nil
+}
+
+func (p *testPlugin) set(id string, healthy bool) {
+	<-p.ready
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	devs := make([]deviceplugin.Device, len(p.devs))
+	copy(devs, p.devs)
+	for i := range devs {
+		if devs[i].ID == id {
+			devs[i].Healthy = healthy
+		}
+	}
+	p.devs = devs
+	p.notify(devs)
+}
+
+func (p *testPlugin) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if p.allocFn != nil {
+		return p.allocFn(ctx, ids)
+	}
+	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"DEVICES": strings.Join(ids, ",")}}, nil
+}
+
+// preferringPlugin adds preferred allocation and a pre-start hook.
+type preferringPlugin struct {
+	*testPlugin
+	answer   []string
+	prestart chan []string
+}
+
+func (p *preferringPlugin) PreferredAllocation(_ context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
+	return p.answer, nil
+}
+
+func (p *preferringPlugin) PreStartContainer(_ context.Context, ids []string) error {
+	p.prestart <- ids
+	return nil
+}
+
+const res = "example.com/foo"
+
+func TestRegisterListAndAllocate(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	p := newTestPlugin(4)
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: p})
+
+	req := k.WaitForRegistration(t, res)
+	if req.Version != pluginapi.Version || !strings.HasPrefix(req.Endpoint, "example_com_foo-") {
+		t.Errorf("register request = %+v", req)
+	}
+	if opts := k.Plugin(res).Options; opts.PreStartRequired || opts.GetPreferredAllocationAvailable {
+		t.Errorf("options = %+v, want none: the plugin implements neither capability", opts)
+	}
+	devs := k.WaitForDevices(t, res, dptest.Healthy(4))
+	if got := devs[1].Topology.Nodes[0].ID; got != 1 {
+		t.Errorf("dev-1 NUMA node = %d, want 1", got)
+	}
+
+	ctx := context.Background()
+	resp, err := k.Client(t, res).Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{"dev-0", "dev-1"}}, {DevicesIds: []string{"dev-2"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.ContainerResponses) != 2 || resp.ContainerResponses[0].Envs["DEVICES"] != "dev-0,dev-1" ||
+		resp.ContainerResponses[1].Envs["DEVICES"] != "dev-2" {
+		t.Errorf("responses = %v", resp.ContainerResponses)
+	}
+
+	p.set("dev-3", false)
+	k.WaitForDevices(t, res, dptest.Health("dev-3", pluginapi.Unhealthy))
+
+	for _, tc := range []struct {
+		name string
+		ids  []string
+		code codes.Code
+		msg  string
+	}{
+		{"unknown", []string{"dev-0", "nope"}, codes.InvalidArgument, `unknown device "nope"`},
+		{"unhealthy", []string{"dev-3"}, codes.FailedPrecondition, `device "dev-3" is unhealthy`},
+		{"duplicate", []string{"dev-0", "dev-0"}, codes.InvalidArgument, "requested twice"},
+		{"empty", nil, codes.InvalidArgument, "no device IDs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := k.Allocate(ctx, res, tc.ids...)
+			if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("Allocate(%v) = %v, want %v containing %q", tc.ids, err, tc.code, tc.msg)
+			}
+		})
+	}
+}
+
+func TestAuthorErrorsBecomeStatuses(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	p := newTestPlugin(2)
+	p.allocFn = func(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+		if ids[0] == "dev-0" {
+			return nil, errors.New("device is busy resetting")
+		}
+		return nil, status.Error(codes.ResourceExhausted, "no more contexts")
+	}
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: p})
+	k.WaitForDevices(t, res, dptest.Count(2))
+	_, err := k.Allocate(context.Background(), res, "dev-0")
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "device is busy resetting") {
+		t.Errorf("plain error became %v", err)
+	}
+	_, err = k.Allocate(context.Background(), res, "dev-1")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "no more contexts") {
+		t.Errorf("status error became %v", err)
+	}
+}
+
+func TestOptionalCapabilities(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	p := &preferringPlugin{testPlugin: newTestPlugin(4), answer: []string{"dev-3", "dev-9", "dev-3"}, prestart: make(chan []string, 1)}
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: p})
+	k.WaitForDevices(t, res, dptest.Count(4))
+	if opts := k.Plugin(res).Options; !opts.PreStartRequired || !opts.GetPreferredAllocationAvailable {
+		t.Fatalf("options = %+v, want both", opts)
+	}
+	ctx := context.Background()
+	c := k.Client(t, res)
+	resp, err := c.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: []string{"dev-0", "dev-1", "dev-2", "dev-3"}, MustIncludeDeviceIDs: []string{"dev-1"}, AllocationSize: 3,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The author's answer has a duplicate, an unknown ID and misses
+	// mustInclude; the SDK repairs it.
+	if got := resp.ContainerResponses[0].DeviceIDs; strings.Join(got, ",") != "dev-1,dev-3,dev-0" {
+		t.Errorf("preferred = %v, want [dev-1 dev-3 dev-0]", got)
+	}
+	if _, err := c.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"dev-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-p.prestart; len(got) != 1 || got[0] != "dev-2" {
+		t.Errorf("pre-start got %v", got)
+	}
+}
+
+func TestConcurrentStreamsAllSeeHealthChanges(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	p := newTestPlugin(3)
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: p})
+	k.WaitForDevices(t, res, dptest.Count(3))
+	c := k.Client(t, res)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// A stalled stream that is never read must not hold back the others.
+	stalled, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stalled
+	var streams []pluginapi.DevicePlugin_ListAndWatchClient
+	for range 3 {
+		s, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := s.Recv()
+		if err != nil || len(first.Devices) != 3 {
+			t.Fatalf("first message = %v, %v; want the full list", first, err)
+		}
+		streams = append(streams, s)
+	}
+	for i := range 50 {
+		p.set("dev-1", i%2 == 1)
+	}
+	p.set("dev-1", false)
+	for i, s := range streams {
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				t.Fatalf("stream %d: %v", i, err)
+			}
+			if m.Devices[1].Health == pluginapi.Unhealthy && len(m.Devices) == 3 {
+				break
+			}
+		}
+	}
+}
+
+func TestReRegistersAfterEveryKubeletRestart(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: newTestPlugin(8)})
+	k.WaitForRegistrations(t, res, 1)
+	const restarts = 100
+	for i := range restarts {
+		k.Restart(t)
+		k.WaitForRegistrations(t, res, i+2)
+		k.WaitForDevices(t, res, dptest.Healthy(8))
+	}
+	if got := k.Registrations(res); got != restarts+1 {
+		t.Errorf("registrations = %d, want %d (one per restart, no storm)", got, restarts+1)
+	}
+}
+
+func TestReRegistersWhenOwnSocketIsDeleted(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: newTestPlugin(1)})
+	req := k.WaitForRegistration(t, res)
+	sock := filepath.Join(k.PluginDir(), req.Endpoint)
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForRegistrations(t, res, 2)
+	if _, err := os.Stat(sock); err != nil {
+		t.Errorf("socket not served again: %v", err)
+	}
+	if _, err := k.Allocate(context.Background(), res, "dev-0"); err != nil {
+		t.Errorf("Allocate after re-registration: %v", err)
+	}
+}
+
+func TestShutdownRemovesOnlyOwnSocketsAndFinishesAllocate(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	p := newTestPlugin(2)
+	p.allocFn = func(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+		close(entered)
+		<-release
+		return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"OK": "1"}}, nil
+	}
+	// Another instance's socket, as during a rolling update.
+	other := filepath.Join(k.PluginDir(), "example_com_foo-other.sock")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: k.PluginDir(), Registration: deviceplugin.RegistrationKubelet},
+		deviceplugin.Resource{Name: res, Plugin: p}, deviceplugin.Resource{Name: "example.com/bar", Plugin: newTestPlugin(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	k.WaitForDevices(t, res, dptest.Count(2))
+	k.WaitForRegistration(t, "example.com/bar")
+	if err := srv.Ready(); err != nil {
+		t.Errorf("Ready() = %v after both registered", err)
+	}
+
+	allocErr := make(chan error, 1)
+	go func() {
+		r, err := k.Allocate(context.Background(), res, "dev-0")
+		if err == nil && r.Envs["OK"] != "1" {
+			err = fmt.Errorf("response %v", r)
+		}
+		allocErr <- err
+	}()
+	<-entered
+	cancel()
+	close(release)
+	if err := <-allocErr; err != nil {
+		t.Errorf("in-flight Allocate: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(k.PluginDir())
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if strings.Join(left, ",") != "example_com_foo-other.sock,kubelet.sock" {
+		t.Errorf("left in plugin dir: %v; want only the other instance's socket and kubelet.sock", left)
+	}
+}
+
+func TestRegistryMode(t *testing.T) {
+	dir, err := os.MkdirTemp("", "dpr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	registry := filepath.Join(dir, "plugins_registry")
+	if err := os.Mkdir(registry, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: filepath.Join(dir, "dp"), RegistryDir: registry},
+		deviceplugin.Resource{Name: res, Plugin: newTestPlugin(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv.Mode() != deviceplugin.RegistrationRegistry {
+		t.Fatalf("auto mode chose %s with a registry directory present", srv.Mode())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Act as the kubelet's plugin watcher: find the socket, GetInfo, then
+	// dial the endpoint and notify.
+	// Run listens before it starts anything else; the socket appears
+	// within Run's first steps.
+	sock := waitForSocket(t, registry)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Type != registerapi.DevicePlugin || info.Name != res || info.Endpoint != sock || info.SupportedVersions[0] != "v1beta1" {
+		t.Errorf("GetInfo = %+v", info)
+	}
+	if err := srv.Ready(); err == nil {
+		t.Error("Ready before the kubelet confirmed registration")
+	}
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := stream.Recv(); err != nil || len(m.Devices) != 2 {
+		t.Fatalf("ListAndWatch = %v, %v", m, err)
+	}
+	if _, err := registerapi.NewRegistrationClient(conn).NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Ready(); err != nil {
+		t.Errorf("Ready() = %v after the kubelet confirmed registration", err)
+	}
+}
+
+func TestNewServerReportsEveryProblem(t *testing.T) {
+	_, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: "relative", Registration: "sometimes"},
+		deviceplugin.Resource{Name: "foo", Plugin: newTestPlugin(1)},
+		deviceplugin.Resource{Name: "example.com/bar"},
+	)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"PluginDir", "Registration", `resources[0].Name: resource name "foo" has no domain`, "resources[1].Plugin"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+// waitForSocket waits, with fsnotify, for one socket to appear in dir.
+func waitForSocket(t *testing.T, dir string) string {
+	t.Helper()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(10 * time.Second)
+	for {
+		if m, _ := filepath.Glob(filepath.Join(dir, "*.sock")); len(m) == 1 {
+			return m[0]
+		}
+		select {
+		case <-w.Events:
+		case <-timeout:
+			t.Fatal("no registration socket appeared")
+		}
+	}
+}
