@@ -72,7 +72,7 @@ type resource struct {
 	// registeredAt is when the last registration succeeded.
 	registeredAt time.Time
 	lastErr     error
-	onRegister  func()
+	onRegister  func() // called after every registration state change
 }
 
 func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *resource {
@@ -286,7 +286,7 @@ func (r *resource) setRegistered(ok bool, err error) {
 	cb := r.onRegister
 	r.mu.Unlock()
 	r.metrics.setRegistered(r.name, ok)
-	if ok && cb != nil {
+	if cb != nil {
 		cb()
 	}
 }

@@ -28,6 +28,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	running bool
+	changed chan struct{} // closed and replaced when a registration changes
 }
 
 // NewServer validates cfg and resources and returns a Server ready to Run.
@@ -41,9 +42,11 @@ func NewServer(cfg Config, resources ...Resource) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, mode: cfg.registryMode(), metrics: m}
+	s := &Server{cfg: cfg, mode: cfg.registryMode(), metrics: m, changed: make(chan struct{})}
 	for _, res := range resources {
-		s.resources = append(s.resources, newResource(res, cfg, s.mode, m))
+		r := newResource(res, cfg, s.mode, m)
+		r.onRegister = s.registrationChanged
+		s.resources = append(s.resources, r)
 	}
 	return s, nil
 }
@@ -230,4 +233,30 @@ func (s *Server) Ready() error {
 		return fmt.Errorf("not registered with the kubelet: %s", strings.Join(missing, ", "))
 	}
 	return nil
+}
+
+func (s *Server) registrationChanged() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// WaitReady waits until every resource is registered with the kubelet, or
+// ctx ends.
+func (s *Server) WaitReady(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		ch := s.changed
+		s.mu.Unlock()
+		err := s.Ready()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
+	}
 }

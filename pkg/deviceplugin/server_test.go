@@ -295,8 +295,10 @@ func TestShutdownRemovesOnlyOwnSocketsAndFinishesAllocate(t *testing.T) {
 	go func() { done <- srv.Run(ctx) }()
 	k.WaitForDevices(t, res, dptest.Count(2))
 	k.WaitForRegistration(t, "example.com/bar")
-	if err := srv.Ready(); err != nil {
-		t.Errorf("Ready() = %v after both registered", err)
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := srv.WaitReady(wctx); err != nil {
+		t.Errorf("WaitReady() = %v after both registered", err)
 	}
 
 	allocErr := make(chan error, 1)
