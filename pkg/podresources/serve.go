@@ -1,0 +1,88 @@
+package podresources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// SocketPath returns where the kubelet serves the PodResources API below
+// its root directory: <root>/pod-resources/kubelet.sock.
+func SocketPath(root string) string {
+	return filepath.Join(root, "pod-resources", "kubelet.sock")
+}
+
+// GRPCServer returns a gRPC server with s registered and the configured
+// rate limit installed, for callers that serve on their own listener.
+// opts are appended to the server's own options.
+func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	var all []grpc.ServerOption
+	if s.qps > 0 {
+		all = append(all, WithRateLimiter(s.qps, s.burst))
+	}
+	all = append(all, opts...)
+	g := grpc.NewServer(all...)
+	podresourcesv1.RegisterPodResourcesListerServer(g, s)
+	return g
+}
+
+// Serve serves the API on the unix socket at socket until ctx is done,
+// then stops gracefully and removes the socket. The socket's directory is
+// created if needed and a stale socket left at the path is replaced; any
+// other file there is an error.
+func (s *Server) Serve(ctx context.Context, socket string) error {
+	l, err := listen(socket)
+	if err != nil {
+		return err
+	}
+	return s.ServeListener(ctx, l)
+}
+
+// ServeListener serves the API on l until ctx is done, then stops
+// gracefully and closes l.
+func (s *Server) ServeListener(ctx context.Context, l net.Listener) error {
+	g := s.GRPCServer()
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(l) }()
+	s.log.Info("serving PodResources API", "address", l.Addr().String())
+	select {
+	case err := <-errc:
+		_ = l.Close()
+		return fmt.Errorf("podresources: serving on %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+	g.GracefulStop()
+	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("podresources: serving on %s: %w", l.Addr(), err)
+	}
+	return nil
+}
+
+func listen(socket string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return nil, fmt.Errorf("podresources: creating socket directory: %w", err)
+	}
+	switch fi, err := os.Lstat(socket); {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("podresources: %w", err)
+	case fi.Mode()&fs.ModeSocket == 0:
+		return nil, fmt.Errorf("podresources: %s exists and is not a socket; remove it or choose another path", socket)
+	default:
+		if err := os.Remove(socket); err != nil {
+			return nil, fmt.Errorf("podresources: removing stale socket: %w", err)
+		}
+	}
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("podresources: %w", err)
+	}
+	return l, nil
+}
