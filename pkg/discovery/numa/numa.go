@@ -1,0 +1,51 @@
+// Package numa reads the NUMA locality of devices from sysfs and chooses
+// devices for a request so that it spans as few NUMA nodes as possible.
+package numa
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// None is the node of a device the host reports no locality for (sysfs
+// numa_node -1, a missing file, or a host without NUMA).
+const None = -1
+
+// ReadNode reads dir/numa_node. A missing or unreadable file, -1 or junk
+// give None.
+func ReadNode(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, "numa_node"))
+	if err != nil {
+		return None
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return None
+	}
+	return n
+}
+
+// NodeOfSysPath returns the NUMA node of the device at sysfs directory dir
+// or of its nearest ancestor that has a numa_node file (a USB device takes
+// its host controller's node). It stops at stop (the sysfs root).
+func NodeOfSysPath(dir, stop string) int {
+	dir = filepath.Clean(dir)
+	stop = filepath.Clean(stop)
+	for strings.HasPrefix(dir, stop) && dir != stop {
+		if _, err := os.Stat(filepath.Join(dir, "numa_node")); err == nil {
+			return ReadNode(dir)
+		}
+		dir = filepath.Dir(dir)
+	}
+	return None
+}
+
+// Nodes returns the node as the SDK's Device.NUMANodes: nil for None.
+func Nodes(n int) []int64 {
+	if n < 0 {
+		return nil
+	}
+	return []int64{int64(n)}
+}

@@ -1,0 +1,89 @@
+package nvidia
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestScanDGX(t *testing.T) {
+	t.Parallel()
+	host := "../testdata/hosts/dgx-h100"
+	gpus, err := Scan(filepath.Join(host, "proc"), filepath.Join(host, "sys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gpus) != 8 {
+		t.Fatalf("got %d GPUs, want 8", len(gpus))
+	}
+	for i, g := range gpus {
+		wantNUMA := i / 4
+		if g.Minor != i || g.Node() != fmt.Sprintf("/dev/nvidia%d", i) || g.NUMANode != wantNUMA ||
+			g.Model != "NVIDIA H100 80GB HBM3" || !strings.HasPrefix(g.UUID, "GPU-") || g.Excluded {
+			t.Errorf("GPU %d = %+v", i, g)
+		}
+	}
+	if gpus[0].BusID != "0000:18:00.0" {
+		t.Errorf("bus of GPU 0 = %s", gpus[0].BusID)
+	}
+}
+
+func TestScanUpperCaseLongDomain(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	dir := filepath.Join(root, "proc", GPUsDir, "0000:3b:00.0")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	info := "Model: \t\t Tesla V100-SXM2-16GB\nGPU UUID: \t GPU-aaaa\nBus Location: \t 00000000:3B:00.0\nDevice Minor: \t ?\nGPU Excluded:\t Yes\n"
+	if err := os.WriteFile(filepath.Join(dir, "information"), []byte(info), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pdir := filepath.Join(root, "sys/bus/pci/devices/0000:3b:00.0")
+	if err := os.MkdirAll(pdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pdir, "numa_node"), []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(root, "proc", GPUsDir, "0000:5e:00.0")
+	if err := os.MkdirAll(bad, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := Scan(filepath.Join(root, "proc"), filepath.Join(root, "sys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gpus) != 1 {
+		t.Fatalf("got %+v; a GPU without information is skipped", gpus)
+	}
+	g := gpus[0]
+	if g.BusID != "0000:3b:00.0" || g.Minor != -1 || g.Node() != "" || !g.Excluded || g.NUMANode != 1 {
+		t.Errorf("GPU = %+v", g)
+	}
+}
+
+func TestScanNoDriver(t *testing.T) {
+	t.Parallel()
+	gpus, err := Scan(t.TempDir(), t.TempDir())
+	if err != nil || gpus != nil {
+		t.Fatalf("Scan = %v, %v", gpus, err)
+	}
+}
+
+func FuzzParseInformation(f *testing.F) {
+	f.Add("Model: \t\t NVIDIA H100\nGPU UUID: \t GPU-1\nBus Location: \t 0000:18:00.0\nDevice Minor: \t 0\n")
+	f.Add(":::\n\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		info, err := ParseInformation(strings.NewReader(s))
+		if err != nil {
+			return
+		}
+		g, err := info.gpu("0000:18:00.0")
+		if err == nil && (g.UUID == "" || g.BusID == "") {
+			t.Errorf("GPU without UUID or bus accepted: %+v", g)
+		}
+	})
+}
