@@ -216,7 +216,7 @@ func (noDevices) GetAllocatableDevices() []*podresourcesv1.ContainerDevices    {
 type noCPUs struct{}
 
 func (noCPUs) GetCPUs(string, string) []int64 { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64     { return nil }
+func (noCPUs) GetAllocatableCPUs() []int64    { return nil }
 
 type noMemory struct{}
 

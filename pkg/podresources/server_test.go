@@ -49,8 +49,10 @@ type fakeDevices struct {
 func (f *fakeDevices) GetDevices(podUID, container string) []*podresourcesv1.ContainerDevices {
 	return f.byContainer[podUID+"/"+container]
 }
-func (f *fakeDevices) GetAllocatableDevices() []*podresourcesv1.ContainerDevices { return f.allocatable }
-func (f *fakeDevices) UpdateAllocatedDevices()                                   { f.updates.Add(1) }
+func (f *fakeDevices) GetAllocatableDevices() []*podresourcesv1.ContainerDevices {
+	return f.allocatable
+}
+func (f *fakeDevices) UpdateAllocatedDevices() { f.updates.Add(1) }
 
 type fakeCPUs struct{}
 
