@@ -71,8 +71,8 @@ type resource struct {
 	everReg     bool
 	// registeredAt is when the last registration succeeded.
 	registeredAt time.Time
-	lastErr     error
-	onRegister  func() // called after every registration state change
+	lastErr      error
+	onRegister   func() // called after every registration state change
 }
 
 func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *resource {

@@ -1,0 +1,219 @@
+package fake
+
+import (
+	"cmp"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+)
+
+// EnvDevices is the environment variable the fake plugin sets, by default,
+// to the comma-separated IDs a container got.
+const EnvDevices = "DPKIT_FAKE_DEVICES"
+
+// Preferred allocation policies.
+const (
+	PreferNone       = "none"        // GetPreferredAllocation is not offered
+	PreferNUMAPacked = "numa-packed" // as few NUMA nodes as possible (deviceplugin.PackNUMA)
+	PreferFirst      = "first"       // the lowest IDs, in natural order
+)
+
+// Config is the fake plugin's section of the plugin config file.
+type Config struct {
+	// Resources are the fake resources to serve.
+	Resources []ResourceConfig `json:"resources"`
+}
+
+// ResourceConfig describes one fake resource.
+type ResourceConfig struct {
+	// Name is the extended resource name, e.g. example.com/foo.
+	Name string `json:"name"`
+	// Count is the number of devices. Default 8.
+	Count int `json:"count,omitempty"`
+	// IDPattern names devices; "{index}" is replaced with 0..Count-1.
+	// Default "dev-{index}".
+	IDPattern string `json:"idPattern,omitempty"`
+	// NUMANodes spreads the devices over this many NUMA nodes in equal
+	// contiguous blocks (devices 0..3 on node 0, 4..7 on node 1 for 8
+	// devices over 2 nodes). 0 reports no topology.
+	NUMANodes int `json:"numaNodes,omitempty"`
+	// Unhealthy lists devices that start unhealthy.
+	Unhealthy []string `json:"unhealthy,omitempty"`
+	// HealthChanges change devices' health at times after start.
+	HealthChanges []HealthChange `json:"healthChanges,omitempty"`
+	// PreferredAllocation is none (default), numa-packed or first.
+	PreferredAllocation string `json:"preferredAllocation,omitempty"`
+	// PreStartRequired asks the kubelet to call PreStartContainer.
+	PreStartRequired bool `json:"preStartRequired,omitempty"`
+	// Allocate is what Allocate returns.
+	Allocate AllocateConfig `json:"allocate,omitempty"`
+}
+
+// HealthChange sets a device's health at a time after the plugin starts,
+// e.g. {device: dev-3, after: 5s, health: Unhealthy}.
+type HealthChange struct {
+	Device string          `json:"device"`
+	After  metav1.Duration `json:"after"`
+	Health string          `json:"health"`
+}
+
+// AllocateConfig is what the fake plugin answers to Allocate. In every
+// string, "{ids}" is replaced with the comma-separated allocated IDs. In
+// Devices and CDIDevices, an entry containing "{id}" is repeated for each
+// allocated device with "{id}" replaced by its ID and "{index}" by its
+// index.
+type AllocateConfig struct {
+	// Envs are added to the container's environment. DPKIT_FAKE_DEVICES
+	// is always set unless Envs sets it itself.
+	Envs map[string]string `json:"envs,omitempty"`
+	// Mounts are bind mounts into the container.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// Devices are device nodes for the container.
+	Devices []DeviceNode `json:"devices,omitempty"`
+	// CDIDevices are fully qualified CDI device names.
+	CDIDevices []string `json:"cdiDevices,omitempty"`
+	// Annotations are added to the container.
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// Error, when set, makes every Allocate fail with this message.
+	Error string `json:"error,omitempty"`
+}
+
+// Mount is a bind mount.
+type Mount struct {
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	ReadOnly      bool   `json:"readOnly,omitempty"`
+}
+
+// DeviceNode is a device node to create in the container.
+type DeviceNode struct {
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	// Permissions are cgroup permissions: any of r, w and m. Default rw.
+	Permissions string `json:"permissions,omitempty"`
+}
+
+// Default fills unset fields.
+func (c *Config) Default() {
+	for i := range c.Resources {
+		r := &c.Resources[i]
+		if r.Count == 0 {
+			r.Count = 8
+		}
+		if r.IDPattern == "" {
+			r.IDPattern = "dev-{index}"
+		}
+		if r.PreferredAllocation == "" {
+			r.PreferredAllocation = PreferNone
+		}
+		for j := range r.Allocate.Devices {
+			if r.Allocate.Devices[j].Permissions == "" {
+				r.Allocate.Devices[j].Permissions = "rw"
+			}
+		}
+	}
+}
+
+var permissionsRE = regexp.MustCompile(`^[rwm]{1,3}$`)
+
+// Validate reports every problem in c with its field path.
+func (c *Config) Validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if len(c.Resources) == 0 {
+		errs = append(errs, field.Required(p.Child("resources"), "list at least one resource, e.g. {name: example.com/foo, count: 8}"))
+	}
+	for i, r := range c.Resources {
+		rp := p.Child("resources").Index(i)
+		if err := deviceplugin.ValidateResourceName(r.Name); err != nil {
+			errs = append(errs, field.Invalid(rp.Child("name"), r.Name, err.Error()))
+		}
+		if r.Count < 1 || r.Count > 1_000_000 {
+			errs = append(errs, field.Invalid(rp.Child("count"), r.Count, "must be between 1 and 1000000"))
+		}
+		if !strings.Contains(r.IDPattern, "{index}") {
+			errs = append(errs, field.Invalid(rp.Child("idPattern"), r.IDPattern, `must contain "{index}", e.g. "dev-{index}"`))
+		}
+		if r.NUMANodes < 0 || r.NUMANodes > r.Count && r.Count > 0 {
+			errs = append(errs, field.Invalid(rp.Child("numaNodes"), r.NUMANodes, "must be between 0 and count"))
+		}
+		ids := make(map[string]bool, r.Count)
+		for j := range max(r.Count, 0) {
+			if j > 1_000_000 {
+				break
+			}
+			ids[deviceID(r.IDPattern, j)] = true
+		}
+		for j, id := range r.Unhealthy {
+			if !ids[id] {
+				errs = append(errs, field.NotFound(rp.Child("unhealthy").Index(j), id))
+			}
+		}
+		for j, hc := range r.HealthChanges {
+			hp := rp.Child("healthChanges").Index(j)
+			if !ids[hc.Device] {
+				errs = append(errs, field.NotFound(hp.Child("device"), hc.Device))
+			}
+			if hc.After.Duration < 0 {
+				errs = append(errs, field.Invalid(hp.Child("after"), hc.After.Duration.String(), "must not be negative"))
+			}
+			if hc.Health != pluginapi.Healthy && hc.Health != pluginapi.Unhealthy {
+				errs = append(errs, field.NotSupported(hp.Child("health"), hc.Health, []string{pluginapi.Healthy, pluginapi.Unhealthy}))
+			}
+		}
+		switch r.PreferredAllocation {
+		case PreferNone, PreferNUMAPacked, PreferFirst:
+		default:
+			errs = append(errs, field.NotSupported(rp.Child("preferredAllocation"), r.PreferredAllocation, []string{PreferNone, PreferNUMAPacked, PreferFirst}))
+		}
+		ap := rp.Child("allocate")
+		for j, m := range r.Allocate.Mounts {
+			if m.ContainerPath == "" {
+				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("containerPath"), "the path inside the container"))
+			}
+			if m.HostPath == "" {
+				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("hostPath"), "the path on the host"))
+			}
+		}
+		for j, d := range r.Allocate.Devices {
+			dp := ap.Child("devices").Index(j)
+			if d.ContainerPath == "" {
+				errs = append(errs, field.Required(dp.Child("containerPath"), "the device path inside the container"))
+			}
+			if d.HostPath == "" {
+				errs = append(errs, field.Required(dp.Child("hostPath"), "the device path on the host"))
+			}
+			if !permissionsRE.MatchString(d.Permissions) {
+				errs = append(errs, field.Invalid(dp.Child("permissions"), d.Permissions, `use any of "r", "w" and "m", e.g. "rw"`))
+			}
+		}
+		for j, name := range r.Allocate.CDIDevices {
+			if !strings.Contains(name, "=") || !strings.Contains(name, "/") {
+				errs = append(errs, field.Invalid(ap.Child("cdiDevices").Index(j), name, `must be a fully qualified CDI name "vendor.com/class=device", e.g. "example.com/foo={id}"`))
+			}
+		}
+	}
+	return errs
+}
+
+func deviceID(pattern string, i int) string {
+	return strings.ReplaceAll(pattern, "{index}", fmt.Sprint(i))
+}
+
+// numaNode returns the NUMA node of device i of count over nodes nodes.
+func numaNode(i, count, nodes int) int64 {
+	return int64(i * nodes / count)
+}
+
+// schedule returns the health changes sorted by time.
+func (r ResourceConfig) schedule() []HealthChange {
+	out := slices.Clone(r.HealthChanges)
+	slices.SortStableFunc(out, func(a, b HealthChange) int { return cmp.Compare(a.After.Duration, b.After.Duration) })
+	return out
+}

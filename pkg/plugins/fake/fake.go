@@ -1,0 +1,219 @@
+// Package fake is a device plugin with made-up devices, for testing
+// Kubernetes device plugin flows without hardware: any number of resources
+// and devices, ID patterns, a NUMA layout, health that changes over time,
+// a preferred-allocation policy and a configurable Allocate answer.
+package fake
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/plugins"
+)
+
+// New returns one deviceplugin.Resource per configured resource. cfg must
+// have been defaulted and validated.
+func New(cfg Config, opts plugins.Options) ([]deviceplugin.Resource, error) {
+	return NewWithClock(cfg, opts, clock.RealClock{})
+}
+
+// NewWithClock is New with the clock that times health changes.
+func NewWithClock(cfg Config, opts plugins.Options, clk clock.WithTicker) ([]deviceplugin.Resource, error) {
+	if errs := cfg.Validate(nil); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	opts = opts.Defaults()
+	out := make([]deviceplugin.Resource, 0, len(cfg.Resources))
+	for _, rc := range cfg.Resources {
+		p := &Plugin{cfg: rc, clock: clk, log: opts.Logger.With("plugin", "fake", "resource", rc.Name)}
+		var plugin deviceplugin.Plugin = p
+		switch {
+		case rc.PreferredAllocation != PreferNone && rc.PreStartRequired:
+			plugin = &preferringPreStarter{p}
+		case rc.PreferredAllocation != PreferNone:
+			plugin = &preferring{p}
+		case rc.PreStartRequired:
+			plugin = &preStarter{p}
+		}
+		out = append(out, deviceplugin.Resource{Name: rc.Name, Plugin: plugin})
+	}
+	return out, nil
+}
+
+// Plugin is one fake resource.
+type Plugin struct {
+	cfg   ResourceConfig
+	clock clock.WithTicker
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	prestart [][]string
+}
+
+// Scan reports the devices, then applies the health changes as their time
+// comes.
+func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	rc := p.cfg
+	devs := make([]deviceplugin.Device, rc.Count)
+	index := make(map[string]int, rc.Count)
+	unhealthy := make(map[string]bool, len(rc.Unhealthy))
+	for _, id := range rc.Unhealthy {
+		unhealthy[id] = true
+	}
+	for i := range devs {
+		id := deviceID(rc.IDPattern, i)
+		devs[i] = deviceplugin.Device{ID: id, Healthy: !unhealthy[id]}
+		if rc.NUMANodes > 0 {
+			devs[i].NUMANodes = []int64{numaNode(i, rc.Count, rc.NUMANodes)}
+		}
+		index[id] = i
+	}
+	// Times count from before the first report, so a clock that moves
+	// right after it cannot be missed.
+	start := p.clock.Now()
+	notify(devs)
+
+	for _, hc := range rc.schedule() {
+		wait := hc.After.Duration - p.clock.Since(start)
+		if wait > 0 {
+			t := p.clock.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C():
+			}
+		}
+		devs = slices.Clone(devs)
+		devs[index[hc.Device]].Healthy = hc.Health == pluginapi.Healthy
+		p.log.Info("Health changed", "device", hc.Device, "health", hc.Health)
+		notify(devs)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// Allocate answers with the configured response.
+func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	a := p.cfg.Allocate
+	if a.Error != "" {
+		return nil, errors.New(a.Error)
+	}
+	joined := strings.Join(ids, ",")
+	expand := func(s string) string { return strings.ReplaceAll(s, "{ids}", joined) }
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{EnvDevices: joined}}
+	for k, v := range a.Envs {
+		resp.Envs[k] = expand(v)
+	}
+	for _, m := range a.Mounts {
+		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: expand(m.ContainerPath), HostPath: expand(m.HostPath), ReadOnly: m.ReadOnly})
+	}
+	for _, d := range a.Devices {
+		for _, id := range perDevice(ids, d.ContainerPath+d.HostPath) {
+			resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{
+				ContainerPath: expandID(expand(d.ContainerPath), id), HostPath: expandID(expand(d.HostPath), id), Permissions: d.Permissions,
+			})
+		}
+	}
+	for _, name := range a.CDIDevices {
+		for _, id := range perDevice(ids, name) {
+			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: expandID(expand(name), id)})
+		}
+	}
+	if len(a.Annotations) > 0 {
+		resp.Annotations = make(map[string]string, len(a.Annotations))
+		for k, v := range a.Annotations {
+			resp.Annotations[k] = expand(v)
+		}
+	}
+	return resp, nil
+}
+
+// perDevice returns ids when s has a per-device placeholder, and a single
+// empty entry otherwise.
+func perDevice(ids []string, s string) []string {
+	if strings.Contains(s, "{id}") || strings.Contains(s, "{index}") {
+		return ids
+	}
+	return []string{""}
+}
+
+func expandID(s, id string) string {
+	if id == "" {
+		return s
+	}
+	s = strings.ReplaceAll(s, "{id}", id)
+	if i := strings.LastIndexFunc(id, func(r rune) bool { return r < '0' || r > '9' }); i < len(id)-1 {
+		s = strings.ReplaceAll(s, "{index}", id[i+1:])
+	}
+	return s
+}
+
+func (p *Plugin) preferredAllocation(req deviceplugin.PreferredAllocationRequest) []string {
+	if p.cfg.PreferredAllocation == PreferNUMAPacked {
+		return deviceplugin.PackNUMA(req)
+	}
+	out := slices.Clone(req.MustInclude)
+	ids := make([]string, 0, len(req.Available))
+	for _, d := range req.Available {
+		if d.Healthy && !slices.Contains(out, d.ID) {
+			ids = append(ids, d.ID)
+		}
+	}
+	slices.SortFunc(ids, deviceplugin.CompareIDs)
+	for _, id := range ids {
+		if len(out) >= req.Size {
+			break
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+// PreStarts returns the device lists PreStartContainer was called with.
+func (p *Plugin) PreStarts() [][]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.prestart)
+}
+
+func (p *Plugin) preStart(ids []string) {
+	p.mu.Lock()
+	p.prestart = append(p.prestart, ids)
+	p.mu.Unlock()
+	p.log.Info("PreStartContainer", "devices", ids)
+}
+
+// The optional capabilities are offered only when configured, so that
+// GetDevicePluginOptions tells the kubelet the truth.
+type preferring struct{ *Plugin }
+
+func (p *preferring) PreferredAllocation(_ context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
+	return p.preferredAllocation(req), nil
+}
+
+type preStarter struct{ *Plugin }
+
+func (p *preStarter) PreStartContainer(_ context.Context, ids []string) error {
+	p.preStart(ids)
+	return nil
+}
+
+type preferringPreStarter struct{ *Plugin }
+
+func (p *preferringPreStarter) PreferredAllocation(_ context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
+	return p.preferredAllocation(req), nil
+}
+
+func (p *preferringPreStarter) PreStartContainer(_ context.Context, ids []string) error {
+	p.preStart(ids)
+	return nil
+}

@@ -1,0 +1,144 @@
+package fake_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
+	"github.com/dpkit/dpkit/pkg/plugins"
+	"github.com/dpkit/dpkit/pkg/plugins/fake"
+)
+
+func TestFakeEndToEnd(t *testing.T) {
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{
+		Name: "example.com/foo", Count: 8, NUMANodes: 2, Unhealthy: []string{"dev-7"},
+		HealthChanges: []fake.HealthChange{
+			{Device: "dev-3", After: metav1.Duration{Duration: 5 * time.Second}, Health: pluginapi.Unhealthy},
+			{Device: "dev-3", After: metav1.Duration{Duration: 20 * time.Second}, Health: pluginapi.Healthy},
+		},
+		PreferredAllocation: fake.PreferNUMAPacked,
+		PreStartRequired:    true,
+		Allocate: fake.AllocateConfig{
+			Envs:        map[string]string{"VISIBLE": "{ids}"},
+			Mounts:      []fake.Mount{{ContainerPath: "/etc/foo", HostPath: "/var/lib/foo", ReadOnly: true}},
+			Devices:     []fake.DeviceNode{{ContainerPath: "/dev/foo{index}", HostPath: "/dev/null"}},
+			CDIDevices:  []string{"example.com/foo={id}"},
+			Annotations: map[string]string{"example.com/devices": "{ids}"},
+		},
+	}, {Name: "example.com/bar", Count: 2, IDPattern: "bar-{index}"}}}
+	cfg.Default()
+	clk := clocktesting.NewFakeClock(time.Now())
+	resources, err := fake.NewWithClock(cfg, plugins.Options{}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, resources...)
+
+	devs := k.WaitForDevices(t, "example.com/foo", dptest.Healthy(7))
+	if devs[0].Topology.Nodes[0].ID != 0 || devs[4].Topology.Nodes[0].ID != 1 {
+		t.Errorf("NUMA layout: dev-0 on %v, dev-4 on %v; want 0 and 1", devs[0].Topology, devs[4].Topology)
+	}
+	k.WaitForDevices(t, "example.com/bar", func(d []*pluginapi.Device) bool { return len(d) == 2 && d[1].ID == "bar-1" })
+	if opts := k.Plugin("example.com/foo").Options; !opts.GetPreferredAllocationAvailable || !opts.PreStartRequired {
+		t.Errorf("options = %+v", opts)
+	}
+	if opts := k.Plugin("example.com/bar").Options; opts.GetPreferredAllocationAvailable || opts.PreStartRequired {
+		t.Errorf("bar options = %+v, want none", opts)
+	}
+
+	// Health follows the schedule on the plugin's clock.
+	clk.Step(5 * time.Second)
+	k.WaitForDevices(t, "example.com/foo", dptest.Health("dev-3", pluginapi.Unhealthy))
+	clk.Step(15 * time.Second)
+	k.WaitForDevices(t, "example.com/foo", dptest.Health("dev-3", pluginapi.Healthy))
+
+	ctx := context.Background()
+	resp, err := k.Allocate(ctx, "example.com/foo", "dev-1", "dev-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Envs[fake.EnvDevices] != "dev-1,dev-2" || resp.Envs["VISIBLE"] != "dev-1,dev-2" {
+		t.Errorf("envs = %v", resp.Envs)
+	}
+	if len(resp.Devices) != 2 || resp.Devices[1].ContainerPath != "/dev/foo2" || resp.Devices[1].Permissions != "rw" {
+		t.Errorf("devices = %v", resp.Devices)
+	}
+	if len(resp.CdiDevices) != 2 || resp.CdiDevices[0].Name != "example.com/foo=dev-1" {
+		t.Errorf("cdi = %v", resp.CdiDevices)
+	}
+	if len(resp.Mounts) != 1 || !resp.Mounts[0].ReadOnly || resp.Annotations["example.com/devices"] != "dev-1,dev-2" {
+		t.Errorf("mounts = %v annotations = %v", resp.Mounts, resp.Annotations)
+	}
+	if _, err := k.Allocate(ctx, "example.com/foo", "dev-7"); err == nil || !strings.Contains(err.Error(), "unhealthy") {
+		t.Errorf("allocating the unhealthy dev-7: %v", err)
+	}
+
+	pref, err := k.Client(t, "example.com/foo").GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs: []string{"dev-0", "dev-1", "dev-4", "dev-5", "dev-6"}, AllocationSize: 3,
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(pref.ContainerResponses[0].DeviceIDs, ","); got != "dev-4,dev-5,dev-6" {
+		t.Errorf("numa-packed preferred = %s, want dev-4,dev-5,dev-6 (all on node 1)", got)
+	}
+	barResp, err := k.Allocate(ctx, "example.com/bar", "bar-0")
+	if err != nil || barResp.Envs[fake.EnvDevices] != "bar-0" {
+		t.Errorf("bar allocate = %v, %v", barResp, err)
+	}
+}
+
+func TestAllocateError(t *testing.T) {
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Allocate: fake.AllocateConfig{Error: "out of fake contexts"}}}}
+	cfg.Default()
+	resources, err := fake.New(cfg, plugins.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, resources...)
+	k.WaitForDevices(t, "example.com/foo", dptest.Count(8))
+	if _, err := k.Allocate(context.Background(), "example.com/foo", "dev-0"); err == nil || !strings.Contains(err.Error(), "out of fake contexts") {
+		t.Errorf("Allocate error = %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{
+		Name: "foo", Count: -1, IDPattern: "dev", NUMANodes: -2,
+		Unhealthy:           []string{"nope"},
+		HealthChanges:       []fake.HealthChange{{Device: "x", Health: "Sick", After: metav1.Duration{Duration: -time.Second}}},
+		PreferredAllocation: "random",
+		Allocate: fake.AllocateConfig{
+			Mounts:     []fake.Mount{{}},
+			Devices:    []fake.DeviceNode{{Permissions: "x"}},
+			CDIDevices: []string{"nope"},
+		},
+	}}}
+	errs := cfg.Validate(nil)
+	got := errs.ToAggregate().Error()
+	for _, want := range []string{
+		"resources[0].name", "resources[0].count", "resources[0].idPattern", "resources[0].numaNodes",
+		"resources[0].unhealthy[0]", "resources[0].healthChanges[0].device", "resources[0].healthChanges[0].after",
+		"resources[0].healthChanges[0].health", "resources[0].preferredAllocation",
+		"resources[0].allocate.mounts[0].containerPath", "resources[0].allocate.mounts[0].hostPath",
+		"resources[0].allocate.devices[0].permissions", "resources[0].allocate.cdiDevices[0]",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("validation errors do not mention %s:\n%s", want, got)
+		}
+	}
+	empty := fake.Config{}
+	if errs := empty.Validate(nil); len(errs) != 1 {
+		t.Errorf("empty config: %v", errs)
+	}
+}
