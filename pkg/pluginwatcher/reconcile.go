@@ -68,7 +68,7 @@ func (w *Watcher) reconcile(ctx context.Context) {
 		w.ops.Add(1)
 		go func() {
 			defer w.ops.Done()
-			w.deregister(path, r)
+			w.deregister(context.WithoutCancel(ctx), path, r)
 		}()
 	}
 	for path, d := range w.desired {
@@ -151,11 +151,11 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 	}
 }
 
-func (w *Watcher) deregister(path string, r registered) {
+func (w *Watcher) deregister(ctx context.Context, path string, r registered) {
 	w.mu.Lock()
 	delete(w.actual, path)
 	w.mu.Unlock()
-	r.handler.DeRegisterPlugin(r.Name, r.Endpoint)
+	r.handler.DeRegisterPlugin(ctx, r.Name, r.Endpoint)
 	w.log.Info("plugin deregistered", "path", path, "type", r.Type, "name", r.Name, "endpoint", r.Endpoint)
 	w.mu.Lock()
 	delete(w.pending, path)
@@ -193,11 +193,11 @@ func (w *Watcher) attempt(ctx context.Context, client registerapi.RegistrationCl
 	if p.Endpoint == "" {
 		p.Endpoint = path
 	}
-	if err := h.ValidatePlugin(p.Name, p.Endpoint, p.Versions); err != nil {
+	if err := h.ValidatePlugin(ctx, p.Name, p.Endpoint, p.Versions); err != nil {
 		return failed(fmt.Sprintf("RegisterPlugin error -- plugin validation failed with err: %v", err),
 			fmt.Errorf("RegisterPlugin error -- plugin validation failed: %w", err))
 	}
-	if err := h.RegisterPlugin(p.Name, p.Endpoint, p.Versions, nil); err != nil {
+	if err := h.RegisterPlugin(ctx, p.Name, p.Endpoint, p.Versions); err != nil {
 		return failed(fmt.Sprintf("RegisterPlugin error -- plugin registration failed with err: %v", err),
 			fmt.Errorf("RegisterPlugin error -- plugin registration failed: %w", err))
 	}

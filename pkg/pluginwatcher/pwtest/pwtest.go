@@ -194,7 +194,7 @@ func (h *Handler) record(op, name, endpoint string, versions []string) {
 }
 
 // ValidatePlugin implements pluginwatcher.Handler.
-func (h *Handler) ValidatePlugin(name, endpoint string, versions []string) error {
+func (h *Handler) ValidatePlugin(_ context.Context, name, endpoint string, versions []string) error {
 	h.record("validate", name, endpoint, versions)
 	if h.ValidateErr != nil {
 		return h.ValidateErr(name, endpoint, versions)
@@ -203,7 +203,7 @@ func (h *Handler) ValidatePlugin(name, endpoint string, versions []string) error
 }
 
 // RegisterPlugin implements pluginwatcher.Handler.
-func (h *Handler) RegisterPlugin(name, endpoint string, versions []string, _ *time.Duration) error {
+func (h *Handler) RegisterPlugin(_ context.Context, name, endpoint string, versions []string) error {
 	h.record("register", name, endpoint, versions)
 	if h.RegisterErr != nil {
 		return h.RegisterErr(name, endpoint, versions)
@@ -212,7 +212,7 @@ func (h *Handler) RegisterPlugin(name, endpoint string, versions []string, _ *ti
 }
 
 // DeRegisterPlugin implements pluginwatcher.Handler.
-func (h *Handler) DeRegisterPlugin(name, endpoint string) {
+func (h *Handler) DeRegisterPlugin(_ context.Context, name, endpoint string) {
 	h.record("deregister", name, endpoint, nil)
 }
 
