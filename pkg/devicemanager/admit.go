@@ -1,0 +1,617 @@
+package devicemanager
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/topology"
+)
+
+// Admit allocates devices to every container of pod in the kubelet's order
+// (init containers, then app containers) and returns the pod's
+// allocation. Devices of a non-restartable init container are reused by
+// the containers after it; a restartable (sidecar) init container keeps
+// its own. A container that already holds its devices (for example after
+// a restart restored from the checkpoint) is not allocated again.
+//
+// On failure the devices allocated by this call are released and the
+// error is an *AdmissionError whose Reason is UnexpectedAdmissionError or
+// TopologyAffinityError.
+func (m *Manager) Admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
+	m.admitMu.Lock()
+	defer m.admitMu.Unlock()
+	m.mu.Lock()
+	running := m.started && !m.stopping
+	m.mu.Unlock()
+	if !running {
+		return nil, ErrNotStarted
+	}
+	uid := string(pod.UID)
+	a := &admission{m: m, pod: pod, uid: uid, reuse: make(map[string]map[string]struct{})}
+	err := a.run(ctx)
+	if err != nil {
+		m.mu.Lock()
+		a.rollbackLocked()
+		m.mu.Unlock()
+	}
+	if a.changed {
+		if werr := m.writeCheckpoint(); werr != nil && err == nil {
+			err = unexpected("", fmt.Errorf("failed to write checkpoint file %q: %w", "kubelet_internal_checkpoint", werr))
+			m.mu.Lock()
+			a.rollbackLocked()
+			m.mu.Unlock()
+			_ = m.writeCheckpoint()
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return m.PodAllocation(pod.UID), nil
+}
+
+type created struct{ container, resource string }
+
+type admission struct {
+	m     *Manager
+	pod   *corev1.Pod
+	uid   string
+	reuse map[string]map[string]struct{} // resource -> devices reusable from init containers
+	// created lists allocations made by this call, for rollback.
+	created []created
+	changed bool
+	// podAffinity is the pod-scope affinity; hasPodAffinity tells it was
+	// computed.
+	podAffinity    topology.Mask
+	hasPodAffinity bool
+}
+
+func isRestartable(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+func (a *admission) run(ctx context.Context) error {
+	m := a.m
+	if m.policy.Name() != topology.PolicyNone && m.cfg.TopologyScope == topology.ScopePod {
+		m.mu.Lock()
+		hints := m.podHintsLocked(a.pod)
+		m.mu.Unlock()
+		hint, ok := m.policy.Merge([]map[string][]topology.Hint{hints})
+		if !ok {
+			return &AdmissionError{Reason: ReasonTopologyAffinityError, Err: ErrTopologyAffinity}
+		}
+		a.podAffinity, a.hasPodAffinity = hint.Affinity, true
+	}
+	for i := range a.pod.Spec.InitContainers {
+		c := &a.pod.Spec.InitContainers[i]
+		if err := a.container(ctx, c); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		held := a.heldLocked(c.Name)
+		if isRestartable(c) {
+			a.dropReuse(held)
+		} else {
+			for rn, ids := range held {
+				s := a.reuse[rn]
+				if s == nil {
+					s = make(map[string]struct{})
+					a.reuse[rn] = s
+				}
+				for _, id := range ids {
+					s[id] = struct{}{}
+				}
+			}
+		}
+		m.mu.Unlock()
+	}
+	for i := range a.pod.Spec.Containers {
+		c := &a.pod.Spec.Containers[i]
+		if err := a.container(ctx, c); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		a.dropReuse(a.heldLocked(c.Name))
+		m.mu.Unlock()
+	}
+	return nil
+}
+
+func (a *admission) heldLocked(container string) map[string][]string {
+	out := make(map[string][]string)
+	if p := a.m.pods[a.uid]; p != nil {
+		for rn, ra := range p.containers[container] {
+			out[rn] = ra.ids
+		}
+	}
+	return out
+}
+
+func (a *admission) dropReuse(held map[string][]string) {
+	for rn, ids := range held {
+		for _, id := range ids {
+			delete(a.reuse[rn], id)
+		}
+	}
+}
+
+// containerRequests returns the container's device plugin requests.
+// Extended resources have requests equal to limits; limits are read, and
+// requests when a resource has no limit.
+func (m *Manager) containerRequestsLocked(c *corev1.Container) map[string]int {
+	out := make(map[string]int)
+	add := func(rl corev1.ResourceList, onlyMissing bool) {
+		for name, q := range rl {
+			rn := string(name)
+			if _, ok := out[rn]; ok && onlyMissing {
+				continue
+			}
+			if !m.isDevicePluginResourceLocked(rn) {
+				continue
+			}
+			out[rn] = int(q.Value())
+		}
+	}
+	add(c.Resources.Limits, false)
+	add(c.Resources.Requests, true)
+	return out
+}
+
+func (m *Manager) isDevicePluginResourceLocked(rn string) bool {
+	if _, ok := m.resources[rn]; ok {
+		return true
+	}
+	_, ok := m.owner[rn]
+	return ok
+}
+
+func (a *admission) container(ctx context.Context, c *corev1.Container) error {
+	m := a.m
+	m.mu.Lock()
+	reqs := m.containerRequestsLocked(c)
+	var affinity topology.Mask
+	if len(reqs) > 0 && m.policy.Name() != topology.PolicyNone {
+		if a.hasPodAffinity {
+			affinity = a.podAffinity
+		} else {
+			hints := m.containerHintsLocked(a.uid, c.Name, reqs, a.reuse)
+			hint, ok := m.policy.Merge([]map[string][]topology.Hint{hints})
+			if !ok {
+				m.mu.Unlock()
+				return &AdmissionError{Reason: ReasonTopologyAffinityError, Container: c.Name, Err: ErrTopologyAffinity}
+			}
+			affinity = hint.Affinity
+		}
+	}
+	m.mu.Unlock()
+	for _, rn := range sortedKeys(reqs) {
+		if reqs[rn] <= 0 {
+			continue
+		}
+		if err := a.allocate(ctx, c.Name, rn, reqs[rn], affinity); err != nil {
+			return unexpected(c.Name, err)
+		}
+	}
+	return nil
+}
+
+// allocate gives container `required` devices of resource rn, following
+// the kubelet's devicesToAllocate and allocateContainerResources.
+func (a *admission) allocate(ctx context.Context, cname, rn string, required int, affinity topology.Mask) error {
+	m := a.m
+	m.mu.Lock()
+	var existing []string
+	if p := m.pods[a.uid]; p != nil {
+		if ra := p.containers[cname][rn]; ra != nil {
+			existing = ra.ids
+		}
+	}
+	if existing != nil && len(existing) != required {
+		m.mu.Unlock()
+		return fmt.Errorf("pod %q container %q changed request for resource %q from %d to %d", a.uid, cname, rn, len(existing), required)
+	}
+	r := m.resources[rn]
+	if r == nil {
+		m.mu.Unlock()
+		return fmt.Errorf("cannot allocate unregistered device %s", rn)
+	}
+	if r.healthy == 0 {
+		m.mu.Unlock()
+		return fmt.Errorf("no healthy devices present; cannot allocate unhealthy devices %s", rn)
+	}
+	for _, id := range existing {
+		if d := r.devices[id]; d == nil || !d.healthy {
+			m.mu.Unlock()
+			return fmt.Errorf("previously allocated devices are no longer healthy; cannot allocate unhealthy devices %s", rn)
+		}
+	}
+	if existing != nil {
+		// Already allocated: no second Allocate call.
+		m.mu.Unlock()
+		return nil
+	}
+
+	sel := &selection{r: r, chosen: make(map[string]struct{}), order: nil}
+	needed := required
+	// 1. Devices reusable from init containers.
+	for _, id := range sortedSet(a.reuse[rn]) {
+		if needed == 0 {
+			break
+		}
+		sel.take(id)
+		needed--
+	}
+	var fresh []*device
+	release := func() {
+		for _, d := range fresh {
+			m.releaseLocked(rn, d.id, a.uid)
+		}
+		a.m.releaseUnreferencedLocked(a.uid)
+	}
+	if needed > 0 {
+		available := r.freeCount()
+		if available < needed {
+			m.mu.Unlock()
+			return fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d", rn, needed, available)
+		}
+		useAffinity := affinity != 0 && r.groups.HasTopology()
+		alignedCount := 0
+		if useAffinity {
+			for mask, p := range r.free {
+				if mask.AnySet(affinity) {
+					alignedCount += len(p.devs)
+				}
+			}
+		}
+		gpa := r.primary != nil && r.primary.opts.GetGetPreferredAllocationAvailable()
+		inAligned := func(d *device) bool { return useAffinity && d.mask.AnySet(affinity) }
+		takeFrom := func(match func(*device) bool) {
+			for _, mask := range sortedMasks(r.free) {
+				for needed > 0 {
+					p := r.free[mask]
+					if p == nil || len(p.devs) == 0 || !match(p.devs[len(p.devs)-1]) {
+						break
+					}
+					d := p.devs[len(p.devs)-1]
+					m.reserveLocked(r, d, a.uid)
+					fresh = append(fresh, d)
+					sel.take(d.id)
+					needed--
+				}
+			}
+		}
+		branchAligned := useAffinity && needed < alignedCount
+		if !branchAligned && useAffinity {
+			// Not enough aligned devices: take them all first.
+			takeFrom(inAligned)
+		}
+		if needed > 0 && gpa {
+			var candidates []string
+			for _, p := range r.free {
+				for _, d := range p.devs {
+					if !branchAligned || inAligned(d) {
+						candidates = append(candidates, d.id)
+					}
+				}
+			}
+			candidates = append(candidates, sel.order...)
+			sort.Strings(candidates)
+			mustInclude := append([]string(nil), sel.order...)
+			sort.Strings(mustInclude)
+			ep := r.primary
+			m.mu.Unlock()
+			preferred, err := m.preferred(ctx, ep, candidates, mustInclude, required)
+			m.mu.Lock()
+			if err != nil {
+				release()
+				m.mu.Unlock()
+				return err
+			}
+			for _, id := range preferred {
+				if needed == 0 {
+					break
+				}
+				d := r.devices[id]
+				if d == nil || d.poolIdx < 0 || (branchAligned && !inAligned(d)) {
+					continue
+				}
+				m.reserveLocked(r, d, a.uid)
+				fresh = append(fresh, d)
+				sel.take(d.id)
+				needed--
+			}
+		}
+		if branchAligned {
+			takeFrom(inAligned)
+		} else {
+			takeFrom(func(d *device) bool { return d.mask != 0 && !inAligned(d) })
+			takeFrom(func(*device) bool { return true })
+		}
+		if needed > 0 {
+			release()
+			m.mu.Unlock()
+			return fmt.Errorf("unexpectedly allocated less resources than required. Requested: %d, Got: %d", required, required-needed)
+		}
+	}
+	ep := r.primary
+	ids := append([]string(nil), sel.order...)
+	sort.Strings(ids)
+	if ep == nil {
+		release()
+		m.mu.Unlock()
+		return fmt.Errorf("unknown Device Plugin %s", rn)
+	}
+	m.mu.Unlock()
+
+	resp, err := m.allocateRPC(ctx, ep, ids)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err == nil && len(resp.GetContainerResponses()) == 0 {
+		// The kubelet returns here without releasing the reserved devices
+		// (kubernetes#130172); we release them.
+		err = fmt.Errorf("no containers return in allocation response %v", resp)
+	}
+	if err != nil {
+		release()
+		return err
+	}
+	cresp := resp.ContainerResponses[0]
+	p := m.podLocked(a.uid)
+	// Reused devices are owned by the pod already; fresh ones were reserved.
+	if p.containers[cname] == nil {
+		p.containers[cname] = make(map[string]*resAlloc)
+	}
+	p.containers[cname][rn] = &resAlloc{ids: ids, numa: m.numaOf(r, ids), resp: cresp, raw: marshalResp(cresp)}
+	a.created = append(a.created, created{cname, rn})
+	a.changed = true
+	return nil
+}
+
+// rollbackLocked removes the allocations made by this admission.
+func (a *admission) rollbackLocked() {
+	p := a.m.pods[a.uid]
+	if p == nil {
+		return
+	}
+	for _, c := range a.created {
+		if res := p.containers[c.container]; res != nil {
+			delete(res, c.resource)
+			if len(res) == 0 {
+				delete(p.containers, c.container)
+			}
+		}
+	}
+	a.m.releaseUnreferencedLocked(a.uid)
+	a.created = nil
+}
+
+type selection struct {
+	r      *resourceState
+	chosen map[string]struct{}
+	order  []string
+}
+
+func (s *selection) take(id string) {
+	if _, ok := s.chosen[id]; ok {
+		return
+	}
+	s.chosen[id] = struct{}{}
+	s.order = append(s.order, id)
+}
+
+func sortedSet(s map[string]struct{}) []string {
+	out := make([]string, 0, len(s))
+	for k := range s {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sortedMasks(mp map[topology.Mask]*pool) []topology.Mask {
+	out := make([]topology.Mask, 0, len(mp))
+	for k := range mp {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func (m *Manager) preferred(ctx context.Context, e *endpoint, available, mustInclude []string, size int) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.AllocateTimeout)
+	defer cancel()
+	resp, err := e.api.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs: available, MustIncludeDeviceIDs: mustInclude, AllocationSize: int32(size),
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device plugin GetPreferredAllocation rpc failed with err: %w", err)
+	}
+	if len(resp.GetContainerResponses()) == 0 {
+		return nil, nil
+	}
+	return resp.ContainerResponses[0].DeviceIDs, nil
+}
+
+// allocateRPC calls Allocate with the configured deadline; the kubelet
+// sets none (kubernetes#129249).
+func (m *Manager) allocateRPC(ctx context.Context, e *endpoint, ids []string) (*pluginapi.AllocateResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.AllocateTimeout)
+	defer cancel()
+	return e.api.Allocate(ctx, &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}},
+	})
+}
+
+// containerHintsLocked computes per-resource hints for one container, like
+// the kubelet's GetTopologyHints.
+func (m *Manager) containerHintsLocked(uid, cname string, reqs map[string]int, reuse map[string]map[string]struct{}) map[string][]topology.Hint {
+	out := make(map[string][]topology.Hint)
+	for rn, requested := range reqs {
+		r := m.resources[rn]
+		if r == nil || !r.groups.HasTopology() {
+			out[rn] = nil
+			continue
+		}
+		var allocated []string
+		if p := m.pods[uid]; p != nil {
+			if ra := p.containers[cname][rn]; ra != nil {
+				allocated = ra.ids
+			}
+		}
+		if len(allocated) > 0 {
+			if len(allocated) != requested {
+				out[rn] = []topology.Hint{}
+				continue
+			}
+			out[rn] = topology.DeviceHints(m.cfg.NUMANodes, r.groups, groupsOf(r, allocated), nil, requested)
+			continue
+		}
+		reusable := groupsOf(r, sortedSet(reuse[rn]))
+		avail := freeGroups(r)
+		total := 0
+		for _, n := range avail {
+			total += n
+		}
+		if total+len(reuse[rn]) < requested {
+			out[rn] = []topology.Hint{}
+			continue
+		}
+		out[rn] = topology.DeviceHints(m.cfg.NUMANodes, r.groups, avail, reusable, requested)
+	}
+	return out
+}
+
+// podHintsLocked computes per-resource hints for the whole pod, like the
+// kubelet's GetPodTopologyHints.
+func (m *Manager) podHintsLocked(pod *corev1.Pod) map[string][]topology.Hint {
+	reqs := m.podRequestsLocked(pod)
+	out := make(map[string][]topology.Hint)
+	for rn, requested := range reqs {
+		r := m.resources[rn]
+		if r == nil || !r.groups.HasTopology() {
+			out[rn] = nil
+			continue
+		}
+		var allocated []string
+		if p := m.pods[string(pod.UID)]; p != nil {
+			allocated = sortedSet(p.owned[rn])
+		}
+		if len(allocated) > 0 {
+			if len(allocated) != requested {
+				out[rn] = []topology.Hint{}
+				continue
+			}
+			out[rn] = topology.DeviceHints(m.cfg.NUMANodes, r.groups, groupsOf(r, allocated), nil, requested)
+			continue
+		}
+		if r.freeCount() < requested {
+			out[rn] = []topology.Hint{}
+			continue
+		}
+		out[rn] = topology.DeviceHints(m.cfg.NUMANodes, r.groups, freeGroups(r), nil, requested)
+	}
+	return out
+}
+
+// podRequestsLocked returns the pod-level device requests with the
+// kubelet's rules for init and sidecar containers: the larger of the sum
+// over app and sidecar containers and, for each init container, its
+// request plus the sidecars started before it.
+func (m *Manager) podRequestsLocked(pod *corev1.Pod) map[string]int {
+	out := make(map[string]int)
+	sidecars := make(map[string]int)
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		for rn, n := range m.containerRequestsLocked(c) {
+			if isRestartable(c) {
+				sidecars[rn] += n
+				continue
+			}
+			if v := n + sidecars[rn]; v > out[rn] {
+				out[rn] = v
+			}
+		}
+	}
+	apps := make(map[string]int)
+	for i := range pod.Spec.Containers {
+		for rn, n := range m.containerRequestsLocked(&pod.Spec.Containers[i]) {
+			apps[rn] += n
+		}
+	}
+	for rn, n := range sidecars {
+		apps[rn] += n
+	}
+	for rn, n := range apps {
+		if n > out[rn] {
+			out[rn] = n
+		}
+	}
+	return out
+}
+
+func groupsOf(r *resourceState, ids []string) topology.DeviceGroups {
+	g := make(topology.DeviceGroups)
+	for _, id := range ids {
+		if d := r.devices[id]; d != nil {
+			g[d.mask]++
+		} else {
+			g[0]++
+		}
+	}
+	return g
+}
+
+func freeGroups(r *resourceState) topology.DeviceGroups {
+	g := make(topology.DeviceGroups, len(r.free))
+	for mask, p := range r.free {
+		g[mask] = len(p.devs)
+	}
+	return g
+}
+
+// RemovePod forgets the pod's allocations and frees its devices.
+func (m *Manager) RemovePod(uid types.UID) {
+	m.admitMu.Lock()
+	defer m.admitMu.Unlock()
+	m.mu.Lock()
+	p := m.pods[string(uid)]
+	if p == nil {
+		m.mu.Unlock()
+		return
+	}
+	p.containers = map[string]map[string]*resAlloc{}
+	m.releaseUnreferencedLocked(string(uid))
+	m.mu.Unlock()
+	m.writeCheckpoint()
+}
+
+// RetainPods removes every pod not in active, like the kubelet's
+// UpdateAllocatedDevices with its active pods.
+func (m *Manager) RetainPods(active []types.UID) {
+	keep := make(map[string]struct{}, len(active))
+	for _, u := range active {
+		keep[string(u)] = struct{}{}
+	}
+	m.admitMu.Lock()
+	defer m.admitMu.Unlock()
+	m.mu.Lock()
+	removed := false
+	for uid, p := range m.pods {
+		if _, ok := keep[uid]; ok {
+			continue
+		}
+		p.containers = map[string]map[string]*resAlloc{}
+		m.releaseUnreferencedLocked(uid)
+		removed = true
+	}
+	m.mu.Unlock()
+	if removed {
+		m.writeCheckpoint()
+	}
+}

@@ -1,0 +1,277 @@
+package devicemanager
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/validation"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/topology"
+)
+
+// Error texts of the kubelet's registration server.
+const (
+	errUnsupportedVersion  = "requested API version %q is not supported by kubelet. Supported version is %q"
+	errInvalidResourceName = "the ResourceName %q is invalid"
+)
+
+// IsExtendedResourceName applies the kubelet's rule for resource names
+// served by device plugins: domain-qualified, not in the kubernetes.io
+// domain, not prefixed "requests.", and "requests."+name a qualified name.
+func IsExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") {
+		return false
+	}
+	if strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
+}
+
+func versionSupported(versions ...string) bool {
+	for _, v := range versions {
+		for _, s := range pluginapi.SupportedVersions {
+			if v == s {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+type registrationServer struct {
+	pluginapi.UnimplementedRegistrationServer
+	m *Manager
+}
+
+// Register handles a plugin's registration on kubelet.sock. The options in
+// the request are ignored: GetDevicePluginOptions is asked instead.
+func (s *registrationServer) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	m := s.m
+	m.log.Info("registration request from device plugin", "resource", r.ResourceName, "endpoint", r.Endpoint, "version", r.Version)
+	if !versionSupported(r.Version) {
+		err := fmt.Errorf(errUnsupportedVersion, r.Version, pluginapi.SupportedVersions)
+		m.log.Error("bad registration request", "resource", r.ResourceName, "err", err)
+		return &pluginapi.Empty{}, err
+	}
+	if !IsExtendedResourceName(r.ResourceName) {
+		err := fmt.Errorf(errInvalidResourceName, r.ResourceName)
+		m.log.Error("bad registration request", "err", err)
+		return &pluginapi.Empty{}, err
+	}
+	if err := m.connect(ctx, r.ResourceName, filepath.Join(m.socketDir, r.Endpoint)); err != nil {
+		m.log.Error("failed to connect to device plugin", "resource", r.ResourceName, "err", err)
+		return &pluginapi.Empty{}, err
+	}
+	return &pluginapi.Empty{}, nil
+}
+
+// PluginHandler is what a plugins_registry watcher calls for device plugins
+// that register through the kubelet's plugin watcher rather than
+// kubelet.sock, like the kubelet's pluginmanager cache.PluginHandler.
+// pluginName is the resource name and endpoint the absolute path of the
+// plugin's socket.
+type PluginHandler interface {
+	// ValidatePlugin checks versions and the resource name before
+	// registration.
+	ValidatePlugin(ctx context.Context, pluginName, endpoint string, versions []string) error
+	// RegisterPlugin connects to the plugin, asks its options and starts
+	// consuming ListAndWatch. It returns when the plugin is connected.
+	RegisterPlugin(ctx context.Context, pluginName, endpoint string, versions []string) error
+	// DeRegisterPlugin disconnects the plugin instance at endpoint only;
+	// other instances serving the same resource stay connected.
+	DeRegisterPlugin(ctx context.Context, pluginName, endpoint string)
+}
+
+// PluginHandler returns the handler for a plugins_registry watcher.
+func (m *Manager) PluginHandler() PluginHandler { return watcherHandler{m} }
+
+type watcherHandler struct{ m *Manager }
+
+func (h watcherHandler) ValidatePlugin(_ context.Context, name, _ string, versions []string) error {
+	if !versionSupported(versions...) {
+		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
+	}
+	if !IsExtendedResourceName(name) {
+		return fmt.Errorf("invalid name of device plugin socket: %s", fmt.Sprintf(errInvalidResourceName, name))
+	}
+	return nil
+}
+
+func (h watcherHandler) RegisterPlugin(ctx context.Context, name, socket string, versions []string) error {
+	if err := h.ValidatePlugin(ctx, name, socket, versions); err != nil {
+		return err
+	}
+	return h.m.connect(ctx, name, socket)
+}
+
+func (h watcherHandler) DeRegisterPlugin(_ context.Context, name, socket string) {
+	h.m.mu.Lock()
+	var e *endpoint
+	if r := h.m.resources[name]; r != nil {
+		e = r.endpoints[socket]
+	}
+	h.m.mu.Unlock()
+	if e != nil {
+		h.m.log.Info("deregistering device plugin", "resource", name, "endpoint", socket)
+		h.m.disconnect(e)
+	}
+}
+
+// endpoint is one connected plugin instance.
+type endpoint struct {
+	resource string
+	socket   string
+	conn     *grpc.ClientConn
+	api      pluginapi.DevicePluginClient
+	opts     *pluginapi.DevicePluginOptions
+	cancel   context.CancelFunc
+	once     sync.Once
+}
+
+func (e *endpoint) close() {
+	e.once.Do(func() {
+		e.cancel()
+		_ = e.conn.Close()
+	})
+}
+
+// connect dials the plugin, asks its options, records it as the resource's
+// primary endpoint and starts consuming its ListAndWatch stream. Endpoints
+// are keyed by resource and socket path, so a new instance of a plugin is
+// not disconnected when an older one of the same resource exits.
+func (m *Manager) connect(ctx context.Context, resource, socket string) error {
+	m.mu.Lock()
+	if !m.started || m.stopping {
+		m.mu.Unlock()
+		return ErrNotStarted
+	}
+	var old *endpoint
+	if r := m.resources[resource]; r != nil {
+		old = r.endpoints[socket]
+	}
+	m.mu.Unlock()
+	if old != nil {
+		// The same socket registers again: its previous instance is gone
+		// or about to be; replace it rather than refusing.
+		m.log.Info("device plugin re-registered on the same socket; replacing the old connection", "resource", resource, "endpoint", socket)
+		m.disconnect(old)
+	}
+
+	conn, err := grpc.NewClient("unix://"+socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithAuthority("localhost"))
+	if err != nil {
+		return fmt.Errorf("failed to dial device plugin: %w", err)
+	}
+	api := pluginapi.NewDevicePluginClient(conn)
+	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	opts, err := api.GetDevicePluginOptions(dctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+	cancel()
+	if err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("failed to get device plugin options: %w", err)
+	}
+
+	sctx, scancel := context.WithCancel(m.ctx)
+	e := &endpoint{resource: resource, socket: socket, conn: conn, api: api, opts: opts, cancel: scancel}
+	m.mu.Lock()
+	if !m.started || m.stopping {
+		m.mu.Unlock()
+		e.close()
+		return ErrNotStarted
+	}
+	r := m.resources[resource]
+	if r == nil {
+		r = newResourceState(resource)
+		m.resources[resource] = r
+	}
+	if prev := r.endpoints[socket]; prev != nil {
+		// Lost a race with a concurrent registration of the same socket.
+		m.mu.Unlock()
+		e.close()
+		return fmt.Errorf("device plugin already connected: %s", socket)
+	}
+	r.endpoints[socket] = e
+	r.primary = e
+	r.stopTime = timeZero
+	m.notifyLocked()
+	m.wg.Add(1)
+	m.mu.Unlock()
+	m.log.Info("device plugin connected", "resource", resource, "endpoint", socket,
+		"preStartRequired", opts.GetPreStartRequired(), "getPreferredAllocationAvailable", opts.GetGetPreferredAllocationAvailable())
+
+	go func() {
+		defer m.wg.Done()
+		m.run(sctx, e)
+		m.disconnect(e)
+	}()
+	return nil
+}
+
+// run consumes the plugin's ListAndWatch stream until it ends.
+func (m *Manager) run(ctx context.Context, e *endpoint) {
+	stream, err := e.api.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		m.log.Error("ListAndWatch failed", "resource", e.resource, "endpoint", e.socket, "err", err)
+		return
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				m.log.Error("ListAndWatch ended", "resource", e.resource, "endpoint", e.socket, "err", err)
+			}
+			return
+		}
+		m.applyDevices(e, resp.Devices)
+	}
+}
+
+// disconnect forgets e. When it was the resource's last plugin, every
+// device of the resource becomes unhealthy and the grace period starts.
+func (m *Manager) disconnect(e *endpoint) {
+	e.close()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.resources[e.resource]
+	if r == nil || r.endpoints[e.socket] != e {
+		return
+	}
+	delete(r.endpoints, e.socket)
+	if m.stopping {
+		return
+	}
+	if len(r.endpoints) > 0 {
+		if r.primary == e {
+			for _, k := range sortedKeys(r.endpoints) {
+				r.primary = r.endpoints[k]
+				break
+			}
+		}
+		m.log.Info("device plugin instance disconnected; others still serve the resource", "resource", e.resource, "endpoint", e.socket)
+		return
+	}
+	r.primary = nil
+	r.stopTime = m.cfg.Clock.Now()
+	m.markUnhealthyLocked(r)
+	m.notifyLocked()
+	m.wakeGC()
+	m.log.Info("last device plugin of the resource disconnected; devices are unhealthy until it returns", "resource", e.resource, "endpoint", e.socket, "gracePeriod", m.cfg.GracePeriod)
+}
+
+func newResourceState(name string) *resourceState {
+	return &resourceState{
+		name:      name,
+		devices:   make(map[string]*device),
+		free:      make(map[topology.Mask]*pool),
+		groups:    make(topology.DeviceGroups),
+		endpoints: make(map[string]*endpoint),
+	}
+}

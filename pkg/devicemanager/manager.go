@@ -1,0 +1,345 @@
+// Package devicemanager is the kubelet side of the device plugin API
+// (v1beta1) as a library: it serves the registration socket, talks to
+// plugins, keeps device accounting, allocates devices to containers at pod
+// admission with the kubelet's rules, answers the container runtime's
+// questions (environment, mounts, device nodes, CDI devices, pre-start
+// hooks) and keeps the kubelet-compatible checkpoint.
+//
+// Everything lives under Config.Root, which stands for the kubelet's root
+// directory: the registration socket is Root/device-plugins/kubelet.sock.
+//
+// See docs/device-manager.md for behaviour and differences from the kubelet.
+package devicemanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
+	"github.com/dpkit/dpkit/pkg/topology"
+)
+
+// Manager is the device manager. Create it with New, then Start it.
+type Manager struct {
+	cfg       Config
+	log       *slog.Logger
+	policy    topology.Policy
+	socketDir string
+
+	// admitMu serialises Admit, like the kubelet's admission loop.
+	admitMu sync.Mutex
+	// cpMu serialises checkpoint snapshots and writes so they land in order.
+	cpMu sync.Mutex
+
+	mu        sync.Mutex
+	started   bool
+	stopping  bool
+	resources map[string]*resourceState
+	// owner maps resource -> device ID -> pod UID for every device held by
+	// a pod (or reserved for one during Admit).
+	owner map[string]map[string]string
+	pods  map[string]*podState
+	subs  map[int]chan struct{}
+	nextSub int
+
+	server *grpc.Server
+	ctx    context.Context // cancelled by Stop; parent of plugin streams
+	cancel context.CancelFunc
+	wake   chan struct{} // re-arms the grace period timer
+	wg     sync.WaitGroup
+}
+
+type resourceState struct {
+	name    string
+	devices map[string]*device
+	free    map[topology.Mask]*pool
+	groups  topology.DeviceGroups // all devices by NUMA mask
+	healthy int
+	// endpoints are the connected plugins by socket path; primary is the
+	// one whose ListAndWatch updates are applied and which gets calls.
+	endpoints map[string]*endpoint
+	primary   *endpoint
+	// stopTime is when the last plugin went away; zero while connected.
+	stopTime time.Time
+}
+
+type podState struct {
+	containers map[string]map[string]*resAlloc // container -> resource -> allocation
+	owned      map[string]map[string]struct{}  // resource -> device IDs owned by the pod
+}
+
+type resAlloc struct {
+	ids  []string
+	numa checkpoint.DevicesPerNUMA
+	resp *pluginapi.ContainerAllocateResponse
+	raw  []byte
+}
+
+// New validates cfg, applies defaults and returns a stopped Manager.
+func New(cfg Config) (*Manager, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid device manager config: %w", err)
+	}
+	policy, err := topology.NewPolicy(cfg.TopologyPolicy, cfg.NUMANodes)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		policy:    policy,
+		socketDir: PluginDir(cfg.Root),
+		resources: make(map[string]*resourceState),
+		owner:     make(map[string]map[string]string),
+		pods:      make(map[string]*podState),
+		subs:      make(map[int]chan struct{}),
+		wake:      make(chan struct{}, 1),
+	}, nil
+}
+
+// SocketPath returns the registration socket path.
+func (m *Manager) SocketPath() string { return filepath.Join(m.socketDir, "kubelet.sock") }
+
+// CheckpointPath returns the checkpoint file path.
+func (m *Manager) CheckpointPath() string { return filepath.Join(m.socketDir, checkpoint.FileName) }
+
+// Start creates the plugin directory, restores the checkpoint, removes
+// stale sockets (plugins watch for that to re-register) and serves the
+// registration socket. A missing, corrupt or foreign checkpoint is logged
+// and ignored. Start may be called once.
+func (m *Manager) Start(ctx context.Context) error {
+	m.mu.Lock()
+	if m.started || m.ctx != nil {
+		m.mu.Unlock()
+		return errors.New("device manager already started")
+	}
+	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	m.mu.Unlock()
+
+	if err := os.MkdirAll(m.socketDir, 0o750); err != nil {
+		return fmt.Errorf("create device plugin directory: %w", err)
+	}
+	m.restoreCheckpoint()
+	if err := m.cleanupSockets(); err != nil {
+		m.log.Error("failed to clean up the device plugin directory", "dir", m.socketDir, "err", err)
+	}
+	ln, err := net.Listen("unix", m.SocketPath())
+	if err != nil {
+		m.cancel()
+		return fmt.Errorf("listen on the registration socket: %w", err)
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(srv, &registrationServer{m: m})
+
+	m.mu.Lock()
+	m.server = srv
+	m.started = true
+	m.mu.Unlock()
+
+	m.wg.Add(2)
+	go func() {
+		defer m.wg.Done()
+		if err := srv.Serve(ln); err != nil {
+			m.log.Error("registration server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer m.wg.Done()
+		m.gcLoop()
+	}()
+	m.log.Info("device manager started", "socket", m.SocketPath())
+	return nil
+}
+
+// Stop stops the registration server, disconnects every plugin, closes
+// subscriptions and waits for every goroutine. The checkpoint stays. Stop
+// is safe to call more than once and without Start.
+func (m *Manager) Stop() {
+	m.mu.Lock()
+	if m.stopping || m.ctx == nil {
+		m.mu.Unlock()
+		return
+	}
+	m.stopping = true
+	srv := m.server
+	var eps []*endpoint
+	for _, r := range m.resources {
+		for _, e := range r.endpoints {
+			eps = append(eps, e)
+		}
+	}
+	for id, ch := range m.subs {
+		close(ch)
+		delete(m.subs, id)
+	}
+	m.mu.Unlock()
+
+	if srv != nil {
+		srv.Stop()
+	}
+	m.cancel()
+	for _, e := range eps {
+		e.close()
+	}
+	m.wg.Wait()
+	m.mu.Lock()
+	m.started = false
+	m.mu.Unlock()
+	m.log.Info("device manager stopped")
+}
+
+// cleanupSockets removes every socket in the plugin directory except the
+// checkpoint, like the kubelet.
+func (m *Manager) cleanupSockets() error {
+	entries, err := os.ReadDir(m.socketDir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		p := filepath.Join(m.socketDir, e.Name())
+		if p == m.CheckpointPath() || e.Type()&os.ModeSocket == 0 {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Subscribe returns a channel that receives a value whenever a resource is
+// added or removed or its devices, health or plugin connection change.
+// Notifications are coalesced: read Resources for the current state. The
+// channel is closed by cancel or Stop.
+func (m *Manager) Subscribe() (<-chan struct{}, func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	if m.stopping {
+		close(ch)
+		return ch, func() {}
+	}
+	id := m.nextSub
+	m.nextSub++
+	m.subs[id] = ch
+	return ch, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if c, ok := m.subs[id]; ok {
+			close(c)
+			delete(m.subs, id)
+		}
+	}
+}
+
+func (m *Manager) notifyLocked() {
+	for _, ch := range m.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (m *Manager) wakeGC() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// gcLoop removes resources whose plugins have been gone longer than the
+// grace period.
+func (m *Manager) gcLoop() {
+	for {
+		m.mu.Lock()
+		changed := m.collectExpiredLocked()
+		next := m.nextExpiryLocked()
+		m.mu.Unlock()
+		if changed {
+			m.writeCheckpoint()
+		}
+		var timerC <-chan time.Time
+		var timer interface{ Stop() bool }
+		if !next.IsZero() {
+			t := m.cfg.Clock.NewTimer(next.Sub(m.cfg.Clock.Now()))
+			timer, timerC = t, t.C()
+		}
+		select {
+		case <-m.ctx.Done():
+		case <-m.wake:
+		case <-timerC:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if m.ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+func (m *Manager) nextExpiryLocked() time.Time {
+	var next time.Time
+	for _, r := range m.resources {
+		if r.stopTime.IsZero() {
+			continue
+		}
+		exp := r.stopTime.Add(m.cfg.GracePeriod)
+		if next.IsZero() || exp.Before(next) {
+			next = exp
+		}
+	}
+	return next
+}
+
+// collectExpiredLocked removes expired resources and reports whether any
+// was removed.
+func (m *Manager) collectExpiredLocked() bool {
+	now := m.cfg.Clock.Now()
+	changed := false
+	for name, r := range m.resources {
+		if r.stopTime.IsZero() || now.Sub(r.stopTime) < m.cfg.GracePeriod {
+			continue
+		}
+		delete(m.resources, name)
+		changed = true
+		m.log.Info("resource removed after its plugin stayed away for the grace period", "resource", name, "gracePeriod", m.cfg.GracePeriod)
+	}
+	if changed {
+		m.notifyLocked()
+	}
+	return changed
+}
+
+// sortedKeys returns the keys of a string-keyed map in order.
+func sortedKeys[V any](mp map[string]V) []string {
+	out := make([]string, 0, len(mp))
+	for k := range mp {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func marshalResp(resp *pluginapi.ContainerAllocateResponse) []byte {
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		return nil
+	}
+	return b
+}

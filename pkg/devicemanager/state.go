@@ -1,0 +1,340 @@
+package devicemanager
+
+import (
+	"errors"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
+	"github.com/dpkit/dpkit/pkg/topology"
+)
+
+var timeZero time.Time
+
+// nodeWithoutTopology is the checkpoint's NUMA key for devices without NUMA
+// information.
+const nodeWithoutTopology = -1
+
+func (r *resourceState) addFree(d *device) {
+	p := r.free[d.mask]
+	if p == nil {
+		p = &pool{}
+		r.free[d.mask] = p
+	}
+	p.add(d)
+}
+
+func (r *resourceState) removeFree(d *device) {
+	if d.poolIdx < 0 {
+		return
+	}
+	p := r.free[d.mask]
+	p.remove(d)
+	if len(p.devs) == 0 {
+		delete(r.free, d.mask)
+	}
+}
+
+func (r *resourceState) freeCount() int {
+	n := 0
+	for _, p := range r.free {
+		n += len(p.devs)
+	}
+	return n
+}
+
+// applyDevices replaces the resource's device set with a ListAndWatch
+// message from e. Updates from an endpoint that is not the resource's
+// primary one are ignored. Cost is linear in the number of devices.
+func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
+	m.mu.Lock()
+	r := m.resources[e.resource]
+	if r == nil || r.primary != e || m.stopping {
+		m.mu.Unlock()
+		m.log.Debug("ignoring ListAndWatch update from a non-primary plugin instance", "resource", e.resource, "endpoint", e.socket)
+		return
+	}
+	owned := m.owner[r.name]
+	next := make(map[string]*device, len(devs))
+	groups := make(topology.DeviceGroups)
+	healthy := 0
+	for _, pd := range devs {
+		if pd == nil {
+			continue
+		}
+		if _, dup := next[pd.ID]; dup {
+			m.log.Warn("device reported twice in one ListAndWatch message; keeping the first", "resource", r.name, "device", pd.ID)
+			continue
+		}
+		isHealthy := pd.Health == pluginapi.Healthy
+		var numa []int64
+		var mask topology.Mask
+		for _, n := range pd.GetTopology().GetNodes() {
+			if n == nil {
+				continue
+			}
+			numa = append(numa, n.ID)
+			if n.ID >= 0 && n.ID < topology.MaxNUMANodes {
+				mask |= 1 << uint(n.ID)
+			}
+		}
+		d := r.devices[pd.ID]
+		if d == nil {
+			d = &device{id: pd.ID, poolIdx: -1}
+		} else if d.mask != mask {
+			r.removeFree(d)
+		}
+		d.healthy, d.mask, d.numa = isHealthy, mask, numa
+		_, inUse := owned[d.id]
+		switch free := isHealthy && !inUse; {
+		case free && d.poolIdx < 0:
+			r.addFree(d)
+		case !free && d.poolIdx >= 0:
+			r.removeFree(d)
+		}
+		if isHealthy {
+			healthy++
+		}
+		groups[mask]++
+		next[d.id] = d
+	}
+	for id, d := range r.devices {
+		if _, ok := next[id]; !ok {
+			r.removeFree(d)
+		}
+	}
+	firstUpdate := len(r.devices) == 0 && len(next) > 0
+	r.devices, r.groups, r.healthy = next, groups, healthy
+	m.notifyLocked()
+	m.mu.Unlock()
+	m.log.Debug("processed device update", "resource", r.name, "total", len(devs), "healthy", healthy)
+	if firstUpdate {
+		// The checkpoint lists registered resources; keep it current when
+		// a resource first reports devices.
+		m.writeCheckpoint()
+	}
+}
+
+func (m *Manager) markUnhealthyLocked(r *resourceState) {
+	for _, d := range r.devices {
+		d.healthy = false
+		r.removeFree(d)
+	}
+	r.healthy = 0
+}
+
+// reserveLocked marks d of r as held by podUID.
+func (m *Manager) reserveLocked(r *resourceState, d *device, podUID string) {
+	r.removeFree(d)
+	o := m.owner[r.name]
+	if o == nil {
+		o = make(map[string]string)
+		m.owner[r.name] = o
+	}
+	o[d.id] = podUID
+	p := m.podLocked(podUID)
+	s := p.owned[r.name]
+	if s == nil {
+		s = make(map[string]struct{})
+		p.owned[r.name] = s
+	}
+	s[d.id] = struct{}{}
+}
+
+// releaseLocked frees device id of resource held by podUID.
+func (m *Manager) releaseLocked(resource, id, podUID string) {
+	if o := m.owner[resource]; o != nil && o[id] == podUID {
+		delete(o, id)
+		if len(o) == 0 {
+			delete(m.owner, resource)
+		}
+	}
+	if p := m.pods[podUID]; p != nil {
+		if s := p.owned[resource]; s != nil {
+			delete(s, id)
+			if len(s) == 0 {
+				delete(p.owned, resource)
+			}
+		}
+	}
+	if r := m.resources[resource]; r != nil {
+		if d := r.devices[id]; d != nil && d.healthy && d.poolIdx < 0 {
+			r.addFree(d)
+		}
+	}
+}
+
+func (m *Manager) podLocked(uid string) *podState {
+	p := m.pods[uid]
+	if p == nil {
+		p = &podState{containers: make(map[string]map[string]*resAlloc), owned: make(map[string]map[string]struct{})}
+		m.pods[uid] = p
+	}
+	return p
+}
+
+// releaseUnreferencedLocked frees the pod's devices that no container of
+// the pod holds any more and forgets the pod when it holds nothing.
+func (m *Manager) releaseUnreferencedLocked(uid string) {
+	p := m.pods[uid]
+	if p == nil {
+		return
+	}
+	ref := make(map[string]map[string]struct{})
+	for _, res := range p.containers {
+		for rn, a := range res {
+			s := ref[rn]
+			if s == nil {
+				s = make(map[string]struct{})
+				ref[rn] = s
+			}
+			for _, id := range a.ids {
+				s[id] = struct{}{}
+			}
+		}
+	}
+	for rn, ids := range p.owned {
+		for id := range ids {
+			if _, ok := ref[rn][id]; !ok {
+				m.releaseLocked(rn, id, uid)
+			}
+		}
+	}
+	if len(p.containers) == 0 && len(p.owned) == 0 {
+		delete(m.pods, uid)
+	}
+}
+
+func (m *Manager) numaOf(r *resourceState, ids []string) checkpoint.DevicesPerNUMA {
+	out := make(checkpoint.DevicesPerNUMA)
+	for _, id := range ids {
+		var d *device
+		if r != nil {
+			d = r.devices[id]
+		}
+		if d == nil || len(d.numa) == 0 {
+			out[nodeWithoutTopology] = append(out[nodeWithoutTopology], id)
+			continue
+		}
+		for _, n := range d.numa {
+			out[n] = append(out[n], id)
+		}
+	}
+	return out
+}
+
+// snapshotLocked builds the checkpoint content.
+func (m *Manager) snapshotLocked() checkpoint.Checkpoint {
+	var entries []checkpoint.PodDevicesEntry
+	for _, uid := range sortedKeys(m.pods) {
+		p := m.pods[uid]
+		for _, cn := range sortedKeys(p.containers) {
+			for _, rn := range sortedKeys(p.containers[cn]) {
+				a := p.containers[cn][rn]
+				entries = append(entries, checkpoint.PodDevicesEntry{
+					PodUID: uid, ContainerName: cn, ResourceName: rn, DeviceIDs: a.numa, AllocResp: a.raw,
+				})
+			}
+		}
+	}
+	registered := make(map[string][]string, len(m.resources))
+	for name, r := range m.resources {
+		ids := make([]string, 0, r.healthy)
+		for id, d := range r.devices {
+			if d.healthy {
+				ids = append(ids, id)
+			}
+		}
+		sort.Strings(ids)
+		registered[name] = ids
+	}
+	return checkpoint.Checkpoint{Entries: entries, Registered: registered}
+}
+
+// writeCheckpoint writes the current state. Failures are logged and
+// returned.
+func (m *Manager) writeCheckpoint() error {
+	m.cpMu.Lock()
+	defer m.cpMu.Unlock()
+	m.mu.Lock()
+	cp := m.snapshotLocked()
+	m.mu.Unlock()
+	if err := checkpoint.Write(m.CheckpointPath(), cp); err != nil {
+		m.log.Error("failed to write checkpoint", "path", m.CheckpointPath(), "err", err)
+		return err
+	}
+	return nil
+}
+
+// restoreCheckpoint loads assignments and registered resource names. A
+// missing checkpoint is normal; a corrupt or foreign one is reported and
+// ignored.
+func (m *Manager) restoreCheckpoint() {
+	cp, err := checkpoint.Read(m.CheckpointPath())
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		m.log.Info("no device manager checkpoint; starting empty", "path", m.CheckpointPath())
+		return
+	}
+	if err != nil {
+		m.log.Error("ignoring unreadable device manager checkpoint; device assignments may be out of date", "path", m.CheckpointPath(), "err", err)
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.cfg.Clock.Now()
+	restored := 0
+	for _, e := range cp.Entries {
+		resp := &pluginapi.ContainerAllocateResponse{}
+		if err := proto.Unmarshal(e.AllocResp, resp); err != nil {
+			m.log.Error("skipping checkpoint entry with an unreadable Allocate response", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName, "err", err)
+			continue
+		}
+		ids := e.DeviceIDs.Devices()
+		sort.Strings(ids)
+		conflict := false
+		for _, id := range ids {
+			if o, ok := m.owner[e.ResourceName][id]; ok && o != e.PodUID {
+				m.log.Error("skipping checkpoint entry: device already held by another pod", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName, "device", id, "holder", o)
+				conflict = true
+				break
+			}
+		}
+		if conflict {
+			continue
+		}
+		p := m.podLocked(e.PodUID)
+		if p.containers[e.ContainerName] == nil {
+			p.containers[e.ContainerName] = make(map[string]*resAlloc)
+		}
+		p.containers[e.ContainerName][e.ResourceName] = &resAlloc{ids: ids, numa: e.DeviceIDs, resp: resp, raw: e.AllocResp}
+		o := m.owner[e.ResourceName]
+		if o == nil {
+			o = make(map[string]string)
+			m.owner[e.ResourceName] = o
+		}
+		s := p.owned[e.ResourceName]
+		if s == nil {
+			s = make(map[string]struct{})
+			p.owned[e.ResourceName] = s
+		}
+		for _, id := range ids {
+			o[id] = e.PodUID
+			s[id] = struct{}{}
+		}
+		restored++
+	}
+	for name := range cp.Registered {
+		if _, ok := m.resources[name]; ok || !IsExtendedResourceName(name) {
+			continue
+		}
+		r := newResourceState(name)
+		// Capacity stays zero until the plugin registers again; the
+		// resource goes away after the grace period if it does not.
+		r.stopTime = now
+		m.resources[name] = r
+	}
+	m.log.Info("restored device manager checkpoint", "entries", restored, "resources", len(cp.Registered))
+}
