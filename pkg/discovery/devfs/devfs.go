@@ -87,8 +87,8 @@ type Node struct {
 	// read it.
 	Accessible bool
 	// Char and Block report the node type; both are false for regular
-	// files.
-	Char, Block bool
+	// files. Dir is true for a directory (never accessible).
+	Char, Block, Dir bool
 	// Major and Minor are the device numbers of a char or block node.
 	Major, Minor uint32
 	// Err says why the node is not accessible.
@@ -119,6 +119,7 @@ func Stat(root, hostPath string) Node {
 		n.Block = true
 	case mode.IsRegular():
 	default:
+		n.Dir = mode.IsDir()
 		n.Err = fmt.Errorf("%s is a %s, not a device node", hostPath, typeName(mode))
 		return n
 	}
