@@ -1,0 +1,165 @@
+package amdgpu_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
+	"github.com/dpkit/dpkit/pkg/plugins"
+	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
+)
+
+const hosts = "../../discovery/testdata/hosts"
+
+func copyHost(t *testing.T, name string) string {
+	t.Helper()
+	dst := t.TempDir()
+	if out, err := exec.Command("cp", "-a", filepath.Join(hosts, name)+"/.", dst).CombinedOutput(); err != nil {
+		t.Fatalf("copy fixture: %v: %s", err, out)
+	}
+	return dst
+}
+
+func serve(t *testing.T, root string, cfg amdgpu.Config) *dptest.Kubelet {
+	t.Helper()
+	cfg.Default()
+	res, err := amdgpu.New(cfg, plugins.Options{SysfsRoot: filepath.Join(root, "sys"), DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, res...)
+	return k
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	c := amdgpu.Config{ResourceName: "bad name", ComputePartition: "XPX", RescanInterval: metav1.Duration{Duration: time.Millisecond}}
+	errs := c.Validate(field.NewPath("amdgpu"))
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Field)
+	}
+	want := []string{"amdgpu.resourceName", "amdgpu.rescanInterval", "amdgpu.computePartition"}
+	if !slices.Equal(got, want) {
+		t.Errorf("errors at %v, want %v", got, want)
+	}
+	c = amdgpu.Config{}
+	c.Default()
+	if errs := c.Validate(nil); len(errs) != 0 || c.ResourceName != "amd.com/gpu" {
+		t.Errorf("defaults: %v, %+v", errs, c)
+	}
+}
+
+func TestMI250(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "mi250"), amdgpu.Config{})
+	devs := k.WaitForDevices(t, "amd.com/gpu", dptest.Healthy(4))
+	want := map[string]int64{"0000:29:00.0": 0, "0000:2c:00.0": 0, "0000:a9:00.0": 1, "0000:ac:00.0": 1}
+	for _, d := range devs {
+		node, ok := want[d.ID]
+		if !ok || d.Topology == nil || d.Topology.Nodes[0].ID != node {
+			t.Errorf("device %s topology %v", d.ID, d.Topology)
+		}
+	}
+	ctx := context.Background()
+	resp, err := k.Allocate(ctx, "amd.com/gpu", "0000:29:00.0", "0000:a9:00.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, d := range resp.Devices {
+		nodes = append(nodes, d.HostPath)
+		if d.ContainerPath != d.HostPath || d.Permissions != "rw" {
+			t.Errorf("device spec %v", d)
+		}
+	}
+	if w := []string{"/dev/kfd", "/dev/dri/renderD128", "/dev/dri/card1", "/dev/dri/renderD130", "/dev/dri/card3"}; !slices.Equal(nodes, w) {
+		t.Errorf("nodes %v, want %v", nodes, w)
+	}
+	pref, err := k.Client(t, "amd.com/gpu").GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs: []string{"0000:29:00.0", "0000:a9:00.0", "0000:ac:00.0"}, AllocationSize: 2,
+		}},
+	})
+	if err != nil || !slices.Equal(pref.ContainerResponses[0].DeviceIDs, []string{"0000:a9:00.0", "0000:ac:00.0"}) {
+		t.Errorf("preferred %v, %v; want both GPUs of NUMA node 1", pref, err)
+	}
+}
+
+func TestOmitCardNodes(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "mi250"), amdgpu.Config{OmitCardNodes: true})
+	k.WaitForDevices(t, "amd.com/gpu", dptest.Healthy(4))
+	resp, err := k.Allocate(context.Background(), "amd.com/gpu", "0000:ac:00.0")
+	if err != nil || len(resp.Devices) != 2 || resp.Devices[1].HostPath != "/dev/dri/renderD131" {
+		t.Errorf("allocation %v, %v", resp, err)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	root := copyHost(t, "mi250")
+	k := serve(t, root, amdgpu.Config{ComputePartition: "SPX", RescanInterval: metav1.Duration{Duration: 100 * time.Millisecond}})
+	const res = "amd.com/gpu"
+	k.WaitForDevices(t, res, dptest.Healthy(4))
+	dev := filepath.Join(root, "dev")
+	if err := os.Remove(filepath.Join(dev, "dri/renderD130")); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Health("0000:a9:00.0", pluginapi.Unhealthy))
+	k.WaitForDevices(t, res, dptest.Healthy(3))
+	if err := os.WriteFile(filepath.Join(dev, "dri/renderD130"), nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Healthy(4))
+
+	// A GPU switched to another compute partition mode.
+	pciDir, err := filepath.EvalSymlinks(filepath.Join(root, "sys/bus/pci/devices/0000:2c:00.0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pciDir, "current_compute_partition"), []byte("CPX\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Health("0000:2c:00.0", pluginapi.Unhealthy))
+	if err := os.WriteFile(filepath.Join(pciDir, "current_compute_partition"), []byte("SPX\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Healthy(4))
+
+	// A GPU that falls off the bus stays listed, unhealthy.
+	if err := os.RemoveAll(filepath.Join(root, "sys/devices/virtual/kfd/kfd/topology/nodes/5")); err != nil {
+		t.Fatal(err)
+	}
+	devs := k.WaitForDevices(t, res, dptest.Health("0000:ac:00.0", pluginapi.Unhealthy))
+	if len(devs) != 4 {
+		t.Errorf("%d devices after a GPU vanished, want 4", len(devs))
+	}
+	if _, err := k.Allocate(context.Background(), res, "0000:ac:00.0"); err == nil {
+		t.Error("allocating a vanished GPU succeeded")
+	}
+	// Without /dev/kfd no GPU is usable.
+	if err := os.Remove(filepath.Join(dev, "kfd")); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Healthy(0))
+}
+
+func TestNoGPUs(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "laptop"), amdgpu.Config{})
+	k.WaitForDevices(t, "amd.com/gpu", dptest.Count(0))
+}
+
+var _ deviceplugin.PreferredAllocator = (*amdgpu.Plugin)(nil)
