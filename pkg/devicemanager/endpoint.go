@@ -255,6 +255,7 @@ func (m *Manager) disconnect(e *endpoint) {
 				break
 			}
 		}
+		m.notifyLocked()
 		m.log.Info("device plugin instance disconnected; others still serve the resource", "resource", e.resource, "endpoint", e.socket)
 		return
 	}

@@ -49,9 +49,9 @@ type Manager struct {
 	resources map[string]*resourceState
 	// owner maps resource -> device ID -> pod UID for every device held by
 	// a pod (or reserved for one during Admit).
-	owner map[string]map[string]string
-	pods  map[string]*podState
-	subs  map[int]chan struct{}
+	owner   map[string]map[string]string
+	pods    map[string]*podState
+	subs    map[int]chan struct{}
 	nextSub int
 
 	server *grpc.Server
