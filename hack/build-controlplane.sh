@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the test control plane -- kube-apiserver and kube-scheduler
+# (Kubernetes v1.37.0) and etcd (v3.7.0) -- from Go modules into a cache
+# directory, or reuses the binaries already there when their versions match.
+#
+#   hack/build-controlplane.sh            build or reuse; prints the directory
+#   hack/build-controlplane.sh --force    rebuild even when the binaries match
+#
+# The directory is $DPKIT_CONTROLPLANE_BIN when set, otherwise
+# ${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/controlplane/v1.37.0, which is where
+# test/controlplane looks. A cold build takes a few minutes on 2 cores; a
+# cached one a few seconds. See docs/testing.md.
+set -euo pipefail
+
+KUBE_VERSION=v1.37.0
+ETCD_VERSION=v3.7.0
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="${DPKIT_CONTROLPLANE_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/controlplane/${KUBE_VERSION}}"
+force=false
+case "${1:-}" in
+  "") ;;
+  --force) force=true ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "build-controlplane: unknown argument $1 (use --force or --help)" >&2; exit 2 ;;
+esac
+
+log() { echo "build-controlplane: $*" >&2; }
+
+# current reports whether every binary in $out answers with the wanted version.
+current() {
+  [[ -x "$out/kube-apiserver" && -x "$out/kube-scheduler" && -x "$out/etcd" ]] || return 1
+  "$out/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
+  "$out/kube-scheduler" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
+  "$out/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${ETCD_VERSION#v}" || return 1
+}
+
+mkdir -p "$out"
+# One build at a time per directory: a second caller waits, then reuses.
+exec 9>"$out/.lock"
+if command -v flock >/dev/null; then
+  flock 9
+fi
+
+if ! $force && current; then
+  log "reusing $out (Kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION})"
+  echo "$out"
+  exit 0
+fi
+
+pkg=k8s.io/component-base/version
+ldflags="-s -w"
+ldflags+=" -X ${pkg}.gitVersion=${KUBE_VERSION}"
+ldflags+=" -X ${pkg}.gitMajor=$(echo "${KUBE_VERSION#v}" | cut -d. -f1)"
+ldflags+=" -X ${pkg}.gitMinor=$(echo "${KUBE_VERSION#v}" | cut -d. -f2)"
+ldflags+=" -X ${pkg}.gitTreeState=clean"
+ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+
+tmp="$(mktemp -d "$out/.build.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+log "building Kubernetes ${KUBE_VERSION} and etcd ${ETCD_VERSION} into $out (a cold build takes minutes)"
+start=$SECONDS
+(
+  cd "$root/hack/tools"
+  GOFLAGS="${GOFLAGS:-} -mod=readonly" CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    ./cmd/etcd
+)
+for b in kube-apiserver kube-scheduler etcd; do
+  mv -f "$tmp/$b" "$out/$b"
+done
+if ! current; then
+  log "built binaries in $out do not report Kubernetes ${KUBE_VERSION} / etcd ${ETCD_VERSION}"
+  exit 1
+fi
+log "built in $((SECONDS - start))s"
+echo "$out"
