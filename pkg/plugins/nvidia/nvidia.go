@@ -1,0 +1,317 @@
+// Package nvidia is a device plugin for NVIDIA GPUs that needs neither cgo
+// nor the NVIDIA management library. It discovers GPUs from the driver's
+// procfs (see pkg/discovery/nvidia), reports each GPU's NUMA node, tells a
+// container its GPUs through NVIDIA_VISIBLE_DEVICES, device nodes or CDI
+// names, can share GPUs by time-slicing (replica IDs <UUID>::<n>) and
+// prefers allocations that span few NUMA nodes.
+//
+// Health comes from device presence: a GPU is unhealthy while
+// /dev/nvidiactl or its /dev/nvidia<minor> is missing or unreadable, while
+// the driver reports it excluded, and after it vanished from
+// /proc/driver/nvidia/gpus (fell off the bus). A HealthChecker (for
+// example one fed by NVML Xid events, loaded at run time) can add to that
+// through NewWithHealthChecker; none ships with dpkit because loading
+// libnvidia-ml.so.1 without cgo is not possible cleanly.
+package nvidia
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/discovery/devfs"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
+	nv "github.com/dpkit/dpkit/pkg/discovery/nvidia"
+	"github.com/dpkit/dpkit/pkg/plugins"
+)
+
+// EnvVisibleDevices is the variable the NVIDIA container runtime reads.
+const EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+
+// ReplicaSeparator joins a GPU UUID and a replica number in replica IDs.
+const ReplicaSeparator = "::"
+
+// HealthChecker reports GPU health beyond device presence, such as NVML's
+// critical Xid events. Run watches gpus until ctx is done and calls report
+// whenever a GPU's health changes; a GPU reported unhealthy stays so until
+// reported healthy again.
+type HealthChecker interface {
+	Run(ctx context.Context, gpus []nv.GPU, report func(uuid string, healthy bool, reason string)) error
+}
+
+// New returns the nvidia resource with presence-based health. cfg must
+// have been defaulted; it is validated here.
+func New(cfg Config, opts plugins.Options) ([]deviceplugin.Resource, error) {
+	return NewWithHealthChecker(cfg, opts, nil)
+}
+
+// NewWithHealthChecker is New with an additional health source (nil for
+// none).
+func NewWithHealthChecker(cfg Config, opts plugins.Options, hc HealthChecker) ([]deviceplugin.Resource, error) {
+	if errs := cfg.Validate(nil); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	opts = opts.Defaults()
+	p := &Plugin{
+		cfg: cfg, opts: opts, hc: hc,
+		log:     opts.Logger.With("plugin", "nvidia", "resource", cfg.ResourceName),
+		checked: make(map[string]string),
+	}
+	return []deviceplugin.Resource{{Name: cfg.ResourceName, Plugin: p}}, nil
+}
+
+// Plugin serves NVIDIA GPUs.
+type Plugin struct {
+	cfg  Config
+	opts plugins.Options
+	hc   HealthChecker
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	gpus    map[string]gpu    // by UUID; vanished GPUs stay, unhealthy
+	checked map[string]string // UUID -> reason, from the HealthChecker
+	notify  func([]deviceplugin.Device)
+}
+
+type gpu struct {
+	nv.GPU
+	present bool
+	reason  string // "" when healthy
+}
+
+var _ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+
+// Scan watches /dev, rereads procfs periodically and runs the health
+// checker, if any, once GPUs are known.
+func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	p.mu.Lock()
+	p.notify = notify
+	p.mu.Unlock()
+	started := false
+	w := &devfs.Watcher{
+		Dirs:     []string{p.opts.DevRoot},
+		Interval: p.cfg.RescanInterval.Duration,
+		Logger:   p.log,
+		Rescan: func() {
+			gpus := p.rescan()
+			notify(p.snapshot())
+			if p.hc != nil && !started && len(gpus) > 0 {
+				started = true
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := p.hc.Run(ctx, gpus, p.report); err != nil && ctx.Err() == nil {
+						p.log.Error("GPU health checker stopped; health now comes from device presence only", "err", err)
+					}
+				}()
+			}
+		},
+	}
+	err := w.Run(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (p *Plugin) report(uuid string, healthy bool, reason string) {
+	p.mu.Lock()
+	if healthy {
+		delete(p.checked, uuid)
+	} else {
+		p.checked[uuid] = cmpOr(reason, "reported unhealthy")
+	}
+	notify := p.notify
+	p.mu.Unlock()
+	p.log.Info("GPU health changed", "uuid", uuid, "healthy", healthy, "reason", reason)
+	if notify != nil {
+		notify(p.snapshot())
+	}
+}
+
+func (p *Plugin) rescan() []nv.GPU {
+	found, err := nv.Scan(p.opts.ProcRoot, p.opts.SysfsRoot)
+	if err != nil {
+		p.log.Warn("Cannot read /proc/driver/nvidia", "err", err)
+	}
+	ctl := devfs.Stat(p.opts.DevRoot, nv.ControlNode)
+	current := make(map[string]gpu, len(found))
+	for _, g := range found {
+		c := gpu{GPU: g, present: true}
+		switch {
+		case g.Excluded:
+			c.reason = "excluded by the driver"
+		case !ctl.Accessible:
+			c.reason = fmt.Sprint(ctl.Err)
+		case g.Node() == "":
+			c.reason = "device minor unknown"
+		default:
+			if st := devfs.Stat(p.opts.DevRoot, g.Node()); !st.Accessible {
+				c.reason = fmt.Sprint(st.Err)
+			}
+		}
+		current[g.UUID] = c
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for uuid, old := range p.gpus {
+		if _, ok := current[uuid]; !ok {
+			old.present, old.reason = false, "GPU vanished from /proc/driver/nvidia/gpus"
+			current[uuid] = old
+		}
+	}
+	p.gpus = current
+	return found
+}
+
+// snapshot lists every GPU, or Replicas IDs per GPU, in bus order.
+func (p *Plugin) snapshot() []deviceplugin.Device {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gpus := make([]gpu, 0, len(p.gpus))
+	for _, g := range p.gpus {
+		gpus = append(gpus, g)
+	}
+	slices.SortFunc(gpus, func(a, b gpu) int { return strings.Compare(a.BusID, b.BusID) })
+	out := make([]deviceplugin.Device, 0, len(gpus)*p.cfg.Replicas)
+	for _, g := range gpus {
+		reason := g.reason
+		if reason == "" {
+			reason = p.checked[g.UUID]
+		}
+		if reason != "" {
+			p.log.Debug("GPU unhealthy", "uuid", g.UUID, "bus", g.BusID, "reason", reason)
+		}
+		for _, id := range p.ids(g.UUID) {
+			out = append(out, deviceplugin.Device{ID: id, Healthy: reason == "", NUMANodes: numa.Nodes(g.NUMANode)})
+		}
+	}
+	return out
+}
+
+func (p *Plugin) ids(uuid string) []string {
+	if p.cfg.Replicas == 1 {
+		return []string{uuid}
+	}
+	out := make([]string, p.cfg.Replicas)
+	for i := range out {
+		out[i] = uuid + ReplicaSeparator + strconv.Itoa(i)
+	}
+	return out
+}
+
+// GPUOf returns the UUID behind a device or replica ID.
+func GPUOf(id string) string {
+	uuid, _, _ := strings.Cut(id, ReplicaSeparator)
+	return uuid
+}
+
+// Allocate maps the IDs (replicas included) back to their GPUs and
+// answers with every configured strategy.
+func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if p.cfg.FailRequestsGreaterThanOne && len(ids) > 1 {
+		return nil, status.Errorf(codes.InvalidArgument,
+			"request for %d %s replicas refused: time-sliced GPUs are shared, more than one replica gives no more GPU time (failRequestsGreaterThanOne is set)",
+			len(ids), p.cfg.ResourceName)
+	}
+	p.mu.Lock()
+	var gpus []gpu
+	seen := make(map[string]bool)
+	for _, id := range ids {
+		uuid := GPUOf(id)
+		if seen[uuid] {
+			continue
+		}
+		seen[uuid] = true
+		g, ok := p.gpus[uuid]
+		if !ok || !g.present {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("GPU %s is no longer present", uuid)
+		}
+		gpus = append(gpus, g)
+	}
+	p.mu.Unlock()
+	resp := &pluginapi.ContainerAllocateResponse{}
+	uuids := make([]string, len(gpus))
+	for i, g := range gpus {
+		uuids[i] = g.UUID
+	}
+	for _, s := range p.cfg.DeviceListStrategy {
+		switch s {
+		case StrategyEnvvar:
+			resp.Envs = map[string]string{EnvVisibleDevices: strings.Join(uuids, ",")}
+		case StrategyDeviceSpecs:
+			nodes := []string{nv.ControlNode}
+			for _, n := range append(slices.Clone(nv.UVMNodes), nv.ModesetNode) {
+				if devfs.Stat(p.opts.DevRoot, n).Exists {
+					nodes = append(nodes, n)
+				}
+			}
+			for _, g := range gpus {
+				nodes = append(nodes, g.Node())
+			}
+			for _, n := range nodes {
+				resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{ContainerPath: n, HostPath: n, Permissions: "rw"})
+			}
+		case StrategyCDI:
+			for _, u := range uuids {
+				resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: p.cfg.CDIKind + "=" + u})
+			}
+		}
+	}
+	return resp, nil
+}
+
+// PreferredAllocation packs the request onto as few NUMA nodes as
+// possible; with time-slicing it spreads replicas over GPUs.
+func (p *Plugin) PreferredAllocation(_ context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
+	p.mu.Lock()
+	bus := make(map[string]string, len(p.gpus))
+	for u, g := range p.gpus {
+		bus[u] = g.BusID
+	}
+	p.mu.Unlock()
+	cands := make([]numa.Candidate, 0, len(req.Available))
+	for _, d := range req.Available {
+		if !d.Healthy {
+			continue
+		}
+		node := numa.None
+		if len(d.NUMANodes) > 0 {
+			node = int(d.NUMANodes[0])
+		}
+		c := numa.Candidate{ID: d.ID, Node: node}
+		if p.cfg.Replicas > 1 {
+			c.Group = GPUOf(d.ID)
+		}
+		cands = append(cands, c)
+	}
+	// Bus order, then replica number: GPU 0 before GPU 1 on a node.
+	slices.SortStableFunc(cands, func(a, b numa.Candidate) int {
+		if c := strings.Compare(bus[GPUOf(a.ID)], bus[GPUOf(b.ID)]); c != 0 {
+			return c
+		}
+		return devfs.CompareNatural(a.ID, b.ID)
+	})
+	return numa.Pack(cands, req.MustInclude, req.Size), nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,266 @@
+package nvidia_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
+	nv "github.com/dpkit/dpkit/pkg/discovery/nvidia"
+	"github.com/dpkit/dpkit/pkg/plugins"
+	"github.com/dpkit/dpkit/pkg/plugins/nvidia"
+)
+
+const (
+	hosts = "../../discovery/testdata/hosts"
+	res   = "nvidia.com/gpu"
+)
+
+// uuid is the UUID of GPU i in the dgx-h100 fixture.
+func uuid(i int) string { return fmt.Sprintf("GPU-%08x-7d2c-4d11-9b3e-0a1b2c3d4e5%d", 0x5e1a0000+i, i) }
+
+func copyHost(t *testing.T, name string) string {
+	t.Helper()
+	dst := t.TempDir()
+	if out, err := exec.Command("cp", "-a", filepath.Join(hosts, name)+"/.", dst).CombinedOutput(); err != nil {
+		t.Fatalf("copy fixture: %v: %s", err, out)
+	}
+	return dst
+}
+
+func opts(root string) plugins.Options {
+	return plugins.Options{SysfsRoot: filepath.Join(root, "sys"), DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc")}
+}
+
+func serve(t *testing.T, root string, cfg nvidia.Config, hc nvidia.HealthChecker) *dptest.Kubelet {
+	t.Helper()
+	cfg.Default()
+	r, err := nvidia.NewWithHealthChecker(cfg, opts(root), hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, r...)
+	return k
+}
+
+func preferred(t *testing.T, k *dptest.Kubelet, avail, must []string, size int) []string {
+	t.Helper()
+	resp, err := k.Client(t, res).GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: avail, MustIncludeDeviceIDs: must, AllocationSize: int32(size)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.ContainerResponses[0].DeviceIDs
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	c := nvidia.Config{
+		ResourceName:               "nvidia.com/",
+		DeviceListStrategy:         []string{"envvar", "volume-mounts", "envvar", "cdi"},
+		CDIKind:                    "nvidia",
+		Replicas:                   1000,
+		RescanInterval:             metav1.Duration{Duration: time.Millisecond},
+		FailRequestsGreaterThanOne: false,
+	}
+	var got []string
+	for _, e := range c.Validate(field.NewPath("nvidia")) {
+		got = append(got, e.Field)
+	}
+	want := []string{"nvidia.resourceName", "nvidia.deviceListStrategy[1]", "nvidia.deviceListStrategy[2]", "nvidia.cdiKind", "nvidia.replicas", "nvidia.rescanInterval"}
+	if !slices.Equal(got, want) {
+		t.Errorf("errors at %v, want %v", got, want)
+	}
+	c = nvidia.Config{FailRequestsGreaterThanOne: true}
+	c.Default()
+	if errs := c.Validate(nil); len(errs) != 1 || errs[0].Field != "failRequestsGreaterThanOne" {
+		t.Errorf("failRequestsGreaterThanOne without replicas: %v", errs)
+	}
+}
+
+func TestDGX(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "dgx-h100"), nvidia.Config{DeviceListStrategy: []string{"envvar", "device-specs", "cdi"}}, nil)
+	devs := k.WaitForDevices(t, res, dptest.Healthy(8))
+	for i, d := range devs {
+		if d.ID != uuid(i) || d.Topology == nil || d.Topology.Nodes[0].ID != int64(i/4) {
+			t.Errorf("device %d = %v", i, d)
+		}
+	}
+	r, err := k.Allocate(context.Background(), res, uuid(5), uuid(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Envs[nvidia.EnvVisibleDevices]; got != uuid(5)+","+uuid(1) {
+		t.Errorf("%s = %q", nvidia.EnvVisibleDevices, got)
+	}
+	var nodes []string
+	for _, d := range r.Devices {
+		nodes = append(nodes, d.HostPath)
+	}
+	if want := []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia5", "/dev/nvidia1"}; !slices.Equal(nodes, want) {
+		t.Errorf("nodes %v, want %v", nodes, want)
+	}
+	if len(r.CdiDevices) != 2 || r.CdiDevices[0].Name != "nvidia.com/gpu="+uuid(5) {
+		t.Errorf("CDI devices %v", r.CdiDevices)
+	}
+
+	all := make([]string, 8)
+	for i := range all {
+		all[i] = uuid(i)
+	}
+	tests := []struct {
+		name  string
+		avail []int
+		must  []int
+		size  int
+		want  []int
+	}{
+		{"four fit on node 0", []int{0, 1, 2, 3, 4, 5, 6, 7}, nil, 4, []int{0, 1, 2, 3}},
+		{"best fit picks the emptier node", []int{0, 4, 5, 6, 7, 1, 2}, nil, 3, []int{0, 1, 2}},
+		{"mustInclude on node 1", []int{0, 1, 2, 3, 4, 5, 6, 7}, []int{6}, 2, []int{6, 4}},
+		{"six span two nodes", []int{0, 1, 2, 3, 4, 5, 6, 7}, nil, 6, []int{0, 1, 2, 3, 4, 5}},
+	}
+	for _, tt := range tests {
+		pick := func(ix []int) []string {
+			var out []string
+			for _, i := range ix {
+				out = append(out, uuid(i))
+			}
+			return out
+		}
+		if got := preferred(t, k, pick(tt.avail), pick(tt.must), tt.size); !slices.Equal(got, pick(tt.want)) {
+			t.Errorf("%s: got %v, want %v", tt.name, got, pick(tt.want))
+		}
+	}
+}
+
+func TestReplicas(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "dgx-h100"), nvidia.Config{Replicas: 4, DeviceListStrategy: []string{"cdi"}}, nil)
+	devs := k.WaitForDevices(t, res, dptest.Healthy(32))
+	if devs[0].ID != uuid(0)+"::0" || devs[31].ID != uuid(7)+"::3" {
+		t.Errorf("replica IDs %s ... %s", devs[0].ID, devs[31].ID)
+	}
+	r, err := k.Allocate(context.Background(), res, uuid(2)+"::1", uuid(2)+"::3", uuid(3)+"::0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.CdiDevices) != 2 || r.CdiDevices[0].Name != "nvidia.com/gpu="+uuid(2) || r.CdiDevices[1].Name != "nvidia.com/gpu="+uuid(3) || r.Envs != nil {
+		t.Errorf("replica allocation %v", r)
+	}
+	var avail []string
+	for _, d := range devs {
+		avail = append(avail, d.ID)
+	}
+	got := preferred(t, k, avail, nil, 3)
+	if want := []string{uuid(0) + "::0", uuid(1) + "::0", uuid(2) + "::0"}; !slices.Equal(got, want) {
+		t.Errorf("preferred replicas %v, want one per GPU on node 0: %v", got, want)
+	}
+}
+
+func TestFailRequestsGreaterThanOne(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "dgx-h100"), nvidia.Config{Replicas: 2, FailRequestsGreaterThanOne: true}, nil)
+	k.WaitForDevices(t, res, dptest.Healthy(16))
+	_, err := k.Allocate(context.Background(), res, uuid(0)+"::0", uuid(0)+"::1")
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "failRequestsGreaterThanOne") {
+		t.Errorf("Allocate of 2 replicas = %v", err)
+	}
+	if _, err := k.Allocate(context.Background(), res, uuid(0)+"::1"); err != nil {
+		t.Errorf("Allocate of 1 replica = %v", err)
+	}
+}
+
+type checker struct {
+	started chan []nv.GPU
+	report  chan func(string, bool, string)
+}
+
+func (c *checker) Run(ctx context.Context, gpus []nv.GPU, report func(string, bool, string)) error {
+	c.started <- gpus
+	c.report <- report
+	<-ctx.Done()
+	return nil
+}
+
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	root := copyHost(t, "dgx-h100")
+	hc := &checker{started: make(chan []nv.GPU, 1), report: make(chan func(string, bool, string), 1)}
+	k := serve(t, root, nvidia.Config{RescanInterval: metav1.Duration{Duration: 100 * time.Millisecond}}, hc)
+	k.WaitForDevices(t, res, dptest.Healthy(8))
+	dev := filepath.Join(root, "dev")
+
+	if err := os.Remove(filepath.Join(dev, "nvidia3")); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Health(uuid(3), pluginapi.Unhealthy))
+	k.WaitForDevices(t, res, dptest.Healthy(7))
+	if err := os.WriteFile(filepath.Join(dev, "nvidia3"), nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Healthy(8))
+
+	// The health checker sees every GPU and can mark one unhealthy.
+	select {
+	case gpus := <-hc.started:
+		if len(gpus) != 8 {
+			t.Errorf("checker got %d GPUs", len(gpus))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("health checker not started")
+	}
+	report := <-hc.report
+	report(uuid(6), false, "Xid 79: GPU has fallen off the bus")
+	k.WaitForDevices(t, res, dptest.Health(uuid(6), pluginapi.Unhealthy))
+	report(uuid(6), true, "")
+	k.WaitForDevices(t, res, dptest.Healthy(8))
+
+	// A GPU gone from procfs stays listed, unhealthy, and cannot be allocated.
+	if err := os.RemoveAll(filepath.Join(root, "proc/driver/nvidia/gpus/0000:ba:00.0")); err != nil {
+		t.Fatal(err)
+	}
+	devs := k.WaitForDevices(t, res, dptest.Health(uuid(6), pluginapi.Unhealthy))
+	if len(devs) != 8 {
+		t.Errorf("%d devices, want 8", len(devs))
+	}
+	if _, err := k.Allocate(context.Background(), res, uuid(6)); err == nil {
+		t.Error("allocating a vanished GPU succeeded")
+	}
+	// Excluded by the driver.
+	info := filepath.Join(root, "proc/driver/nvidia/gpus/0000:18:00.0/information")
+	b, err := os.ReadFile(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(info, []byte(strings.Replace(string(b), "GPU Excluded:\t No", "GPU Excluded:\t Yes", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Health(uuid(0), pluginapi.Unhealthy))
+	// Without /dev/nvidiactl no GPU is usable.
+	if err := os.Remove(filepath.Join(dev, "nvidiactl")); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Healthy(0))
+}
+
+func TestNoDriver(t *testing.T) {
+	t.Parallel()
+	k := serve(t, filepath.Join(hosts, "laptop"), nvidia.Config{}, nil)
+	k.WaitForDevices(t, res, dptest.Count(0))
+}
