@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -153,13 +153,13 @@ func TestAdmit(t *testing.T) {
 		wantCalls []string
 	}
 	type tcase struct {
-		name     string
-		policy   string
-		scope    string
-		devices  []*pluginapi.Device
-		opts     *pluginapi.DevicePluginOptions
-		prefer   func(*pluginapi.ContainerPreferredAllocationRequest) []string
-		steps    []admitStep
+		name    string
+		policy  string
+		scope   string
+		devices []*pluginapi.Device
+		opts    *pluginapi.DevicePluginOptions
+		prefer  func(*pluginapi.ContainerPreferredAllocationRequest) []string
+		steps   []admitStep
 	}
 	n0 := map[int64][]string{0: {"a0", "b0"}, 1: {"a1", "b1"}}
 	tests := []tcase{
@@ -227,10 +227,12 @@ func TestAdmit(t *testing.T) {
 			name:    "preferred allocation with reused devices as mustInclude",
 			devices: devs("d1", "d2", "d3", "d4"),
 			opts:    &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
-			prefer:  func(r *pluginapi.ContainerPreferredAllocationRequest) []string { return r.AvailableDeviceIDs[:r.AllocationSize] },
+			prefer: func(r *pluginapi.ContainerPreferredAllocationRequest) []string {
+				return r.AvailableDeviceIDs[:r.AllocationSize]
+			},
 			steps: []admitStep{
 				{pod: pod("p1", ic("init", 1), c("app", 2)),
-					want: map[string]map[string][]string{"init": {res: {"d1"}}, "app": {res: {"d1", "d2"}}},
+					want:      map[string]map[string][]string{"init": {res: {"d1"}}, "app": {res: {"d1", "d2"}}},
 					wantCalls: []string{"Preferred:1 []", "Allocate:[d1]", "Preferred:2 [d1]", "Allocate:[d1 d2]"}},
 			},
 		},
@@ -286,7 +288,9 @@ func TestAdmit(t *testing.T) {
 					healthy++
 				}
 			}
-			waitFor(t, m, "devices", func() bool { return m.Resources()[0].Capacity == int64(len(tc.devices)) && allocatable(m, res) == int64(healthy) })
+			waitFor(t, m, "devices", func() bool {
+				return m.Resources()[0].Capacity == int64(len(tc.devices)) && allocatable(m, res) == int64(healthy)
+			})
 			for i, s := range tc.steps {
 				before := len(p.Calls())
 				pa, err := m.Admit(context.Background(), s.pod.build())
@@ -332,19 +336,21 @@ type podSpec struct {
 func (p *podSpec) build() *corev1Pod { return makePod(p.uid, p.ctrs...) }
 
 func pod(uid string, cs ...ctr) *podSpec { return &podSpec{uid, cs} }
-func c(name string, n int64) ctr        { return ctr{name: name, req: map[string]int64{res: n}} }
-func ic(name string, n int64) ctr       { return ctr{name: name, req: map[string]int64{res: n}, init: true} }
+func c(name string, n int64) ctr         { return ctr{name: name, req: map[string]int64{res: n}} }
+func ic(name string, n int64) ctr        { return ctr{name: name, req: map[string]int64{res: n}, init: true} }
 func sc(name string, n int64) ctr {
 	return ctr{name: name, req: map[string]int64{res: n}, init: true, restartOK: true}
 }
 
-// checkInvariant verifies that no device is held by two pods and that no
-// two containers of a pod that run together share a device.
+// checkInvariant verifies that no device is held by two pods, that no two
+// containers of a pod that run together (app containers and sidecars; test
+// names of plain init containers start with "init") share a device, and
+// that the free pools and the owner map agree with the allocations.
 func checkInvariant(t testing.TB, m *Manager) {
 	t.Helper()
 	holder := map[string]string{}
 	for _, pa := range m.Pods() {
-		running := map[string]string{} // resource/device -> container, app containers and sidecars
+		running := map[string]string{}
 		for _, c := range pa.Containers {
 			for _, r := range c.Resources {
 				for _, id := range r.DeviceIDs {
@@ -353,7 +359,13 @@ func checkInvariant(t testing.TB, m *Manager) {
 						t.Fatalf("device %s held by pods %s and %s", k, h, pa.PodUID)
 					}
 					holder[k] = pa.PodUID
-					_ = running
+					if strings.HasPrefix(c.Name, "init") {
+						continue
+					}
+					if other, ok := running[k]; ok {
+						t.Fatalf("device %s held by containers %s and %s of pod %s", k, other, c.Name, pa.PodUID)
+					}
+					running[k] = c.Name
 				}
 			}
 		}
@@ -367,11 +379,12 @@ func checkInvariant(t testing.TB, m *Manager) {
 			}
 		}
 	}
-	for k, uid := range holder {
-		rn, id, _ := strings.Cut(k, "/dev-")
-		_ = rn
-		_ = id
-		_ = uid
+	owned := 0
+	for _, o := range m.owner {
+		owned += len(o)
+	}
+	if owned != len(holder) {
+		t.Fatalf("owner map holds %d devices, allocations %d", owned, len(holder))
 	}
 	for _, r := range m.resources {
 		for _, p := range r.free {
@@ -434,7 +447,9 @@ func TestAllocateErrorReleasesAndRollsBackPod(t *testing.T) {
 	m := startManager(t, Config{Root: dir})
 	a := newStub(t, PluginDir(dir), res, "a.sock", nil, devs("d1", "d2"))
 	b := newStub(t, PluginDir(dir), "example.com/other", "b.sock", nil, devs("o1"))
-	b.allocate = func([]string) (*pluginapi.AllocateResponse, error) { return nil, status.Error(codes.Internal, "broken") }
+	b.allocate = func([]string) (*pluginapi.AllocateResponse, error) {
+		return nil, status.Error(codes.Internal, "broken")
+	}
 	a.register(t, m.SocketPath())
 	b.register(t, m.SocketPath())
 	waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 2 && allocatable(m, "example.com/other") == 1 })
