@@ -1,0 +1,30 @@
+# syntax=docker/dockerfile:1
+# dpkit: one static binary (CGO_ENABLED=0) on a distroless base.
+#   docker build -t ghcr.io/dpkit/dpkit:dev --build-arg VERSION=v0.1.0 .
+ARG GO_VERSION=1.26
+
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
+WORKDIR /src
+# Dependencies first so that source changes keep the module cache layer.
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY cmd/ cmd/
+COPY internal/ internal/
+COPY pkg/ pkg/
+ARG TARGETOS=linux
+ARG TARGETARCH
+ARG VERSION=dev
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+    go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -X github.com/dpkit/dpkit/internal/version.Version=${VERSION}" \
+      -o /out/dpkit ./cmd/dpkit
+
+# static: no libc, no shell. The plugin runs as root (uid 0) only to create
+# sockets in the kubelet's directories; the manifests drop every capability.
+FROM gcr.io/distroless/static-debian12:latest
+COPY --from=build /out/dpkit /usr/bin/dpkit
+USER 0:0
+EXPOSE 9400
+ENTRYPOINT ["/usr/bin/dpkit"]
+CMD ["plugin", "--config", "/etc/dpkit/config.yaml", "--metrics-address", ":9400"]
