@@ -1,0 +1,115 @@
+package controlplane
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// process is one binary the control plane started. Its output goes to a log
+// file in the control plane's directory.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	logFile *os.File
+	done    chan struct{}
+	waitErr error
+}
+
+func startProcess(name, path, logPath string, args []string) (*process, error) {
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("%s: open log: %w", name, err)
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout = f
+	cmd.Stderr = f
+	cmd.Env = os.Environ()
+	cmd.SysProcAttr = sysProcAttr()
+	fmt.Fprintf(f, "# %s %s\n", path, strings.Join(args, " "))
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: start %s: %w", name, path, err)
+	}
+	p := &process{name: name, cmd: cmd, logPath: logPath, logFile: f, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *process) pid() int { return p.cmd.Process.Pid }
+
+// exited reports whether the process has ended, and how.
+func (p *process) exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.waitErr
+	default:
+		return false, nil
+	}
+}
+
+// stop ends the process by its PID: SIGTERM, then SIGKILL after grace.
+func (p *process) stop(grace time.Duration) error {
+	if done, _ := p.exited(); done {
+		return nil
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%s (pid %d): SIGTERM: %w", p.name, p.pid(), err)
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-timer.C:
+	}
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%s (pid %d): SIGKILL: %w", p.name, p.pid(), err)
+	}
+	<-p.done
+	return nil
+}
+
+// tail returns the last lines of the process's log.
+func (p *process) tail(lines int) string {
+	return tailFile(p.logPath, lines)
+}
+
+func tailFile(path string, lines int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	defer f.Close()
+	const max = 16 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > max {
+		if _, err := f.Seek(st.Size()-max, io.SeekStart); err != nil {
+			return fmt.Sprintf("(read log: %v)", err)
+		}
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Sprintf("(read log: %v)", err)
+	}
+	all := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return string(bytes.Join(all, []byte("\n")))
+}
+
+// failure describes why a process is not usable, with its log tail.
+func (p *process) failure(what error) error {
+	return fmt.Errorf("%s (pid %d, log %s): %w\n--- last lines of %s ---\n%s", p.name, p.pid(), p.logPath, what, p.logPath, p.tail(30))
+}
