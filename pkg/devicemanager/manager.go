@@ -58,6 +58,8 @@ type Manager struct {
 	ctx    context.Context // cancelled by Stop; parent of plugin streams
 	cancel context.CancelFunc
 	wake   chan struct{} // re-arms the grace period timer
+	// skipCheckpoint disables checkpoint writes; benchmarks only.
+	skipCheckpoint bool
 	wg     sync.WaitGroup
 }
 
@@ -67,6 +69,9 @@ type resourceState struct {
 	free    map[topology.Mask]*pool
 	groups  topology.DeviceGroups // all devices by NUMA mask
 	healthy int
+	// gen numbers ListAndWatch messages; devices not seen in the latest
+	// one are removed.
+	gen uint64
 	// endpoints are the connected plugins by socket path; primary is the
 	// one whose ListAndWatch updates are applied and which gets calls.
 	endpoints map[string]*endpoint

@@ -11,6 +11,8 @@ type device struct {
 	// poolIdx is the device's index in the free pool of its mask, -1 when
 	// it is not free (unhealthy or in use).
 	poolIdx int
+	// gen is the last ListAndWatch message that listed the device.
+	gen uint64
 }
 
 // pool is a set of free devices with O(1) insert, remove and pick.

@@ -58,36 +58,43 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 		return
 	}
 	owned := m.owner[r.name]
-	next := make(map[string]*device, len(devs))
-	groups := make(topology.DeviceGroups)
-	healthy := 0
+	r.gen++
+	gen := r.gen
+	wasEmpty := len(r.devices) == 0
+	groups := make(topology.DeviceGroups, len(r.groups))
+	healthy, kept := 0, 0
 	for _, pd := range devs {
 		if pd == nil {
 			continue
 		}
-		if _, dup := next[pd.ID]; dup {
-			m.log.Warn("device reported twice in one ListAndWatch message; keeping the first", "resource", r.name, "device", pd.ID)
-			continue
-		}
 		isHealthy := pd.Health == pluginapi.Healthy
-		var numa []int64
+		nodes := pd.GetTopology().GetNodes()
 		var mask topology.Mask
-		for _, n := range pd.GetTopology().GetNodes() {
-			if n == nil {
-				continue
-			}
-			numa = append(numa, n.ID)
-			if n.ID >= 0 && n.ID < topology.MaxNUMANodes {
+		for _, n := range nodes {
+			if n != nil && n.ID >= 0 && n.ID < topology.MaxNUMANodes {
 				mask |= 1 << uint(n.ID)
 			}
 		}
 		d := r.devices[pd.ID]
 		if d == nil {
-			d = &device{id: pd.ID, poolIdx: -1}
-		} else if d.mask != mask {
+			d = &device{id: pd.ID, poolIdx: -1, gen: gen - 1}
+			r.devices[pd.ID] = d
+		} else if d.gen == gen {
+			m.log.Warn("device reported twice in one ListAndWatch message; keeping the first", "resource", r.name, "device", pd.ID)
+			continue
+		}
+		if d.mask != mask {
 			r.removeFree(d)
 		}
-		d.healthy, d.mask, d.numa = isHealthy, mask, numa
+		if !sameNUMA(d.numa, nodes) {
+			d.numa = d.numa[:0:0]
+			for _, n := range nodes {
+				if n != nil {
+					d.numa = append(d.numa, n.ID)
+				}
+			}
+		}
+		d.healthy, d.mask, d.gen = isHealthy, mask, gen
 		_, inUse := owned[d.id]
 		switch free := isHealthy && !inUse; {
 		case free && d.poolIdx < 0:
@@ -99,15 +106,18 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 			healthy++
 		}
 		groups[mask]++
-		next[d.id] = d
+		kept++
 	}
-	for id, d := range r.devices {
-		if _, ok := next[id]; !ok {
-			r.removeFree(d)
+	if kept != len(r.devices) {
+		for id, d := range r.devices {
+			if d.gen != gen {
+				r.removeFree(d)
+				delete(r.devices, id)
+			}
 		}
 	}
-	firstUpdate := len(r.devices) == 0 && len(next) > 0
-	r.devices, r.groups, r.healthy = next, groups, healthy
+	firstUpdate := wasEmpty && kept > 0
+	r.groups, r.healthy = groups, healthy
 	m.notifyLocked()
 	m.mu.Unlock()
 	m.log.Debug("processed device update", "resource", r.name, "total", len(devs), "healthy", healthy)
@@ -257,6 +267,9 @@ func (m *Manager) snapshotLocked() checkpoint.Checkpoint {
 // writeCheckpoint writes the current state. Failures are logged and
 // returned.
 func (m *Manager) writeCheckpoint() error {
+	if m.skipCheckpoint {
+		return nil
+	}
 	m.cpMu.Lock()
 	defer m.cpMu.Unlock()
 	m.mu.Lock()
@@ -337,4 +350,18 @@ func (m *Manager) restoreCheckpoint() {
 		m.resources[name] = r
 	}
 	m.log.Info("restored device manager checkpoint", "entries", restored, "resources", len(cp.Registered))
+}
+
+func sameNUMA(have []int64, nodes []*pluginapi.NUMANode) bool {
+	j := 0
+	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
+		if j >= len(have) || have[j] != n.ID {
+			return false
+		}
+		j++
+	}
+	return j == len(have)
 }

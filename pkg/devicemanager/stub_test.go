@@ -304,3 +304,5 @@ func dialForTest(sock string) (*grpc.ClientConn, error) {
 func netListenUnix(path string) (*net.UnixListener, error) {
 	return net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 }
+
+func mkdirAll(p string) error { return os.MkdirAll(p, 0o750) }
