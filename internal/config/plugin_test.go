@@ -1,0 +1,112 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDecodePluginConfig(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		yaml string
+		want []string // substrings of the error; none means success
+	}{
+		{"example", mustRead(t, "../../examples/fake.yaml"), nil},
+		{"json works too", `{"apiVersion":"dpkit.io/v1alpha1","kind":"PluginConfig","plugins":[{"fake":{"resources":[{"name":"example.com/foo"}]}}]}`, nil},
+		{"wrong version and kind", "apiVersion: v1\nkind: Pod\n", []string{"apiVersion: \"v1\" is not supported; set apiVersion: dpkit.io/v1alpha1", "kind: \"Pod\""}},
+		{"unknown field", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/foo\n      cout: 3\n", []string{`unknown field "cout"`}},
+		{"not yaml", "apiVersion: [\n", []string{"not valid YAML"}},
+		{"no plugins", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\n", []string{"plugins: Required value"}},
+		{"empty entry", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- {}\n", []string{"plugins[0]: Invalid value: \"0 kinds set\""}},
+		{"every problem at once", `apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+registration: maybe
+plugins:
+- fake:
+    resources:
+    - name: kubernetes.io/foo
+    - name: example.com/bar
+      numaNodes: 9
+- fake:
+    resources:
+    - name: example.com/bar
+`, []string{"4 problem(s)", "registration: Unsupported value", "plugins[0].fake.resources[0].name", "plugins[0].fake.resources[1].numaNodes", "plugins[1].fake.resources[0].name: Duplicate value"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := DecodePluginConfig([]byte(tc.yaml))
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r := cfg.Plugins[0].Fake.Resources[0]; r.Count != 8 || r.IDPattern != "dev-{index}" || cfg.Registration != "auto" {
+					t.Errorf("defaults not applied: %+v %s", r, cfg.Registration)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadPluginConfigMissingFile(t *testing.T) {
+	t.Parallel()
+	_, err := LoadPluginConfig(filepath.Join(t.TempDir(), "nope.yaml"), "--config")
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("err = %v", err)
+	}
+	_, err = LoadPluginConfig("", "--config")
+	if err == nil || !strings.Contains(err.Error(), "--config is required") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func FuzzDecodePluginConfig(f *testing.F) {
+	f.Add([]byte(mustRead(f, "../../examples/fake.yaml")))
+	f.Add([]byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/x\n      count: 3\n      numaNodes: 2\n      healthChanges:\n      - {device: dev-1, after: 1s, health: Unhealthy}\n"))
+	f.Add([]byte("{}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := DecodePluginConfig(data)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error message")
+			}
+			return
+		}
+		// A config that decodes must be usable.
+		if errs := cfg.Validate(); len(errs) > 0 {
+			t.Fatalf("accepted config fails validation: %v", errs)
+		}
+		for _, p := range cfg.Plugins {
+			if p.Fake != nil {
+				for _, r := range p.Fake.Resources {
+					if r.Count > 1000 {
+						return // building huge device sets is not the point here
+					}
+				}
+			}
+		}
+		if _, err := cfg.Resources(cfg.HostOptions()); err != nil {
+			t.Fatalf("accepted config cannot build its plugins: %v", err)
+		}
+	})
+}
+
+func mustRead(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
