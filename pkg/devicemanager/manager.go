@@ -60,7 +60,7 @@ type Manager struct {
 	wake   chan struct{} // re-arms the grace period timer
 	// skipCheckpoint disables checkpoint writes; benchmarks only.
 	skipCheckpoint bool
-	wg     sync.WaitGroup
+	wg             sync.WaitGroup
 }
 
 type resourceState struct {
