@@ -1,5 +1,9 @@
 {{- define "dpkit.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "dpkit.labels" -}}

@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
+	"github.com/dpkit/dpkit/pkg/plugins/generic"
+	"github.com/dpkit/dpkit/pkg/plugins/nvidia"
+	"github.com/dpkit/dpkit/test/controlplane"
+)
+
+// EnvRender names a prebuilt hack/render binary; without it the test
+// builds one (Helm and kustomize live in that separate module so the main
+// module stays lean).
+const EnvRender = "DPKIT_RENDER"
+
+var (
+	renderOnce sync.Once
+	renderBin  string
+	renderErr  error
+)
+
+func renderer(t *testing.T) string {
+	t.Helper()
+	renderOnce.Do(func() {
+		if p := os.Getenv(EnvRender); p != "" {
+			renderBin = p
+			return
+		}
+		dir, err := os.MkdirTemp("", "dpkit-render")
+		if err != nil {
+			renderErr = err
+			return
+		}
+		renderBin = filepath.Join(dir, "render")
+		cmd := exec.Command("go", "build", "-o", renderBin, ".")
+		cmd.Dir = filepath.Join("..", "..", "hack", "render")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			renderErr = fmt.Errorf("build hack/render (set %s to a prebuilt one): %v\n%s", EnvRender, err, out)
+		}
+	})
+	if renderErr != nil {
+		t.Fatal(renderErr)
+	}
+	return renderBin
+}
+
+func render(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(renderer(t), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("render %v: %v\n%s", args, err, stderr.String())
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(&stdout, 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("render %v: decode output: %v", args, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: m})
+	}
+	if len(objs) == 0 {
+		t.Fatalf("render %v: no objects", args)
+	}
+	return objs
+}
+
+// checkPluginConfigs decodes the config.yaml of every ConfigMap strictly
+// into the plugins' Config types, defaults and validates it.
+func checkPluginConfigs(t *testing.T, objs []*unstructured.Unstructured) int {
+	t.Helper()
+	n := 0
+	for _, o := range objs {
+		if o.GetKind() != "ConfigMap" {
+			continue
+		}
+		data, _, _ := unstructured.NestedStringMap(o.Object, "data")
+		raw, ok := data["config.yaml"]
+		if !ok {
+			continue
+		}
+		n++
+		var file struct {
+			APIVersion string                       `json:"apiVersion"`
+			Kind       string                       `json:"kind"`
+			Plugins    []map[string]json.RawMessage `json:"plugins"`
+		}
+		if err := yaml.UnmarshalStrict([]byte(raw), &file); err != nil {
+			t.Errorf("ConfigMap %s: %v", o.GetName(), err)
+			continue
+		}
+		if file.APIVersion != "dpkit.io/v1alpha1" || file.Kind != "PluginConfig" {
+			t.Errorf("ConfigMap %s: apiVersion %q kind %q", o.GetName(), file.APIVersion, file.Kind)
+		}
+		for i, sec := range file.Plugins {
+			for name, body := range sec {
+				p := field.NewPath("plugins").Index(i).Child(name)
+				var errs field.ErrorList
+				switch name {
+				case "generic":
+					var c generic.Config
+					errs = decodeStrict(body, &c, p, func() field.ErrorList { c.Default(); return c.Validate(p) })
+				case "amdgpu":
+					var c amdgpu.Config
+					errs = decodeStrict(body, &c, p, func() field.ErrorList { c.Default(); return c.Validate(p) })
+				case "nvidia":
+					var c nvidia.Config
+					errs = decodeStrict(body, &c, p, func() field.ErrorList { c.Default(); return c.Validate(p) })
+				default:
+					t.Errorf("ConfigMap %s: unknown plugin section %q", o.GetName(), name)
+				}
+				if len(errs) > 0 {
+					t.Errorf("ConfigMap %s: %v", o.GetName(), errs.ToAggregate())
+				}
+			}
+		}
+	}
+	return n
+}
+
+func decodeStrict(body []byte, into any, p *field.Path, validate func() field.ErrorList) field.ErrorList {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		return field.ErrorList{field.Invalid(p, string(body), err.Error())}
+	}
+	return validate()
+}
+
+// TestDeployDryRun renders every kustomize overlay and the Helm chart and
+// applies each object with server-side apply and dryRun=All against a real
+// kube-apiserver, so schema, defaulting and admission errors surface.
+func TestDeployDryRun(t *testing.T) {
+	cp := controlplane.StartForTest(t, controlplane.Options{})
+	dyn, err := dynamic.NewForConfig(cp.RESTConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cp.RESTConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	ctx := context.Background()
+	// Namespaced objects can be dry-run only in a namespace that exists.
+	for _, ns := range []string{"dpkit-system"} {
+		_, err := cp.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+
+	deploy := filepath.Join("..", "..", "deploy")
+	cases := []struct {
+		name string
+		args []string
+		// kinds that must be among the rendered objects
+		want []string
+	}{
+		{"kustomize base", []string{"kustomize", filepath.Join(deploy, "base")}, []string{"Namespace", "ServiceAccount", "ConfigMap", "DaemonSet", "Service"}},
+		{"kustomize generic", []string{"kustomize", filepath.Join(deploy, "overlays", "generic")}, []string{"DaemonSet", "ConfigMap"}},
+		{"kustomize amdgpu", []string{"kustomize", filepath.Join(deploy, "overlays", "amdgpu")}, []string{"DaemonSet", "ConfigMap"}},
+		{"kustomize nvidia", []string{"kustomize", filepath.Join(deploy, "overlays", "nvidia")}, []string{"DaemonSet", "ConfigMap"}},
+		{"helm all plugins", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-all-plugins.yaml")}, []string{"DaemonSet", "ConfigMap", "ServiceAccount", "Service"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, tc.args...)
+			kinds := map[string]int{}
+			for _, o := range objs {
+				kinds[o.GetKind()]++
+			}
+			for _, k := range tc.want {
+				if kinds[k] == 0 {
+					t.Errorf("no %s rendered (got %v)", k, kinds)
+				}
+			}
+			if checkPluginConfigs(t, objs) == 0 {
+				t.Error("no plugin config rendered")
+			}
+			for _, o := range objs {
+				applyDryRun(ctx, t, dyn, mapper, o)
+			}
+		})
+	}
+
+	t.Run("helm requires a plugin", func(t *testing.T) {
+		cmd := exec.Command(renderer(t), "helm", filepath.Join(deploy, "helm", "dpkit"))
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "no plugin enabled") {
+			t.Errorf("rendering with no plugin enabled: %v\n%s", err, out)
+		}
+	})
+	t.Run("helm servicemonitor", func(t *testing.T) {
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("plugins: {nvidia: {enabled: true}}\nserviceMonitor: {enabled: true}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, o := range render(t, "helm", filepath.Join(deploy, "helm", "dpkit"), "-f", values) {
+			if o.GetKind() == "ServiceMonitor" && o.GetAPIVersion() == "monitoring.coreos.com/v1" {
+				found = true
+			}
+		}
+		if !found {
+			t.Error("serviceMonitor.enabled rendered no ServiceMonitor")
+		}
+	})
+}
+
+func applyDryRun(ctx context.Context, t *testing.T, dyn dynamic.Interface, mapper meta.RESTMapper, o *unstructured.Unstructured) {
+	t.Helper()
+	gvk := o.GroupVersionKind()
+	m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Errorf("%s %s: no API for it: %v", gvk, o.GetName(), err)
+		return
+	}
+	body, err := json.Marshal(o.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		ns := o.GetNamespace()
+		if ns == "" {
+			ns = "dpkit-system"
+		}
+		ri = dyn.Resource(m.Resource).Namespace(ns)
+	}
+	force := true
+	_, err = ri.Patch(ctx, o.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
+		DryRun: []string{metav1.DryRunAll}, FieldManager: "dpkit-e2e", Force: &force,
+	})
+	if err != nil {
+		t.Errorf("dry-run apply %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+	}
+}
