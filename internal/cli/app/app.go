@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/advertise"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/cli/versioncmd"
 )
@@ -64,6 +65,7 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 // subcommands lists the constructors of dpkit's subcommands.
 var subcommands = []func(*cli.Env) *cobra.Command{
 	versioncmd.NewCommand,
+	advertise.NewCommand,
 	plugin.NewCommand,
 }
 

@@ -1,0 +1,135 @@
+package extresource
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+)
+
+// APIVersion and Kind identify a resources file.
+const (
+	APIVersion = "dpkit.io/v1alpha1"
+	Kind       = "ExtendedResources"
+)
+
+// DefaultResyncPeriod is how often a controller re-checks its node when no
+// event arrives.
+const DefaultResyncPeriod = 10 * time.Minute
+
+// ExtendedResources is the resources file:
+//
+//	apiVersion: dpkit.io/v1alpha1
+//	kind: ExtendedResources
+//	resources:
+//	- name: example.com/dongle
+//	  quantity: 4
+type ExtendedResources struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// Resources to advertise on the node.
+	Resources []Resource `json:"resources"`
+	// Allocatable also writes status.allocatable. Defaults to true.
+	Allocatable *bool `json:"allocatable,omitempty"`
+	// ResyncPeriod is how often the controller re-checks the node without
+	// an event. Defaults to 10m; 0s turns it off.
+	ResyncPeriod *metav1.Duration `json:"resyncPeriod,omitempty"`
+}
+
+// Resource is one extended resource and its amount.
+type Resource struct {
+	// Name is domain-qualified, like example.com/dongle.
+	Name corev1.ResourceName `json:"name"`
+	// Quantity is a whole number, 0 or more. Defaults to 1.
+	Quantity *resource.Quantity `json:"quantity,omitempty"`
+}
+
+// Decode parses a resources file strictly: unknown and duplicate fields are
+// errors. It neither defaults nor validates; Load does both.
+func Decode(data []byte) (*ExtendedResources, error) {
+	var er ExtendedResources
+	if err := yaml.UnmarshalStrict(data, &er); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", Kind, err)
+	}
+	return &er, nil
+}
+
+// Load reads, decodes, defaults and validates a resources file.
+func Load(path string) (*ExtendedResources, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	er, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	er.Default()
+	if err := er.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return er, nil
+}
+
+// Default fills in what the file left out.
+func (er *ExtendedResources) Default() {
+	if er.Allocatable == nil {
+		t := true
+		er.Allocatable = &t
+	}
+	if er.ResyncPeriod == nil {
+		er.ResyncPeriod = &metav1.Duration{Duration: DefaultResyncPeriod}
+	}
+	for i := range er.Resources {
+		if er.Resources[i].Quantity == nil {
+			q := resource.MustParse("1")
+			er.Resources[i].Quantity = &q
+		}
+	}
+}
+
+// Validate reports every problem in the file at once, each with its field
+// path. Call Default first: a missing quantity is an error here.
+func (er *ExtendedResources) Validate() error {
+	var errs field.ErrorList
+	if er.APIVersion != APIVersion {
+		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), er.APIVersion, "must be "+APIVersion))
+	}
+	if er.Kind != Kind {
+		errs = append(errs, field.Invalid(field.NewPath("kind"), er.Kind, "must be "+Kind))
+	}
+	if er.ResyncPeriod != nil && er.ResyncPeriod.Duration < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("resyncPeriod"), er.ResyncPeriod.Duration.String(), "must be 0s (off) or more"))
+	}
+	seen := map[corev1.ResourceName]bool{}
+	for i, r := range er.Resources {
+		p := field.NewPath("resources").Index(i)
+		errs = append(errs, ValidateName(string(r.Name), p.Child("name"))...)
+		if r.Quantity == nil {
+			errs = append(errs, field.Required(p.Child("quantity"), "a whole number, 0 or more"))
+		} else {
+			errs = append(errs, ValidateQuantity(*r.Quantity, p.Child("quantity"))...)
+		}
+		if r.Name != "" && seen[r.Name] {
+			errs = append(errs, field.Duplicate(p.Child("name"), string(r.Name)))
+		}
+		seen[r.Name] = true
+	}
+	return errs.ToAggregate()
+}
+
+// List returns the resources as a resource list.
+func (er *ExtendedResources) List() corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for _, r := range er.Resources {
+		if r.Quantity != nil {
+			out[r.Name] = *r.Quantity
+		}
+	}
+	return out
+}
