@@ -46,7 +46,8 @@ type ControllerConfig struct {
 // from the file are removed from the node.
 type Controller struct {
 	cfg    ControllerConfig
-	logger *slog.Logger
+	logger *slog.Logger // with the node
+	base   *slog.Logger // for the advertiser, which adds the node itself
 
 	spec    *ExtendedResources
 	managed map[corev1.ResourceName]bool
@@ -71,7 +72,7 @@ func NewController(cfg ControllerConfig) (*Controller, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Controller{cfg: cfg, logger: logger.With("node", cfg.NodeName), managed: map[corev1.ResourceName]bool{}}, nil
+	return &Controller{cfg: cfg, logger: logger.With("node", cfg.NodeName), base: logger, managed: map[corev1.ResourceName]bool{}}, nil
 }
 
 // load returns the desired state: the file (or cfg.Resources) with the
@@ -228,7 +229,7 @@ func (c *Controller) reconcile(ctx context.Context, get func(string) (*corev1.No
 		c.setManaged(want)
 		return nil
 	}
-	adv, err := NewAdvertiser(AdvertiserConfig{Client: c.cfg.Client, SkipAllocatable: !*c.spec.Allocatable, Logger: c.logger})
+	adv, err := NewAdvertiser(AdvertiserConfig{Client: c.cfg.Client, SkipAllocatable: !*c.spec.Allocatable, Logger: c.base})
 	if err != nil {
 		return err
 	}
@@ -267,7 +268,7 @@ func (c *Controller) exit(ctx context.Context, cause error) error {
 	}
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	adv, err := NewAdvertiser(AdvertiserConfig{Client: c.cfg.Client, Logger: c.logger})
+	adv, err := NewAdvertiser(AdvertiserConfig{Client: c.cfg.Client, Logger: c.base})
 	if err != nil {
 		return errors.Join(cause, err)
 	}
