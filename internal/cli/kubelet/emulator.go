@@ -1,0 +1,406 @@
+package kubelet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/pluginwatcher"
+	"github.com/dpkit/dpkit/pkg/podresources"
+)
+
+// Options configure an emulated kubelet.
+type Options struct {
+	// Root stands for the kubelet's root directory: device-plugins/,
+	// plugins_registry/ and pod-resources/ are below it. Required.
+	Root string
+	// TopologyPolicy, TopologyScope and NUMANodes configure the device
+	// manager's topology policy.
+	TopologyPolicy string
+	TopologyScope  string
+	NUMANodes      []int
+	// AdminSocket is where the admin API is served. Default
+	// AdminSocket(Root).
+	AdminSocket string
+	Logger      *slog.Logger
+}
+
+// Emulator is a running emulated kubelet: the device manager, the plugin
+// watcher, the PodResources server and the admin API over the pods it
+// admitted.
+type Emulator struct {
+	opts    Options
+	log     *slog.Logger
+	mgr     *devicemanager.Manager
+	watcher *pluginwatcher.Watcher
+	pods    *podresources.PodStore
+	podsDir string
+
+	mu sync.Mutex // serializes admissions and deletions
+}
+
+// Manager returns the emulator's device manager.
+func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
+
+// Run runs an emulated kubelet until ctx is done. started, when not nil,
+// is called once the device manager, the plugin watcher and the admin API
+// are listening (the PodResources socket may follow a moment later).
+func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
+	if opts.Root == "" {
+		return errors.New("root directory is required")
+	}
+	if opts.AdminSocket == "" {
+		opts.AdminSocket = AdminSocket(opts.Root)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	mgr, err := devicemanager.New(devicemanager.Config{
+		Root:           opts.Root,
+		Logger:         log.With("component", "devicemanager"),
+		TopologyPolicy: opts.TopologyPolicy,
+		TopologyScope:  opts.TopologyScope,
+		NUMANodes:      opts.NUMANodes,
+	})
+	if err != nil {
+		return err
+	}
+	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: podresources.NewPodStore(), podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
+	if err := e.loadPods(); err != nil {
+		return err
+	}
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	defer mgr.Stop()
+	// Allocations restored from the checkpoint for pods this emulator no
+	// longer knows are dropped, as the kubelet does for inactive pods.
+	mgr.RetainPods(e.pods.UIDs())
+
+	var handler pluginwatcher.Handler = mgr.PluginHandler()
+	e.watcher, err = pluginwatcher.New(pluginwatcher.Config{
+		Dir:      filepath.Join(opts.Root, "plugins_registry"),
+		Logger:   log.With("component", "pluginwatcher"),
+		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: handler},
+	})
+	if err != nil {
+		return err
+	}
+	prs, err := podresources.NewServer(podresources.Config{
+		Providers: podresources.Providers{Pods: e.pods, Devices: mgr},
+		Logger:    log.With("component", "podresources"),
+	})
+	if err != nil {
+		return err
+	}
+	admin, err := listenUnix(opts.AdminSocket)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := e.watcher.Start(ctx); err != nil {
+		_ = admin.Close()
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		<-e.watcher.Done()
+		return nil
+	})
+	g.Go(func() error { return prs.Serve(gctx, podresources.SocketPath(opts.Root)) })
+	g.Go(func() error { return e.serveAdmin(gctx, admin) })
+	log.Info("emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
+		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket)
+	if started != nil {
+		started(e)
+	}
+	err = g.Wait()
+	cancel()
+	<-e.watcher.Done()
+	return err
+}
+
+func listenUnix(socket string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
+		return nil, fmt.Errorf("admin socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(socket); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("admin socket %s exists and is not a socket; remove it or choose another --admin-socket", socket)
+		}
+		_ = os.Remove(socket)
+	}
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("admin socket: %w", err)
+	}
+	return l, nil
+}
+
+func (e *Emulator) serveAdmin(ctx context.Context, l net.Listener) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/resources", e.getResources)
+	mux.HandleFunc("GET /v1/devices", e.getDevices)
+	mux.HandleFunc("GET /v1/plugins", e.getPlugins)
+	mux.HandleFunc("GET /v1/pods", e.getPods)
+	mux.HandleFunc("POST /v1/pods", e.admitPod)
+	mux.HandleFunc("DELETE /v1/pods/{namespace}/{name}", e.deletePod)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin API: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-errc
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, reason string, err error) {
+	writeJSON(w, code, &APIError{Reason: reason, Message: err.Error()})
+}
+
+func (e *Emulator) getResources(w http.ResponseWriter, _ *http.Request) {
+	out := []Resource{}
+	for _, r := range e.mgr.Resources() {
+		out = append(out, Resource{Name: r.Name, Capacity: r.Capacity, Allocatable: r.Allocatable, InUse: r.InUse, Connected: r.Connected})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (e *Emulator) getDevices(w http.ResponseWriter, _ *http.Request) {
+	out := []Device{}
+	for _, r := range e.mgr.Resources() {
+		for _, d := range e.mgr.Devices(r.Name) {
+			out = append(out, Device{Resource: r.Name, ID: d.ID, Healthy: d.Healthy, NUMANodes: d.NUMANodes, PodUID: d.PodUID})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (e *Emulator) getPlugins(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, &Plugins{Registered: e.watcher.Plugins(), Failing: e.watcher.Failures()})
+}
+
+func (e *Emulator) getPods(w http.ResponseWriter, _ *http.Request) {
+	out := []Pod{}
+	for _, p := range e.pods.GetActivePods() {
+		out = append(out, e.podView(p))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (e *Emulator) podView(p *corev1.Pod) Pod {
+	v := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
+	a := e.mgr.PodAllocation(p.UID)
+	names := make([]string, 0, len(p.Spec.InitContainers)+len(p.Spec.Containers))
+	for _, c := range p.Spec.InitContainers {
+		names = append(names, c.Name)
+	}
+	for _, c := range p.Spec.Containers {
+		names = append(names, c.Name)
+	}
+	for _, n := range names {
+		c := Container{Name: n}
+		if a != nil {
+			for _, ca := range a.Containers {
+				if ca.Name != n {
+					continue
+				}
+				for _, ra := range ca.Resources {
+					c.Devices = append(c.Devices, Allocation{Resource: ra.Resource, DeviceIDs: ra.DeviceIDs})
+				}
+			}
+		}
+		v.Containers = append(v.Containers, c)
+	}
+	return v
+}
+
+func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "", err)
+		return
+	}
+	pod, err := decodePod(data)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "", err)
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.pods.GetPodByName(pod.Namespace, pod.Name); ok {
+		writeError(w, http.StatusConflict, "", fmt.Errorf("pod %s/%s already exists; delete it first", pod.Namespace, pod.Name))
+		return
+	}
+	if _, err := e.mgr.Admit(r.Context(), pod); err != nil {
+		var ae *devicemanager.AdmissionError
+		if errors.As(err, &ae) {
+			writeError(w, http.StatusUnprocessableEntity, ae.Reason, errors.New(ae.PodMessage()))
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "", err)
+		return
+	}
+	if err := e.savePod(pod); err != nil {
+		e.mgr.RemovePod(pod.UID)
+		writeError(w, http.StatusInternalServerError, "", err)
+		return
+	}
+	e.pods.Add(pod)
+	e.log.Info("pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID)
+	writeJSON(w, http.StatusCreated, e.podView(pod))
+}
+
+func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	pod, ok := e.pods.GetPodByName(ns, name)
+	if !ok {
+		writeError(w, http.StatusNotFound, "", fmt.Errorf("pod %s in namespace %s not found", name, ns))
+		return
+	}
+	view := e.podView(pod)
+	if err := os.Remove(filepath.Join(e.podsDir, string(pod.UID)+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		writeError(w, http.StatusInternalServerError, "", err)
+		return
+	}
+	e.pods.Remove(pod.UID)
+	e.mgr.RemovePod(pod.UID)
+	e.log.Info("pod deleted", "namespace", ns, "name", name, "uid", pod.UID)
+	writeJSON(w, http.StatusOK, view)
+}
+
+// decodePod decodes a pod manifest strictly, applies defaults (namespace
+// "default", a generated UID) and checks what the device manager relies
+// on, reporting every problem with its field path.
+func decodePod(data []byte) (*corev1.Pod, error) {
+	pod := &corev1.Pod{}
+	if err := yaml.UnmarshalStrict(data, pod); err != nil {
+		return nil, fmt.Errorf("decoding pod manifest: %w", err)
+	}
+	if pod.Kind != "" && pod.Kind != "Pod" {
+		return nil, fmt.Errorf("kind: %q is not Pod", pod.Kind)
+	}
+	if pod.Namespace == "" {
+		pod.Namespace = "default"
+	}
+	if pod.UID == "" {
+		pod.UID = uuid.NewUUID()
+	}
+	var errs field.ErrorList
+	meta := field.NewPath("metadata")
+	if pod.Name == "" {
+		errs = append(errs, field.Required(meta.Child("name"), "name the pod"))
+	}
+	for _, msg := range validation.IsDNS1123Subdomain(pod.Name) {
+		if pod.Name != "" {
+			errs = append(errs, field.Invalid(meta.Child("name"), pod.Name, msg))
+		}
+	}
+	for _, msg := range validation.IsDNS1123Label(pod.Namespace) {
+		errs = append(errs, field.Invalid(meta.Child("namespace"), pod.Namespace, msg))
+	}
+	spec := field.NewPath("spec")
+	if len(pod.Spec.Containers) == 0 {
+		errs = append(errs, field.Required(spec.Child("containers"), "a pod needs at least one container"))
+	}
+	seen := map[string]bool{}
+	check := func(p *field.Path, cs []corev1.Container) {
+		for i, c := range cs {
+			switch {
+			case c.Name == "":
+				errs = append(errs, field.Required(p.Index(i).Child("name"), "name the container"))
+			case seen[c.Name]:
+				errs = append(errs, field.Duplicate(p.Index(i).Child("name"), c.Name))
+			}
+			seen[c.Name] = true
+		}
+	}
+	check(spec.Child("initContainers"), pod.Spec.InitContainers)
+	check(spec.Child("containers"), pod.Spec.Containers)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid pod: %w", errs.ToAggregate())
+	}
+	return pod, nil
+}
+
+func (e *Emulator) savePod(pod *corev1.Pod) error {
+	if err := os.MkdirAll(e.podsDir, 0o750); err != nil {
+		return err
+	}
+	data, err := json.Marshal(pod)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(e.podsDir, string(pod.UID)+".json")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o640); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func (e *Emulator) loadPods() error {
+	entries, err := os.ReadDir(e.podsDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading admitted pods: %w", err)
+	}
+	for _, ent := range entries {
+		if ent.IsDir() || !strings.HasSuffix(ent.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(e.podsDir, ent.Name())
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("reading admitted pod: %w", err)
+		}
+		pod := &corev1.Pod{}
+		if err := json.Unmarshal(data, pod); err != nil || pod.UID != types.UID(strings.TrimSuffix(ent.Name(), ".json")) {
+			e.log.Warn("ignoring unreadable admitted pod file", "path", path, "err", err)
+			continue
+		}
+		e.pods.Add(pod)
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package kubelet
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"k8s.io/apimachinery/pkg/types"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/podresources"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type twoDevices struct{}
+
+func (twoDevices) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	notify([]deviceplugin.Device{{ID: "d0", Healthy: true}, {ID: "d1", Healthy: true}})
+	<-ctx.Done()
+	return nil
+}
+
+func (twoDevices) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"DEVS": strings.Join(ids, ",")}}, nil
+}
+
+// startEmulator runs an emulator on root until the returned stop is called.
+func startEmulator(t *testing.T, root string) (*Emulator, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan *Emulator, 1)
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, Options{Root: root}, func(e *Emulator) { started <- e }) }()
+	select {
+	case e := <-started:
+		return e, func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run: %v", err)
+	case <-time.After(20 * time.Second):
+		cancel()
+		t.Fatal("emulator did not start")
+	}
+	return nil, nil
+}
+
+// startPlugin runs an SDK plugin for example.com/foo that registers
+// through plugins_registry.
+func startPlugin(t *testing.T, root string) func() {
+	t.Helper()
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{
+		PluginDir:    filepath.Join(root, "device-plugins"),
+		Registration: deviceplugin.RegistrationRegistry,
+		RegistryDir:  filepath.Join(root, "plugins_registry"),
+		InstanceID:   "t",
+	}, deviceplugin.Resource{Name: "example.com/foo", Plugin: twoDevices{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// waitAllocatable waits until example.com/foo has n allocatable devices.
+func waitAllocatable(t *testing.T, e *Emulator, n int64) {
+	t.Helper()
+	ch, unsub := e.Manager().Subscribe()
+	defer unsub()
+	timeout := time.After(20 * time.Second)
+	for {
+		for _, r := range e.Manager().Resources() {
+			if r.Name == "example.com/foo" && r.Allocatable == n {
+				return
+			}
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			t.Fatalf("example.com/foo never had %d allocatable devices: %+v", n, e.Manager().Resources())
+		}
+	}
+}
+
+const podYAML = `apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+spec:
+  containers:
+  - name: main
+    resources:
+      limits:
+        example.com/foo: 1
+`
+
+func shortRoot(t *testing.T) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "kl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	return root
+}
+
+func TestEmulator(t *testing.T) {
+	root := shortRoot(t)
+	e, stop := startEmulator(t, root)
+	defer func() { stop() }() // stop is replaced by the restart below
+	defer startPlugin(t, root)()
+	waitAllocatable(t, e, 2)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := NewClient(AdminSocket(root))
+	defer c.Close()
+
+	plugins, err := c.Plugins(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plugins.Registered) != 1 || plugins.Registered[0].Name != "example.com/foo" {
+		t.Errorf("Plugins() = %+v, want example.com/foo registered", plugins)
+	}
+
+	pod, err := c.AdmitPod(ctx, []byte(podYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Namespace != "default" || pod.UID == "" || len(pod.Containers) != 1 || len(pod.Containers[0].Devices) != 1 ||
+		len(pod.Containers[0].Devices[0].DeviceIDs) != 1 {
+		t.Fatalf("AdmitPod() = %+v, want default/trainer with one device", pod)
+	}
+	dev := pod.Containers[0].Devices[0].DeviceIDs[0]
+
+	errTests := []struct {
+		name     string
+		manifest string
+		code     int
+		reason   string
+		contains []string
+	}{
+		{"duplicate", podYAML, http.StatusConflict, "", []string{"already exists"}},
+		{"invalid", "metadata: {namespace: Bad_NS}\nspec: {containers: [{name: a}, {name: a}]}\n", http.StatusBadRequest, "",
+			[]string{"metadata.name: Required", "metadata.namespace: Invalid", "spec.containers[1].name: Duplicate"}},
+		{"unknown field", "metadata: {name: x}\nspec: {containerz: []}\n", http.StatusBadRequest, "", []string{"containerz"}},
+		{"too many devices", strings.Replace(strings.Replace(podYAML, "trainer", "greedy", 1), "foo: 1", "foo: 5", 1),
+			http.StatusUnprocessableEntity, "UnexpectedAdmissionError", []string{"Allocate failed due to requested number of devices unavailable for example.com/foo"}},
+	}
+	for _, tc := range errTests {
+		_, err := c.AdmitPod(ctx, []byte(tc.manifest))
+		ae, ok := err.(*APIError)
+		if !ok || ae.StatusCode != tc.code || ae.Reason != tc.reason {
+			t.Errorf("%s: AdmitPod() error = %#v, want status %d reason %q", tc.name, err, tc.code, tc.reason)
+			continue
+		}
+		for _, s := range tc.contains {
+			if !strings.Contains(ae.Message, s) {
+				t.Errorf("%s: error %q does not contain %q", tc.name, ae.Message, s)
+			}
+		}
+	}
+
+	devices, err := c.Devices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inUse := 0
+	for _, d := range devices {
+		if d.PodUID == pod.UID {
+			inUse++
+			if d.ID != dev {
+				t.Errorf("device %s held by the pod, want %s", d.ID, dev)
+			}
+		}
+	}
+	if len(devices) != 2 || inUse != 1 {
+		t.Errorf("Devices() = %+v, want 2 devices, 1 held by the pod", devices)
+	}
+
+	// The PodResources API reports the same.
+	prc, conn, err := podresources.Dial(ctx, podresources.SocketPath(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	got, err := prc.Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodNamespace: "default", PodName: "trainer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := got.GetPodResources().GetContainers(); len(cs) != 1 || len(cs[0].GetDevices()) != 1 || cs[0].GetDevices()[0].GetDeviceIds()[0] != dev {
+		t.Errorf("PodResources Get() = %v, want device %s", got, dev)
+	}
+
+	// Admitted pods survive a restart with their devices.
+	stop()
+	e, stop = startEmulator(t, root)
+	pods, err := c.Pods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 1 || pods[0].UID != pod.UID || len(pods[0].Containers[0].Devices) != 1 || pods[0].Containers[0].Devices[0].DeviceIDs[0] != dev {
+		t.Errorf("Pods() after restart = %+v, want the pod with device %s", pods, dev)
+	}
+
+	if _, err := c.DeletePod(ctx, "default", "trainer"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeletePod(ctx, "default", "trainer"); !IsNotFound(err) {
+		t.Errorf("second DeletePod() = %v, want not found", err)
+	}
+	if pods, err := c.Pods(ctx); err != nil || len(pods) != 0 {
+		t.Errorf("Pods() after delete = %+v, %v; want none", pods, err)
+	}
+	if a := e.Manager().PodAllocation(types.UID(pod.UID)); a != nil {
+		t.Errorf("the deleted pod still holds %+v", a)
+	}
+}

@@ -1,0 +1,58 @@
+// Package kubelet implements "dpkit kubelet": an emulated kubelet device
+// manager that real device plugins register with, without a cluster. It
+// serves the registration socket (device-plugins/kubelet.sock), watches
+// plugins_registry, serves the PodResources API and an admin API that
+// "dpkit get" and "dpkit delete" use.
+package kubelet
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/dpkit/dpkit/internal/cli"
+)
+
+// DefaultRoot is the kubelet's root directory, where unmodified plugins
+// look for kubelet.sock.
+const DefaultRoot = "/var/lib/kubelet"
+
+// NewCommand returns the "kubelet" command.
+func NewCommand(env *cli.Env) *cobra.Command {
+	var o Options
+	cmd := &cobra.Command{
+		Use:   "kubelet [--root DIR]",
+		Short: "Run an emulated kubelet device manager that device plugins register with",
+		Long: `Run the device-plugin side of a kubelet without a cluster: the registration
+socket <root>/device-plugins/kubelet.sock, the plugin watcher on
+<root>/plugins_registry, the PodResources API on
+<root>/pod-resources/kubelet.sock, and an admin API on
+<root>/dpkit/admin.sock for "dpkit get" and "dpkit delete".
+
+Pods are admitted by POSTing a pod manifest to /v1/pods on the admin socket;
+admitted pods are kept under <root>/dpkit/pods and survive restarts, like
+the device manager's checkpoint. Stop with SIGINT/SIGTERM.`,
+		Example: `  dpkit kubelet --root /tmp/kubelet
+  dpkit kubelet --root /tmp/kubelet --topology-policy single-numa-node --numa-nodes 0,1
+  curl --unix-socket /tmp/kubelet/dpkit/admin.sock --data-binary @pod.yaml http://dpkit/v1/pods`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Logger = env.Logger
+			if o.Root == "" {
+				return cli.Exit(2, errRootRequired)
+			}
+			return Run(cmd.Context(), o, nil)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Root, "root", DefaultRoot, "directory standing for the kubelet's root directory")
+	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
+	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
+	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")
+	fl.StringVar(&o.AdminSocket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
+	return cmd
+}
+
+type constError string
+
+func (e constError) Error() string { return string(e) }
+
+const errRootRequired = constError("--root must not be empty")
