@@ -1,0 +1,105 @@
+package get
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/kubelet"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// runKubelet runs an emulated kubelet on a fresh root for the test.
+func runKubelet(t *testing.T) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "kg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kubelet: %v", err)
+		}
+	})
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("kubelet: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("kubelet did not start")
+	}
+	return root
+}
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	env := &cli.Env{In: strings.NewReader(""), Out: &out, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
+	cmd := NewCommand(env)
+	cmd.SetArgs(args)
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestGet(t *testing.T) {
+	root := runKubelet(t)
+	c := kubelet.NewClient(kubelet.AdminSocket(root))
+	defer c.Close()
+	if _, err := c.AdmitPod(context.Background(), []byte("metadata: {name: web, namespace: shop}\nspec: {containers: [{name: nginx}]}\n")); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		args     []string
+		contains []string
+		exit     int
+	}{
+		{[]string{"pods", "--root", root}, []string{"NAMESPACE  NAME  CONTAINER  RESOURCE  DEVICES", "shop       web   nginx      -         -"}, 0},
+		{[]string{"po", "--admin-socket", kubelet.AdminSocket(root), "-o", "yaml"}, []string{"name: web", "namespace: shop"}, 0},
+		{[]string{"resources", "--root", root}, []string{"NAME  CAPACITY  ALLOCATABLE  IN USE  CONNECTED"}, 0},
+		{[]string{"devices", "--root", root}, []string{"RESOURCE  ID  HEALTHY  NUMA  POD UID"}, 0},
+		{[]string{"plugins", "--root", root, "-o", "json"}, []string{`"registered": []`}, 0},
+		{[]string{"gadgets", "--root", root}, nil, 2},
+		{[]string{"pods", "--root", root, "-o", "xml"}, nil, 2},
+		{[]string{"pods", "--root", root + "/nowhere"}, nil, 1},
+	}
+	for _, tc := range tests {
+		out, err := run(t, tc.args...)
+		if code := cli.ExitCode(err); code != tc.exit {
+			t.Errorf("get %v: exit %d (%v), want %d", tc.args, code, err, tc.exit)
+			continue
+		}
+		for _, s := range tc.contains {
+			if !strings.Contains(out, s) {
+				t.Errorf("get %v output\n%s\ndoes not contain %q", tc.args, out, s)
+			}
+		}
+	}
+
+	out, err := run(t, "pods", "--root", root, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods []kubelet.Pod
+	if err := json.Unmarshal([]byte(out), &pods); err != nil || len(pods) != 1 || pods[0].Name != "web" || pods[0].UID == "" {
+		t.Errorf("get pods -o json = %s (%v), want the web pod", out, err)
+	}
+}
