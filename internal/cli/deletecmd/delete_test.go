@@ -27,7 +27,9 @@ func TestDelete(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) }) }()
+	go func() {
+		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) })
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

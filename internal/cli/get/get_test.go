@@ -30,7 +30,9 @@ func runKubelet(t *testing.T) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) }) }()
+	go func() {
+		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) })
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
