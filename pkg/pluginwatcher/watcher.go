@@ -97,29 +97,29 @@ func (c *Config) Validate() error {
 // Plugin is a plugin registered with its handler.
 type Plugin struct {
 	// SocketPath is the registration socket the plugin was found at.
-	SocketPath string
+	SocketPath string `json:"socketPath"`
 	// Type, Name, Endpoint and Versions are what the plugin answered to
 	// GetInfo; Endpoint is SocketPath when the plugin left it empty.
-	Type     string
-	Name     string
-	Endpoint string
-	Versions []string
+	Type     string   `json:"type"`
+	Name     string   `json:"name"`
+	Endpoint string   `json:"endpoint"`
+	Versions []string `json:"versions,omitempty"`
 	// Seen is when the watcher saw the socket appear.
-	Seen time.Time
+	Seen time.Time `json:"seen"`
 	// Registered is when the handler accepted the plugin.
-	Registered time.Time
+	Registered time.Time `json:"registered"`
 }
 
 // Failure describes a socket whose registration failed and will be
 // retried.
 type Failure struct {
-	SocketPath string
+	SocketPath string `json:"socketPath"`
 	// Failures counts consecutive failed attempts for this socket.
-	Failures int
+	Failures int `json:"failures"`
 	// LastError is the last attempt's error.
-	LastError string
+	LastError string `json:"lastError"`
 	// NextAttempt is the earliest time of the next attempt.
-	NextAttempt time.Time
+	NextAttempt time.Time `json:"nextAttempt"`
 }
 
 // ErrAlreadyStarted is returned by Start and Run on a Watcher that was
