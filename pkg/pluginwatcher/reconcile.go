@@ -64,12 +64,7 @@ func (w *Watcher) reconcile(ctx context.Context) {
 		if d, ok := w.desired[path]; ok && d.gen == r.gen {
 			continue
 		}
-		w.pending[path] = true
-		w.ops.Add(1)
-		go func() {
-			defer w.ops.Done()
-			w.deregister(context.WithoutCancel(ctx), path, r)
-		}()
+		w.startDeregister(ctx, path, r)
 	}
 	for path, d := range w.desired {
 		if w.pending[path] {
@@ -81,13 +76,29 @@ func (w *Watcher) reconcile(ctx context.Context) {
 		if r := w.retries[path]; r != nil && now.Before(r.next) {
 			continue
 		}
-		w.pending[path] = true
-		w.ops.Add(1)
-		go func() {
-			defer w.ops.Done()
-			w.register(ctx, path, d)
-		}()
+		w.startRegister(ctx, path, d)
 	}
+}
+
+// startRegister and startDeregister mark path pending and run the
+// operation in a goroutine that Run waits for. Call them with w.mu held.
+// (Separate functions keep the reconcile loop's variables off the heap.)
+func (w *Watcher) startRegister(ctx context.Context, path string, d desired) {
+	w.pending[path] = true
+	w.ops.Add(1)
+	go func() {
+		defer w.ops.Done()
+		w.register(ctx, path, d)
+	}()
+}
+
+func (w *Watcher) startDeregister(ctx context.Context, path string, r registered) {
+	w.pending[path] = true
+	w.ops.Add(1)
+	go func() {
+		defer w.ops.Done()
+		w.deregister(context.WithoutCancel(ctx), path, r)
+	}()
 }
 
 // backoff returns the wait after the n-th consecutive failure (n >= 1).

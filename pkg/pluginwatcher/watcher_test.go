@@ -3,6 +3,7 @@ package pluginwatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -212,6 +213,29 @@ func TestRegistration(t *testing.T) {
 			if got.SocketPath != socket || got.Type != tc.info.Type || got.Name != tc.info.Name || got.Endpoint != wantEndpoint ||
 				!slices.Equal(got.Versions, tc.info.SupportedVersions) || got.Seen.IsZero() || got.Registered.Before(got.Seen) {
 				t.Errorf("Plugins()[0] = %+v", got)
+			}
+		})
+	}
+}
+
+// BenchmarkReconcileSteadyState measures a reconcile pass over n
+// registered plugins with nothing to do, the loop's cost every period.
+func BenchmarkReconcileSteadyState(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			w, err := New(Config{Dir: "x"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range n {
+				path := fmt.Sprintf("/r/plugins_registry/p%d.sock", i)
+				w.desired[path] = desired{gen: uint64(i + 1)}
+				w.actual[path] = registered{gen: uint64(i + 1)}
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				w.reconcile(ctx)
 			}
 		})
 	}
