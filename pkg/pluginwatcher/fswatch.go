@@ -159,6 +159,7 @@ func (w *Watcher) resync(fsw *fsnotify.Watcher) {
 // reconciler deregister the old plugin and register the new.
 func (w *Watcher) addDesired(path string, info os.FileInfo) {
 	w.mu.Lock()
+	delete(w.dead, path)
 	if d, ok := w.desired[path]; ok && d.info != nil && os.SameFile(d.info, info) {
 		w.mu.Unlock()
 		return
@@ -180,6 +181,11 @@ func (w *Watcher) removeDesired(path string) {
 		if p == path || strings.HasPrefix(p, prefix) {
 			delete(w.desired, p)
 			n++
+		}
+	}
+	for p := range w.dead {
+		if p == path || strings.HasPrefix(p, prefix) {
+			delete(w.dead, p)
 		}
 	}
 	w.mu.Unlock()

@@ -390,3 +390,117 @@ func TestStartTwiceAndBadDir(t *testing.T) {
 	}
 	<-w2.Done()
 }
+
+func TestHealthCheck(t *testing.T) {
+	t.Parallel()
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "a.sock")
+	p := startPlugin(t, socket, devicePluginInfo("example.com/a", ""))
+	info, err := os.Lstat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	h := &pwtest.Handler{}
+	// Not started: the test drives reconcile passes itself.
+	w, err := New(Config{Dir: dir, Handlers: map[string]Handler{DevicePlugin: h}, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pass := func(step time.Duration) {
+		clk.Step(step)
+		w.reconcile(ctx)
+		w.ops.Wait()
+	}
+	registered := func() bool { return len(w.Plugins()) == 1 }
+
+	w.addDesired(socket, info)
+	pass(0)
+	if !registered() || p.GetInfoCalls() != 1 {
+		t.Fatalf("not registered (calls %v, GetInfo %d)", h.Ops(), p.GetInfoCalls())
+	}
+	pass(DefaultHealthPeriod - time.Millisecond)
+	if p.GetInfoCalls() != 1 {
+		t.Fatalf("health check before the period: %d GetInfo calls", p.GetInfoCalls())
+	}
+	pass(time.Millisecond)
+	if p.GetInfoCalls() != 2 || !registered() {
+		t.Fatalf("after one period: %d GetInfo calls, registered %v; want 2, true", p.GetInfoCalls(), registered())
+	}
+
+	p.SetFailing(true)
+	pass(DefaultHealthPeriod)
+	pass(0)
+	if !registered() {
+		t.Fatal("deregistered after a single failed health check")
+	}
+	pass(DefaultHealthPeriod)
+	pass(0) // the reconciler sees the socket gone from the desired state
+	if registered() {
+		t.Fatal("still registered after two failed health checks")
+	}
+	if got, want := h.Ops(), []string{"validate", "register", "deregister"}; !slices.Equal(got, want) {
+		t.Fatalf("handler calls = %v, want %v", got, want)
+	}
+	if f := w.Failures(); len(f) != 1 || f[0].SocketPath != socket || !strings.Contains(f[0].LastError, "plugin set to fail") {
+		t.Fatalf("Failures() = %+v, want the dead socket", f)
+	}
+
+	pass(DefaultHealthPeriod) // probed, still failing
+	pass(0)
+	if registered() || len(h.Calls()) != 3 {
+		t.Fatalf("a failing plugin came back: %v", h.Ops())
+	}
+	p.SetFailing(false)
+	pass(DefaultHealthPeriod) // probed, answers
+	pass(0)
+	if !registered() {
+		t.Fatal("not registered again after the plugin answered")
+	}
+	if got, want := h.Ops(), []string{"validate", "register", "deregister", "validate", "register"}; !slices.Equal(got, want) {
+		t.Fatalf("handler calls = %v, want %v", got, want)
+	}
+	if f := w.Failures(); len(f) != 0 {
+		t.Errorf("Failures() = %+v, want none", f)
+	}
+
+	// A dead socket that is removed is forgotten.
+	p.SetFailing(true)
+	pass(DefaultHealthPeriod)
+	pass(DefaultHealthPeriod)
+	pass(0)
+	if registered() || len(w.Failures()) != 1 {
+		t.Fatalf("plugin not marked dead: registered %v, failures %+v", registered(), w.Failures())
+	}
+	w.removeDesired(socket)
+	if f := w.Failures(); len(f) != 0 {
+		t.Errorf("Failures() after removal = %+v, want none", f)
+	}
+}
+
+func TestHealthCheckDisabled(t *testing.T) {
+	t.Parallel()
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "a.sock")
+	p := startPlugin(t, socket, devicePluginInfo("example.com/a", ""))
+	info, err := os.Lstat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	w, err := New(Config{Dir: dir, Handlers: map[string]Handler{DevicePlugin: &pwtest.Handler{}}, Clock: clk, HealthPeriod: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.addDesired(socket, info)
+	for range 3 {
+		w.reconcile(context.Background())
+		w.ops.Wait()
+		clk.Step(time.Hour)
+	}
+	if n := p.GetInfoCalls(); n != 1 {
+		t.Errorf("%d GetInfo calls with health checks off, want 1 (registration)", n)
+	}
+}

@@ -17,6 +17,7 @@ import (
 const (
 	getInfoTimeout = time.Second
 	notifyTimeout  = 5 * time.Second
+	healthTimeout  = 10 * time.Second
 )
 
 // ErrNoHandler is wrapped by the registration error of a plugin whose type
@@ -78,6 +79,19 @@ func (w *Watcher) reconcile(ctx context.Context) {
 		}
 		w.startRegister(ctx, path, d)
 	}
+	if w.healthPeriod > 0 && !now.Before(w.nextHealth) {
+		w.nextHealth = now.Add(w.healthPeriod)
+		for path, r := range w.actual {
+			if !w.pending[path] {
+				w.startHealthCheck(ctx, path, r.gen)
+			}
+		}
+		for path := range w.dead {
+			if !w.pending[path] {
+				w.startProbe(ctx, path)
+			}
+		}
+	}
 }
 
 // startRegister and startDeregister mark path pending and run the
@@ -89,6 +103,24 @@ func (w *Watcher) startRegister(ctx context.Context, path string, d desired) {
 	go func() {
 		defer w.ops.Done()
 		w.register(ctx, path, d)
+	}()
+}
+
+func (w *Watcher) startHealthCheck(ctx context.Context, path string, gen uint64) {
+	w.pending[path] = true
+	w.ops.Add(1)
+	go func() {
+		defer w.ops.Done()
+		w.healthCheck(ctx, path, gen)
+	}()
+}
+
+func (w *Watcher) startProbe(ctx context.Context, path string) {
+	w.pending[path] = true
+	w.ops.Add(1)
+	go func() {
+		defer w.ops.Done()
+		w.probeDead(ctx, path)
 	}()
 }
 
@@ -162,9 +194,83 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 	}
 }
 
+// ping dials the socket and calls GetInfo, the kubelet's liveness check.
+func (w *Watcher) ping(ctx context.Context, path string) error {
+	conn, err := dial(ctx, path, w.dialTimeout)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	if _, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}); err != nil {
+		return fmt.Errorf("GetInfo at socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// healthCheck checks a registered plugin. After HealthFailures failures
+// in a row its socket leaves the desired state, so the plugin is
+// deregistered, and is probed from then on.
+func (w *Watcher) healthCheck(ctx context.Context, path string, gen uint64) {
+	err := w.ping(ctx, path)
+	w.mu.Lock()
+	defer w.kick()
+	defer w.mu.Unlock()
+	delete(w.pending, path)
+	if ctx.Err() != nil {
+		return
+	}
+	if r, ok := w.actual[path]; !ok || r.gen != gen {
+		return
+	}
+	if err == nil {
+		delete(w.health, path)
+		return
+	}
+	w.health[path]++
+	n := w.health[path]
+	w.log.Warn("plugin health check failed", "path", path, "failures", n, "err", err)
+	if n < HealthFailures {
+		return
+	}
+	delete(w.health, path)
+	if d, ok := w.desired[path]; ok && d.gen == gen {
+		delete(w.desired, path)
+		w.dead[path] = deadSocket{info: d.info, lastErr: err}
+		w.log.Error("plugin stopped answering; deregistering it until it answers again", "path", path, "err", err)
+	}
+}
+
+// probeDead checks a socket whose plugin stopped answering and puts it
+// back in the desired state once the plugin answers.
+func (w *Watcher) probeDead(ctx context.Context, path string) {
+	err := w.ping(ctx, path)
+	w.mu.Lock()
+	defer w.kick()
+	defer w.mu.Unlock()
+	delete(w.pending, path)
+	d, ok := w.dead[path]
+	if !ok || ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		d.lastErr = err
+		w.dead[path] = d
+		return
+	}
+	delete(w.dead, path)
+	if _, ok := w.desired[path]; !ok {
+		w.nextGen++
+		w.desired[path] = desired{seen: w.clock.Now(), gen: w.nextGen, info: d.info}
+		w.log.Info("plugin answers again", "path", path)
+	}
+}
+
 func (w *Watcher) deregister(ctx context.Context, path string, r registered) {
 	w.mu.Lock()
 	delete(w.actual, path)
+	delete(w.health, path)
 	w.mu.Unlock()
 	r.handler.DeRegisterPlugin(ctx, r.Name, r.Endpoint)
 	w.log.Info("plugin deregistered", "path", path, "type", r.Type, "name", r.Name, "endpoint", r.Endpoint)

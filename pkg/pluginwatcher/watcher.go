@@ -34,6 +34,10 @@ const (
 	DefaultInitialBackoff  = 500 * time.Millisecond
 	DefaultMaxBackoff      = 2*time.Minute + 2*time.Second
 	DefaultDialTimeout     = 10 * time.Second
+	DefaultHealthPeriod    = 10 * time.Second
+	// HealthFailures is how many consecutive failed health checks make a
+	// registered plugin count as gone, as in the kubelet.
+	HealthFailures = 2
 )
 
 // Config configures a Watcher.
@@ -57,6 +61,12 @@ type Config struct {
 	MaxBackoff     time.Duration
 	// DialTimeout bounds connecting to a plugin socket. Default 10s.
 	DialTimeout time.Duration
+	// HealthPeriod is how often registered plugins are asked GetInfo.
+	// After HealthFailures failures in a row a plugin is deregistered
+	// although its socket stays; its socket is then probed every period
+	// and the plugin registered again once it answers. Default 10s, as
+	// the kubelet's connection monitor; negative turns checks off.
+	HealthPeriod time.Duration
 	// Clock is the time source. Default the real clock.
 	Clock clock.WithTicker
 }
@@ -157,6 +167,7 @@ type Watcher struct {
 	initialBackoff time.Duration
 	maxBackoff     time.Duration
 	dialTimeout    time.Duration
+	healthPeriod   time.Duration
 
 	started atomic.Bool
 	done    chan struct{}
@@ -170,6 +181,17 @@ type Watcher struct {
 	pending  map[string]bool
 	retries  map[string]*retry
 	nextGen  uint64
+	// health counts consecutive failed health checks of registered
+	// plugins; dead holds sockets deregistered for failing them.
+	health     map[string]int
+	dead       map[string]deadSocket
+	nextHealth time.Time
+}
+
+// deadSocket is a socket whose plugin stopped answering.
+type deadSocket struct {
+	info    os.FileInfo
+	lastErr error
 }
 
 // New validates cfg, applies defaults and returns a Watcher that is not
@@ -186,6 +208,7 @@ func New(cfg Config) (*Watcher, error) {
 		initialBackoff: cmpOr(cfg.InitialBackoff, DefaultInitialBackoff),
 		maxBackoff:     cmpOr(cfg.MaxBackoff, DefaultMaxBackoff),
 		dialTimeout:    cmpOr(cfg.DialTimeout, DefaultDialTimeout),
+		healthPeriod:   cmpOr(cfg.HealthPeriod, DefaultHealthPeriod),
 		done:           make(chan struct{}),
 		kickCh:         make(chan struct{}, 1),
 		handlers:       make(map[string]Handler, len(cfg.Handlers)),
@@ -193,6 +216,8 @@ func New(cfg Config) (*Watcher, error) {
 		actual:         make(map[string]registered),
 		pending:        make(map[string]bool),
 		retries:        make(map[string]*retry),
+		health:         make(map[string]int),
+		dead:           make(map[string]deadSocket),
 	}
 	if w.maxBackoff < w.initialBackoff {
 		w.maxBackoff = w.initialBackoff
@@ -313,6 +338,9 @@ func (w *Watcher) Failures() []Failure {
 			continue
 		}
 		out = append(out, Failure{SocketPath: path, Failures: r.failures, LastError: r.lastErr.Error(), NextAttempt: r.next})
+	}
+	for path, d := range w.dead {
+		out = append(out, Failure{SocketPath: path, Failures: HealthFailures, LastError: d.lastErr.Error(), NextAttempt: w.nextHealth})
 	}
 	w.mu.Unlock()
 	slices.SortFunc(out, func(a, b Failure) int { return strings.Compare(a.SocketPath, b.SocketPath) })

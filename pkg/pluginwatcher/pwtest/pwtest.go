@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -54,6 +56,7 @@ type Plugin struct {
 	served chan struct{}
 
 	mu       sync.Mutex
+	failing  bool
 	getInfos int
 	statuses []*registerapi.RegistrationStatus
 	n        notifier
@@ -112,6 +115,14 @@ func (p *Plugin) MoveTo(path string) error {
 	return nil
 }
 
+// SetFailing makes GetInfo fail with Unavailable (failing true), as a
+// plugin that stopped working while its socket stays, or answer again.
+func (p *Plugin) SetFailing(failing bool) {
+	p.mu.Lock()
+	p.failing = failing
+	p.mu.Unlock()
+}
+
 // GetInfoCalls returns how many times GetInfo was called.
 func (p *Plugin) GetInfoCalls() int {
 	p.mu.Lock()
@@ -150,8 +161,12 @@ type registrationServer struct {
 func (s *registrationServer) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
 	s.p.mu.Lock()
 	s.p.getInfos++
+	failing := s.p.failing
 	s.p.mu.Unlock()
 	s.p.n.broadcast()
+	if failing {
+		return nil, status.Error(codes.Unavailable, "pwtest: plugin set to fail")
+	}
 	return s.p.info, nil
 }
 
