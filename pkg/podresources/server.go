@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -82,6 +83,9 @@ type Config struct {
 	// turns rate limiting off.
 	QPS   float64
 	Burst int
+	// Registerer, when set, receives the kubelet's PodResources request
+	// counters (kubelet_pod_resources_endpoint_*).
+	Registerer prometheus.Registerer
 }
 
 // Validate reports every problem in c, each with its field path.
@@ -100,10 +104,11 @@ func (c *Config) Validate() error {
 type Server struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 
-	p     Providers
-	log   *slog.Logger
-	qps   float64
-	burst int
+	p       Providers
+	log     *slog.Logger
+	qps     float64
+	burst   int
+	metrics *metrics
 }
 
 var _ podresourcesv1.PodResourcesListerServer = (*Server)(nil)
@@ -113,7 +118,11 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("podresources: invalid config: %w", err)
 	}
-	s := &Server{p: cfg.Providers, log: cfg.Logger, qps: cfg.QPS, burst: cfg.Burst}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{p: cfg.Providers, log: cfg.Logger, qps: cfg.QPS, burst: cfg.Burst, metrics: m}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -137,6 +146,8 @@ func NewServer(cfg Config) (*Server, error) {
 
 // List returns the resources assigned to every active pod of the node.
 func (s *Server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
+	s.metrics.requestsTotal.Inc()
+	s.metrics.requestsList.Inc()
 	pods := s.p.Pods.GetActivePods()
 	if u, ok := s.p.Devices.(AllocatedDevicesUpdater); ok {
 		u.UpdateAllocatedDevices()
@@ -152,8 +163,11 @@ func (s *Server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesReq
 // Get returns the resources assigned to one pod. An unknown pod is a
 // NotFound error.
 func (s *Server) Get(ctx context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
+	s.metrics.requestsTotal.Inc()
+	s.metrics.requestsGet.Inc()
 	pod, ok := s.p.Pods.GetPodByName(req.GetPodNamespace(), req.GetPodName())
 	if !ok || pod == nil {
+		s.metrics.errorsGet.Inc()
 		s.log.DebugContext(ctx, "podresources Get: pod not found", "namespace", req.GetPodNamespace(), "name", req.GetPodName())
 		return nil, status.Errorf(codes.NotFound, "pod %s in namespace %s not found", req.GetPodName(), req.GetPodNamespace())
 	}
@@ -164,6 +178,8 @@ func (s *Server) Get(ctx context.Context, req *podresourcesv1.GetPodResourcesReq
 // GetAllocatableResources returns everything the node can allocate: its
 // capacity, not what is free.
 func (s *Server) GetAllocatableResources(ctx context.Context, _ *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
+	s.metrics.requestsTotal.Inc()
+	s.metrics.requestsGetAllocatable.Inc()
 	s.log.DebugContext(ctx, "podresources GetAllocatableResources")
 	return &podresourcesv1.AllocatableResourcesResponse{
 		Devices: s.p.Devices.GetAllocatableDevices(),
