@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -47,7 +48,7 @@ func TestAdvertiseSchedulesPods(t *testing.T) {
 	ns := createNamespace(t, c, "adv-sched")
 
 	out := runDpkit(t, ctx, 0, "advertise", "--kubeconfig", cp.Kubeconfig, "--node", node, "example.com/dongle=4")
-	if want := "node/adv-sched: set example.com/dongle=4"; !strings.Contains(out, want) {
+	if want := "node/" + node + ": set example.com/dongle=4"; !strings.Contains(out, want) {
 		t.Fatalf("dpkit advertise printed %q, want %q", out, want)
 	}
 	n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -101,15 +102,15 @@ func TestAdvertiseCommand(t *testing.T) {
 		want string
 		has  map[corev1.ResourceName]string
 	}{
-		{"set", args("example.com/dongle=4", "example.com/widget=2"), "node/adv-cmd: set example.com/dongle=4\nnode/adv-cmd: set example.com/widget=2\n",
+		{"set", args("example.com/dongle=4", "example.com/widget=2"), "node/" + node + ": set example.com/dongle=4\nnode/" + node + ": set example.com/widget=2\n",
 			map[corev1.ResourceName]string{dongle: "4", widget: "2"}},
-		{"again is a no-op", args("example.com/dongle=4", "example.com/widget=2"), "node/adv-cmd: unchanged\n",
+		{"again is a no-op", args("example.com/dongle=4", "example.com/widget=2"), "node/" + node + ": unchanged\n",
 			map[corev1.ResourceName]string{dongle: "4", widget: "2"}},
-		{"change one", args("example.com/dongle=6"), "node/adv-cmd: set example.com/dongle=6\n",
+		{"change one", args("example.com/dongle=6"), "node/" + node + ": set example.com/dongle=6\n",
 			map[corev1.ResourceName]string{dongle: "6", widget: "2"}},
-		{"remove", args("--remove", "example.com/dongle", "--remove", "example.com/widget"), "node/adv-cmd: removed example.com/dongle\nnode/adv-cmd: removed example.com/widget\n",
+		{"remove", args("--remove", "example.com/dongle", "--remove", "example.com/widget"), "node/" + node + ": removed example.com/dongle\nnode/" + node + ": removed example.com/widget\n",
 			map[corev1.ResourceName]string{}},
-		{"remove again is a no-op", args("--remove", "example.com/dongle"), "node/adv-cmd: unchanged\n",
+		{"remove again is a no-op", args("--remove", "example.com/dongle"), "node/" + node + ": unchanged\n",
 			map[corev1.ResourceName]string{}},
 	}
 	for _, s := range steps {
@@ -146,7 +147,7 @@ func TestAdvertiseController(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	node := createNode(t, c, "adv-ctrl")
-	user := bindDeployedRole(t, ctx, cp, "dpkit-advertise-e2e")
+	user := bindDeployedRole(t, ctx, cp, unique("dpkit-advertise-e2e"))
 	cfg, err := cp.RESTConfigFor(user)
 	if err != nil {
 		t.Fatal(err)
@@ -282,8 +283,21 @@ func runDpkit(t *testing.T, ctx context.Context, wantCode int, args ...string) s
 	return out.String()
 }
 
-func createNode(t *testing.T, c kubernetes.Interface, name string) string {
+// unique returns base with a suffix unique in this test process, so tests
+// run again (-count) on the shared control plane do not collide with the
+// objects of earlier runs (namespaces are never deleted for good: nothing
+// finalizes them without kube-controller-manager).
+func unique(base string) string {
+	return fmt.Sprintf("%s-%d", base, nameSeq.Add(1))
+}
+
+var nameSeq atomic.Int64
+
+// createNode creates a schedulable node named unique(base) and returns its
+// name.
+func createNode(t *testing.T, c kubernetes.Interface, base string) string {
 	t.Helper()
+	name := unique(base)
 	list := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("4"),
 		corev1.ResourceMemory: resource.MustParse("8Gi"),
@@ -318,8 +332,9 @@ func createNode(t *testing.T, c kubernetes.Interface, name string) string {
 	return name
 }
 
-func createNamespace(t *testing.T, c kubernetes.Interface, name string) string {
+func createNamespace(t *testing.T, c kubernetes.Interface, base string) string {
 	t.Helper()
+	name := unique(base)
 	if _, err := c.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace %s: %v", name, err)
 	}
