@@ -16,7 +16,7 @@ KUBE_VERSION=v1.37.0
 ETCD_VERSION=v3.7.0
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${DPKIT_CONTROLPLANE_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/controlplane/${KUBE_VERSION}}"
+out="${DPKIT_CONTROLPLANE_BIN:-${XDG_CACHE_HOME:-${HOME:-${TMPDIR:-/tmp}}/.cache}/dpkit/controlplane/${KUBE_VERSION}}"
 force=false
 case "${1:-}" in
   "") ;;

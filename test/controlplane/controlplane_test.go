@@ -124,3 +124,19 @@ func TestControlPlane(t *testing.T) {
 		}
 	})
 }
+
+func TestStartFailureCarriesTheLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip(controlplane.SkipMessage)
+	}
+	t.Parallel()
+	_, err := controlplane.Start(context.Background(), controlplane.Options{APIServerArgs: []string{"--no-such-flag"}})
+	if err == nil {
+		t.Fatal("Start with a bad apiserver flag succeeded")
+	}
+	for _, want := range []string{"kube-apiserver", "exited before it was ready", "kube-apiserver.log", "no-such-flag"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not contain %q:\n%v", want, err)
+		}
+	}
+}
