@@ -7,7 +7,10 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
+	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
+	"github.com/dpkit/dpkit/pkg/plugins/generic"
+	"github.com/dpkit/dpkit/pkg/plugins/nvidia"
 )
 
 // PluginConfigKind is the kind of the file "dpkit plugin --config" reads.
@@ -44,11 +47,50 @@ type HostConfig struct {
 
 // PluginSpec is one plugin. Exactly one field is set.
 type PluginSpec struct {
+	// Fake serves made-up devices for testing (docs: README, "Fake plugin").
 	Fake *fake.Config `json:"fake,omitempty"`
+	// Generic serves host devices: paths and globs, USB and PCI devices
+	// (docs/plugins/generic.md).
+	Generic *generic.Config `json:"generic,omitempty"`
+	// AMDGPU serves AMD GPUs found through KFD (docs/plugins/amdgpu.md).
+	AMDGPU *amdgpu.Config `json:"amdgpu,omitempty"`
+	// NVIDIA serves NVIDIA GPUs found through the driver's procfs
+	// (docs/plugins/nvidia.md).
+	NVIDIA *nvidia.Config `json:"nvidia,omitempty"`
+}
+
+// section is what every plugin's config offers.
+type section interface {
+	Default()
+	Validate(*field.Path) field.ErrorList
+}
+
+type kind struct {
+	name  string
+	cfg   section
+	build func(plugins.Options) ([]deviceplugin.Resource, error)
+}
+
+// kinds returns the plugin kinds set in p, with how to build each.
+func (p *PluginSpec) kinds() []kind {
+	var out []kind
+	if p.Fake != nil {
+		out = append(out, kind{"fake", p.Fake, func(o plugins.Options) ([]deviceplugin.Resource, error) { return fake.New(*p.Fake, o) }})
+	}
+	if p.Generic != nil {
+		out = append(out, kind{"generic", p.Generic, func(o plugins.Options) ([]deviceplugin.Resource, error) { return generic.New(*p.Generic, o) }})
+	}
+	if p.AMDGPU != nil {
+		out = append(out, kind{"amdgpu", p.AMDGPU, func(o plugins.Options) ([]deviceplugin.Resource, error) { return amdgpu.New(*p.AMDGPU, o) }})
+	}
+	if p.NVIDIA != nil {
+		out = append(out, kind{"nvidia", p.NVIDIA, func(o plugins.Options) ([]deviceplugin.Resource, error) { return nvidia.New(*p.NVIDIA, o) }})
+	}
+	return out
 }
 
 // pluginKinds lists the plugin kinds in the order PluginSpec declares them.
-var pluginKinds = []string{"fake"}
+var pluginKinds = []string{"fake", "generic", "amdgpu", "nvidia"}
 
 // LoadPluginConfig reads, decodes, defaults and validates the file at
 // path. flag names the option the path came from, for error messages.
@@ -83,8 +125,8 @@ func (c *PluginConfig) Default() {
 		c.Registration = string(deviceplugin.RegistrationAuto)
 	}
 	for i := range c.Plugins {
-		if f := c.Plugins[i].Fake; f != nil {
-			f.Default()
+		for _, k := range c.Plugins[i].kinds() {
+			k.cfg.Default()
 		}
 	}
 }
@@ -100,23 +142,14 @@ func (c *PluginConfig) Validate() field.ErrorList {
 	if len(c.Plugins) == 0 {
 		errs = append(errs, field.Required(field.NewPath("plugins"), "list at least one plugin, e.g. - fake: {resources: [{name: example.com/foo}]}"))
 	}
-	names := map[string]string{}
-	for i, p := range c.Plugins {
+	for i := range c.Plugins {
 		pp := field.NewPath("plugins").Index(i)
-		set := 0
-		if p.Fake != nil {
-			set++
-			errs = append(errs, p.Fake.Validate(pp.Child("fake"))...)
-			for j, r := range p.Fake.Resources {
-				rp := pp.Child("fake", "resources").Index(j).Child("name").String()
-				if prev, dup := names[r.Name]; dup {
-					errs = append(errs, field.Duplicate(field.NewPath(rp), fmt.Sprintf("%s (also at %s)", r.Name, prev)))
-				}
-				names[r.Name] = rp
-			}
+		kinds := c.Plugins[i].kinds()
+		if len(kinds) != 1 {
+			errs = append(errs, field.Invalid(pp, fmt.Sprintf("%d kinds set", len(kinds)), fmt.Sprintf("set exactly one of %v per entry", pluginKinds)))
 		}
-		if set != 1 {
-			errs = append(errs, field.Invalid(pp, fmt.Sprintf("%d kinds set", set), fmt.Sprintf("set exactly one of %v", pluginKinds)))
+		for _, k := range kinds {
+			errs = append(errs, k.cfg.Validate(pp.Child(k.name))...)
 		}
 	}
 	return errs
@@ -125,19 +158,14 @@ func (c *PluginConfig) Validate() field.ErrorList {
 // Resources builds every configured plugin's resources.
 func (c *PluginConfig) Resources(opts plugins.Options) ([]deviceplugin.Resource, error) {
 	var out []deviceplugin.Resource
-	for i, p := range c.Plugins {
-		var (
-			rs  []deviceplugin.Resource
-			err error
-		)
-		switch {
-		case p.Fake != nil:
-			rs, err = fake.New(*p.Fake, opts)
+	for i := range c.Plugins {
+		for _, k := range c.Plugins[i].kinds() {
+			rs, err := k.build(opts)
+			if err != nil {
+				return nil, fmt.Errorf("plugins[%d].%s: %w", i, k.name, err)
+			}
+			out = append(out, rs...)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("plugins[%d]: %w", i, err)
-		}
-		out = append(out, rs...)
 	}
 	return out, nil
 }

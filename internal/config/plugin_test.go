@@ -15,6 +15,9 @@ func TestDecodePluginConfig(t *testing.T) {
 		want []string // substrings of the error; none means success
 	}{
 		{"example", mustRead(t, "../../examples/fake.yaml"), nil},
+		{"generic example", mustRead(t, "../../examples/generic.yaml"), nil},
+		{"amdgpu example", mustRead(t, "../../examples/amdgpu.yaml"), nil},
+		{"nvidia example", mustRead(t, "../../examples/nvidia.yaml"), nil},
 		{"json works too", `{"apiVersion":"dpkit.io/v1alpha1","kind":"PluginConfig","plugins":[{"fake":{"resources":[{"name":"example.com/foo"}]}}]}`, nil},
 		{"wrong version and kind", "apiVersion: v1\nkind: Pod\n", []string{"apiVersion: \"v1\" is not supported; set apiVersion: dpkit.io/v1alpha1", "kind: \"Pod\""}},
 		{"unknown field", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/foo\n      cout: 3\n", []string{`unknown field "cout"`}},
@@ -33,7 +36,8 @@ plugins:
 - fake:
     resources:
     - name: example.com/bar
-`, []string{"4 problem(s)", "registration: Unsupported value", "plugins[0].fake.resources[0].name", "plugins[0].fake.resources[1].numaNodes", "plugins[1].fake.resources[0].name: Duplicate value"}},
+  nvidia: {}
+`, []string{"4 problem(s)", "registration: Unsupported value", "plugins[0].fake.resources[0].name", "plugins[0].fake.resources[1].numaNodes", `plugins[1]: Invalid value: "2 kinds set"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -42,8 +46,10 @@ plugins:
 				if err != nil {
 					t.Fatal(err)
 				}
-				if r := cfg.Plugins[0].Fake.Resources[0]; r.Count != 8 || r.IDPattern != "dev-{index}" || cfg.Registration != "auto" {
-					t.Errorf("defaults not applied: %+v %s", r, cfg.Registration)
+				if f := cfg.Plugins[0].Fake; f != nil {
+					if r := f.Resources[0]; r.Count != 8 || r.IDPattern != "dev-{index}" || cfg.Registration != "auto" {
+						t.Errorf("defaults not applied: %+v %s", r, cfg.Registration)
+					}
 				}
 				return
 			}

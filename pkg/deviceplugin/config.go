@@ -47,8 +47,9 @@ type Config struct {
 	KubeletSocket string
 	// Registration selects the registration path. Default auto.
 	Registration RegistrationMode
-	// RegistryDir is the kubelet's plugin watcher directory. Default
-	// /var/lib/kubelet/plugins_registry.
+	// RegistryDir is the kubelet's plugin watcher directory. Default: the
+	// plugins_registry directory beside PluginDir, which is
+	// /var/lib/kubelet/plugins_registry for the default PluginDir.
 	RegistryDir string
 	// InstanceID distinguishes this process's sockets from those of other
 	// instances of the same plugin (a rolling update runs two at once).
@@ -80,7 +81,8 @@ func (c Config) withDefaults() Config {
 		c.Registration = RegistrationAuto
 	}
 	if c.RegistryDir == "" {
-		c.RegistryDir = DefaultRegistryDir
+		// The kubelet keeps both directories under its root directory.
+		c.RegistryDir = filepath.Join(filepath.Dir(filepath.Clean(c.PluginDir)), filepath.Base(DefaultRegistryDir))
 	}
 	if c.InstanceID == "" {
 		var b [4]byte

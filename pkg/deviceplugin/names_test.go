@@ -33,3 +33,16 @@ func TestValidateResourceName(t *testing.T) {
 		}
 	}
 }
+
+func TestRegistryDirDefaultsBesidePluginDir(t *testing.T) {
+	t.Parallel()
+	for plugin, want := range map[string]string{
+		"":                                 "/var/lib/kubelet/plugins_registry",
+		"/var/lib/kubelet/device-plugins/": "/var/lib/kubelet/plugins_registry",
+		"/tmp/k/device-plugins":            "/tmp/k/plugins_registry",
+	} {
+		if got := (Config{PluginDir: plugin}).withDefaults().RegistryDir; got != want {
+			t.Errorf("PluginDir %q: RegistryDir = %q, want %q", plugin, got, want)
+		}
+	}
+}

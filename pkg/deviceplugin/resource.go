@@ -363,10 +363,17 @@ func (r *resource) registerLoop(ctx context.Context) {
 				break
 			}
 			wait := b.next()
-			r.log.Warn("Registration failed; retrying", "error", err, "retryIn", wait.Round(time.Millisecond))
 			r.mu.Lock()
+			repeated := r.lastErr != nil && r.lastErr.Error() == err.Error()
 			r.lastErr = err
 			r.mu.Unlock()
+			// Say it once; the same failure again (the kubelet is still
+			// down, say) is only worth a debug line.
+			level := slog.LevelWarn
+			if repeated {
+				level = slog.LevelDebug
+			}
+			r.log.Log(ctx, level, "Registration failed; retrying until it succeeds", "error", err, "retryIn", wait.Round(time.Millisecond))
 			select {
 			case <-ctx.Done():
 				return

@@ -8,7 +8,12 @@
 //	func New(cfg Config, opts plugins.Options) ([]deviceplugin.Resource, error)
 package plugins
 
-import "log/slog"
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+)
 
 // Options are the host dependencies handed to every plugin. Plugins read
 // the host only below these roots, so they run against fixture trees.
@@ -38,4 +43,30 @@ func (o Options) Defaults() Options {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return o
+}
+
+// Duration is a time.Duration written in config files as a string such as
+// "5s" or "1m30s". Plugins use it instead of apimachinery's plugins.Duration
+// to keep the plugin binary free of the Kubernetes object machinery.
+type Duration struct {
+	time.Duration
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(d.Duration.String())
+}
+
+// UnmarshalJSON reads a string such as "5s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration must be a string such as \"5s\" or \"1m30s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration; use a string such as \"5s\" or \"1m30s\"", s)
+	}
+	d.Duration = v
+	return nil
 }

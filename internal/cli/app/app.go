@@ -11,9 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/advertise"
-	"github.com/dpkit/dpkit/internal/cli/plugin"
-	"github.com/dpkit/dpkit/internal/cli/versioncmd"
 )
 
 // ExitCode returns the process exit code for an error returned by Run.
@@ -60,13 +57,6 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 		root.AddCommand(sub(env))
 	}
 	return root
-}
-
-// subcommands lists the constructors of dpkit's subcommands.
-var subcommands = []func(*cli.Env) *cobra.Command{
-	versioncmd.NewCommand,
-	advertise.NewCommand,
-	plugin.NewCommand,
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -44,7 +43,7 @@ type Config struct {
 	// RescanInterval is how often the KFD topology is read again (sysfs
 	// has no change notifications); /dev changes are seen at once.
 	// Default 10s.
-	RescanInterval metav1.Duration `json:"rescanInterval,omitempty"`
+	RescanInterval plugins.Duration `json:"rescanInterval,omitempty"`
 	// ComputePartition, when set (SPX, DPX, TPX, QPX, CPX), marks GPUs
 	// that report another current_compute_partition unhealthy. GPUs that
 	// report none are not affected.

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -44,7 +43,7 @@ func serve(t *testing.T, root string, cfg amdgpu.Config) *dptest.Kubelet {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	c := amdgpu.Config{ResourceName: "bad name", ComputePartition: "XPX", RescanInterval: metav1.Duration{Duration: time.Millisecond}}
+	c := amdgpu.Config{ResourceName: "bad name", ComputePartition: "XPX", RescanInterval: plugins.Duration{Duration: time.Millisecond}}
 	errs := c.Validate(field.NewPath("amdgpu"))
 	var got []string
 	for _, e := range errs {
@@ -110,7 +109,7 @@ func TestOmitCardNodes(t *testing.T) {
 func TestHealth(t *testing.T) {
 	t.Parallel()
 	root := copyHost(t, "mi250")
-	k := serve(t, root, amdgpu.Config{ComputePartition: "SPX", RescanInterval: metav1.Duration{Duration: 100 * time.Millisecond}})
+	k := serve(t, root, amdgpu.Config{ComputePartition: "SPX", RescanInterval: plugins.Duration{Duration: 100 * time.Millisecond}})
 	const res = "amd.com/gpu"
 	k.WaitForDevices(t, res, dptest.Healthy(4))
 	dev := filepath.Join(root, "dev")

@@ -7,11 +7,11 @@ import (
 	"slices"
 	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/plugins"
 )
 
 // EnvDevices is the environment variable the fake plugin sets, by default,
@@ -59,9 +59,9 @@ type ResourceConfig struct {
 // HealthChange sets a device's health at a time after the plugin starts,
 // e.g. {device: dev-3, after: 5s, health: Unhealthy}.
 type HealthChange struct {
-	Device string          `json:"device"`
-	After  metav1.Duration `json:"after"`
-	Health string          `json:"health"`
+	Device string           `json:"device"`
+	After  plugins.Duration `json:"after"`
+	Health string           `json:"health"`
 }
 
 // AllocateConfig is what the fake plugin answers to Allocate. In every

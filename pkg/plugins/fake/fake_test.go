@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -19,8 +18,8 @@ func TestFakeEndToEnd(t *testing.T) {
 	cfg := fake.Config{Resources: []fake.ResourceConfig{{
 		Name: "example.com/foo", Count: 8, NUMANodes: 2, Unhealthy: []string{"dev-7"},
 		HealthChanges: []fake.HealthChange{
-			{Device: "dev-3", After: metav1.Duration{Duration: 5 * time.Second}, Health: pluginapi.Unhealthy},
-			{Device: "dev-3", After: metav1.Duration{Duration: 20 * time.Second}, Health: pluginapi.Healthy},
+			{Device: "dev-3", After: plugins.Duration{Duration: 5 * time.Second}, Health: pluginapi.Unhealthy},
+			{Device: "dev-3", After: plugins.Duration{Duration: 20 * time.Second}, Health: pluginapi.Healthy},
 		},
 		PreferredAllocation: fake.PreferNUMAPacked,
 		PreStartRequired:    true,
@@ -116,7 +115,7 @@ func TestValidate(t *testing.T) {
 	cfg := fake.Config{Resources: []fake.ResourceConfig{{
 		Name: "foo", Count: -1, IDPattern: "dev", NUMANodes: -2,
 		Unhealthy:           []string{"nope"},
-		HealthChanges:       []fake.HealthChange{{Device: "x", Health: "Sick", After: metav1.Duration{Duration: -time.Second}}},
+		HealthChanges:       []fake.HealthChange{{Device: "x", Health: "Sick", After: plugins.Duration{Duration: -time.Second}}},
 		PreferredAllocation: "random",
 		Allocate: fake.AllocateConfig{
 			Mounts:     []fake.Mount{{}},

@@ -7,12 +7,12 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/discovery/devfs"
+	"github.com/dpkit/dpkit/pkg/plugins"
 )
 
 // Defaults.
@@ -41,7 +41,7 @@ type Config struct {
 	Domain string `json:"domain,omitempty"`
 	// RescanInterval is how often sysfs and the dev root are scanned in
 	// addition to the change notifications on the dev root. Default 10s.
-	RescanInterval metav1.Duration `json:"rescanInterval,omitempty"`
+	RescanInterval plugins.Duration `json:"rescanInterval,omitempty"`
 	// CDI, when enabled, writes a CDI spec for every group and answers
 	// Allocate with CDI device names instead of device nodes and mounts.
 	CDI CDIConfig `json:"cdi,omitempty"`

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -68,7 +67,7 @@ func TestValidate(t *testing.T) {
 		{"ok", generic.Config{Groups: []generic.Group{{Name: "serial", Paths: []generic.PathSpec{{Path: "/dev/ttyUSB*"}}}}}, nil},
 		{"no groups", generic.Config{}, []string{"generic.groups"}},
 		{"everything wrong", generic.Config{
-			RescanInterval: metav1.Duration{Duration: time.Millisecond},
+			RescanInterval: plugins.Duration{Duration: time.Millisecond},
 			CDI:            generic.CDIConfig{Enabled: true, SpecDir: "cdi"},
 			Groups: []generic.Group{
 				{Name: "Bad Name!", Count: -1, Permissions: "rwx",
@@ -210,7 +209,7 @@ func TestHotplugAndHealth(t *testing.T) {
 	root := copyHost(t, "laptop")
 	o := opts(root)
 	cfg := generic.Config{
-		RescanInterval: metav1.Duration{Duration: time.Hour}, // only fsnotify may find the changes
+		RescanInterval: plugins.Duration{Duration: time.Hour}, // only fsnotify may find the changes
 		Groups: []generic.Group{
 			{Name: "serial", Paths: []generic.PathSpec{{Path: "/dev/ttyUSB*"}}},
 			{Name: "ftdi", USB: []generic.USBSpec{{Vendor: "0403"}}},

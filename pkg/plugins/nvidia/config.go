@@ -5,11 +5,11 @@ import (
 	"slices"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/plugins"
 )
 
 // Device list strategies: how a container is told which GPUs it got.
@@ -58,7 +58,7 @@ type Config struct {
 	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
 	// RescanInterval is how often /proc/driver/nvidia is read again;
 	// /dev changes are seen at once. Default 10s.
-	RescanInterval metav1.Duration `json:"rescanInterval,omitempty"`
+	RescanInterval plugins.Duration `json:"rescanInterval,omitempty"`
 }
 
 var strategies = []string{StrategyEnvvar, StrategyDeviceSpecs, StrategyCDI}

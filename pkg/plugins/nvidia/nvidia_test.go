@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -74,7 +73,7 @@ func TestValidate(t *testing.T) {
 		DeviceListStrategy:         []string{"envvar", "volume-mounts", "envvar", "cdi"},
 		CDIKind:                    "nvidia",
 		Replicas:                   1000,
-		RescanInterval:             metav1.Duration{Duration: time.Millisecond},
+		RescanInterval:             plugins.Duration{Duration: time.Millisecond},
 		FailRequestsGreaterThanOne: false,
 	}
 	var got []string
@@ -202,7 +201,7 @@ func TestHealth(t *testing.T) {
 	t.Parallel()
 	root := copyHost(t, "dgx-h100")
 	hc := &checker{started: make(chan []nv.GPU, 1), report: make(chan func(string, bool, string), 1)}
-	k := serve(t, root, nvidia.Config{RescanInterval: metav1.Duration{Duration: 100 * time.Millisecond}}, hc)
+	k := serve(t, root, nvidia.Config{RescanInterval: plugins.Duration{Duration: 100 * time.Millisecond}}, hc)
 	k.WaitForDevices(t, res, dptest.Healthy(8))
 	dev := filepath.Join(root, "dev")
 
