@@ -1,0 +1,37 @@
+# A thin front for the scripts in hack/.
+GO ?= go
+BIN ?= bin
+VERSION ?= dev
+LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
+# The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
+LEAN_TAGS := dpkit_lean grpcnotrace
+
+.PHONY: all build build-lean test test-short verify lint bench controlplane clean
+
+all: build
+
+build: ## the dpkit binary, every subcommand
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit ./cmd/dpkit
+
+build-lean: ## dpkit with "plugin" and "version" only, for device plugin DaemonSets
+	CGO_ENABLED=0 $(GO) build -tags '$(LEAN_TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit-plugin ./cmd/dpkit
+
+test: ## every test, with -race and coverage; builds the test control plane on first use
+	bash hack/test.sh
+
+test-short: ## the tests that need no control plane
+	bash hack/test.sh -short
+
+verify: ## gofmt, go vet, tidy modules
+	bash hack/verify.sh
+
+lint: verify
+
+bench: ## the benchmarks behind docs/performance.md
+	bash hack/bench.sh
+
+controlplane: ## build (or reuse) kube-apiserver, kube-scheduler and etcd for tests
+	bash hack/build-controlplane.sh
+
+clean:
+	rm -rf $(BIN)
