@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -28,7 +29,7 @@ func (dongles) Scan(ctx context.Context, notify func([]deviceplugin.Device)) err
 }
 
 func (dongles) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"DONGLES": fmt.Sprint(ids)}}
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"DONGLES": strings.Join(ids, ",")}}
 	for _, id := range ids {
 		resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{HostPath: "/dev/" + id, ContainerPath: "/dev/" + id, Permissions: "rw"})
 	}
