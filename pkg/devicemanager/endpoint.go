@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
 
@@ -22,17 +21,8 @@ const (
 )
 
 // IsExtendedResourceName applies the kubelet's rule for resource names
-// served by device plugins: domain-qualified, not in the kubernetes.io
-// domain, not prefixed "requests.", and "requests."+name a qualified name.
-func IsExtendedResourceName(name string) bool {
-	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") {
-		return false
-	}
-	if strings.HasPrefix(name, "requests.") {
-		return false
-	}
-	return len(validation.IsQualifiedName("requests."+name)) == 0
-}
+// served by device plugins (package resourcename).
+func IsExtendedResourceName(name string) bool { return resourcename.Valid(name) }
 
 func versionSupported(versions ...string) bool {
 	for _, v := range versions {

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/util/validation"
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
 // ValidateResourceName checks name with the kubelet's rules for extended
@@ -13,19 +13,8 @@ import (
 // subdomain of it), it must not start with "requests.", and "requests."
 // followed by the name must be a qualified name.
 func ValidateResourceName(name string) error {
-	const example = `use "vendor-domain/name", for example "example.com/foo"`
-	switch {
-	case name == "":
-		return fmt.Errorf("resource name is empty; %s", example)
-	case !strings.Contains(name, "/"):
-		return fmt.Errorf("resource name %q has no domain; %s", name, example)
-	case strings.Contains(name, "kubernetes.io/"):
-		return fmt.Errorf("resource name %q uses the kubernetes.io domain, which is reserved for Kubernetes; %s", name, example)
-	case strings.HasPrefix(name, "requests."):
-		return fmt.Errorf("resource name %q must not start with \"requests.\"; %s", name, example)
-	}
-	if errs := validation.IsQualifiedName("requests." + name); len(errs) > 0 {
-		return fmt.Errorf("resource name %q is not a qualified name: %s; %s", name, strings.Join(errs, "; "), example)
+	if p := resourcename.Problems(name); len(p) > 0 {
+		return fmt.Errorf("resource name %q %s (a valid name: %q)", name, strings.Join(p, "; "), resourcename.Example)
 	}
 	return nil
 }

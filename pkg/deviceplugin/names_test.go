@@ -13,14 +13,14 @@ func TestValidateResourceName(t *testing.T) {
 		{"example.com/foo", ""},
 		{"nvidia.com/gpu", ""},
 		{"amd.com/gpu", ""},
-		{"foo", "has no domain"},
+		{"foo", "must be domain-qualified"},
 		{"", "is empty"},
 		{"kubernetes.io/foo", "reserved for Kubernetes"},
 		{"sub.kubernetes.io/foo", "reserved for Kubernetes"},
 		{"requests.example.com/foo", `must not start with "requests."`},
-		{"example.com/foo bar", "not a qualified name"},
-		{"example.com/" + strings.Repeat("a", 64), "not a qualified name"},
-		{"-example.com/foo", "not a qualified name"},
+		{"example.com/foo bar", "alphanumeric"},
+		{"example.com/" + strings.Repeat("a", 64), "no more than 63"},
+		{"-example.com/foo", "prefix part"},
 	} {
 		err := ValidateResourceName(tc.name)
 		switch {

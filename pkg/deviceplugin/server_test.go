@@ -394,7 +394,7 @@ func TestNewServerReportsEveryProblem(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"PluginDir", "Registration", `resources[0].Name: resource name "foo" has no domain`, "resources[1].Plugin"} {
+	for _, want := range []string{"PluginDir", "Registration", `resources[0].Name: resource name "foo" must be domain-qualified`, "resources[1].Plugin"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

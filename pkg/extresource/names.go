@@ -10,53 +10,26 @@
 package extresource
 
 import (
-	"fmt"
 	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
-// requestsPrefix is what ResourceQuota puts before a resource name; names
-// that start with it are ambiguous in quota and rejected by the apiserver.
-const requestsPrefix = "requests."
-
 // ValidateName reports why name is not an extended resource name, with
-// fldPath naming where it came from. The rules are the apiserver's: the
-// name has a domain prefix (example.com/dongle), the domain is not
-// kubernetes.io or one of its subdomains, the name does not start with
-// "requests.", and "requests."+name is a qualified name (a DNS subdomain
-// prefix, a slash, and at most 63 characters of [A-Za-z0-9_.-] that start
-// and end alphanumeric).
+// fldPath naming where it came from. The rules are the apiserver's and the
+// kubelet's (package resourcename).
 func ValidateName(name string, fldPath *field.Path) field.ErrorList {
+	if name == "" {
+		return field.ErrorList{field.Required(fldPath, "an extended resource name like example.com/dongle")}
+	}
 	var errs field.ErrorList
-	switch {
-	case name == "":
-		return append(errs, field.Required(fldPath, "an extended resource name like example.com/dongle"))
-	case !strings.Contains(name, "/"):
-		return append(errs, field.Invalid(fldPath, name,
-			"must be domain-qualified, like example.com/"+name+"; names without a domain are Kubernetes' own resources (cpu, memory, ...)"))
-	case strings.Contains(name, corev1.ResourceDefaultNamespacePrefix):
-		return append(errs, field.Invalid(fldPath, name,
-			"the kubernetes.io domain and its subdomains are reserved for Kubernetes' own resources; use a domain you own"))
-	case strings.HasPrefix(name, requestsPrefix):
-		return append(errs, field.Invalid(fldPath, name,
-			`must not start with "requests.", which resource quotas put before resource names`))
-	}
-	if msgs := content.IsLabelKey(name); len(msgs) > 0 {
-		for _, m := range msgs {
-			errs = append(errs, field.Invalid(fldPath, name, m))
-		}
-		return errs
-	}
-	// Quota refers to the resource as requests.<name>: that must be valid
-	// too, which makes the domain nine characters shorter than a DNS name.
-	if msgs := content.IsLabelKey(requestsPrefix + name); len(msgs) > 0 {
-		errs = append(errs, field.Invalid(fldPath, name,
-			fmt.Sprintf("must stay a qualified name with the %q prefix quota adds: %s", requestsPrefix, strings.Join(msgs, "; "))))
+	for _, m := range resourcename.Problems(name) {
+		errs = append(errs, field.Invalid(fldPath, name, m))
 	}
 	return errs
 }

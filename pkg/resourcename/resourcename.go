@@ -1,0 +1,50 @@
+// Package resourcename checks extended resource names: the names device
+// plugins register with the kubelet and that nodes advertise in their
+// status. The kubelet (for device plugins) and the apiserver (for node
+// status and quota) apply the same rule; dpkit checks it in one place.
+package resourcename
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/validate/content"
+)
+
+// requestsPrefix is what ResourceQuota puts before a resource name.
+const requestsPrefix = "requests."
+
+// Example is a valid name to show in error messages.
+const Example = "example.com/foo"
+
+// Problems returns why name is not an extended resource name, or nothing
+// when it is one. The rule: the name has a domain prefix
+// (example.com/dongle), the domain is not kubernetes.io or one of its
+// subdomains, the name does not start with "requests.", and both the name
+// and "requests."+name are qualified names (a DNS subdomain prefix, a
+// slash, and at most 63 characters of [A-Za-z0-9_.-] that start and end
+// alphanumeric).
+func Problems(name string) []string {
+	switch {
+	case name == "":
+		return []string{"is empty; use a domain-qualified name like " + Example}
+	case !strings.Contains(name, "/"):
+		return []string{"must be domain-qualified, like example.com/" + name + "; names without a domain are Kubernetes' own resources (cpu, memory, ...)"}
+	case strings.Contains(name, "kubernetes.io/"):
+		return []string{"the kubernetes.io domain and its subdomains are reserved for Kubernetes' own resources; use a domain you own, like " + Example}
+	case strings.HasPrefix(name, requestsPrefix):
+		return []string{`must not start with "requests.", which resource quotas put before resource names`}
+	}
+	if msgs := content.IsLabelKey(name); len(msgs) > 0 {
+		return msgs
+	}
+	// Quota refers to the resource as requests.<name>: that must be valid
+	// too, which makes the domain nine characters shorter than a DNS name.
+	if msgs := content.IsLabelKey(requestsPrefix + name); len(msgs) > 0 {
+		return []string{fmt.Sprintf("must stay a qualified name with the %q prefix quota adds: %s", requestsPrefix, strings.Join(msgs, "; "))}
+	}
+	return nil
+}
+
+// Valid reports whether name is an extended resource name.
+func Valid(name string) bool { return len(Problems(name)) == 0 }

@@ -1,0 +1,37 @@
+package resourcename
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestProblems(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 63)
+	for _, tc := range []struct {
+		name, want string // want: substring of the problem; empty means valid
+	}{
+		{"example.com/foo", ""},
+		{"nvidia.com/gpu", ""},
+		{"example.com/" + long, ""},
+		{"", "is empty"},
+		{"foo", "must be domain-qualified, like example.com/foo"},
+		{"kubernetes.io/foo", "reserved for Kubernetes"},
+		{"sub.kubernetes.io/foo", "reserved for Kubernetes"},
+		{"requests.example.com/foo", `must not start with "requests."`},
+		{"example.com/" + long + "a", "no more than 63"},
+		{"example.com/a/b", "label key"},
+		{strings.Repeat("a", 246) + ".com/x", `with the "requests." prefix`},
+	} {
+		got := strings.Join(Problems(tc.name), "; ")
+		switch {
+		case tc.want == "" && got != "":
+			t.Errorf("%q: unexpected problems %q", tc.name, got)
+		case tc.want != "" && !strings.Contains(got, tc.want):
+			t.Errorf("%q: problems %q, want one containing %q", tc.name, got, tc.want)
+		}
+		if Valid(tc.name) != (tc.want == "") {
+			t.Errorf("Valid(%q) = %v", tc.name, Valid(tc.name))
+		}
+	}
+}
