@@ -3,17 +3,25 @@ package deviceplugin
 import (
 	"cmp"
 	"slices"
-	"strconv"
+	"strings"
 )
 
+// noNUMA is the node of a device without NUMA information.
+const noNUMA = -1
+
 // PackNUMA answers a preferred allocation request by packing it onto as few
-// NUMA nodes as possible: the devices in MustInclude first, then more from
-// the NUMA nodes they already use, then from the single node that can hold
-// the rest with the least left over (keeping larger free blocks whole for
-// later requests), and otherwise from the nodes with the most free devices.
-// Devices without NUMA information form their own group. Unhealthy devices
-// are never chosen. Within a node, IDs are taken in natural order (dev-2
-// before dev-10).
+// NUMA nodes as possible:
+//
+//   - the devices in MustInclude first (kept even if not available), then
+//     more from the NUMA nodes they sit on;
+//   - then, if one node can hold the rest, the smallest such node (best
+//     fit, keeping larger nodes whole for larger requests);
+//   - otherwise the node with the most free devices, and so on.
+//
+// Devices without NUMA information form a node of their own that is used
+// last. Unhealthy devices are never chosen. Within a node, IDs are taken in
+// natural order (dev-2 before dev-10). PackNUMA returns fewer than Size IDs
+// only when not enough are available.
 //
 // Plugins call it from PreferredAllocation:
 //
@@ -21,92 +29,178 @@ import (
 //		return deviceplugin.PackNUMA(req), nil
 //	}
 func PackNUMA(req PreferredAllocationRequest) []string {
-	out := make([]string, 0, req.Size)
-	taken := make(map[string]bool, req.Size)
-	byID := make(map[string]Device, len(req.Available))
+	req.Available = slices.Clone(req.Available)
+	slices.SortStableFunc(req.Available, func(a, b Device) int { return CompareIDs(a.ID, b.ID) })
+	return PackNUMAGroups(req, nil)
+}
+
+// PackNUMAGroups is PackNUMA for devices offered under several IDs, such as
+// time-sliced replicas of one GPU: group returns the physical device an ID
+// belongs to, and within the NUMA nodes it picks the request is spread over
+// as many groups as possible (one ID per group per round). Within a node,
+// IDs keep the order of req.Available. group may be nil.
+func PackNUMAGroups(req PreferredAllocationRequest, group func(id string) string) []string {
+	size := max(req.Size, 0)
+	out := make([]string, 0, size)
+	taken := make(map[string]bool, size)
+	nodeOf := make(map[string]int64, len(req.Available))
 	for _, d := range req.Available {
-		byID[d.ID] = d
+		nodeOf[d.ID] = numaOf(d)
+	}
+	groupOf := func(id string) string {
+		if group == nil {
+			return ""
+		}
+		return group(id)
 	}
 	used := make(map[int64]bool)
+	groupsUsed := make(map[string]int)
 	for _, id := range req.MustInclude {
-		if len(out) == req.Size || taken[id] {
+		if len(out) == size || taken[id] {
 			continue
 		}
 		taken[id] = true
 		out = append(out, id)
-		used[numaOf(byID[id])] = true
-	}
-
-	groups := make(map[int64][]Device)
-	for _, d := range req.Available {
-		if d.Healthy && !taken[d.ID] {
-			n := numaOf(d)
-			groups[n] = append(groups[n], d)
+		if n, ok := nodeOf[id]; ok {
+			used[n] = true
+			if g := groupOf(id); g != "" {
+				groupsUsed[g]++
+			}
 		}
 	}
-	nodes := make([]int64, 0, len(groups))
-	for n, g := range groups {
-		slices.SortFunc(g, func(a, b Device) int { return CompareIDs(a.ID, b.ID) })
-		nodes = append(nodes, n)
+	// Free devices per node, in the input's order.
+	free := make(map[int64][]string)
+	var nodes []int64
+	for _, d := range req.Available {
+		if taken[d.ID] || !d.Healthy {
+			continue
+		}
+		n := numaOf(d)
+		if _, ok := free[n]; !ok {
+			nodes = append(nodes, n)
+		}
+		free[n] = append(free[n], d.ID)
 	}
-	slices.Sort(nodes)
-	take := func(n int64) {
-		for _, d := range groups[n] {
-			if len(out) == req.Size {
+	take := func(node int64) {
+		ids := free[node]
+		if group != nil {
+			ids = spreadGroups(ids, group, groupsUsed)
+		}
+		for _, id := range ids {
+			if len(out) == size {
 				break
 			}
-			taken[d.ID] = true
-			out = append(out, d.ID)
-		}
-		groups[n] = nil
-	}
-	// Nodes the must-include devices already sit on come first.
-	for _, n := range nodes {
-		if used[n] {
-			take(n)
-		}
-	}
-	if need := req.Size - len(out); need > 0 {
-		best := int64(-2)
-		for _, n := range nodes {
-			if g := len(groups[n]); g >= need && (best == -2 || g < len(groups[best])) {
-				best = n
+			taken[id] = true
+			out = append(out, id)
+			if g := groupOf(id); g != "" {
+				groupsUsed[g]++
 			}
 		}
-		if best != -2 {
-			take(best)
+		delete(free, node)
+		nodes = slices.DeleteFunc(nodes, func(n int64) bool { return n == node })
+	}
+	// Nodes the must-include devices sit on come first, fullest first.
+	var usedNodes []int64
+	for _, n := range nodes {
+		if used[n] && n != noNUMA {
+			usedNodes = append(usedNodes, n)
 		}
 	}
-	slices.SortStableFunc(nodes, func(a, b int64) int { return cmp.Compare(len(groups[b]), len(groups[a])) })
-	for _, n := range nodes {
-		if len(out) == req.Size {
-			break
+	slices.SortStableFunc(usedNodes, func(a, b int64) int { return cmp.Compare(len(free[b]), len(free[a])) })
+	for _, n := range usedNodes {
+		if len(out) == size {
+			return out
 		}
 		take(n)
+	}
+	for len(out) < size && len(nodes) > 0 {
+		need := size - len(out)
+		var best int64
+		found, bestFits := false, false
+		for _, n := range nodes {
+			if n == noNUMA {
+				continue
+			}
+			fits := len(free[n]) >= need
+			switch {
+			case !found:
+				best, found, bestFits = n, true, fits
+			case fits && !bestFits,
+				fits && bestFits && len(free[n]) < len(free[best]),
+				!fits && !bestFits && len(free[n]) > len(free[best]):
+				best, bestFits = n, fits
+			}
+		}
+		if !found {
+			take(noNUMA) // only devices without NUMA information remain
+			break
+		}
+		take(best)
 	}
 	return out
 }
 
-// numaOf returns a device's first NUMA node, or -1 when it has none.
+// spreadGroups orders a node's IDs so that groups with the fewest IDs
+// already chosen come first, one ID per group per round, keeping the input
+// order within a round.
+func spreadGroups(ids []string, groupOf func(string) string, groupsUsed map[string]int) []string {
+	if len(ids) < 2 {
+		return ids
+	}
+	type item struct {
+		id         string
+		round, pos int
+	}
+	seen := make(map[string]int)
+	items := make([]item, len(ids))
+	for i, id := range ids {
+		g := groupOf(id)
+		r := 0
+		if g != "" {
+			r = groupsUsed[g] + seen[g]
+			seen[g]++
+		}
+		items[i] = item{id, r, i}
+	}
+	slices.SortStableFunc(items, func(a, b item) int {
+		if c := cmp.Compare(a.round, b.round); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.pos, b.pos)
+	})
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.id
+	}
+	return out
+}
+
+// numaOf returns a device's first NUMA node, or noNUMA when it has none.
 func numaOf(d Device) int64 {
 	if len(d.NUMANodes) == 0 {
-		return -1
+		return noNUMA
 	}
 	return d.NUMANodes[0]
 }
 
-// CompareIDs orders device IDs naturally: embedded numbers compare as
-// numbers, so dev-2 sorts before dev-10.
+// CompareIDs orders device IDs naturally: runs of digits compare by value
+// (of any length), so dev-2 sorts before dev-10 and renderD128 before
+// renderD1024.
 func CompareIDs(a, b string) int {
 	for a != "" && b != "" {
-		ai, bi := digitsPrefix(a), digitsPrefix(b)
-		if ai > 0 && bi > 0 {
-			an, _ := strconv.ParseUint(a[:ai], 10, 64)
-			bn, _ := strconv.ParseUint(b[:bi], 10, 64)
-			if c := cmp.Compare(an, bn); c != 0 {
+		da, db := digitsPrefix(a), digitsPrefix(b)
+		if da > 0 && db > 0 {
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if c := cmp.Compare(len(na), len(nb)); c != 0 {
 				return c
 			}
-			a, b = a[ai:], b[bi:]
+			if c := strings.Compare(na, nb); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(da, db); c != 0 {
+				return c
+			}
+			a, b = a[da:], b[db:]
 			continue
 		}
 		if c := cmp.Compare(a[0], b[0]); c != 0 {
@@ -119,7 +213,7 @@ func CompareIDs(a, b string) int {
 
 func digitsPrefix(s string) int {
 	i := 0
-	for i < len(s) && i < 18 && s[i] >= '0' && s[i] <= '9' {
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
 		i++
 	}
 	return i

@@ -3,6 +3,8 @@ package deviceplugin
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -15,6 +17,28 @@ func devs(numa ...int64) []Device {
 		}
 	}
 	return out
+}
+
+// cands builds healthy devices from "id@node" or "id@node/group" (node -1:
+// no NUMA information) and the group function for them.
+func cands(spec ...string) ([]Device, func(string) string) {
+	var out []Device
+	groups := map[string]string{}
+	for _, s := range spec {
+		id, rest, _ := strings.Cut(s, "@")
+		node, g, _ := strings.Cut(rest, "/")
+		n, err := strconv.ParseInt(node, 10, 64)
+		if err != nil {
+			panic(s)
+		}
+		d := Device{ID: id, Healthy: true}
+		if n >= 0 {
+			d.NUMANodes = []int64{n}
+		}
+		groups[id] = g
+		out = append(out, d)
+	}
+	return out, func(id string) string { return groups[id] }
 }
 
 func TestPackNUMA(t *testing.T) {
@@ -40,6 +64,117 @@ func TestPackNUMA(t *testing.T) {
 				t.Errorf("PackNUMA = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestPackNUMAGroups(t *testing.T) {
+	t.Parallel()
+	dgx := []string{"g0@0", "g1@0", "g2@0", "g3@0", "g4@1", "g5@1", "g6@1", "g7@1"}
+	for _, tc := range []struct {
+		name string
+		spec []string
+		must []string
+		size int
+		want []string
+	}{
+		{"one fits on a node", dgx, nil, 1, []string{"g0"}},
+		{"four on one node", dgx, nil, 4, []string{"g0", "g1", "g2", "g3"}},
+		{"five need two nodes", dgx, nil, 5, []string{"g0", "g1", "g2", "g3", "g4"}},
+		{"mustInclude pulls its node first", dgx, []string{"g6"}, 3, []string{"g6", "g4", "g5"}},
+		{"mustInclude across nodes fills both before a third",
+			[]string{"a@0", "b@0", "c@1", "d@1", "e@2", "f@2", "g@2"}, []string{"a", "c"}, 4, []string{"a", "c", "b", "d"}},
+		{"best fit leaves the larger node whole", []string{"a@0", "b@0", "c@0", "d@0", "e@1", "f@1"}, nil, 2, []string{"e", "f"}},
+		{"largest node first when none fits", []string{"a@0", "b@1", "c@1", "d@1", "e@2", "f@2"}, nil, 5, []string{"b", "c", "d", "e", "f"}},
+		{"no locality used last", []string{"x@-1", "y@-1", "a@1"}, nil, 2, []string{"a", "x"}},
+		{"not enough available", []string{"a@0"}, nil, 3, []string{"a"}},
+		{"mustInclude not available is kept", []string{"a@0"}, []string{"zz"}, 2, []string{"zz", "a"}},
+		{"replicas spread over GPUs",
+			[]string{"u0::0@0/u0", "u0::1@0/u0", "u1::0@0/u1", "u1::1@0/u1", "u2::0@1/u2"}, nil, 2, []string{"u0::0", "u1::0"}},
+		{"replicas spread counts mustInclude",
+			[]string{"u0::0@0/u0", "u0::1@0/u0", "u1::0@0/u1", "u1::1@0/u1"}, []string{"u0::1"}, 2, []string{"u0::1", "u1::0"}},
+		{"size zero", dgx, nil, 0, []string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			avail, group := cands(tc.spec...)
+			got := PackNUMAGroups(PreferredAllocationRequest{Available: avail, MustInclude: tc.must, Size: tc.size}, group)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("PackNUMAGroups(size %d, must %v) = %v, want %v", tc.size, tc.must, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPackNUMASpansFewestNodes checks the node count against brute force on
+// small layouts.
+func TestPackNUMASpansFewestNodes(t *testing.T) {
+	t.Parallel()
+	for layout := range 200 {
+		var avail []Device
+		sizes := []int{layout % 4, (layout / 4) % 5, (layout / 20) % 3, 1 + layout%2}
+		for node, n := range sizes {
+			for i := range n {
+				avail = append(avail, Device{ID: fmt.Sprintf("n%dd%d", node, i), Healthy: true, NUMANodes: []int64{int64(node)}})
+			}
+		}
+		for size := 1; size <= len(avail); size++ {
+			got := PackNUMA(PreferredAllocationRequest{Available: avail, Size: size})
+			if len(got) != size {
+				t.Fatalf("layout %v size %d: got %d IDs", sizes, size, len(got))
+			}
+			if n, best := spanned(avail, got), minNodes(sizes, size); n != best {
+				t.Errorf("layout %v size %d: %v spans %d nodes, %d possible", sizes, size, got, n, best)
+			}
+		}
+	}
+}
+
+func spanned(avail []Device, ids []string) int {
+	nodes := map[int64]bool{}
+	for _, d := range avail {
+		if slices.Contains(ids, d.ID) {
+			nodes[numaOf(d)] = true
+		}
+	}
+	return len(nodes)
+}
+
+func minNodes(sizes []int, size int) int {
+	best := len(sizes) + 1
+	for mask := 1; mask < 1<<len(sizes); mask++ {
+		total, count := 0, 0
+		for i, s := range sizes {
+			if mask&(1<<i) != 0 && s > 0 {
+				total += s
+				count++
+			}
+		}
+		if total >= size && count < best {
+			best = count
+		}
+	}
+	return best
+}
+
+func TestCompareIDs(t *testing.T) {
+	t.Parallel()
+	in := []string{"dev-10", "dev-2", "renderD1024", "renderD128", "a", "dev-02", "ttyUSB10", "ttyUSB2", "x99999999999999999999999", "x100000000000000000000000"}
+	slices.SortFunc(in, CompareIDs)
+	want := []string{"a", "dev-2", "dev-02", "dev-10", "renderD128", "renderD1024", "ttyUSB2", "ttyUSB10", "x99999999999999999999999", "x100000000000000000000000"}
+	if !slices.Equal(in, want) {
+		t.Errorf("sorted = %v\nwant     %v", in, want)
+	}
+}
+
+func BenchmarkPackNUMAGroups(b *testing.B) {
+	var avail []Device
+	for i := range 64 {
+		avail = append(avail, Device{ID: fmt.Sprintf("gpu-%d::%d", i/8, i%8), Healthy: true, NUMANodes: []int64{int64(i / 16)}})
+	}
+	group := func(id string) string { g, _, _ := strings.Cut(id, "::"); return g }
+	req := PreferredAllocationRequest{Available: avail, MustInclude: []string{"gpu-3::1"}, Size: 12}
+	for b.Loop() {
+		PackNUMAGroups(req, group)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 )
 
 // HostDev is the host's device directory; host paths start with it.
@@ -158,39 +160,4 @@ func typeName(m fs.FileMode) string {
 
 // SortNatural sorts strings so that runs of digits compare by value:
 // ttyUSB2 < ttyUSB10, renderD128 < renderD129.
-func SortNatural(s []string) { slices.SortFunc(s, CompareNatural) }
-
-// CompareNatural compares a and b with runs of digits compared by value.
-func CompareNatural(a, b string) int {
-	for a != "" && b != "" {
-		da, db := digits(a), digits(b)
-		if da > 0 && db > 0 {
-			na := strings.TrimLeft(a[:da], "0")
-			nb := strings.TrimLeft(b[:db], "0")
-			if c := len(na) - len(nb); c != 0 {
-				return c
-			}
-			if c := strings.Compare(na, nb); c != 0 {
-				return c
-			}
-			if c := da - db; c != 0 {
-				return c
-			}
-			a, b = a[da:], b[db:]
-			continue
-		}
-		if a[0] != b[0] {
-			return int(a[0]) - int(b[0])
-		}
-		a, b = a[1:], b[1:]
-	}
-	return len(a) - len(b)
-}
-
-func digits(s string) int {
-	i := 0
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	return i
-}
+func SortNatural(s []string) { slices.SortFunc(s, deviceplugin.CompareIDs) }

@@ -69,7 +69,7 @@ func TestStat(t *testing.T) {
 	}
 }
 
-func TestCompareNatural(t *testing.T) {
+func TestSortNatural(t *testing.T) {
 	t.Parallel()
 	s := []string{"ttyUSB10", "ttyUSB2", "renderD129", "renderD128", "a01", "a1", "a", "b"}
 	SortNatural(s)

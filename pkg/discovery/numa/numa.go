@@ -1,5 +1,5 @@
-// Package numa reads the NUMA locality of devices from sysfs and chooses
-// devices for a request so that it spans as few NUMA nodes as possible.
+// Package numa reads the NUMA locality of devices from sysfs. Choosing
+// devices on few NUMA nodes is the SDK's deviceplugin.PackNUMA.
 package numa
 
 import (

@@ -352,21 +352,11 @@ func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.Container
 // PreferredAllocation packs the request onto as few NUMA nodes as
 // possible and spreads shares over devices.
 func (p *Plugin) PreferredAllocation(_ context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
-	cands := make([]numa.Candidate, 0, len(req.Available))
-	for _, d := range req.Available {
-		if !d.Healthy {
-			continue
-		}
-		node := numa.None
-		if len(d.NUMANodes) > 0 {
-			node = int(d.NUMANodes[0])
-		}
-		c := numa.Candidate{ID: d.ID, Node: node}
-		if p.group.Count > 1 {
-			c.Group = p.baseID(d.ID)
-		}
-		cands = append(cands, c)
+	if p.group.Count == 1 {
+		return deviceplugin.PackNUMA(req), nil
 	}
-	slices.SortStableFunc(cands, func(a, b numa.Candidate) int { return devfs.CompareNatural(a.ID, b.ID) })
-	return numa.Pack(cands, req.MustInclude, req.Size), nil
+	// Shared devices: spread a request over physical devices.
+	req.Available = slices.Clone(req.Available)
+	slices.SortStableFunc(req.Available, func(a, b deviceplugin.Device) int { return deviceplugin.CompareIDs(a.ID, b.ID) })
+	return deviceplugin.PackNUMAGroups(req, p.baseID), nil
 }

@@ -284,29 +284,19 @@ func (p *Plugin) PreferredAllocation(_ context.Context, req deviceplugin.Preferr
 		bus[u] = g.BusID
 	}
 	p.mu.Unlock()
-	cands := make([]numa.Candidate, 0, len(req.Available))
-	for _, d := range req.Available {
-		if !d.Healthy {
-			continue
-		}
-		node := numa.None
-		if len(d.NUMANodes) > 0 {
-			node = int(d.NUMANodes[0])
-		}
-		c := numa.Candidate{ID: d.ID, Node: node}
-		if p.cfg.Replicas > 1 {
-			c.Group = GPUOf(d.ID)
-		}
-		cands = append(cands, c)
-	}
 	// Bus order, then replica number: GPU 0 before GPU 1 on a node.
-	slices.SortStableFunc(cands, func(a, b numa.Candidate) int {
+	req.Available = slices.Clone(req.Available)
+	slices.SortStableFunc(req.Available, func(a, b deviceplugin.Device) int {
 		if c := strings.Compare(bus[GPUOf(a.ID)], bus[GPUOf(b.ID)]); c != 0 {
 			return c
 		}
-		return devfs.CompareNatural(a.ID, b.ID)
+		return deviceplugin.CompareIDs(a.ID, b.ID)
 	})
-	return numa.Pack(cands, req.MustInclude, req.Size), nil
+	var group func(string) string
+	if p.cfg.Replicas > 1 {
+		group = GPUOf
+	}
+	return deviceplugin.PackNUMAGroups(req, group), nil
 }
 
 func cmpOr(a, b string) string {
