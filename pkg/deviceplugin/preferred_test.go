@@ -1,11 +1,18 @@
 package deviceplugin
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 func devs(numa ...int64) []Device {
@@ -200,40 +207,60 @@ func TestRepairPreferred(t *testing.T) {
 	}
 }
 
-// FuzzAllocateRequest checks that request validation never panics and only
-// accepts known, healthy, distinct IDs.
-func FuzzAllocateRequest(f *testing.F) {
-	snap := buildSnapshot(1, []Device{{ID: "a", Healthy: true}, {ID: "b", Healthy: false}, {ID: "c", Healthy: true}})
-	f.Add("a,c")
-	f.Add("a,a")
-	f.Add("b")
-	f.Add("")
-	f.Add("zz,\x00")
-	f.Fuzz(func(t *testing.T, list string) {
-		var ids []string
-		start := 0
-		for i := 0; i <= len(list); i++ {
-			if i == len(list) || list[i] == ',' {
-				if i > start {
-					ids = append(ids, list[start:i])
-				}
-				start = i + 1
-			}
+// FuzzAllocate drives the Allocate handler with arbitrary encoded requests:
+// it must never panic, and it must either refuse the request with
+// InvalidArgument or FailedPrecondition or answer exactly one response per
+// container, each for known, healthy devices only.
+func FuzzAllocate(f *testing.F) {
+	r := &resource{name: "example.com/foo", plugin: echoPlugin{}, log: slog.New(slog.DiscardHandler)}
+	r.devices = newDeviceSet(nil)
+	r.devices.update([]Device{{ID: "a", Healthy: true}, {ID: "b"}, {ID: "c", Healthy: true}})
+	svc := service{r: r}
+	seed := func(reqs ...[]string) []byte {
+		m := &pluginapi.AllocateRequest{}
+		for _, ids := range reqs {
+			m.ContainerRequests = append(m.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
 		}
-		err := checkAllocatable(snap, "containerRequests[0]", ids)
-		if err != nil {
+		b, _ := proto.Marshal(m)
+		return b
+	}
+	f.Add(seed([]string{"a"}, []string{"c"}))
+	f.Add(seed([]string{"a", "a"}))
+	f.Add(seed([]string{"b"}))
+	f.Add(seed())
+	f.Add([]byte{0x0a, 0x03, 0x0a, 0x01, 0x7a})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req := &pluginapi.AllocateRequest{}
+		if proto.Unmarshal(data, req) != nil {
 			return
 		}
-		seen := map[string]bool{}
-		for _, id := range ids {
-			d, ok := snap.byID[id]
-			if !ok || !d.Healthy || seen[id] {
-				t.Fatalf("accepted %q in %v", id, ids)
+		resp, err := svc.allocate(context.Background(), req)
+		if err != nil {
+			if c := status.Code(err); c != codes.InvalidArgument && c != codes.FailedPrecondition {
+				t.Fatalf("refused with %v: %v", c, err)
 			}
-			seen[id] = true
+			return
 		}
-		if len(ids) == 0 {
-			t.Fatal("accepted an empty request")
+		if len(resp.ContainerResponses) != len(req.ContainerRequests) {
+			t.Fatalf("%d responses for %d containers", len(resp.ContainerResponses), len(req.ContainerRequests))
+		}
+		for i, cr := range req.ContainerRequests {
+			if got := resp.ContainerResponses[i].Envs["IDS"]; got != strings.Join(cr.DevicesIds, ",") {
+				t.Fatalf("container %d answered for %q, asked %v", i, got, cr.DevicesIds)
+			}
+			for _, id := range cr.DevicesIds {
+				if d := r.devices.current().byID[id]; !d.Healthy {
+					t.Fatalf("allocated unknown or unhealthy %q", id)
+				}
+			}
 		}
 	})
+}
+
+type echoPlugin struct{}
+
+func (echoPlugin) Scan(ctx context.Context, _ func([]Device)) error { <-ctx.Done(); return nil }
+
+func (echoPlugin) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"IDS": strings.Join(ids, ",")}}, nil
 }

@@ -252,6 +252,10 @@ func TestReRegistersAfterEveryKubeletRestart(t *testing.T) {
 	if got := k.Registrations(res); got != restarts+1 {
 		t.Errorf("registrations = %d, want %d (one per restart, no storm)", got, restarts+1)
 	}
+	// One socket of this instance, no leftovers from the restarts.
+	if socks, _ := filepath.Glob(filepath.Join(k.PluginDir(), "example_com_foo-*.sock")); len(socks) != 1 {
+		t.Errorf("plugin sockets after %d restarts: %v, want exactly one", restarts, socks)
+	}
 }
 
 func TestReRegistersWhenOwnSocketIsDeleted(t *testing.T) {
