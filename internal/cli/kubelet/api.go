@@ -46,10 +46,55 @@ type Pod struct {
 	Containers []Container `json:"containers,omitempty"`
 }
 
-// Container lists one container's devices.
+// Container lists one container's devices and what the container runtime
+// is told to give it.
 type Container struct {
-	Name    string       `json:"name"`
+	Name string `json:"name"`
+	// Type is ContainerTypeInit, ContainerTypeSidecar or ContainerTypeApp.
+	Type    string       `json:"type,omitempty"`
 	Devices []Allocation `json:"devices,omitempty"`
+	// Options merges the plugins' Allocate answers for the container, as
+	// the kubelet hands them to the container runtime; nil without
+	// devices.
+	Options *RuntimeOptions `json:"options,omitempty"`
+}
+
+// Container types.
+const (
+	ContainerTypeInit    = "init"
+	ContainerTypeSidecar = "sidecar" // an init container with restartPolicy Always
+	ContainerTypeApp     = "app"
+)
+
+// RuntimeOptions is what a container runtime is told to give a container
+// for its devices.
+type RuntimeOptions struct {
+	Envs        []KeyValue   `json:"envs,omitempty"`
+	Mounts      []Mount      `json:"mounts,omitempty"`
+	Devices     []DeviceSpec `json:"devices,omitempty"`
+	Annotations []KeyValue   `json:"annotations,omitempty"`
+	// CDIDevices are fully-qualified CDI device names.
+	CDIDevices []string `json:"cdiDevices,omitempty"`
+}
+
+// KeyValue is an environment variable or an annotation.
+type KeyValue struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Mount is a bind mount into the container.
+type Mount struct {
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	ReadOnly      bool   `json:"readOnly,omitempty"`
+}
+
+// DeviceSpec is a device node made available in the container.
+type DeviceSpec struct {
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	Permissions   string `json:"permissions,omitempty"`
 }
 
 // Allocation is a container's devices of one resource.
@@ -154,7 +199,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("dpkit kubelet admin API at %s: %w (is \"dpkit kubelet\" running with this root?)", c.socket, err)
+		return fmt.Errorf("dpkit kubelet admin API at %s: %w (is \"dpkit kubelet\" or \"dpkit up\" running with this root?)", c.socket, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

@@ -3,6 +3,10 @@ package kubelet
 import (
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
 func TestDecodePod(t *testing.T) {
@@ -22,11 +26,19 @@ func TestDecodePod(t *testing.T) {
 		{"unnamed container", "metadata: {name: a}\nspec: {containers: [{image: x}]}", "", []string{"spec.containers[0].name: Required"}},
 		{"bad name", "metadata: {name: A_b}\nspec: {containers: [{name: c}]}", "", []string{"metadata.name: Invalid"}},
 		{"not yaml", "{", "", []string{"decoding pod manifest"}},
+		{"unknown field", "metadata: {name: a}\nspec: {containerz: []}", "", []string{`unknown field "containerz"`}},
+		{"document markers and comments", "# a pod\n---\nmetadata: {name: a}\nspec: {containers: [{name: c}]}\n---\n# nothing\n", "default", nil},
+		{"two documents", "metadata: {name: a}\n---\nmetadata: {name: b}", "", []string{"2 YAML documents"}},
+		{"extended resources", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 500m, cpu: 500m}, requests: {example.com/foo: 1, example.com/bar: -1}}}]}", "",
+			[]string{"spec.containers[0].resources.limits[example.com/foo]: Invalid value: \"500m\": extended resources are counted in whole devices",
+				"spec.containers[0].resources.requests[example.com/bar]: Invalid value: \"-1\": must not be negative",
+				"spec.containers[0].resources.requests[example.com/foo]: Invalid value: \"1\": must equal the limit 500m"}},
+		{"request equal to limit", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 2}, requests: {example.com/foo: 2}}}]}", "default", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			pod, err := decodePod([]byte(tc.manifest))
+			pod, err := DecodePod([]byte(tc.manifest))
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatal(err)
@@ -37,7 +49,7 @@ func TestDecodePod(t *testing.T) {
 				return
 			}
 			if err == nil {
-				t.Fatalf("decodePod accepted %q", tc.manifest)
+				t.Fatalf("DecodePod accepted %q", tc.manifest)
 			}
 			for _, w := range tc.wantErr {
 				if !strings.Contains(err.Error(), w) {
@@ -52,8 +64,10 @@ func FuzzDecodePod(f *testing.F) {
 	f.Add([]byte("metadata: {name: a}\nspec: {containers: [{name: c}]}"))
 	f.Add([]byte(`{"metadata":{"name":"a","namespace":"ml"},"spec":{"containers":[{"name":"c","resources":{"limits":{"example.com/foo":"1"}}}]}}`))
 	f.Add([]byte("kind: Pod\nmetadata: {name: a}\nspec: {initContainers: [{name: i}], containers: [{name: c}]}"))
+	f.Add([]byte("---\nmetadata: {name: a}\nspec: {containers: [{name: c}]}\n---\nmetadata: {name: b}\n"))
+	f.Add([]byte("metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 1500m}, requests: {example.com/foo: 2}}}]}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		pod, err := decodePod(data)
+		pod, err := DecodePod(data)
 		if err != nil {
 			return
 		}
@@ -66,6 +80,13 @@ func FuzzDecodePod(f *testing.F) {
 				t.Fatalf("accepted empty or duplicate container name %q", c.Name)
 			}
 			seen[c.Name] = true
+			for _, l := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+				for name, q := range l {
+					if resourcename.Valid(string(name)) && (q.Sign() < 0 || q.MilliValue()%1000 != 0) {
+						t.Fatalf("accepted %s: %s, not a whole number of devices", name, q.String())
+					}
+				}
+			}
 		}
 	})
 }

@@ -1,6 +1,8 @@
 package kubelet
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,11 +25,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
 // Options configure an emulated kubelet.
@@ -63,8 +68,9 @@ type Emulator struct {
 func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
 
 // Run runs an emulated kubelet until ctx is done. started, when not nil,
-// is called once the device manager, the plugin watcher and the admin API
-// are listening (the PodResources socket may follow a moment later).
+// is called once the device manager, the plugin watcher, the PodResources
+// API and the admin API are listening. Run returns nil when ctx ends, after
+// removing the sockets it served.
 func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if opts.Root == "" {
 		return errors.New("root directory is required")
@@ -114,8 +120,13 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if err != nil {
 		return err
 	}
-	admin, err := listenUnix(opts.AdminSocket)
+	prsListener, err := listenUnix(podresources.SocketPath(opts.Root), "PodResources socket", "choose another --root")
 	if err != nil {
+		return err
+	}
+	admin, err := listenUnix(opts.AdminSocket, "admin socket", "choose another --admin-socket")
+	if err != nil {
+		_ = prsListener.Close()
 		return err
 	}
 
@@ -123,6 +134,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	defer cancel()
 	if err := e.watcher.Start(ctx); err != nil {
 		_ = admin.Close()
+		_ = prsListener.Close()
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -130,7 +142,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		<-e.watcher.Done()
 		return nil
 	})
-	g.Go(func() error { return prs.Serve(gctx, podresources.SocketPath(opts.Root)) })
+	g.Go(func() error { return prs.ServeListener(gctx, prsListener) })
 	g.Go(func() error { return e.serveAdmin(gctx, admin) })
 	log.Info("emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
 		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket)
@@ -143,19 +155,21 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	return err
 }
 
-func listenUnix(socket string) (net.Listener, error) {
+// listenUnix listens on socket, replacing a stale socket there. what
+// names the socket and fix says how to choose another, for errors.
+func listenUnix(socket, what, fix string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
-		return nil, fmt.Errorf("admin socket directory: %w", err)
+		return nil, fmt.Errorf("%s directory: %w", what, err)
 	}
 	if fi, err := os.Lstat(socket); err == nil {
 		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("admin socket %s exists and is not a socket; remove it or choose another --admin-socket", socket)
+			return nil, fmt.Errorf("%s %s exists and is not a socket; remove it or %s", what, socket, fix)
 		}
 		_ = os.Remove(socket)
 	}
 	l, err := net.Listen("unix", socket)
 	if err != nil {
-		return nil, fmt.Errorf("admin socket: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return l, nil
 }
@@ -228,18 +242,11 @@ func (e *Emulator) getPods(w http.ResponseWriter, _ *http.Request) {
 func (e *Emulator) podView(p *corev1.Pod) Pod {
 	v := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
 	a := e.mgr.PodAllocation(p.UID)
-	names := make([]string, 0, len(p.Spec.InitContainers)+len(p.Spec.Containers))
-	for _, c := range p.Spec.InitContainers {
-		names = append(names, c.Name)
-	}
-	for _, c := range p.Spec.Containers {
-		names = append(names, c.Name)
-	}
-	for _, n := range names {
-		c := Container{Name: n}
+	add := func(name, typ string) {
+		c := Container{Name: name, Type: typ}
 		if a != nil {
 			for _, ca := range a.Containers {
-				if ca.Name != n {
+				if ca.Name != name {
 					continue
 				}
 				for _, ra := range ca.Resources {
@@ -247,9 +254,40 @@ func (e *Emulator) podView(p *corev1.Pod) Pod {
 				}
 			}
 		}
+		c.Options = runtimeOptions(e.mgr.ContainerOptions(p.UID, name))
 		v.Containers = append(v.Containers, c)
 	}
+	for _, c := range p.Spec.InitContainers {
+		typ := ContainerTypeInit
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			typ = ContainerTypeSidecar
+		}
+		add(c.Name, typ)
+	}
+	for _, c := range p.Spec.Containers {
+		add(c.Name, ContainerTypeApp)
+	}
 	return v
+}
+
+func runtimeOptions(o *devicemanager.ContainerOptions) *RuntimeOptions {
+	if o == nil {
+		return nil
+	}
+	r := &RuntimeOptions{CDIDevices: o.CDIDevices}
+	for _, kv := range o.Envs {
+		r.Envs = append(r.Envs, KeyValue{Name: kv.Name, Value: kv.Value})
+	}
+	for _, m := range o.Mounts {
+		r.Mounts = append(r.Mounts, Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
+	}
+	for _, d := range o.Devices {
+		r.Devices = append(r.Devices, DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
+	}
+	for _, kv := range o.Annotations {
+		r.Annotations = append(r.Annotations, KeyValue{Name: kv.Name, Value: kv.Value})
+	}
+	return r
 }
 
 func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
@@ -258,7 +296,7 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "", err)
 		return
 	}
-	pod, err := decodePod(data)
+	pod, err := DecodePod(data)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "", err)
 		return
@@ -308,13 +346,18 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, view)
 }
 
-// decodePod decodes a pod manifest strictly, applies defaults (namespace
-// "default", a generated UID) and checks what the device manager relies
-// on, reporting every problem with its field path.
-func decodePod(data []byte) (*corev1.Pod, error) {
+// DecodePod decodes a pod manifest (one YAML or JSON document) strictly,
+// applies defaults (namespace "default", a generated UID) and checks what
+// the device manager relies on and the API server would check, reporting
+// every problem with its field path.
+func DecodePod(data []byte) (*corev1.Pod, error) {
+	data, err := singleDocument(data)
+	if err != nil {
+		return nil, err
+	}
 	pod := &corev1.Pod{}
 	if err := yaml.UnmarshalStrict(data, pod); err != nil {
-		return nil, fmt.Errorf("decoding pod manifest: %w", err)
+		return nil, fmt.Errorf("decoding pod manifest: %w", cleanDecodeError(err))
 	}
 	if pod.Kind != "" && pod.Kind != "Pod" {
 		return nil, fmt.Errorf("kind: %q is not Pod", pod.Kind)
@@ -352,6 +395,7 @@ func decodePod(data []byte) (*corev1.Pod, error) {
 				errs = append(errs, field.Duplicate(p.Index(i).Child("name"), c.Name))
 			}
 			seen[c.Name] = true
+			errs = append(errs, checkExtendedResources(p.Index(i).Child("resources"), c.Resources)...)
 		}
 	}
 	check(spec.Child("initContainers"), pod.Spec.InitContainers)
@@ -360,6 +404,89 @@ func decodePod(data []byte) (*corev1.Pod, error) {
 		return nil, fmt.Errorf("invalid pod: %w", errs.ToAggregate())
 	}
 	return pod, nil
+}
+
+// checkExtendedResources applies the API server's rules for extended
+// resources: whole, non-negative amounts, and a request equal to the limit
+// when both are set. Without an API server in front of the emulated
+// kubelet, a pod breaking them would otherwise be admitted oddly.
+func checkExtendedResources(p *field.Path, r corev1.ResourceRequirements) field.ErrorList {
+	var errs field.ErrorList
+	for _, kind := range []struct {
+		name string
+		list corev1.ResourceList
+	}{{"limits", r.Limits}, {"requests", r.Requests}} {
+		for _, name := range sortedResourceNames(kind.list) {
+			if !resourcename.Valid(string(name)) {
+				continue
+			}
+			q := kind.list[name]
+			fp := p.Child(kind.name).Key(string(name))
+			switch {
+			case q.Sign() < 0:
+				errs = append(errs, field.Invalid(fp, q.String(), "must not be negative"))
+			case q.MilliValue()%1000 != 0:
+				errs = append(errs, field.Invalid(fp, q.String(), "extended resources are counted in whole devices; use an integer such as 1"))
+			}
+		}
+	}
+	for _, name := range sortedResourceNames(r.Requests) {
+		lim, ok := r.Limits[name]
+		if req := r.Requests[name]; ok && resourcename.Valid(string(name)) && req.Cmp(lim) != 0 {
+			errs = append(errs, field.Invalid(p.Child("requests").Key(string(name)), req.String(),
+				fmt.Sprintf("must equal the limit %s for an extended resource; set only limits", lim.String())))
+		}
+	}
+	return errs
+}
+
+func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
+	names := make([]corev1.ResourceName, 0, len(l))
+	for n := range l {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// singleDocument returns the one YAML document in data that is not empty
+// or comments only, and an error when there are several.
+func singleDocument(data []byte) ([]byte, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var docs [][]byte
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading pod manifest: %w", err)
+		}
+		var v any
+		if yaml.Unmarshal(doc, &v) == nil && v == nil {
+			continue
+		}
+		docs = append(docs, doc)
+	}
+	switch len(docs) {
+	case 0:
+		return data, nil
+	case 1:
+		return docs[0], nil
+	default:
+		return nil, fmt.Errorf("the pod manifest holds %d YAML documents; give one Pod per manifest", len(docs))
+	}
+}
+
+// cleanDecodeError drops the decoder's layered prefixes, so that
+// `error unmarshaling JSON: while decoding JSON: json: unknown field "x"`
+// reads `unknown field "x"`.
+func cleanDecodeError(err error) error {
+	msg := err.Error()
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.ReplaceAll(msg, p, "")
+	}
+	return errors.New(msg)
 }
 
 func (e *Emulator) savePod(pod *corev1.Pod) error {
