@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/admit"
 	"github.com/dpkit/dpkit/internal/cli/advertise"
 	"github.com/dpkit/dpkit/internal/cli/deletecmd"
 	"github.com/dpkit/dpkit/internal/cli/get"
@@ -23,5 +24,6 @@ var subcommands = []func(*cli.Env) *cobra.Command{
 	kubelet.NewCommand,
 	get.NewCommand,
 	deletecmd.NewCommand,
+	admit.NewCommand,
 	advertise.NewCommand,
 }

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/pkg/devicemanager"
@@ -355,9 +356,19 @@ func DecodePod(data []byte) (*corev1.Pod, error) {
 	if err != nil {
 		return nil, err
 	}
-	pod := &corev1.Pod{}
-	if err := yaml.UnmarshalStrict(data, pod); err != nil {
+	// Decoded like the API server decodes: case-sensitive field names,
+	// unknown and duplicate fields are errors naming their path.
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
 		return nil, fmt.Errorf("decoding pod manifest: %w", cleanDecodeError(err))
+	}
+	pod := &corev1.Pod{}
+	strict, err := sigsjson.UnmarshalStrict(js, pod)
+	if err != nil {
+		return nil, fmt.Errorf("decoding pod manifest: %w", cleanDecodeError(err))
+	}
+	if len(strict) > 0 {
+		return nil, fmt.Errorf("decoding pod manifest: %w", errors.Join(strict...))
 	}
 	if pod.Kind != "" && pod.Kind != "Pod" {
 		return nil, fmt.Errorf("kind: %q is not Pod", pod.Kind)

@@ -1,0 +1,233 @@
+// Package admit implements "dpkit admit": it admits a pod manifest through
+// a running "dpkit kubelet" (or "dpkit up") and shows the devices and
+// runtime options each container gets.
+package admit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/kubelet"
+)
+
+// Exit codes of "dpkit admit" besides 0 (admitted).
+const (
+	// ExitRejected: the kubelet rejected the pod (its devices cannot be
+	// allocated, the pod exists already) or could not be reached.
+	ExitRejected = 1
+	// ExitInvalid: bad flags or a manifest that is not a valid pod.
+	ExitInvalid = 2
+)
+
+// maxManifest bounds what is read from the manifest file, like the admin
+// API does.
+const maxManifest = 4 << 20
+
+// NewCommand returns the "admit" command.
+func NewCommand(env *cli.Env) *cobra.Command {
+	var root, socket, file, output string
+	cmd := &cobra.Command{
+		Use:   "admit -f POD.yaml",
+		Short: "Admit a pod through a running dpkit kubelet and show the devices each container gets",
+		Long: `Admit a Pod manifest (YAML or JSON, one document) through the admin API of a
+running "dpkit kubelet" or "dpkit up", as the kubelet admits a pod bound to
+its node: the device manager allocates the devices its init containers,
+sidecars (init containers with restartPolicy: Always) and app containers
+ask for, calling the plugins' GetPreferredAllocation and Allocate. The
+command prints each container's devices and the runtime options (environment
+variables, device nodes, mounts, annotations, CDI devices) the plugins
+answered.
+
+The manifest is checked first: a problem is reported with its field path.
+A pod the kubelet rejects is reported with the reason and message the
+kubelet would put in the pod's status (UnexpectedAdmissionError,
+TopologyAffinityError).
+
+Exit status: 0 admitted, 1 rejected or the kubelet is unreachable, 2 bad
+flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
+		Example: `  dpkit admit --root /tmp/kubelet -f examples/pod.yaml
+  dpkit admit --root /tmp/kubelet -f examples/pod.yaml -o json
+  cat pod.yaml | dpkit admit --admin-socket /tmp/kubelet/dpkit/admin.sock -f -`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" && output != "yaml" {
+				return cli.Exit(ExitInvalid, fmt.Errorf("--output: %q is not a format; use table, json or yaml", output))
+			}
+			manifest, err := readManifest(env.In, file)
+			if err != nil {
+				return cli.Exit(ExitInvalid, err)
+			}
+			if socket == "" {
+				socket = kubelet.AdminSocket(root)
+			}
+			c := kubelet.NewClient(socket)
+			defer c.Close()
+			return Run(cmd.Context(), env.Out, c, manifest, output)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&file, "filename", "f", "", `pod manifest file, or "-" for standard input (required)`)
+	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet")
+	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
+	fl.StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	return cmd
+}
+
+// readManifest reads the manifest at path, "-" meaning in.
+func readManifest(in io.Reader, path string) ([]byte, error) {
+	var (
+		data []byte
+		err  error
+	)
+	switch path {
+	case "":
+		return nil, errors.New(`-f is required: give a pod manifest file, e.g. -f examples/pod.yaml, or "-f -" to read standard input`)
+	case "-":
+		if in == nil {
+			return nil, errors.New("-f -: no standard input")
+		}
+		data, err = io.ReadAll(io.LimitReader(in, maxManifest+1))
+	default:
+		var f *os.File
+		f, err = os.Open(path)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("-f %s: the file does not exist", path)
+			}
+			return nil, fmt.Errorf("-f %s: %w", path, err)
+		}
+		defer func() { _ = f.Close() }()
+		data, err = io.ReadAll(io.LimitReader(f, maxManifest+1))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("-f %s: %w", path, err)
+	}
+	if len(data) > maxManifest {
+		return nil, fmt.Errorf("-f %s: the manifest is larger than %d MiB", path, maxManifest>>20)
+	}
+	return data, nil
+}
+
+// Run checks manifest, admits it through c and writes the admitted pod to
+// w in format ("table", "json" or "yaml"). The error of a rejected pod
+// exits with ExitRejected and names the kubelet's reason; that of an
+// invalid manifest exits with ExitInvalid.
+func Run(ctx context.Context, w io.Writer, c *kubelet.Client, manifest []byte, format string) error {
+	local, err := kubelet.DecodePod(manifest)
+	if err != nil {
+		return cli.Exit(ExitInvalid, err)
+	}
+	pod, err := c.AdmitPod(ctx, manifest)
+	if err != nil {
+		var ae *kubelet.APIError
+		switch {
+		case errors.As(err, &ae) && ae.Reason != "":
+			return cli.Exit(ExitRejected, fmt.Errorf("pod %s/%s rejected by the kubelet: %s: %s", local.Namespace, local.Name, ae.Reason, ae.Message))
+		case errors.As(err, &ae) && ae.StatusCode == http.StatusBadRequest:
+			return cli.Exit(ExitInvalid, err)
+		case errors.As(err, &ae):
+			return cli.Exit(ExitRejected, fmt.Errorf("pod %s/%s: %w", local.Namespace, local.Name, err))
+		}
+		return cli.Exit(ExitRejected, err)
+	}
+	return Print(w, pod, format)
+}
+
+// Print writes an admitted pod in format: "json", "yaml", or a table of
+// its containers with their devices and runtime options.
+func Print(w io.Writer, pod *kubelet.Pod, format string) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(pod)
+	case "yaml":
+		data, err := yaml.Marshal(pod)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(data)
+		return err
+	}
+	if _, err := fmt.Fprintf(w, "pod %s/%s admitted (uid %s)\n\n", pod.Namespace, pod.Name, pod.UID); err != nil {
+		return err
+	}
+	t := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(t, "CONTAINER\tTYPE\tDEVICES\tRUNTIME OPTIONS")
+	for _, c := range pod.Containers {
+		devs := deviceLines(c.Devices)
+		opts := optionLines(c.Options)
+		rows := max(len(devs), len(opts), 1)
+		for i := range rows {
+			name, typ := c.Name, c.Type
+			if i > 0 {
+				name, typ = "", ""
+			}
+			fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", name, typ, line(devs, i), line(opts, i))
+		}
+	}
+	return t.Flush()
+}
+
+func line(lines []string, i int) string {
+	switch {
+	case i < len(lines):
+		return lines[i]
+	case i == 0:
+		return "-"
+	}
+	return ""
+}
+
+func deviceLines(as []kubelet.Allocation) []string {
+	out := make([]string, 0, len(as))
+	for _, a := range as {
+		out = append(out, a.Resource+": "+strings.Join(a.DeviceIDs, ","))
+	}
+	return out
+}
+
+// optionLines renders runtime options in the container runtimes' own
+// notation: env NAME=VALUE, device HOST:CONTAINER:PERMISSIONS,
+// mount HOST:CONTAINER[:ro], annotation KEY=VALUE, cdi VENDOR/CLASS=NAME.
+func optionLines(o *kubelet.RuntimeOptions) []string {
+	if o == nil {
+		return nil
+	}
+	var out []string
+	for _, e := range o.Envs {
+		out = append(out, "env "+e.Name+"="+e.Value)
+	}
+	for _, d := range o.Devices {
+		s := "device " + d.HostPath + ":" + d.ContainerPath
+		if d.Permissions != "" {
+			s += ":" + d.Permissions
+		}
+		out = append(out, s)
+	}
+	for _, m := range o.Mounts {
+		s := "mount " + m.HostPath + ":" + m.ContainerPath
+		if m.ReadOnly {
+			s += ":ro"
+		}
+		out = append(out, s)
+	}
+	for _, a := range o.Annotations {
+		out = append(out, "annotation "+a.Name+"="+a.Value)
+	}
+	for _, c := range o.CDIDevices {
+		out = append(out, "cdi "+c)
+	}
+	return out
+}
