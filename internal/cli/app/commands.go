@@ -11,7 +11,10 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/deletecmd"
 	"github.com/dpkit/dpkit/internal/cli/get"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
+	"github.com/dpkit/dpkit/internal/cli/up"
+	"github.com/dpkit/dpkit/internal/cli/verify"
 	"github.com/dpkit/dpkit/internal/cli/versioncmd"
 )
 
@@ -25,5 +28,8 @@ var subcommands = []func(*cli.Env) *cobra.Command{
 	get.NewCommand,
 	deletecmd.NewCommand,
 	admit.NewCommand,
+	up.NewCommand,
 	advertise.NewCommand,
+	node.NewCommand,
+	verify.NewCommand,
 }

@@ -1,0 +1,441 @@
+// Package up implements "dpkit up": an emulated kubelet and device plugins
+// (by default the fake plugin of examples/fake.yaml) in one process, rooted
+// in a fresh directory, with what to try next. It is the first thing a new
+// user runs; it needs no cluster and no privileges.
+package up
+
+import (
+	"context"
+	_ "embed" // the default plugin config and example pod
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/cli/plugin"
+	"github.com/dpkit/dpkit/internal/config"
+	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/podresources"
+)
+
+// defaultConfig is examples/fake.yaml (a test keeps the two equal).
+//
+//go:embed fake.yaml
+var defaultConfig []byte
+
+// examplePod is examples/pod.yaml (a test keeps the two equal), written
+// below the root when examples/pod.yaml is not in the working directory.
+//
+//go:embed pod.yaml
+var examplePod []byte
+
+// ReadyPrefix starts the line "dpkit up" prints once every plugin is
+// registered and its devices are allocatable.
+const ReadyPrefix = "ready:"
+
+// Options configure Run.
+type Options struct {
+	// Root is the kubelet root directory. Empty: a fresh temporary
+	// directory, removed on exit unless Keep is set.
+	Root string
+	// Keep keeps a temporary root on exit.
+	Keep bool
+	// ConfigFile is a PluginConfig file; empty runs the fake plugin of
+	// examples/fake.yaml.
+	ConfigFile string
+	// Registration overrides how the plugins register: kubelet (Register
+	// on kubelet.sock), registry (a socket in plugins_registry) or auto.
+	// Empty: the config file's registration when it sets one, else
+	// kubelet.
+	Registration string
+	// TopologyPolicy, TopologyScope and NUMANodes configure the device
+	// manager's topology policy, as for "dpkit kubelet".
+	TopologyPolicy string
+	TopologyScope  string
+	NUMANodes      []int
+	// Command is how the printed commands invoke dpkit. Default "dpkit".
+	Command string
+	// WorkDir is where relative example paths are resolved. Default: the
+	// working directory.
+	WorkDir string
+}
+
+// NewCommand returns the "up" command.
+func NewCommand(env *cli.Env) *cobra.Command {
+	var o Options
+	cmd := &cobra.Command{
+		Use:   "up [--config FILE] [--root DIR]",
+		Short: "Run an emulated kubelet and the fake device plugin in one process, to try dpkit without a cluster",
+		Long: `Run an emulated kubelet (as "dpkit kubelet") and device plugins (as "dpkit
+plugin") in one process, without a cluster or privileges. By default the
+plugin is the fake plugin of examples/fake.yaml: example.com/foo with 8
+devices; --config runs the plugins of a PluginConfig file instead.
+
+The plugins register the way they do on a real node: each serves its
+socket in <root>/device-plugins and calls Register on
+<root>/device-plugins/kubelet.sock (--registration registry uses the plugin
+watcher's <root>/plugins_registry instead).
+
+The root is a fresh temporary directory, removed on exit, unless --root is
+given or --keep is set. "dpkit up" prints where everything listens, a line
+starting with "ready:" once every plugin's devices are allocatable, and
+commands to try next. It stops on SIGINT or SIGTERM and removes its
+sockets.`,
+		Example: `  dpkit up
+  dpkit up --root /tmp/kubelet --config examples/generic.yaml
+  dpkit up --keep --log-level info`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch o.Registration {
+			case "", string(deviceplugin.RegistrationAuto), string(deviceplugin.RegistrationKubelet), string(deviceplugin.RegistrationRegistry):
+			default:
+				return cli.Exit(2, fmt.Errorf("--registration: %q is not a registration path; use kubelet, registry or auto", o.Registration))
+			}
+			if cmd.Flags().Changed("root") && o.Root == "" {
+				return cli.Exit(2, errors.New("--root must not be empty; leave it out for a temporary root"))
+			}
+			if o.Command == "" {
+				o.Command = selfCommand()
+			}
+			log := env.Logger
+			if f := cmd.Flags().Lookup("log-level"); log != nil && (f == nil || !f.Changed) {
+				// The banner says what a new user needs; logs below warnings
+				// only on request.
+				log = slog.New(minLevel{log.Handler(), slog.LevelWarn})
+			}
+			return Run(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log}, o)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Root, "root", "", "kubelet root directory (default: a fresh temporary directory, removed on exit)")
+	fl.BoolVar(&o.Keep, "keep", false, "keep the temporary root directory on exit")
+	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
+	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
+	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
+	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
+	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")
+	return cmd
+}
+
+// Run runs the emulated kubelet and the plugins until ctx ends, printing
+// to env.Out where they listen and, once every plugin is registered, a
+// line starting with ReadyPrefix and what to try next. It returns nil when
+// ctx ends, after the sockets are removed (and a temporary root with
+// them).
+func Run(ctx context.Context, env *cli.Env, o Options) (err error) {
+	log := env.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := loadConfig(o.ConfigFile, o.Registration)
+	if err != nil {
+		return cli.Exit(2, err)
+	}
+	if o.Command == "" {
+		o.Command = "dpkit"
+	}
+	root, temporary := o.Root, o.Root == ""
+	if temporary {
+		if root, err = os.MkdirTemp("", "dpkit-up-"); err != nil {
+			return fmt.Errorf("creating a temporary root: %w", err)
+		}
+	} else {
+		if root, err = filepath.Abs(root); err != nil {
+			return fmt.Errorf("--root: %w", err)
+		}
+		if err := os.MkdirAll(root, 0o750); err != nil {
+			return fmt.Errorf("--root: %w", err)
+		}
+	}
+	defer func() {
+		switch {
+		case !temporary:
+		case o.Keep:
+			fmt.Fprintf(env.Out, "kept %s\n", root)
+		default:
+			if rerr := os.RemoveAll(root); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("removing the temporary root: %w", rerr))
+				return
+			}
+			fmt.Fprintf(env.Out, "removed %s\n", root)
+		}
+	}()
+	cfg.PluginDir = devicemanager.PluginDir(root)
+	cfg.RegistryDir = filepath.Join(root, "plugins_registry")
+
+	w := &printer{w: env.Out}
+	w.printf("dpkit up: an emulated kubelet and %s in one process; no cluster needed.\n\n", describe(o.ConfigFile))
+	switch {
+	case !temporary:
+		w.printf("root                %s\n", root)
+	case o.Keep:
+		w.printf("root                %s (temporary, kept on exit)\n", root)
+	default:
+		w.printf("root                %s (temporary: removed on exit; --keep keeps it)\n", root)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	// The plugins stop after the kubelet, so that the kubelet does not
+	// see them vanish (and log it as a failure) on a clean stop.
+	pctx, stopPlugins := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopPlugins()
+	kubeletStarted := make(chan *kubelet.Emulator, 1)
+	g.Go(func() error {
+		defer stopPlugins()
+		return kubelet.Run(gctx, kubelet.Options{
+			Root:           root,
+			TopologyPolicy: o.TopologyPolicy,
+			TopologyScope:  o.TopologyScope,
+			NUMANodes:      o.NUMANodes,
+			Logger:         log.With("component", "kubelet"),
+		}, func(e *kubelet.Emulator) { kubeletStarted <- e })
+	})
+	g.Go(func() error {
+		var e *kubelet.Emulator
+		select {
+		case e = <-kubeletStarted:
+		case <-gctx.Done():
+			return nil
+		}
+		mgr := e.Manager()
+		w.printf("registration        %s\n", mgr.SocketPath())
+		w.printf("plugins_registry    %s\n", cfg.RegistryDir)
+		w.printf("PodResources API    %s\n", podresources.SocketPath(root))
+		w.printf("admin API           %s\n", kubelet.AdminSocket(root))
+		w.printf("checkpoint          %s\n\n", mgr.CheckpointPath())
+
+		servers := make(chan *deviceplugin.Server, 1)
+		penv := &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log.With("component", "plugin")}
+		g.Go(func() error {
+			return plugin.Run(pctx, penv, cfg, func(s *deviceplugin.Server, _ string) { servers <- s })
+		})
+		var srv *deviceplugin.Server
+		select {
+		case srv = <-servers:
+		case <-gctx.Done():
+			return nil
+		}
+		w.printf("waiting for the plugins to register (%s)...\n", srv.Mode())
+		if err := waitServed(gctx, mgr, srv); err != nil {
+			return nil // ctx ended: the group's error or the signal says why
+		}
+		examplePath, err := examplePodPath(root, o.WorkDir)
+		if err != nil {
+			return err
+		}
+		w.printReady(root, o.Command, srv, mgr.Resources(), examplePath)
+		return w.err
+	})
+	err = g.Wait()
+	if err == nil {
+		w.printf("\nstopped\n")
+		err = w.err
+	}
+	return err
+}
+
+// loadConfig reads the PluginConfig (the embedded fake one when path is
+// empty) and settles how its plugins register.
+func loadConfig(path, registration string) (*config.PluginConfig, error) {
+	data := defaultConfig
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("--config %s: the file does not exist", path)
+			}
+			return nil, fmt.Errorf("--config %s: %w", path, err)
+		}
+	}
+	cfg, err := config.DecodePluginConfig(data)
+	if err != nil {
+		if path == "" {
+			return nil, fmt.Errorf("the embedded fake plugin config: %w", err)
+		}
+		return nil, fmt.Errorf("--config %s:\n%w", path, err)
+	}
+	if registration == "" {
+		// The config's own choice when it makes one; else the classic
+		// path every device plugin knows.
+		var set struct {
+			Registration string `json:"registration"`
+		}
+		_ = yaml.Unmarshal(data, &set)
+		registration = set.Registration
+		if registration == "" {
+			registration = string(deviceplugin.RegistrationKubelet)
+		}
+	}
+	cfg.Registration = registration
+	return cfg, nil
+}
+
+func describe(configFile string) string {
+	if configFile == "" {
+		return "the fake device plugin (example.com/foo, 8 devices)"
+	}
+	return "the device plugins of " + configFile
+}
+
+// waitServed waits until every resource of srv is registered and the
+// device manager lists all of its devices.
+func waitServed(ctx context.Context, mgr *devicemanager.Manager, srv *deviceplugin.Server) error {
+	if err := srv.WaitReady(ctx); err != nil {
+		return err
+	}
+	updates, unsubscribe := mgr.Subscribe()
+	defer unsubscribe()
+	for {
+		if served(mgr.Resources(), srv.Status()) {
+			return nil
+		}
+		select {
+		case _, ok := <-updates:
+			if !ok {
+				return devicemanager.ErrNotStarted
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func served(have []devicemanager.ResourceStatus, want []deviceplugin.ResourceStatus) bool {
+	for _, st := range want {
+		ok := false
+		for _, r := range have {
+			if r.Name == st.Name {
+				ok = st.Registered && r.Connected && r.Capacity == int64(st.Healthy+st.Unhealthy)
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// examplePodFile is the example pod in a dpkit checkout.
+const examplePodFile = "examples/pod.yaml"
+
+// examplePodPath returns examples/pod.yaml when the working directory is
+// a dpkit checkout, and otherwise writes the example pod below root.
+func examplePodPath(root, workDir string) (string, error) {
+	if _, err := os.Stat(filepath.Join(workDir, examplePodFile)); err == nil {
+		return examplePodFile, nil
+	}
+	p := filepath.Join(root, "dpkit", "pod.yaml")
+	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(p, examplePod, 0o640); err != nil {
+		return "", fmt.Errorf("writing the example pod: %w", err)
+	}
+	return p, nil
+}
+
+// printer writes the banner and keeps the first write error.
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) printf(format string, args ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, args...)
+	}
+}
+
+func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resources []devicemanager.ResourceStatus, examplePath string) {
+	how := "Register on kubelet.sock"
+	if srv.Mode() == deviceplugin.RegistrationRegistry {
+		how = "a socket in plugins_registry"
+	}
+	var counts []string
+	for _, st := range srv.Status() {
+		var n int64
+		for _, r := range resources {
+			if r.Name == st.Name {
+				n = r.Allocatable
+			}
+		}
+		p.printf("plugin %s: %d devices (%d healthy), registered through %s, serving %s\n",
+			st.Name, st.Healthy+st.Unhealthy, st.Healthy, how, st.Socket)
+		counts = append(counts, fmt.Sprintf("%s=%d", st.Name, n))
+	}
+	p.printf("\n%s %s allocatable\n\n", ReadyPrefix, strings.Join(counts, " "))
+	r := quote(root)
+	p.printf("Try, in another terminal:\n")
+	p.printf("  %s get resources --root %s\n", self, r)
+	p.printf("  %s get plugins --root %s\n", self, r)
+	p.printf("  %s admit --root %s -f %s\n", self, r, quote(examplePath))
+	p.printf("  %s get pods --root %s\n", self, r)
+	p.printf("  %s get devices --root %s\n", self, r)
+	if examplePath == examplePodFile {
+		p.printf("  %s admit --root %s -f examples/pod-too-many.yaml\n", self, r)
+	}
+	p.printf("  %s delete pod demo --root %s\n", self, r)
+	p.printf("The PodResources API answers on %s, as a kubelet's does.\n", podresources.SocketPath(root))
+	p.printf("Stop with Ctrl-C.\n")
+}
+
+// quote quotes s for a POSIX shell when it needs it.
+func quote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// selfCommand is how the printed commands invoke this binary: "dpkit"
+// when that is what PATH finds, "go run ./cmd/dpkit" under "go run", and
+// the executable's path otherwise.
+func selfCommand() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "dpkit"
+	}
+	onPath, _ := exec.LookPath("dpkit")
+	return commandFor(exe, onPath)
+}
+
+func commandFor(exe, onPath string) string {
+	resolve := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return p
+	}
+	switch {
+	case onPath != "" && resolve(onPath) == resolve(exe):
+		return "dpkit"
+	case strings.Contains(filepath.ToSlash(exe), "/go-build") && filepath.Base(exe) == "dpkit":
+		return "go run ./cmd/dpkit"
+	}
+	return quote(exe)
+}
+
+// minLevel drops records below a level.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler { return minLevel{h.Handler.WithAttrs(as), h.min} }
+func (h minLevel) WithGroup(name string) slog.Handler    { return minLevel{h.Handler.WithGroup(name), h.min} }

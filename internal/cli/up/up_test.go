@@ -1,0 +1,342 @@
+package up
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/admit"
+	"github.com/dpkit/dpkit/internal/cli/kubelet"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestEmbeddedExamples keeps the embedded defaults equal to the examples
+// the docs show.
+func TestEmbeddedExamples(t *testing.T) {
+	t.Parallel()
+	for name, embedded := range map[string][]byte{"fake.yaml": defaultConfig, "pod.yaml": examplePod} {
+		want, err := os.ReadFile(filepath.Join("..", "..", "..", "examples", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(embedded, want) {
+			t.Errorf("internal/cli/up/%s differs from examples/%s; copy it over", name, name)
+		}
+	}
+}
+
+// upRun is "dpkit up" running in this process.
+type upRun struct {
+	t      *testing.T
+	lines  chan string
+	done   chan error
+	cancel context.CancelFunc
+	seen   []string
+}
+
+func startUp(t *testing.T, args ...string) *upRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel}
+	go func() {
+		defer close(u.lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			u.lines <- sc.Text()
+		}
+	}()
+	var logs bytes.Buffer
+	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: &logs, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	cmd := NewCommand(env)
+	cmd.SetArgs(append(args, "--numa-nodes", "0")) // exercises the pass-through; policy none ignores it
+	cmd.SetOut(pw)
+	cmd.SetErr(pw)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	go func() {
+		err := cmd.ExecuteContext(ctx)
+		_ = pw.Close()
+		u.done <- err
+	}()
+	t.Cleanup(func() {
+		cancel()
+		for range u.lines {
+		}
+		if t.Failed() {
+			t.Logf("output:\n%s\nlogs:\n%s", strings.Join(u.seen, "\n"), logs.String())
+		}
+	})
+	return u
+}
+
+// waitLine returns the first line starting with prefix.
+func (u *upRun) waitLine(prefix string) string {
+	u.t.Helper()
+	return u.wait(prefix, func(l string) bool { return strings.HasPrefix(l, prefix) })
+}
+
+// waitContains returns the first line containing s.
+func (u *upRun) waitContains(s string) string {
+	u.t.Helper()
+	return u.wait(s, func(l string) bool { return strings.Contains(l, s) })
+}
+
+func (u *upRun) wait(prefix string, match func(string) bool) string {
+	u.t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-u.lines:
+			if !ok {
+				u.t.Fatalf("dpkit up ended before printing %q", prefix)
+			}
+			u.seen = append(u.seen, l)
+			if match(l) {
+				return l
+			}
+		case <-deadline:
+			u.t.Fatalf("dpkit up did not print %q within 30s", prefix)
+		}
+	}
+}
+
+// stop cancels the run, waits for it and returns the rest of its output.
+func (u *upRun) stop() (string, error) {
+	u.t.Helper()
+	u.cancel()
+	var rest []string
+	for l := range u.lines {
+		u.seen = append(u.seen, l)
+		rest = append(rest, l)
+	}
+	select {
+	case err := <-u.done:
+		return strings.Join(rest, "\n"), err
+	case <-time.After(30 * time.Second):
+		u.t.Fatal("dpkit up did not stop within 30s")
+	}
+	return "", nil
+}
+
+func sockets(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&fs.ModeSocket != 0 {
+			out = append(out, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func shortRoot(t *testing.T) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	return root
+}
+
+func TestUp(t *testing.T) {
+	cfg := filepath.Join(shortRoot(t), "three.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nregistration: registry\nplugins:\n- fake: {resources: [{name: example.com/bar, count: 3}]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		args      []string
+		givenRoot bool
+		resource  string
+		devices   int64
+		lines     []string // printed before ready, in order
+	}{
+		{"default fake plugin in a given root", nil, true, "example.com/foo", 8,
+			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ",
+				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}},
+		{"config registering through plugins_registry in a temporary root", []string{"--config", cfg}, false, "example.com/bar", 3,
+			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}},
+		{"flag overrides the config's registration", []string{"--config", cfg, "--registration", "kubelet"}, false, "example.com/bar", 3,
+			[]string{"waiting for the plugins to register (kubelet)..."}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			root := ""
+			if tc.givenRoot {
+				root = shortRoot(t)
+				args = append(args, "--root", root)
+			}
+			u := startUp(t, args...)
+			rootLine := u.waitLine("root ")
+			if got := strings.Fields(rootLine)[1]; tc.givenRoot && got != root {
+				t.Fatalf("root line %q, want root %s", rootLine, root)
+			} else {
+				root = got
+			}
+			if !tc.givenRoot && !strings.Contains(rootLine, "(temporary: removed on exit; --keep keeps it)") {
+				t.Errorf("root line %q does not say the root is temporary", rootLine)
+			}
+			for _, l := range tc.lines {
+				u.waitLine(l)
+			}
+			if got, want := u.waitLine(ReadyPrefix), "ready: "+tc.resource+"="+strconv.FormatInt(tc.devices, 10)+" allocatable"; got != want {
+				t.Errorf("ready line %q, want %q", got, want)
+			}
+			admitLine := u.waitContains(" admit --root " + root + " -f ")
+			u.waitLine("Stop with Ctrl-C.")
+
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c := kubelet.NewClient(kubelet.AdminSocket(root))
+			defer c.Close()
+			rs, err := c.Resources(ctx)
+			if err != nil || len(rs) != 1 || rs[0].Name != tc.resource || rs[0].Allocatable != tc.devices || !rs[0].Connected {
+				t.Fatalf("Resources() = %+v, %v; want %s with %d allocatable", rs, err, tc.resource, tc.devices)
+			}
+			if tc.resource == "example.com/foo" {
+				// The example the banner names admits.
+				file := strings.Fields(admitLine)[5]
+				if !filepath.IsAbs(file) {
+					file = filepath.Join("..", "..", "..", file)
+				}
+				manifest, err := os.ReadFile(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out bytes.Buffer
+				if err := admit.Run(ctx, &out, c, manifest, "table"); err != nil {
+					t.Fatalf("admitting %s: %v", file, err)
+				}
+			}
+
+			rest, err := u.stop()
+			if err != nil {
+				t.Fatalf("dpkit up returned %v", err)
+			}
+			if !strings.Contains(rest, "stopped") {
+				t.Errorf("output after stop %q does not say stopped", rest)
+			}
+			if tc.givenRoot {
+				if s := sockets(t, root); len(s) != 0 {
+					t.Errorf("sockets left after stop: %v", s)
+				}
+				if _, err := os.Stat(filepath.Join(root, "device-plugins", "kubelet_internal_checkpoint")); err != nil {
+					t.Errorf("checkpoint: %v", err)
+				}
+				return
+			}
+			if !strings.Contains(rest, "removed "+root) {
+				t.Errorf("output after stop %q does not say %s was removed", rest, root)
+			}
+			if _, err := os.Stat(root); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("temporary root %s left behind: %v", root, err)
+			}
+		})
+	}
+}
+
+func TestUpKeep(t *testing.T) {
+	u := startUp(t, "--keep")
+	root := strings.Fields(u.waitLine("root "))[1]
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	u.waitLine(ReadyPrefix)
+	rest, err := u.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rest, "kept "+root) {
+		t.Errorf("output after stop %q does not say %s was kept", rest, root)
+	}
+	if s := sockets(t, root); len(s) != 0 {
+		t.Errorf("sockets left after stop: %v", s)
+	}
+}
+
+func TestUpErrors(t *testing.T) {
+	t.Parallel()
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins: [{fake: {resources: [{name: foo}]}}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad registration", []string{"--registration", "magic"}, `--registration: "magic" is not a registration path`},
+		{"empty root", []string{"--root", ""}, "--root must not be empty"},
+		{"missing config", []string{"--config", "nope.yaml"}, "--config nope.yaml: the file does not exist"},
+		{"invalid config", []string{"--config", bad}, "plugins[0].fake.resources[0].name"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var out bytes.Buffer
+			cmd := NewCommand(&cli.Env{Out: &out, Err: &out, Logger: slog.New(slog.DiscardHandler)})
+			cmd.SetArgs(tc.args)
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SilenceUsage, cmd.SilenceErrors = true, true
+			err := cmd.ExecuteContext(context.Background())
+			if cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v (exit %d), want exit 2 and %q", err, cli.ExitCode(err), tc.want)
+			}
+			if out.Len() != 0 {
+				t.Errorf("printed %q before failing", out.String())
+			}
+		})
+	}
+}
+
+func TestCommandFor(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "dpkit")
+	if err := os.WriteFile(bin, nil, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(bin, link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, exe, onPath, want string
+	}{
+		{"on PATH", bin, bin, "dpkit"},
+		{"on PATH through a link", bin, link, "dpkit"},
+		{"go run", "/tmp/go-build1234/b001/exe/dpkit", "", "go run ./cmd/dpkit"},
+		{"another dpkit on PATH", "/opt/dpkit/bin/dpkit", bin, "/opt/dpkit/bin/dpkit"},
+		{"a path to quote", "/home/me/my tools/dpkit", "", `'/home/me/my tools/dpkit'`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := commandFor(tc.exe, tc.onPath); got != tc.want {
+				t.Errorf("commandFor(%q, %q) = %q, want %q", tc.exe, tc.onPath, got, tc.want)
+			}
+		})
+	}
+}
