@@ -11,10 +11,8 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/deletecmd"
 	"github.com/dpkit/dpkit/internal/cli/get"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
-	"github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/cli/up"
-	"github.com/dpkit/dpkit/internal/cli/verify"
 	"github.com/dpkit/dpkit/internal/cli/versioncmd"
 )
 
@@ -30,6 +28,4 @@ var subcommands = []func(*cli.Env) *cobra.Command{
 	admit.NewCommand,
 	up.NewCommand,
 	advertise.NewCommand,
-	node.NewCommand,
-	verify.NewCommand,
 }
