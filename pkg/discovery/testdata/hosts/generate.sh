@@ -164,4 +164,8 @@ node $r/dev/ttyACM0
 node $r/dev/fuse
 node $r/dev/kvm
 node $r/dev/net/tun
+# Every sysfs directory has a uevent file. Writing one into each directory
+# that would otherwise be empty also keeps those directories in git, which
+# stores files, not directories.
+find . -mindepth 2 -type d -empty -exec touch {}/uevent \;
 echo "fixtures written"
