@@ -1,0 +1,121 @@
+package verify
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteTable writes a readable table: one line per check, the details of
+// everything that did not pass, and the summary line.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tRESULT\tDETAIL")
+	for _, res := range r.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", res.ID, strings.ToUpper(string(res.Verdict)), oneLine(res.Detail, 100))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, res := range r.Results {
+		if res.Verdict == Fail || res.Verdict == Warn {
+			fmt.Fprintf(&b, "\n%s %s: %s\n  %s\n  based on: %s\n", strings.ToUpper(string(res.Verdict)), res.ID, res.Description, res.Detail, res.Basis)
+		}
+	}
+	if r.PluginOutput != "" {
+		fmt.Fprintf(&b, "\nLast output of the plugin:\n%s\n", indent(lastLines(r.PluginOutput, 20)))
+	}
+	fmt.Fprintf(&b, "\n%s (%s)\n", r.Summary, r.Duration.Round(10*time.Millisecond))
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func oneLine(s string, n int) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > n {
+		return s[:n-3] + "..."
+	}
+	return s
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func indent(s string) string { return "  " + strings.ReplaceAll(s, "\n", "\n  ") }
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+type junitSuites struct {
+	XMLName xml.Name     `xml:"testsuites"`
+	Suites  []junitSuite `xml:"testsuite"`
+}
+
+type junitSuite struct {
+	Name     string      `xml:"name,attr"`
+	Tests    int         `xml:"tests,attr"`
+	Failures int         `xml:"failures,attr"`
+	Skipped  int         `xml:"skipped,attr"`
+	Time     string      `xml:"time,attr"`
+	Cases    []junitCase `xml:"testcase"`
+	Output   string      `xml:"system-out,omitempty"`
+}
+
+type junitCase struct {
+	Name      string        `xml:"name,attr"`
+	Classname string        `xml:"classname,attr"`
+	Failure   *junitMessage `xml:"failure,omitempty"`
+	Skipped   *junitMessage `xml:"skipped,omitempty"`
+	Output    string        `xml:"system-out,omitempty"`
+}
+
+type junitMessage struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+// WriteJUnit writes the report as JUnit XML: one test case per check,
+// failed checks as failures, skipped ones as skipped; warnings pass with
+// their detail in system-out.
+func (r *Report) WriteJUnit(w io.Writer) error {
+	s := junitSuite{
+		Name: "dpkit verify", Tests: len(r.Results), Failures: r.Summary.Failed, Skipped: r.Summary.Skipped,
+		Time: fmt.Sprintf("%.3f", r.Duration.Seconds()), Output: r.PluginOutput,
+	}
+	for _, res := range r.Results {
+		c := junitCase{Name: res.ID, Classname: "dpkit.verify"}
+		switch res.Verdict {
+		case Fail:
+			c.Failure = &junitMessage{Message: res.Detail, Text: res.Description + "\nbased on: " + res.Basis}
+		case Skip:
+			c.Skipped = &junitMessage{Message: res.Detail}
+		default:
+			c.Output = string(res.Verdict) + ": " + res.Detail
+		}
+		s.Cases = append(s.Cases, c)
+	}
+	if _, err := io.WriteString(w, xml.Header); err != nil {
+		return err
+	}
+	enc := xml.NewEncoder(w)
+	enc.Indent("", "  ")
+	if err := enc.Encode(junitSuites{Suites: []junitSuite{s}}); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, "\n")
+	return err
+}

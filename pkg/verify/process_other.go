@@ -1,0 +1,12 @@
+//go:build !linux
+
+package verify
+
+import (
+	"errors"
+	"os/exec"
+)
+
+func startInPrivateMount(*exec.Cmd, string, string) error {
+	return errors.New("--private-mount needs Linux mount namespaces")
+}

@@ -1,0 +1,434 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/pluginwatcher"
+)
+
+// runner holds one run's state.
+type runner struct {
+	cfg     Config
+	log     *slog.Logger
+	results map[string]*Result
+
+	root        string // temporary directory we created; "" with SocketDir
+	pluginDir   string
+	registryDir string
+	command     []string
+	emu         *emulator
+	pw          *pluginwatcher.Watcher
+	pwCancel    context.CancelFunc
+	proc        *process
+	start       time.Time
+
+	resources []string
+	watchers  map[string]*conn // the verifier's own ListAndWatch stream per resource
+	stopWatch context.CancelFunc
+	initial   map[string]int // accepted registrations per resource at start
+}
+
+func (r *runner) registry() bool { return r.cfg.PluginWatcher }
+
+func (r *runner) setup() error {
+	cfg := r.cfg
+	if cfg.SocketDir != "" {
+		r.pluginDir = cfg.SocketDir
+		sock := filepath.Join(cfg.SocketDir, filepath.Base(pluginapi.KubeletSocket))
+		if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
+			_ = c.Close()
+			return fmt.Errorf("--socket-dir: a kubelet already serves %s; stop it, or point the plugin at another directory", sock)
+		}
+	} else {
+		root, err := os.MkdirTemp("", "dpv")
+		if err != nil {
+			return fmt.Errorf("create the emulated kubelet's directory: %w", err)
+		}
+		r.root = root
+		r.pluginDir = filepath.Join(root, "device-plugins")
+		if err := os.Mkdir(r.pluginDir, 0o750); err != nil {
+			return fmt.Errorf("create %s: %w", r.pluginDir, err)
+		}
+		if cfg.PluginWatcher {
+			r.registryDir = filepath.Join(root, "plugins_registry")
+			if err := os.Mkdir(r.registryDir, 0o750); err != nil {
+				return fmt.Errorf("create %s: %w", r.registryDir, err)
+			}
+			// Like a kubelet with the plugin watcher: plugins that find
+			// this file skip kubelet.sock.
+			if err := os.WriteFile(filepath.Join(r.pluginDir, "DEPRECATION"), nil, 0o644); err != nil {
+				return fmt.Errorf("create DEPRECATION file: %w", err)
+			}
+		}
+	}
+	r.emu = newEmulator(r.pluginDir, cfg.DialTimeout, r.log)
+	if _, err := r.emu.start(); err != nil {
+		return err
+	}
+	if cfg.PluginWatcher {
+		w, err := pluginwatcher.New(pluginwatcher.Config{
+			Dir:            r.registryDir,
+			Handlers:       map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: registryHandler{e: r.emu}},
+			Logger:         r.log,
+			InitialBackoff: 200 * time.Millisecond,
+			DialTimeout:    cfg.DialTimeout,
+			HealthPeriod:   -1,
+		})
+		if err != nil {
+			return fmt.Errorf("plugin watcher: %w", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := w.Start(ctx); err != nil {
+			cancel()
+			return fmt.Errorf("plugin watcher: %w", err)
+		}
+		r.pw, r.pwCancel = w, cancel
+	}
+	r.start = time.Now()
+	if len(cfg.Command) == 0 {
+		return nil
+	}
+	r.command = expandArgs(cfg.Command, r.pluginDir, r.registryDir)
+	sockDir := r.pluginDir
+	env := append(append([]string(nil), cfg.Env...), EnvPluginDir+"="+r.pluginDir)
+	if r.registryDir != "" {
+		sockDir = r.registryDir
+		env = append(env, EnvRegistryDir+"="+r.registryDir)
+	}
+	env = append(env, EnvSampleSockDir+"="+sockDir)
+	p, err := startProcess(r.command, env, r.pluginDir, cfg.PrivateMount)
+	if err != nil {
+		return err
+	}
+	r.proc = p
+	return nil
+}
+
+func (r *runner) cleanup() {
+	if r.proc != nil {
+		r.proc.kill()
+	}
+	if r.stopWatch != nil {
+		r.stopWatch()
+	}
+	if r.pwCancel != nil {
+		r.pwCancel()
+		<-r.pw.Done()
+	}
+	if r.emu != nil {
+		r.emu.stop()
+		if r.root == "" {
+			_ = os.Remove(r.emu.sock)
+		}
+	}
+	if r.root != "" {
+		_ = os.RemoveAll(r.root)
+	}
+}
+
+// set records a check's verdict.
+func (r *runner) set(id string, v Verdict, format string, args ...any) {
+	res := r.results[id]
+	res.Verdict = v
+	res.Detail = fmt.Sprintf(format, args...)
+	r.log.Debug("Check done", "check", id, "verdict", v, "detail", res.Detail)
+}
+
+// skipAll skips every check not decided yet.
+func (r *runner) skipAll(reason string, ids ...string) {
+	for _, id := range ids {
+		if r.results[id].Verdict == "" {
+			r.set(id, Skip, "%s", reason)
+		}
+	}
+}
+
+// outcome gathers per-resource findings of one check.
+type outcome struct {
+	multi                       bool
+	fails, warns, skips, passes []string
+}
+
+func (o *outcome) add(list *[]string, res, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if o.multi {
+		msg = res + ": " + msg
+	}
+	*list = append(*list, msg)
+}
+func (o *outcome) fail(res, format string, args ...any) { o.add(&o.fails, res, format, args...) }
+func (o *outcome) warn(res, format string, args ...any) { o.add(&o.warns, res, format, args...) }
+func (o *outcome) skip(res, format string, args ...any) { o.add(&o.skips, res, format, args...) }
+func (o *outcome) pass(res, format string, args ...any) { o.add(&o.passes, res, format, args...) }
+
+func (r *runner) outcome() *outcome { return &outcome{multi: len(r.resources) > 1} }
+
+func (r *runner) conclude(id string, o *outcome) {
+	switch {
+	case len(o.fails) > 0:
+		r.set(id, Fail, "%s", strings.Join(o.fails, "; "))
+	case len(o.warns) > 0:
+		r.set(id, Warn, "%s", strings.Join(o.warns, "; "))
+	case len(o.passes) > 0:
+		r.set(id, Pass, "%s", strings.Join(o.passes, "; "))
+	default:
+		r.set(id, Skip, "%s", strings.Join(o.skips, "; "))
+	}
+}
+
+// since formats a time relative to the start of the run.
+func (r *runner) since(t time.Time) string {
+	return "+" + t.Sub(r.start).Round(time.Millisecond).String()
+}
+
+func (r *runner) run(ctx context.Context) {
+	if !r.waitRegistered(ctx) {
+		detail := fmt.Sprintf("no registration was accepted within %s", r.cfg.RegisterTimeout)
+		if r.proc != nil && !r.proc.running() {
+			detail = fmt.Sprintf("the plugin exited before registering (%v)", r.proc.err)
+		}
+		r.checkRegistrations(detail)
+		r.skipAll(errNoPlugin.Error(), CheckOptions, CheckFirstMessage, CheckStreams, CheckHealth, CheckMessageSize,
+			CheckResponses, CheckUnknown, CheckUnhealthy, CheckConcurrent, CheckPrefSize, CheckPrefMust, CheckPrefAvailable,
+			CheckPreStart, CheckKubeletRestart, CheckSocketDeleted, CheckSingleReg, CheckPluginWatcher)
+		r.checkShutdown(ctx)
+		return
+	}
+	r.initial = r.acceptedCounts(-1)
+	wctx, cancel := context.WithCancel(context.Background())
+	r.stopWatch = cancel
+	r.openWatchers(wctx)
+
+	r.checkFirstMessage(ctx)
+	r.checkStreams(ctx)
+	r.checkOptions(ctx)
+	r.checkAllocate(ctx)
+	r.checkPreferred(ctx)
+	r.checkPreStart(ctx)
+	r.checkHealth(ctx)
+	r.checkPluginWatcher(ctx)
+	r.checkRestarts(ctx)
+	r.checkMessageSize()
+	r.checkRegistrations("")
+	r.checkShutdown(ctx)
+}
+
+// waitRegistered waits for the first accepted registration, then for
+// registrations to stop arriving, and records the resources.
+func (r *runner) waitRegistered(ctx context.Context) bool {
+	exited := make(chan struct{})
+	if r.proc != nil {
+		exited = r.proc.done
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-exited:
+			r.emu.broadcast()
+		case <-wctx.Done():
+		}
+	}()
+	ok := r.emu.waitFor(ctx, r.cfg.RegisterTimeout, func() bool {
+		if r.proc != nil && !r.proc.running() {
+			return true
+		}
+		for _, reg := range r.emu.regs {
+			if reg.Err == nil {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		return false
+	}
+	r.quiet(ctx)
+	seen := map[string]bool{}
+	for _, reg := range r.emu.registrations() {
+		if reg.Err == nil && !seen[reg.Resource] {
+			seen[reg.Resource] = true
+			r.resources = append(r.resources, reg.Resource)
+		}
+	}
+	sort.Strings(r.resources)
+	return len(r.resources) > 0
+}
+
+// quiet waits until no registration arrived for QuietPeriod (at most
+// four periods in all, so that a storm cannot stall the run).
+func (r *runner) quiet(ctx context.Context) {
+	deadline := time.Now().Add(4 * r.cfg.QuietPeriod)
+	for time.Now().Before(deadline) {
+		n := len(r.emu.registrations())
+		more := r.emu.waitFor(ctx, r.cfg.QuietPeriod, func() bool { return len(r.emu.regs) > n })
+		if !more {
+			return
+		}
+	}
+}
+
+// acceptedCounts counts accepted registrations per resource in epoch
+// (every epoch when epoch < 0).
+func (r *runner) acceptedCounts(epoch int) map[string]int {
+	out := map[string]int{}
+	for _, reg := range r.emu.registrations() {
+		if reg.Err == nil && (epoch < 0 || reg.Epoch == epoch) {
+			out[reg.Resource]++
+		}
+	}
+	return out
+}
+
+// checkRegistrations decides the registration.* checks from every
+// registration seen. noneDetail explains a run without any.
+func (r *runner) checkRegistrations(noneDetail string) {
+	regs := r.emu.registrations()
+	if len(regs) == 0 {
+		for _, id := range []string{CheckServing, CheckVersion, CheckResourceName} {
+			r.set(id, Fail, "no Register call arrived: %s", noneDetail)
+		}
+		return
+	}
+	var notServing, badVersion, badName []string
+	for _, reg := range regs {
+		if reg.NotServing != nil {
+			notServing = append(notServing, fmt.Sprintf("%s registered at %s before its socket %s answered (%v)", reg.Resource, r.since(reg.At), filepath.Base(reg.Endpoint), statusMessage(reg.NotServing)))
+		}
+		if err := validateRegistration(reg.Version, "example.com/x"); err != nil && reg.Via == viaKubeletSocket {
+			badVersion = append(badVersion, "kubelet answered: "+err.Error())
+		}
+		if validateRegistration(pluginapi.Version, reg.Resource) != nil {
+			badName = append(badName, fmt.Sprintf("kubelet answered: %s (%s)", fmt.Sprintf(errInvalidResourceName, reg.Resource), strings.Join(resourceNameProblems(reg.Resource), "; ")))
+		}
+	}
+	verdict := func(id string, problems []string, ok string) {
+		if len(problems) > 0 {
+			r.set(id, Fail, "%s", strings.Join(dedupe(problems), "; "))
+		} else {
+			r.set(id, Pass, "%s", ok)
+		}
+	}
+	verdict(CheckServing, notServing, fmt.Sprintf("%d registrations; the socket answered GetDevicePluginOptions every time", len(regs)))
+	verdict(CheckVersion, badVersion, "every registration asked for "+pluginapi.Version)
+	verdict(CheckResourceName, badName, "resources: "+strings.Join(r.names(regs), ", "))
+}
+
+func (r *runner) names(regs []registration) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, reg := range regs {
+		if !seen[reg.Resource] {
+			seen[reg.Resource] = true
+			out = append(out, reg.Resource)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// checkShutdown sends SIGTERM and checks the exit and the sockets.
+func (r *runner) checkShutdown(ctx context.Context) {
+	if r.proc == nil {
+		r.skipAll("the plugin was already running (--socket-dir); verify does not stop it", CheckExit, CheckSocketRemoved)
+		return
+	}
+	sockets := r.pluginSockets()
+	if !r.proc.running() {
+		r.set(CheckExit, Fail, "the plugin exited on its own at %s, before SIGTERM (%v)", r.since(r.proc.exited), r.proc.err)
+	} else {
+		sent := time.Now()
+		if err := r.proc.signal(syscall.SIGTERM); err != nil {
+			r.set(CheckExit, Fail, "could not send SIGTERM: %v", err)
+		}
+		t := time.NewTimer(r.cfg.TermTimeout)
+		defer t.Stop()
+		select {
+		case <-r.proc.done:
+			r.set(CheckExit, Pass, "exited %s after SIGTERM (%s)", r.proc.exited.Sub(sent).Round(time.Millisecond), exitText(r.proc.err))
+		case <-t.C:
+			r.set(CheckExit, Fail, "still running %s after SIGTERM; killed", r.cfg.TermTimeout)
+			r.proc.kill()
+			r.set(CheckSocketRemoved, Skip, "the plugin did not exit by itself; see %s", CheckExit)
+			return
+		case <-ctx.Done():
+			r.proc.kill()
+			r.set(CheckExit, Skip, "interrupted")
+			return
+		}
+	}
+	if len(sockets) == 0 {
+		r.set(CheckSocketRemoved, Skip, "no plugin socket is known")
+		return
+	}
+	var left []string
+	for _, s := range sockets {
+		if _, err := os.Lstat(s); err == nil {
+			left = append(left, filepath.Base(s))
+		}
+	}
+	if len(left) > 0 {
+		r.set(CheckSocketRemoved, Fail, "left behind: %s", strings.Join(left, ", "))
+	} else {
+		r.set(CheckSocketRemoved, Pass, "removed: %s", strings.Join(baseNames(sockets), ", "))
+	}
+}
+
+// pluginSockets returns the sockets of the latest registrations.
+func (r *runner) pluginSockets() []string {
+	var out []string
+	for _, res := range r.resources {
+		if c := r.emu.current(res); c != nil {
+			out = append(out, c.Socket)
+		}
+	}
+	if r.pw != nil {
+		for _, p := range r.pw.Plugins() {
+			out = append(out, p.SocketPath)
+		}
+	}
+	return dedupe(out)
+}
+
+func baseNames(paths []string) []string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = filepath.Base(p)
+	}
+	return out
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	var ee interface{ ExitCode() int }
+	if errors.As(err, &ee) && ee.ExitCode() >= 0 {
+		return err.Error()
+	}
+	return err.Error()
+}

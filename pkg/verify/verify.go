@@ -1,0 +1,269 @@
+// Package verify checks that a device plugin behaves the way the kubelet
+// needs it to. It runs the plugin (or attaches to one that is running)
+// against an emulated kubelet built for observation, drives it through
+// registration, ListAndWatch, Allocate, GetPreferredAllocation,
+// PreStartContainer, kubelet restarts and SIGTERM, and reports one verdict
+// per check (see Checks and docs/verify.md).
+//
+//	report, err := verify.Run(ctx, verify.Config{Command: []string{"my-plugin", "--dir", "{plugin-dir}"}})
+//	if err != nil { ... }           // the run could not be set up
+//	report.WriteTable(os.Stdout)    // or WriteJSON, WriteJUnit
+//	if report.Failed() { ... }
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Verdict is the outcome of one check.
+type Verdict string
+
+// Verdicts.
+const (
+	Pass Verdict = "pass"
+	Fail Verdict = "fail"
+	Warn Verdict = "warn"
+	Skip Verdict = "skip"
+)
+
+// Result is one check's outcome.
+type Result struct {
+	ID          string  `json:"id"`
+	Description string  `json:"description"`
+	Basis       string  `json:"basis"`
+	Verdict     Verdict `json:"verdict"`
+	// Detail says what was seen: the measured figure, the failure, or why
+	// the check was skipped.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Summary counts verdicts.
+type Summary struct {
+	Passed  int `json:"passed"`
+	Failed  int `json:"failed"`
+	Warned  int `json:"warned"`
+	Skipped int `json:"skipped"`
+}
+
+func (s Summary) String() string {
+	out := fmt.Sprintf("%d passed, %d failed", s.Passed, s.Failed)
+	if s.Warned > 0 {
+		out += fmt.Sprintf(", %d warned", s.Warned)
+	}
+	return out + fmt.Sprintf(", %d skipped", s.Skipped)
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	// Command is the plugin command as run (placeholders expanded); empty
+	// for an already running plugin.
+	Command []string `json:"command,omitempty"`
+	// Mode is "kubelet.sock" or "plugins_registry".
+	Mode string `json:"mode"`
+	// PluginDir is the emulated kubelet's device plugin directory.
+	PluginDir string `json:"pluginDir"`
+	// Resources are the resources that registered.
+	Resources []string `json:"resources"`
+	// Duration is how long the run took.
+	Duration time.Duration `json:"duration"`
+	Results  []Result      `json:"results"`
+	Summary  Summary       `json:"summary"`
+	// PluginOutput is the end of what the plugin wrote, kept when a check
+	// failed.
+	PluginOutput string `json:"pluginOutput,omitempty"`
+}
+
+// Failed reports whether any check failed.
+func (r *Report) Failed() bool { return r.Summary.Failed > 0 }
+
+// Result returns the result of the check with id, or nil.
+func (r *Report) Result(id string) *Result {
+	for i := range r.Results {
+		if r.Results[i].ID == id {
+			return &r.Results[i]
+		}
+	}
+	return nil
+}
+
+// Defaults of Config.
+const (
+	DefaultRegisterTimeout     = 10 * time.Second
+	DefaultReregisterThreshold = 5 * time.Second
+	DefaultRestarts            = 3
+	DefaultTermTimeout         = 10 * time.Second
+	DefaultQuietPeriod         = time.Second
+	DefaultCallTimeout         = 5 * time.Second
+	DefaultDialTimeout         = 10 * time.Second
+)
+
+// Config configures a run.
+type Config struct {
+	// Command is the plugin command and its arguments. "{plugin-dir}" is
+	// replaced with the emulated kubelet's device plugin directory and
+	// "{registry-dir}" with its plugins_registry directory. Either Command
+	// or SocketDir is required.
+	Command []string
+	// SocketDir verifies a plugin that is already running and registers
+	// through SocketDir/kubelet.sock: the emulated kubelet serves there.
+	// The checks that stop the plugin are skipped.
+	SocketDir string
+	// PrivateMount runs Command in its own mount namespace in which
+	// /var/lib/kubelet/device-plugins is the emulated directory, for
+	// plugins that only know that path. Needs root.
+	PrivateMount bool
+	// PluginWatcher creates a plugins_registry directory and registers the
+	// plugin through the kubelet's plugin watcher instead of kubelet.sock.
+	PluginWatcher bool
+	// Env is the plugin's base environment. Default os.Environ().
+	Env []string
+	// RegisterTimeout bounds the wait for the first registration.
+	RegisterTimeout time.Duration
+	// ReregisterThreshold is the longest acceptable time to register again
+	// after a kubelet restart or the removal of the plugin's socket.
+	ReregisterThreshold time.Duration
+	// Restarts is how many kubelet restarts in a row are emulated.
+	Restarts int
+	// TermTimeout bounds the wait for the plugin to exit after SIGTERM.
+	TermTimeout time.Duration
+	// QuietPeriod is how long the verifier watches for further
+	// registrations after one arrives (registration storms).
+	QuietPeriod time.Duration
+	// HealthWait is how long to wait for a device to change health so
+	// that health updates can be observed. Zero observes only what
+	// happens during the other checks.
+	HealthWait time.Duration
+	// CallTimeout bounds every RPC and the wait for ListAndWatch messages.
+	CallTimeout time.Duration
+	// DialTimeout is how long the emulated kubelet waits for a plugin's
+	// socket inside Register (the kubelet's blocking dial: 10s).
+	DialTimeout time.Duration
+	// Logger receives debug logs of the run. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.RegisterTimeout == 0 {
+		c.RegisterTimeout = DefaultRegisterTimeout
+	}
+	if c.ReregisterThreshold == 0 {
+		c.ReregisterThreshold = DefaultReregisterThreshold
+	}
+	if c.Restarts == 0 {
+		c.Restarts = DefaultRestarts
+	}
+	if c.TermTimeout == 0 {
+		c.TermTimeout = DefaultTermTimeout
+	}
+	if c.QuietPeriod == 0 {
+		c.QuietPeriod = DefaultQuietPeriod
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports every problem in c with its field path.
+func (c Config) Validate() error {
+	var errs field.ErrorList
+	switch {
+	case len(c.Command) == 0 && c.SocketDir == "":
+		errs = append(errs, field.Required(field.NewPath("command"), "give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir)"))
+	case len(c.Command) > 0 && c.SocketDir != "":
+		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "give either a command to run or --socket-dir of a running plugin, not both"))
+	}
+	if c.SocketDir != "" && !filepath.IsAbs(c.SocketDir) {
+		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "must be an absolute path"))
+	}
+	if c.PrivateMount && c.SocketDir != "" {
+		errs = append(errs, field.Invalid(field.NewPath("privateMount"), true, "only applies to a plugin command that verify starts"))
+	}
+	if c.PluginWatcher && c.SocketDir != "" {
+		errs = append(errs, field.Invalid(field.NewPath("pluginWatcher"), true, "plugin-watcher mode needs a plugin command that verify starts"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"registerTimeout", c.RegisterTimeout}, {"reregisterThreshold", c.ReregisterThreshold},
+		{"termTimeout", c.TermTimeout}, {"quietPeriod", c.QuietPeriod}, {"healthWait", c.HealthWait},
+		{"callTimeout", c.CallTimeout}, {"dialTimeout", c.DialTimeout},
+	} {
+		if d.v < 0 {
+			errs = append(errs, field.Invalid(field.NewPath(d.name), d.v.String(), "must not be negative"))
+		}
+	}
+	if c.Restarts < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("restarts"), c.Restarts, "must not be negative; 0 means the default, 3"))
+	}
+	return errs.ToAggregate()
+}
+
+// Run verifies the plugin cfg describes. The error is non-nil only when
+// the run could not be set up (the plugin command could not be started,
+// say); a misbehaving plugin gives a Report with failed checks.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid verify configuration: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	start := time.Now()
+	r := &runner{cfg: cfg, log: cfg.Logger, results: make(map[string]*Result)}
+	for _, c := range Checks() {
+		r.results[c.ID] = &Result{ID: c.ID, Description: c.Description, Basis: c.Basis}
+	}
+	if err := r.setup(); err != nil {
+		r.cleanup()
+		return nil, err
+	}
+	defer r.cleanup()
+	r.run(ctx)
+
+	rep := &Report{Command: r.command, Mode: viaKubeletSocket, PluginDir: r.pluginDir, Resources: r.resources}
+	if cfg.PluginWatcher {
+		rep.Mode = viaRegistry
+	}
+	for _, c := range Checks() {
+		res := *r.results[c.ID]
+		if res.Verdict == "" {
+			res.Verdict, res.Detail = Skip, "not reached"
+		}
+		switch res.Verdict {
+		case Pass:
+			rep.Summary.Passed++
+		case Fail:
+			rep.Summary.Failed++
+		case Warn:
+			rep.Summary.Warned++
+		case Skip:
+			rep.Summary.Skipped++
+		}
+		rep.Results = append(rep.Results, res)
+	}
+	if rep.Failed() && r.proc != nil {
+		rep.PluginOutput = r.proc.out.String()
+	}
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// errNoPlugin is the detail of checks that need a registered plugin.
+var errNoPlugin = errors.New("no registration was accepted; see registration.*")
