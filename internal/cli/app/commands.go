@@ -11,6 +11,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/deletecmd"
 	"github.com/dpkit/dpkit/internal/cli/get"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/cli/up"
 	"github.com/dpkit/dpkit/internal/cli/versioncmd"
@@ -28,4 +29,5 @@ var subcommands = []func(*cli.Env) *cobra.Command{
 	admit.NewCommand,
 	up.NewCommand,
 	advertise.NewCommand,
+	node.NewCommand,
 }

@@ -1,0 +1,92 @@
+// Package backend defines what runs a virtual node's pods. A Backend owns
+// the status of the pods it runs and reports every change through
+// Config.Notify; the virtual node handles admission, devices and the API.
+//
+// Optional capabilities are found by type assertion: LogReader, Executor
+// and StatsProvider.
+package backend
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+)
+
+// Config is what every backend is given.
+type Config struct {
+	// Notify receives a copy of a pod whenever its status changes. It may
+	// block; backends call it without holding their locks.
+	Notify func(*corev1.Pod)
+	// ContainerEnv returns the environment the node adds to a container
+	// (the device plugins' variables). May be nil.
+	ContainerEnv func(pod *corev1.Pod, container string) []corev1.EnvVar
+	// PreStart is called before each start of a container (the device
+	// plugins' PreStartContainer). May be nil.
+	PreStart func(ctx context.Context, pod *corev1.Pod, container string) error
+	// NodeIP is reported as the pods' hostIP and podIP.
+	NodeIP string
+	// Logger receives the backend's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Backend runs pods.
+type Backend interface {
+	// CreatePod starts running an admitted pod. It returns once the pod is
+	// accepted; progress is reported through Config.Notify.
+	CreatePod(ctx context.Context, pod *corev1.Pod) error
+	// DeletePod stops the pod's containers, honouring its termination
+	// grace period, and reports their terminal statuses. It may be called
+	// more than once.
+	DeletePod(ctx context.Context, pod *corev1.Pod) error
+	// Forget drops every trace of a pod deleted from the API server.
+	Forget(ctx context.Context, pod *corev1.Pod) error
+	// Pods returns every pod the backend knows, with its current status.
+	// After a restart these are the pods adopted from the previous run.
+	Pods() []*corev1.Pod
+	// Close stops the backend's own goroutines; what it runs keeps
+	// running where the backend supports it (process).
+	Close() error
+}
+
+// LogOptions select what a LogReader returns, like the kubelet's
+// container log options.
+type LogOptions struct {
+	Tail       int // lines from the end; negative means all
+	LimitBytes int
+	Timestamps bool
+	Follow     bool
+	Previous   bool
+	SinceTime  time.Time
+}
+
+// LogReader is implemented by backends that keep container logs.
+type LogReader interface {
+	Logs(ctx context.Context, namespace, pod, container string, opts LogOptions) (io.ReadCloser, error)
+}
+
+// ExecIO are the streams of an exec session.
+type ExecIO struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	TTY            bool
+}
+
+// Executor is implemented by backends that can run a command in a
+// container's environment.
+type Executor interface {
+	Exec(ctx context.Context, namespace, pod, container string, cmd []string, io ExecIO) error
+}
+
+// StatsProvider is implemented by backends that can measure their pods.
+type StatsProvider interface {
+	PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error)
+}
+
+// Now is a metav1.Time truncated to seconds, like what the API server
+// stores, so repeated notifications of one state compare equal.
+func Now() metav1.Time { return metav1.NewTime(time.Now().Truncate(time.Second)) }

@@ -1,0 +1,239 @@
+package process
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// ErrNotFound is wrapped by errors about unknown pods and containers.
+var ErrNotFound = errors.New("not found")
+
+// Logs implements backend.LogReader over the CRI-format log files.
+func (b *Backend) Logs(ctx context.Context, namespace, name, container string, opts backend.LogOptions) (io.ReadCloser, error) {
+	pr := b.byName(namespace, name)
+	if pr == nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
+	}
+	pr.mu.Lock()
+	restart, known := pr.restarts[container]
+	p := pr.procs[container]
+	pr.mu.Unlock()
+	if !known && !hasContainer(pr.pod, container) {
+		return nil, fmt.Errorf("container %s in pod %s/%s: %w", container, namespace, name, ErrNotFound)
+	}
+	if opts.Previous {
+		if restart == 0 {
+			return nil, fmt.Errorf("previous terminated container %q in pod %q: %w", container, name, ErrNotFound)
+		}
+		restart--
+		p = nil
+	}
+	f, err := os.Open(pr.logPath(container, restart))
+	if errors.Is(err, os.ErrNotExist) {
+		return io.NopCloser(bytes.NewReader(nil)), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	live := func() bool { return p != nil && p.running() }
+	rd, wr := io.Pipe()
+	go func() {
+		defer f.Close()
+		wr.CloseWithError(copyLogs(ctx, f, wr, opts, live, b.cfg.PollInterval))
+	}()
+	return rd, nil
+}
+
+func hasContainer(pod *corev1.Pod, name string) bool {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// logLine is one parsed CRI log line.
+type logLine struct {
+	ts      time.Time
+	raw     []byte // the timestamp field
+	partial bool
+	msg     []byte
+}
+
+// parseLine parses "<RFC3339Nano> <stream> <P|F> <msg>".
+func parseLine(line []byte) (logLine, bool) {
+	var l logLine
+	i := bytes.IndexByte(line, ' ')
+	if i < 0 {
+		return l, false
+	}
+	ts, err := time.Parse(time.RFC3339Nano, string(line[:i]))
+	if err != nil {
+		return l, false
+	}
+	l.ts, l.raw = ts, line[:i]
+	rest := line[i+1:]
+	j := bytes.IndexByte(rest, ' ')
+	if j < 0 {
+		return l, false
+	}
+	rest = rest[j+1:]
+	if len(rest) < 1 {
+		return l, false
+	}
+	l.partial = rest[0] == 'P'
+	if len(rest) > 1 {
+		l.msg = rest[2:]
+	}
+	return l, true
+}
+
+// copyLogs writes the container output selected by opts. With Follow it
+// keeps reading while live reports the container running.
+func copyLogs(ctx context.Context, f *os.File, w io.Writer, opts backend.LogOptions, live func() bool, poll time.Duration) error {
+	var written int
+	limit := func(b []byte) ([]byte, bool) {
+		if opts.LimitBytes <= 0 {
+			return b, false
+		}
+		left := opts.LimitBytes - written
+		if left <= 0 {
+			return nil, true
+		}
+		if len(b) > left {
+			return b[:left], true
+		}
+		return b, false
+	}
+	emit := func(l logLine) (bool, error) {
+		if !opts.SinceTime.IsZero() && l.ts.Before(opts.SinceTime) {
+			return false, nil
+		}
+		var out []byte
+		if opts.Timestamps {
+			out = append(append(out, l.raw...), ' ')
+		}
+		out = append(out, l.msg...)
+		if !l.partial {
+			out = append(out, '\n')
+		}
+		out, stop := limit(out)
+		n, err := w.Write(out)
+		written += n
+		return stop, err
+	}
+
+	br := bufio.NewReader(f)
+	var pending []byte
+	// The lines present now, subject to tail.
+	var lines []logLine
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			pending = line
+			break
+		}
+		if l, ok := parseLine(bytes.TrimSuffix(line, []byte("\n"))); ok {
+			lines = append(lines, l)
+		}
+	}
+	if opts.Tail >= 0 && len(lines) > opts.Tail {
+		lines = lines[len(lines)-opts.Tail:]
+	}
+	for _, l := range lines {
+		if stop, err := emit(l); stop || err != nil {
+			return err
+		}
+	}
+	if !opts.Follow {
+		return nil
+	}
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		wasLive := live()
+		for {
+			chunk, err := br.ReadBytes('\n')
+			pending = append(pending, chunk...)
+			if err != nil {
+				break
+			}
+			if l, ok := parseLine(bytes.TrimSuffix(pending, []byte("\n"))); ok {
+				if stop, err := emit(l); stop || err != nil {
+					return err
+				}
+			}
+			pending = nil
+		}
+		if !wasLive {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Exec implements backend.Executor: it runs cmd as a host process with the
+// container's environment and working directory. A TTY is not allocated;
+// the streams are plain pipes.
+func (b *Backend) Exec(ctx context.Context, namespace, name, container string, cmd []string, eio backend.ExecIO) error {
+	pr := b.byName(namespace, name)
+	if pr == nil {
+		return fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
+	}
+	if len(cmd) == 0 {
+		return errors.New("exec: no command given")
+	}
+	pr.mu.Lock()
+	p := pr.procs[container]
+	pod := pr.pod.DeepCopy()
+	pr.mu.Unlock()
+	if p == nil || !p.running() {
+		return fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
+	}
+	env, dir := p.env, p.dir
+	if env == nil {
+		for _, c := range pod.Spec.Containers {
+			if c.Name == container {
+				env, _ = pr.containerEnv(pod, c)
+				dir = pr.workDir(c)
+			}
+		}
+	}
+	if dir == "" {
+		dir = pr.dir
+	}
+	c := exec.CommandContext(ctx, cmd[0], cmd[1:]...)
+	c.Env, c.Dir = env, dir
+	c.Stdin, c.Stdout, c.Stderr = eio.Stdin, eio.Stdout, eio.Stderr
+	if eio.TTY && c.Stderr == nil {
+		c.Stderr = eio.Stdout
+	}
+	err := c.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return utilexec.CodeExitError{Err: err, Code: ee.ExitCode()}
+	}
+	return err
+}

@@ -1,0 +1,376 @@
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// podRun runs one pod: init containers in order, then app containers, each
+// restarted according to the pod's restartPolicy.
+type podRun struct {
+	b   *Backend
+	dir string
+
+	mu       sync.Mutex
+	pod      *corev1.Pod
+	procs    map[string]*proc     // running or last process per container
+	adopt    map[string]procState // processes of a previous run, until followed
+	restarts map[string]int32
+	stopping chan struct{} // closed by stop
+	stopOnce sync.Once
+	killAt   time.Time
+	done     chan struct{}
+	loopsWG  sync.WaitGroup // container loops
+}
+
+func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
+	pr := &podRun{
+		b:        b,
+		dir:      filepath.Join(b.cfg.Dir, string(pod.UID)),
+		pod:      pod,
+		procs:    map[string]*proc{},
+		adopt:    map[string]procState{},
+		restarts: map[string]int32{},
+		stopping: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for _, s := range pod.Status.InitContainerStatuses {
+		pr.restarts[s.Name] = s.RestartCount
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		pr.restarts[s.Name] = s.RestartCount
+	}
+	return pr
+}
+
+func (pr *podRun) snapshot() *corev1.Pod {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.pod.DeepCopy()
+}
+
+func (pr *podRun) isStopping() bool {
+	select {
+	case <-pr.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop terminates the pod: SIGTERM to every process group now, SIGKILL
+// once grace has passed. Containers are not restarted after stop.
+func (pr *podRun) stop(grace time.Duration) {
+	pr.mu.Lock()
+	at := time.Now().Add(grace)
+	if pr.killAt.IsZero() || at.Before(pr.killAt) {
+		pr.killAt = at
+	}
+	procs := make([]*proc, 0, len(pr.procs))
+	for _, p := range pr.procs {
+		procs = append(procs, p)
+	}
+	pr.mu.Unlock()
+	pr.stopOnce.Do(func() { close(pr.stopping) })
+	for _, p := range procs {
+		if grace <= 0 {
+			p.signal(syscall.SIGKILL)
+		} else {
+			p.signal(syscall.SIGTERM)
+		}
+	}
+	if grace > 0 {
+		time.AfterFunc(grace, func() {
+			pr.mu.Lock()
+			procs := make([]*proc, 0, len(pr.procs))
+			for _, p := range pr.procs {
+				procs = append(procs, p)
+			}
+			pr.mu.Unlock()
+			for _, p := range procs {
+				p.signal(syscall.SIGKILL)
+			}
+		})
+	}
+	// A pod whose run loop has already finished reports its final state
+	// again so that the caller sees a terminal status.
+	select {
+	case <-pr.done:
+		pr.publish()
+	default:
+	}
+}
+
+// publish recomputes the pod status, persists the state and notifies.
+func (pr *podRun) publish() {
+	pr.mu.Lock()
+	backend.ComputeStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping())
+	st := state{Pod: pr.pod, Procs: map[string]procState{}}
+	for name, p := range pr.procs {
+		st.Procs[name] = procState{PID: p.pid, StartTicks: p.startTicks, RestartCount: pr.restarts[name]}
+	}
+	data, err := json.Marshal(&st)
+	out := pr.pod.DeepCopy()
+	pr.mu.Unlock()
+	if err == nil {
+		err = writeAtomic(filepath.Join(pr.dir, "state.json"), data)
+	}
+	if err != nil {
+		pr.b.log.Error("persisting pod state", "pod", out.Namespace+"/"+out.Name, "err", err)
+	}
+	pr.b.cfg.Notify(out)
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o640); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// setState updates one container's status.
+func (pr *podRun) setState(name string, init bool, f func(*corev1.ContainerStatus)) {
+	pr.mu.Lock()
+	list := pr.pod.Status.ContainerStatuses
+	if init {
+		list = pr.pod.Status.InitContainerStatuses
+	}
+	for i := range list {
+		if list[i].Name == name {
+			f(&list[i])
+		}
+	}
+	pr.mu.Unlock()
+	pr.publish()
+}
+
+func (pr *podRun) containerStatus(name string, init bool) corev1.ContainerStatus {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	list := pr.pod.Status.ContainerStatuses
+	if init {
+		list = pr.pod.Status.InitContainerStatuses
+	}
+	for _, s := range list {
+		if s.Name == name {
+			return *s.DeepCopy()
+		}
+	}
+	return corev1.ContainerStatus{Name: name}
+}
+
+func (pr *podRun) run(ctx context.Context) {
+	defer close(pr.done)
+	pod := pr.snapshot()
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return
+	}
+	policy := pod.Spec.RestartPolicy
+	for i, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			// A sidecar: started and kept running alongside the app
+			// containers.
+			pr.startLoop(ctx, c, true, corev1.RestartPolicyAlways)
+			continue
+		}
+		if st := pr.containerStatus(c.Name, true); st.State.Terminated != nil && st.State.Terminated.ExitCode == 0 {
+			continue
+		}
+		ok := pr.loop(ctx, pod.Spec.InitContainers[i], true, initPolicy(policy))
+		if ctx.Err() != nil {
+			return
+		}
+		if !ok {
+			pr.publish()
+			pr.wait(ctx)
+			return
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		pr.startLoop(ctx, c, false, policy)
+	}
+	pr.wait(ctx)
+	if ctx.Err() == nil {
+		pr.publish()
+	}
+}
+
+func initPolicy(p corev1.RestartPolicy) corev1.RestartPolicy {
+	if p == corev1.RestartPolicyAlways {
+		return corev1.RestartPolicyOnFailure
+	}
+	return p
+}
+
+// wait blocks until every container loop of the pod has returned.
+func (pr *podRun) wait(ctx context.Context) {
+	c := make(chan struct{})
+	go func() { pr.loopsWG.Wait(); close(c) }()
+	select {
+	case <-c:
+	case <-ctx.Done():
+	}
+}
+
+func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool, policy corev1.RestartPolicy) {
+	pr.loopsWG.Add(1)
+	go func() {
+		defer pr.loopsWG.Done()
+		pr.loop(ctx, c, init, policy)
+	}()
+}
+
+// loop runs a container until it must not be restarted; it reports
+// whether its last run succeeded.
+func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, policy corev1.RestartPolicy) bool {
+	backoff := pr.b.cfg.BackoffInitial
+	for {
+		code, ok := pr.runOnce(ctx, c, init)
+		if !ok || ctx.Err() != nil {
+			return false
+		}
+		if pr.isStopping() {
+			return code == 0
+		}
+		switch {
+		case policy == corev1.RestartPolicyNever:
+			return code == 0
+		case policy == corev1.RestartPolicyOnFailure && code == 0:
+			return true
+		}
+		pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+			s.LastTerminationState = s.State
+			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+				Reason:  ReasonBackOff,
+				Message: fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", backoff, c.Name, pr.pod.Name, pr.pod.Namespace, pr.pod.UID),
+			}}
+		})
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-pr.stopping:
+			t.Stop()
+			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+				if s.LastTerminationState.Terminated != nil {
+					s.State = s.LastTerminationState
+				}
+			})
+			return false
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+		backoff = min(2*backoff, pr.b.cfg.BackoffMax)
+		pr.mu.Lock()
+		pr.restarts[c.Name]++
+		n := pr.restarts[c.Name]
+		pr.mu.Unlock()
+		pr.setState(c.Name, init, func(s *corev1.ContainerStatus) { s.RestartCount = n })
+	}
+}
+
+// runOnce starts the container (or follows the process a previous run
+// started) and waits for it to exit. ok is false when the container could
+// not be created and must not be retried, or when the backend is closing.
+func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (code int32, ok bool) {
+	if pr.isStopping() {
+		return 0, false
+	}
+	pr.mu.Lock()
+	adopted, hasAdopted := pr.adopt[c.Name]
+	delete(pr.adopt, c.Name)
+	pod := pr.pod.DeepCopy()
+	restart := pr.restarts[c.Name]
+	pr.mu.Unlock()
+
+	var p *proc
+	prev := pr.containerStatus(c.Name, init)
+	if hasAdopted && adopted.RestartCount == restart && prev.State.Running != nil {
+		p = pr.adoptProc(c.Name, adopted)
+		if p == nil {
+			// Gone while we were away: report what its exit file says.
+			code, reason := readExit(pr.exitFile(c.Name, restart))
+			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+				s.State = backend.Terminated(code, reason, "", prev.State.Running.StartedAt, backend.Now())
+			})
+			return code, true
+		}
+	} else if prev.State.Terminated != nil && hasAdopted && adopted.RestartCount == restart {
+		return prev.State.Terminated.ExitCode, true
+	}
+	if p == nil {
+		if len(c.Command) == 0 {
+			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+					Reason:  ReasonNoCommand,
+					Message: "the process backend runs the container's command on the host and does not pull images: set command (and args) for container " + c.Name,
+				}}
+			})
+			return 0, false
+		}
+		if pr.b.cfg.PreStart != nil {
+			if err := pr.b.cfg.PreStart(ctx, pod, c.Name); err != nil {
+				now := backend.Now()
+				pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+					s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+				})
+				return 128, true
+			}
+		}
+		var err error
+		p, err = pr.startProc(pod, c, restart)
+		if err != nil {
+			now := backend.Now()
+			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+				s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+			})
+			return 128, true
+		}
+	}
+	pr.mu.Lock()
+	pr.procs[c.Name] = p
+	pr.mu.Unlock()
+	started := p.started
+	pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+		s.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}
+		s.ContainerID = fmt.Sprintf("process://%d", p.pid)
+	})
+	if pr.isStopping() {
+		// stop raced with the start: make sure this process gets it too.
+		pr.mu.Lock()
+		killAt := pr.killAt
+		pr.mu.Unlock()
+		if time.Until(killAt) <= 0 {
+			p.signal(syscall.SIGKILL)
+		} else {
+			p.signal(syscall.SIGTERM)
+		}
+	}
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return 0, false
+	}
+	reason := ReasonCompleted
+	if p.code != 0 {
+		reason = ReasonError
+	}
+	if p.reason != "" {
+		reason = p.reason
+	}
+	pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+		s.State = backend.Terminated(p.code, reason, "", started, p.finished)
+	})
+	return p.code, true
+}

@@ -1,0 +1,367 @@
+package process
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// wrapper runs the container's command in the foreground and records its
+// exit code in the file named by $0, so that the code survives a restart
+// of the node. The trap (a handler, not "ignore", so the command keeps
+// default signal dispositions) lets the shell outlive a SIGTERM sent to
+// the process group long enough to write the code.
+const wrapper = `trap : TERM INT; "$@"; rc=$?; echo $rc > "$0.tmp" && mv -f "$0.tmp" "$0"; exit $rc`
+
+// proc is one run of a container.
+type proc struct {
+	pid        int
+	startTicks uint64
+	started    metav1.Time
+	env        []string
+	dir        string
+
+	exited   chan struct{}
+	code     int32
+	reason   string
+	finished metav1.Time
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	// The wrapper leads its own process group: signal the whole group.
+	_ = syscall.Kill(-p.pid, sig)
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+func (pr *podRun) exitFile(container string, restart int32) string {
+	return filepath.Join(pr.dir, fmt.Sprintf("%s.%d.exit", container, restart))
+}
+
+func (pr *podRun) logPath(container string, restart int32) string {
+	return filepath.Join(pr.dir, "logs", container, fmt.Sprintf("%d.log", restart))
+}
+
+func (pr *podRun) fifo(container, stream string) string {
+	return filepath.Join(pr.dir, container+"."+stream)
+}
+
+// containerEnv builds the process environment: the pod's resolved env,
+// then the device plugins', then HOSTNAME and a PATH when none is set.
+func (pr *podRun) containerEnv(pod *corev1.Pod, c corev1.Container) ([]string, map[string]string) {
+	vars := map[string]string{}
+	var order []string
+	set := func(k, v string) {
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
+	}
+	set("HOSTNAME", pod.Name)
+	for _, e := range c.Env {
+		set(e.Name, expand(e.Value, vars))
+	}
+	if pr.b.cfg.ContainerEnv != nil {
+		for _, e := range pr.b.cfg.ContainerEnv(pod, c.Name) {
+			set(e.Name, e.Value)
+		}
+	}
+	if _, ok := vars["PATH"]; !ok {
+		set("PATH", envOr("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
+	}
+	env := make([]string, 0, len(order))
+	for _, k := range order {
+		env = append(env, k+"="+vars[k])
+	}
+	return env, vars
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func (pr *podRun) workDir(c corev1.Container) string {
+	if c.WorkingDir != "" {
+		return c.WorkingDir
+	}
+	return pr.dir
+}
+
+func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) (*proc, error) {
+	env, vars := pr.containerEnv(pod, c)
+	argv := make([]string, 0, len(c.Command)+len(c.Args))
+	for _, a := range c.Command {
+		argv = append(argv, expand(a, vars))
+	}
+	for _, a := range c.Args {
+		argv = append(argv, expand(a, vars))
+	}
+	logPath := pr.logPath(c.Name, restart)
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o750); err != nil {
+		return nil, err
+	}
+	exitFile := pr.exitFile(c.Name, restart)
+	_ = os.Remove(exitFile)
+
+	// Each stream goes through a named pipe: the process holds it open
+	// read-write, so writes never fail while the node is down (they
+	// block once the pipe is full), and the node reads it into the log.
+	var childFiles []*os.File
+	var readers []*os.File
+	closeAll := func() {
+		for _, f := range childFiles {
+			_ = f.Close()
+		}
+	}
+	for _, stream := range []string{"stdout", "stderr"} {
+		path := pr.fifo(c.Name, stream)
+		_ = os.Remove(path)
+		if err := syscall.Mkfifo(path, 0o600); err != nil {
+			closeAll()
+			return nil, fmt.Errorf("creating %s pipe: %w", stream, err)
+		}
+		w, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("opening %s pipe: %w", stream, err)
+		}
+		childFiles = append(childFiles, w)
+	}
+	cmd := exec.Command(pr.b.cfg.Shell, append([]string{"-c", wrapper, exitFile}, argv...)...)
+	cmd.Env = env
+	cmd.Dir = pr.workDir(c)
+	cmd.Stdout, cmd.Stderr = childFiles[0], childFiles[1]
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		closeAll()
+		return nil, err
+	}
+	for _, stream := range []string{"stdout", "stderr"} {
+		r, err := os.OpenFile(pr.fifo(c.Name, stream), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			pr.b.log.Error("opening container output", "container", c.Name, "err", err)
+			continue
+		}
+		readers = append(readers, r)
+	}
+	closeAll()
+	p := &proc{
+		pid:     cmd.Process.Pid,
+		started: metav1.NewTime(time.Now()),
+		env:     env,
+		dir:     cmd.Dir,
+		exited:  make(chan struct{}),
+	}
+	p.startTicks, _ = procStartTicks(p.pid)
+	logsDone := pr.pumpLogs(logPath, readers)
+	go func() {
+		err := cmd.Wait()
+		p.code = exitCode(cmd.ProcessState, err)
+		<-logsDone
+		p.finished = metav1.NewTime(time.Now())
+		close(p.exited)
+	}()
+	pr.b.log.Info("container started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "pid", p.pid, "argv", argv)
+	return p, nil
+}
+
+// adoptProc follows a process started by a previous run, or returns nil
+// when it is gone.
+func (pr *podRun) adoptProc(container string, ps procState) *proc {
+	ticks, err := procStartTicks(ps.PID)
+	if err != nil || ticks != ps.StartTicks {
+		return nil
+	}
+	p := &proc{pid: ps.PID, startTicks: ticks, exited: make(chan struct{})}
+	st := pr.containerStatus(container, false)
+	if st.State.Running == nil {
+		st = pr.containerStatus(container, true)
+	}
+	if st.State.Running != nil {
+		p.started = st.State.Running.StartedAt
+	}
+	p.env, p.dir = procEnv(ps.PID), ""
+	var readers []*os.File
+	for _, stream := range []string{"stdout", "stderr"} {
+		r, err := os.OpenFile(pr.fifo(container, stream), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			readers = append(readers, r)
+		}
+	}
+	logsDone := pr.pumpLogs(pr.logPath(container, ps.RestartCount), readers)
+	exitFile := pr.exitFile(container, ps.RestartCount)
+	go func() {
+		t := time.NewTicker(pr.b.cfg.PollInterval)
+		defer t.Stop()
+		for range t.C {
+			if ticks, err := procStartTicks(ps.PID); err != nil || ticks != ps.StartTicks {
+				break
+			}
+		}
+		<-logsDone
+		p.code, p.reason = readExit(exitFile)
+		if p.reason == ReasonCompleted || p.reason == ReasonError {
+			p.reason = ""
+		}
+		p.finished = metav1.NewTime(time.Now())
+		close(p.exited)
+	}()
+	pr.b.log.Info("following container of a previous run", "container", container, "pid", ps.PID)
+	return p
+}
+
+// readExit reads an exit file written by the wrapper. A missing file
+// means the wrapper itself was killed (SIGKILL at the end of the grace
+// period) or the process vanished while nobody watched.
+func readExit(path string) (int32, string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 137, ReasonUnknown
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 137, ReasonUnknown
+	}
+	if n == 0 {
+		return 0, ReasonCompleted
+	}
+	return int32(n), ReasonError
+}
+
+func exitCode(ps *os.ProcessState, err error) int32 {
+	if ps == nil {
+		if err != nil {
+			return 128
+		}
+		return 0
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int32(ws.Signal())
+	}
+	return int32(ps.ExitCode())
+}
+
+// pumpLogs copies the streams into the log file, one CRI-format line
+// ("<RFC3339Nano> <stream> F <text>") per line read. The channel is
+// closed when every stream reached EOF (no writer left).
+func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
+	done := make(chan struct{})
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		pr.b.log.Error("opening container log", "path", path, "err", err)
+		for _, r := range readers {
+			_ = r.Close()
+		}
+		close(done)
+		return done
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, r := range readers {
+		stream := "stdout"
+		if i == 1 {
+			stream = "stderr"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer r.Close()
+			br := bufio.NewReaderSize(r, 16<<10)
+			for {
+				line, err := br.ReadSlice('\n')
+				if len(line) > 0 {
+					tag := "F"
+					if line[len(line)-1] == '\n' {
+						line = line[:len(line)-1]
+					} else if err == bufio.ErrBufferFull {
+						tag = "P"
+					}
+					mu.Lock()
+					_, _ = fmt.Fprintf(f, "%s %s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), stream, tag, line)
+					mu.Unlock()
+				}
+				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+					if !errors.Is(err, io.EOF) {
+						pr.b.log.Debug("container output", "path", path, "err", err)
+					}
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		_ = f.Close()
+		close(done)
+	}()
+	return done
+}
+
+// procStartTicks reads the start time of a process (field 22 of
+// /proc/PID/stat, in clock ticks since boot), which tells a process from
+// a later one that reuses its PID.
+func procStartTicks(pid int) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is field 3 (state); start time is field 22.
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	if fields[0] == "Z" || fields[0] == "X" {
+		return 0, fmt.Errorf("process %d exited", pid)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+func procEnv(pid int) []string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return nil
+	}
+	var env []string
+	for _, kv := range strings.Split(string(data), "\x00") {
+		if kv != "" {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+var _ backend.Backend = (*Backend)(nil)

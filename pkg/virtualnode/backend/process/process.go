@@ -1,0 +1,307 @@
+// Package process is the virtual node backend that runs each container's
+// command and args as a host process: no image, no isolation. Container
+// output goes through named pipes into per-container log files in the
+// CRI log format, so processes keep running (and their logs keep being
+// collected) across a restart of the node; pod and process state are
+// persisted under Config.Dir and adopted by the next run.
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// Defaults of Config fields left zero.
+const (
+	DefaultBackoffInitial = 10 * time.Second
+	DefaultBackoffMax     = 5 * time.Minute
+	DefaultShell          = "/bin/sh"
+	DefaultGracePeriod    = 30 * time.Second
+)
+
+// Reasons the backend sets in container statuses.
+const (
+	ReasonNoCommand  = "CreateContainerConfigError"
+	ReasonStartError = "StartError"
+	ReasonCompleted  = "Completed"
+	ReasonError      = "Error"
+	ReasonUnknown    = "ContainerStatusUnknown"
+	ReasonBackOff    = "CrashLoopBackOff"
+)
+
+// Config configures the process backend.
+type Config struct {
+	backend.Config
+	// Dir holds one directory per pod: its state, named pipes, exit
+	// files and logs. Required.
+	Dir string
+	// BackoffInitial and BackoffMax bound the restart back-off, doubled
+	// after each failed run like the kubelet's (10s up to 5m).
+	BackoffInitial, BackoffMax time.Duration
+	// Shell runs the small wrapper that records each container's exit
+	// code. Default /bin/sh.
+	Shell string
+	// PollInterval is how often adopted processes (started by a previous
+	// run) are checked and followed logs are read. Default 200ms.
+	PollInterval time.Duration
+}
+
+// Backend is the process backend.
+type Backend struct {
+	cfg Config
+	log *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex
+	pods map[types.UID]*podRun
+}
+
+// New validates cfg, restores the pods of a previous run from cfg.Dir and
+// starts following the processes that still run.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
+		return nil, fmt.Errorf("process backend: Dir %q must be an absolute directory", cfg.Dir)
+	}
+	if cfg.BackoffInitial <= 0 {
+		cfg.BackoffInitial = DefaultBackoffInitial
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.Shell == "" {
+		cfg.Shell = DefaultShell
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 200 * time.Millisecond
+	}
+	if cfg.Notify == nil {
+		cfg.Notify = func(*corev1.Pod) {}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
+		return nil, fmt.Errorf("process backend: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Backend{cfg: cfg, log: log, ctx: ctx, cancel: cancel, pods: map[types.UID]*podRun{}}
+	if err := b.restore(); err != nil {
+		cancel()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Close stops following pods; their processes keep running and are
+// adopted by the next Backend on the same Dir.
+func (b *Backend) Close() error {
+	b.cancel()
+	b.wg.Wait()
+	return nil
+}
+
+// CreatePod implements backend.Backend.
+func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	if _, ok := b.pods[pod.UID]; ok {
+		b.mu.Unlock()
+		return nil
+	}
+	pr := newPodRun(b, pod.DeepCopy())
+	b.pods[pod.UID] = pr
+	b.mu.Unlock()
+	if err := os.MkdirAll(pr.dir, 0o750); err != nil {
+		return fmt.Errorf("pod directory: %w", err)
+	}
+	init, app := backend.WaitingStatuses(pr.pod)
+	pr.mu.Lock()
+	pr.pod.Status.InitContainerStatuses, pr.pod.Status.ContainerStatuses = init, app
+	pr.mu.Unlock()
+	pr.publish()
+	b.start(pr)
+	return nil
+}
+
+func (b *Backend) start(pr *podRun) {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		pr.run(b.ctx)
+	}()
+}
+
+// DeletePod implements backend.Backend.
+func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
+	pr := b.get(pod.UID)
+	if pr == nil {
+		return nil
+	}
+	grace := DefaultGracePeriod
+	switch {
+	case pod.DeletionGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	case pod.Spec.TerminationGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	pr.stop(grace)
+	return nil
+}
+
+// Forget implements backend.Backend: it kills what still runs and removes
+// the pod's directory, logs included.
+func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	pr := b.pods[pod.UID]
+	delete(b.pods, pod.UID)
+	b.mu.Unlock()
+	if pr == nil {
+		return nil
+	}
+	pr.stop(0)
+	select {
+	case <-pr.done:
+	case <-b.ctx.Done():
+		return nil
+	}
+	if err := os.RemoveAll(pr.dir); err != nil {
+		return fmt.Errorf("removing pod directory: %w", err)
+	}
+	return nil
+}
+
+// Pods implements backend.Backend.
+func (b *Backend) Pods() []*corev1.Pod {
+	b.mu.Lock()
+	prs := make([]*podRun, 0, len(b.pods))
+	for _, pr := range b.pods {
+		prs = append(prs, pr)
+	}
+	b.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(prs))
+	for _, pr := range prs {
+		out = append(out, pr.snapshot())
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
+	})
+	return out
+}
+
+func (b *Backend) get(uid types.UID) *podRun {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pods[uid]
+}
+
+func (b *Backend) byName(namespace, name string) *podRun {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var found *podRun
+	for _, pr := range b.pods {
+		if pr.pod.Namespace == namespace && pr.pod.Name == name {
+			// The newest wins when a deleted pod's directory lingers.
+			if found == nil || pr.pod.CreationTimestamp.After(found.pod.CreationTimestamp.Time) {
+				found = pr
+			}
+		}
+	}
+	return found
+}
+
+// state is what is persisted per pod.
+type state struct {
+	Pod   *corev1.Pod          `json:"pod"`
+	Procs map[string]procState `json:"procs,omitempty"`
+}
+
+type procState struct {
+	PID          int    `json:"pid"`
+	StartTicks   uint64 `json:"startTicks"`
+	RestartCount int32  `json:"restartCount"`
+}
+
+func (b *Backend) restore() error {
+	entries, err := os.ReadDir(b.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("process backend: reading %s: %w", b.cfg.Dir, err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		path := filepath.Join(b.cfg.Dir, e.Name(), "state.json")
+		data, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		var st state
+		if err == nil {
+			err = json.Unmarshal(data, &st)
+		}
+		if err != nil || st.Pod == nil || string(st.Pod.UID) != e.Name() {
+			b.log.Warn("ignoring unreadable pod state", "path", path, "err", err)
+			continue
+		}
+		pr := newPodRun(b, st.Pod)
+		for name, ps := range st.Procs {
+			pr.adopt[name] = ps
+		}
+		b.pods[st.Pod.UID] = pr
+		b.log.Info("adopting pod from a previous run", "namespace", st.Pod.Namespace, "name", st.Pod.Name, "uid", st.Pod.UID, "phase", st.Pod.Status.Phase)
+		b.start(pr)
+	}
+	return nil
+}
+
+// expand replaces $(VAR) references with the variable's value like the
+// kubelet does in command and args; $$ escapes a dollar sign and unknown
+// references are kept as they are.
+func expand(s string, env map[string]string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 >= len(s) {
+			out.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			out.WriteByte('$')
+			i++
+			continue
+		case '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end >= 0 {
+				name := s[i+2 : i+2+end]
+				if v, ok := env[name]; ok {
+					out.WriteString(v)
+					i += 2 + end
+					continue
+				}
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String()
+}

@@ -1,0 +1,188 @@
+// Package sim is the virtual node backend that runs nothing: pods move
+// through their phases on configured timings, like kwok's stages, for
+// scale tests of scheduling and device accounting.
+package sim
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// Config configures the sim backend.
+type Config struct {
+	backend.Config
+	// StartDelay is how long a pod stays Pending (ContainerCreating)
+	// before its containers run. Zero starts them at once.
+	StartDelay time.Duration
+	// RunDuration is how long containers run before they exit 0; zero
+	// runs them until the pod is deleted. Pods with restartPolicy Always
+	// run until deleted regardless.
+	RunDuration time.Duration
+}
+
+// Backend is the sim backend.
+type Backend struct {
+	cfg Config
+
+	mu     sync.Mutex
+	pods   map[types.UID]*simPod
+	closed bool
+}
+
+type simPod struct {
+	pod    *corev1.Pod
+	timers []*time.Timer
+}
+
+// New returns a sim backend.
+func New(cfg Config) *Backend {
+	if cfg.Notify == nil {
+		cfg.Notify = func(*corev1.Pod) {}
+	}
+	return &Backend{cfg: cfg, pods: map[types.UID]*simPod{}}
+}
+
+// CreatePod implements backend.Backend.
+func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	if _, ok := b.pods[pod.UID]; ok || b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	sp := &simPod{pod: pod.DeepCopy()}
+	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = backend.WaitingStatuses(sp.pod)
+	b.pods[pod.UID] = sp
+	out := b.publishLocked(sp, false)
+	if b.cfg.StartDelay > 0 {
+		sp.timers = append(sp.timers, time.AfterFunc(b.cfg.StartDelay, func() { b.run(pod.UID) }))
+	}
+	b.mu.Unlock()
+	b.cfg.Notify(out)
+	if b.cfg.StartDelay <= 0 {
+		b.run(pod.UID)
+	}
+	return nil
+}
+
+func (b *Backend) run(uid types.UID) {
+	b.mu.Lock()
+	sp, ok := b.pods[uid]
+	if !ok || b.closed || sp.pod.DeletionTimestamp != nil {
+		b.mu.Unlock()
+		return
+	}
+	now := backend.Now()
+	for i := range sp.pod.Status.InitContainerStatuses {
+		s := &sp.pod.Status.InitContainerStatuses[i]
+		s.State = backend.Terminated(0, "Completed", "", now, now)
+	}
+	for i := range sp.pod.Status.ContainerStatuses {
+		s := &sp.pod.Status.ContainerStatuses[i]
+		s.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+	}
+	out := b.publishLocked(sp, false)
+	if b.cfg.RunDuration > 0 && sp.pod.Spec.RestartPolicy != corev1.RestartPolicyAlways {
+		sp.timers = append(sp.timers, time.AfterFunc(b.cfg.RunDuration, func() { b.finish(uid, false) }))
+	}
+	b.mu.Unlock()
+	b.cfg.Notify(out)
+}
+
+// finish terminates every container: exit 0 when they ran their course,
+// 137 when deleted.
+func (b *Backend) finish(uid types.UID, deleting bool) {
+	b.mu.Lock()
+	sp, ok := b.pods[uid]
+	if !ok || b.closed {
+		b.mu.Unlock()
+		return
+	}
+	for _, t := range sp.timers {
+		t.Stop()
+	}
+	now := backend.Now()
+	term := func(list []corev1.ContainerStatus) {
+		for i := range list {
+			s := &list[i]
+			switch {
+			case s.State.Running != nil && deleting:
+				s.State = backend.Terminated(137, "Error", "", s.State.Running.StartedAt, now)
+			case s.State.Running != nil:
+				s.State = backend.Terminated(0, "Completed", "", s.State.Running.StartedAt, now)
+			case s.State.Waiting != nil:
+				s.State = backend.Terminated(137, "ContainerStatusUnknown", "The container could not be located when the pod was terminated", now, now)
+			}
+		}
+	}
+	term(sp.pod.Status.InitContainerStatuses)
+	term(sp.pod.Status.ContainerStatuses)
+	out := b.publishLocked(sp, deleting)
+	b.mu.Unlock()
+	b.cfg.Notify(out)
+}
+
+func (b *Backend) publishLocked(sp *simPod, deleting bool) *corev1.Pod {
+	backend.ComputeStatus(sp.pod, &sp.pod.Status, b.cfg.NodeIP, deleting)
+	return sp.pod.DeepCopy()
+}
+
+// DeletePod implements backend.Backend: containers stop at once.
+func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	sp, ok := b.pods[pod.UID]
+	if ok {
+		sp.pod.DeletionTimestamp = pod.DeletionTimestamp
+	}
+	b.mu.Unlock()
+	if ok {
+		b.finish(pod.UID, true)
+	}
+	return nil
+}
+
+// Forget implements backend.Backend.
+func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sp, ok := b.pods[pod.UID]; ok {
+		for _, t := range sp.timers {
+			t.Stop()
+		}
+		delete(b.pods, pod.UID)
+	}
+	return nil
+}
+
+// Pods implements backend.Backend.
+func (b *Backend) Pods() []*corev1.Pod {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(b.pods))
+	for _, sp := range b.pods {
+		out = append(out, sp.pod.DeepCopy())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
+	return out
+}
+
+// Close stops every timer. Simulated pods do not survive a restart.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	for _, sp := range b.pods {
+		for _, t := range sp.timers {
+			t.Stop()
+		}
+	}
+	return nil
+}
+
+var _ backend.Backend = (*Backend)(nil)

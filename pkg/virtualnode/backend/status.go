@@ -1,0 +1,166 @@
+package backend
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ComputeStatus fills the pod-level fields of st from its container
+// statuses with the kubelet's rules: phase, conditions, start time and
+// addresses. init and app are the statuses in spec order; an entry whose
+// state is empty has not been created yet (Waiting with reason).
+// deleting reports that the pod is being torn down, which makes a pod
+// whose containers all stopped terminal.
+func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deleting bool) {
+	init, app := st.InitContainerStatuses, st.ContainerStatuses
+	policy := pod.Spec.RestartPolicy
+	if policy == "" {
+		policy = corev1.RestartPolicyAlways
+	}
+	phase := corev1.PodPending
+	initDone := true
+	initFailed := false
+	for i, c := range init {
+		if isSidecar(pod, i) {
+			continue
+		}
+		t := c.State.Terminated
+		switch {
+		case t != nil && t.ExitCode == 0:
+		case t != nil && policy == corev1.RestartPolicyNever:
+			initFailed = true
+			initDone = false
+		default:
+			initDone = false
+		}
+	}
+	running, terminated, succeeded := 0, 0, 0
+	for _, c := range app {
+		switch {
+		case c.State.Running != nil:
+			running++
+		case c.State.Terminated != nil:
+			terminated++
+			if c.State.Terminated.ExitCode == 0 {
+				succeeded++
+			}
+		}
+	}
+	switch {
+	case initFailed:
+		phase = corev1.PodFailed
+	case !initDone:
+		phase = corev1.PodPending
+		if deleting {
+			phase = corev1.PodFailed
+		}
+	case len(app) > 0 && terminated == len(app):
+		switch {
+		case succeeded == len(app) && (policy != corev1.RestartPolicyAlways || deleting):
+			phase = corev1.PodSucceeded
+		case policy == corev1.RestartPolicyNever || deleting:
+			if succeeded == len(app) {
+				phase = corev1.PodSucceeded
+			} else {
+				phase = corev1.PodFailed
+			}
+		default:
+			phase = corev1.PodRunning // waiting for a restart
+		}
+	case running > 0 || terminated > 0:
+		phase = corev1.PodRunning
+	}
+	st.Phase = phase
+	if nodeIP != "" {
+		st.HostIP = nodeIP
+		st.HostIPs = []corev1.HostIP{{IP: nodeIP}}
+		st.PodIP = nodeIP
+		st.PodIPs = []corev1.PodIP{{IP: nodeIP}}
+	}
+	if st.StartTime == nil {
+		t := Now()
+		st.StartTime = &t
+	}
+	ready := phase == corev1.PodRunning && running == len(app)
+	for i := range app {
+		app[i].Ready = app[i].State.Running != nil
+		started := app[i].State.Running != nil
+		app[i].Started = &started
+	}
+	for i := range init {
+		init[i].Ready = init[i].State.Terminated != nil && init[i].State.Terminated.ExitCode == 0 || isSidecar(pod, i) && init[i].State.Running != nil
+		started := init[i].State.Running != nil
+		init[i].Started = &started
+	}
+	setCondition(st, corev1.PodScheduled, true, "")
+	setCondition(st, corev1.PodInitialized, initDone, "ContainersNotInitialized")
+	setCondition(st, corev1.ContainersReady, ready, "ContainersNotReady")
+	setCondition(st, corev1.PodReady, ready, "ContainersNotReady")
+	if phase == corev1.PodSucceeded || phase == corev1.PodFailed {
+		setCondition(st, corev1.ContainersReady, false, "PodCompleted")
+		setCondition(st, corev1.PodReady, false, "PodCompleted")
+	}
+}
+
+func isSidecar(pod *corev1.Pod, i int) bool {
+	if i >= len(pod.Spec.InitContainers) {
+		return false
+	}
+	p := pod.Spec.InitContainers[i].RestartPolicy
+	return p != nil && *p == corev1.ContainerRestartPolicyAlways
+}
+
+func setCondition(st *corev1.PodStatus, t corev1.PodConditionType, ok bool, reason string) {
+	status := corev1.ConditionFalse
+	if ok {
+		status = corev1.ConditionTrue
+		reason = ""
+	}
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		if c.Type != t {
+			continue
+		}
+		if c.Status != status {
+			c.Status = status
+			c.Reason = reason
+			c.LastTransitionTime = Now()
+		}
+		return
+	}
+	st.Conditions = append(st.Conditions, corev1.PodCondition{Type: t, Status: status, Reason: reason, LastTransitionTime: Now()})
+}
+
+// WaitingStatuses returns Waiting statuses (reason PodInitializing for
+// app containers behind init containers, ContainerCreating otherwise) for
+// every container of pod, in spec order.
+func WaitingStatuses(pod *corev1.Pod) (init, app []corev1.ContainerStatus) {
+	for _, c := range pod.Spec.InitContainers {
+		init = append(init, waiting(c, "PodInitializing"))
+	}
+	reason := "ContainerCreating"
+	if len(pod.Spec.InitContainers) > 0 {
+		reason = "PodInitializing"
+	}
+	for _, c := range pod.Spec.Containers {
+		app = append(app, waiting(c, reason))
+	}
+	return init, app
+}
+
+func waiting(c corev1.Container, reason string) corev1.ContainerStatus {
+	return corev1.ContainerStatus{
+		Name:        c.Name,
+		Image:       c.Image,
+		ImageID:     "",
+		ContainerID: "",
+		State:       corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason}},
+	}
+}
+
+// Terminated returns a terminated state.
+func Terminated(code int32, reason, message string, started, finished metav1.Time) corev1.ContainerState {
+	return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+		ExitCode: code, Reason: reason, Message: message, StartedAt: started, FinishedAt: finished,
+	}}
+}

@@ -1,0 +1,526 @@
+// Package virtualnode runs a Kubernetes node without a kubelet on
+// virtual-kubelet: the node registers itself, heartbeats with a Lease,
+// embeds dpkit's device manager (device plugins register with it under
+// Config.Root exactly as with a kubelet), admits pods' device requests,
+// serves the PodResources API and the kubelet API (logs, exec, /pods,
+// /stats/summary) with webhook authentication and authorization, and hands
+// pods to a backend (package backend: process or sim).
+//
+// See docs/virtual-node.md.
+package virtualnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/pluginwatcher"
+	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/nodeapi"
+)
+
+// DefaultTaintKey is the key of the NoSchedule taint a virtual node
+// registers with unless told otherwise; pods tolerate it with
+// {key: dpkit.io/virtual-node, operator: Exists, effect: NoSchedule}.
+const DefaultTaintKey = "dpkit.io/virtual-node"
+
+// Defaults of Config fields left zero.
+const (
+	DefaultPort          = 10250
+	DefaultLeaseDuration = 40
+	DefaultPodSyncWorker = 10
+	// KubeletVersion is reported in the node's nodeInfo.
+	KubeletVersion = "v1.37.0-dpkit"
+)
+
+// DefaultTaint returns the taint a node registers with by default.
+func DefaultTaint() corev1.Taint {
+	return corev1.Taint{Key: DefaultTaintKey, Effect: corev1.TaintEffectNoSchedule}
+}
+
+// NewBackend builds a node's backend from what the node gives every
+// backend.
+type NewBackend func(name, root string, cfg backend.Config) (backend.Backend, error)
+
+// Config configures one virtual node.
+type Config struct {
+	// Name of the Node object. Required.
+	Name string
+	// Root holds device-plugins/, plugins_registry/, pod-resources/ and
+	// the backend's pod state. Required; absolute.
+	Root string
+	// Client talks to the API server. Required.
+	Client kubernetes.Interface
+	// Informers is a shared informer factory over every pod (and the
+	// ConfigMaps, Secrets and Services that pods' environments refer
+	// to); nodes of one process share it. Nil makes a factory for this
+	// node only, watching the pods bound to it.
+	Informers informers.SharedInformerFactory
+	// NewBackend builds the backend. Required.
+	NewBackend NewBackend
+	// Resources are the declared capacity (cpu, memory, pods and any
+	// extended resource not served by device plugins). Device-plugin
+	// resources are added as plugins register.
+	Resources corev1.ResourceList
+	// Taints the node registers with. Nil means DefaultTaint(); an empty
+	// non-nil slice registers none.
+	Taints []corev1.Taint
+	// Labels are added to the node's default labels.
+	Labels map[string]string
+	// NodeIP is the node's InternalIP, where the API server reaches the
+	// node API. Default 127.0.0.1.
+	NodeIP string
+	// Port of the node API (the kubelet port). 0 means DefaultPort; -1
+	// disables the node API.
+	Port int
+	// ClientCAFile, TLSCertFile and TLSKeyFile secure the node API; a
+	// self-signed certificate is made when the key pair is absent.
+	ClientCAFile, TLSCertFile, TLSKeyFile string
+	// TopologyPolicy, TopologyScope and NUMANodes configure the device
+	// manager.
+	TopologyPolicy, TopologyScope string
+	NUMANodes                     []int
+	// EventRecorder records pod events; nil records them to the API.
+	EventRecorder record.EventRecorder
+	// PodSyncWorkers is the number of pod controller workers. Default 10.
+	PodSyncWorkers int
+	// StatusUpdateInterval is how often the node status is refreshed
+	// besides device changes. Default virtual-kubelet's (1m).
+	StatusUpdateInterval time.Duration
+	Logger               *slog.Logger
+}
+
+// Validate reports every problem of c with its field path.
+func (c *Config) Validate() error {
+	var errs field.ErrorList
+	if c.Name == "" {
+		errs = append(errs, field.Required(field.NewPath("name"), "name the node (--name)"))
+	}
+	if c.Root == "" || !filepath.IsAbs(c.Root) {
+		errs = append(errs, field.Invalid(field.NewPath("root"), c.Root, "must be an absolute directory (--root)"))
+	}
+	if c.Client == nil {
+		errs = append(errs, field.Required(field.NewPath("client"), "give an API client (--kubeconfig)"))
+	}
+	if c.NewBackend == nil {
+		errs = append(errs, field.Required(field.NewPath("newBackend"), "choose a backend (--backend process|sim)"))
+	}
+	if c.Port < -1 || c.Port > 65535 {
+		errs = append(errs, field.Invalid(field.NewPath("port"), c.Port, "must be 0..65535, or -1 to disable the node API"))
+	}
+	if c.NodeIP != "" && net.ParseIP(c.NodeIP) == nil {
+		errs = append(errs, field.Invalid(field.NewPath("nodeIP"), c.NodeIP, "must be an IP address"))
+	}
+	return errs.ToAggregate()
+}
+
+// Node is a running virtual node.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	mgr      *devicemanager.Manager
+	watcher  *pluginwatcher.Watcher
+	prov     *provider
+	be       backend.Backend
+	apiAddr  net.Addr
+	apiReady chan struct{}
+
+	mu       sync.Mutex
+	node     *corev1.Node
+	notifyCB func(*corev1.Node)
+}
+
+// DeviceManager returns the node's device manager.
+func (n *Node) DeviceManager() *devicemanager.Manager { return n.mgr }
+
+// Backend returns the node's backend.
+func (n *Node) Backend() backend.Backend { return n.be }
+
+// APIAddr returns the address the node API listens on, nil when disabled.
+func (n *Node) APIAddr() net.Addr {
+	select {
+	case <-n.apiReady:
+		return n.apiAddr
+	default:
+		return nil
+	}
+}
+
+// Run runs the node until ctx is done. started, when not nil, is called
+// once the node is registered and its pod controller is running.
+func Run(ctx context.Context, cfg Config, started func(*Node)) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("virtual node: %w", err)
+	}
+	if cfg.NodeIP == "" {
+		cfg.NodeIP = "127.0.0.1"
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.Taints == nil {
+		cfg.Taints = []corev1.Taint{DefaultTaint()}
+	}
+	if cfg.PodSyncWorkers <= 0 {
+		cfg.PodSyncWorkers = DefaultPodSyncWorker
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("node", cfg.Name)
+
+	mgr, err := devicemanager.New(devicemanager.Config{
+		Root:           cfg.Root,
+		Logger:         log.With("component", "devicemanager"),
+		TopologyPolicy: cfg.TopologyPolicy,
+		TopologyScope:  cfg.TopologyScope,
+		NUMANodes:      cfg.NUMANodes,
+	})
+	if err != nil {
+		return err
+	}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, apiReady: make(chan struct{})}
+	n.prov = newProvider(log.With("component", "pods"), mgr)
+	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
+		Notify:       n.prov.backendNotify,
+		ContainerEnv: n.prov.containerEnv,
+		PreStart:     n.prov.preStart,
+		NodeIP:       cfg.NodeIP,
+		Logger:       log.With("component", "backend"),
+	})
+	if err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	defer n.be.Close()
+	n.prov.be = n.be
+	n.prov.adopt(n.be.Pods())
+
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	defer mgr.Stop()
+	mgr.RetainPods(n.prov.activeUIDs())
+
+	n.watcher, err = pluginwatcher.New(pluginwatcher.Config{
+		Dir:      filepath.Join(cfg.Root, "plugins_registry"),
+		Logger:   log.With("component", "pluginwatcher"),
+		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: mgr.PluginHandler()},
+	})
+	if err != nil {
+		return err
+	}
+	prs, err := podresources.NewServer(podresources.Config{
+		Providers: podresources.Providers{Pods: n.prov, Devices: mgr},
+		Logger:    log.With("component", "podresources"),
+	})
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := n.watcher.Start(ctx); err != nil {
+		return err
+	}
+	defer func() { <-n.watcher.Done() }()
+
+	factory := cfg.Informers
+	if factory == nil {
+		factory = informers.NewSharedInformerFactory(cfg.Client, 0)
+		podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Name).String()
+			}))
+		defer podFactory.Shutdown()
+		defer factory.Shutdown()
+		return n.run(ctx, cancel, prs, podFactory, factory, started)
+	}
+	return n.run(ctx, cancel, prs, factory, factory, started)
+}
+
+func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresources.Server, podFactory, factory informers.SharedInformerFactory, started func(*Node)) error {
+	cfg := n.cfg
+	recorder := cfg.EventRecorder
+	if recorder == nil {
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
+		defer b.Shutdown()
+		recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "dpkit-node", Host: cfg.Name})
+	}
+	podInformer := podFactory.Core().V1().Pods()
+	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
+		PodClient:         cfg.Client.CoreV1(),
+		PodInformer:       podInformer,
+		EventRecorder:     recorder,
+		Provider:          n.prov,
+		ConfigMapInformer: factory.Core().V1().ConfigMaps(),
+		SecretInformer:    factory.Core().V1().Secrets(),
+		ServiceInformer:   factory.Core().V1().Services(),
+		PodEventFilterFunc: func(_ context.Context, p *corev1.Pod) bool {
+			return p.Spec.NodeName == cfg.Name
+		},
+	})
+	if err != nil {
+		return err
+	}
+	n.node = n.nodeObject()
+	opts := []vknode.NodeControllerOpt{
+		vknode.WithNodeEnableLeaseV1(cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
+	}
+	if cfg.StatusUpdateInterval > 0 {
+		opts = append(opts, vknode.WithNodeStatusUpdateInterval(cfg.StatusUpdateInterval))
+	}
+	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), cfg.Client.CoreV1().Nodes(), opts...)
+	if err != nil {
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return prs.Serve(gctx, podresources.SocketPath(cfg.Root)) })
+	g.Go(func() error {
+		if err := nc.Run(gctx); err != nil && gctx.Err() == nil {
+			return fmt.Errorf("node controller: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := pc.Run(gctx, cfg.PodSyncWorkers); err != nil && gctx.Err() == nil {
+			return fmt.Errorf("pod controller: %w", err)
+		}
+		return nil
+	})
+	podFactory.Start(gctx.Done())
+	factory.Start(gctx.Done())
+	g.Go(func() error { n.watchDevices(gctx); return nil })
+	if cfg.Port > 0 {
+		if err := n.startAPI(gctx, g); err != nil {
+			cancel()
+			_ = g.Wait()
+			return err
+		}
+	}
+	g.Go(func() error {
+		select {
+		case <-nc.Ready():
+		case <-gctx.Done():
+			return nil
+		}
+		n.removeStartupTaints(gctx)
+		select {
+		case <-pc.Ready():
+		case <-gctx.Done():
+			return nil
+		}
+		n.log.Info("virtual node running", "root", cfg.Root, "registration", n.mgr.SocketPath(),
+			"podResources", podresources.SocketPath(cfg.Root), "api", n.APIAddr())
+		if started != nil {
+			started(n)
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
+	cfg := n.cfg
+	tlsCfg, err := nodeapi.TLSConfig(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile, []string{cfg.NodeIP, cfg.Name, "localhost"})
+	if err != nil {
+		return err
+	}
+	auth, err := nodeapi.NewAuth(nodeapi.AuthConfig{
+		NodeName:             cfg.Name,
+		TokenReviews:         cfg.Client.AuthenticationV1(),
+		SubjectAccessReviews: cfg.Client.AuthorizationV1(),
+		Logger:               n.log.With("component", "nodeapi"),
+	})
+	if err != nil {
+		return err
+	}
+	h := nodeapi.Handler(nodeapi.Source{
+		NodeName:  cfg.Name,
+		Pods:      n.prov.GetPods,
+		Backend:   n.be,
+		StartTime: time.Now(),
+	})
+	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
+	g.Go(func() error {
+		return nodeapi.Serve(ctx, addr, tlsCfg, auth.Wrap(h), func(a net.Addr) {
+			n.apiAddr = a
+			close(n.apiReady)
+		})
+	})
+	return nil
+}
+
+// nodeObject builds the Node as registered: labels, taints, addresses,
+// daemon endpoint, capacity and a Ready condition.
+func (n *Node) nodeObject() *corev1.Node {
+	cfg := n.cfg
+	labels := map[string]string{
+		"type":                   "virtual-kubelet",
+		"kubernetes.io/role":     "agent",
+		"kubernetes.io/hostname": cfg.Name,
+		"kubernetes.io/os":       "linux",
+		"kubernetes.io/arch":     runtime.GOARCH,
+		"dpkit.io/virtual-node":  "true",
+	}
+	for k, v := range cfg.Labels {
+		labels[k] = v
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Labels: labels},
+		Spec:       corev1.NodeSpec{Taints: cfg.Taints},
+		Status: corev1.NodeStatus{
+			NodeInfo: corev1.NodeSystemInfo{
+				OperatingSystem: "linux",
+				Architecture:    runtime.GOARCH,
+				KubeletVersion:  KubeletVersion,
+			},
+			Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: cfg.NodeIP},
+				{Type: corev1.NodeHostName, Address: cfg.Name},
+			},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(max(cfg.Port, 0))}},
+			Conditions:      conditions(),
+		},
+	}
+	node.Status.Capacity, node.Status.Allocatable = n.resources()
+	return node
+}
+
+func conditions() []corev1.NodeCondition {
+	now := metav1.Now()
+	c := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
+	}
+	return []corev1.NodeCondition{
+		c(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "dpkit virtual node is posting ready status"),
+		c(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "dpkit virtual node has sufficient memory available"),
+		c(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "dpkit virtual node has no disk pressure"),
+		c(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "dpkit virtual node has sufficient PID available"),
+	}
+}
+
+// resources merges the declared resources with the device manager's.
+func (n *Node) resources() (capacity, allocatable corev1.ResourceList) {
+	capacity, allocatable = corev1.ResourceList{}, corev1.ResourceList{}
+	for k, v := range n.cfg.Resources {
+		capacity[k] = v.DeepCopy()
+		allocatable[k] = v.DeepCopy()
+	}
+	dc, da := n.mgr.Capacity()
+	for k, v := range dc {
+		capacity[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	for k, v := range da {
+		allocatable[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	return capacity, allocatable
+}
+
+// Ping implements node.NodeProvider.
+func (n *Node) Ping(ctx context.Context) error { return ctx.Err() }
+
+// NotifyNodeStatus implements node.NodeProvider.
+func (n *Node) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
+	n.mu.Lock()
+	n.notifyCB = cb
+	n.mu.Unlock()
+}
+
+// watchDevices pushes the node status whenever the device manager's
+// resources change.
+func (n *Node) watchDevices(ctx context.Context) {
+	ch, cancel := n.mgr.Subscribe()
+	defer cancel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+		c, a := n.resources()
+		n.mu.Lock()
+		n.node.Status.Capacity, n.node.Status.Allocatable = c, a
+		n.node.Status.Conditions = conditions()
+		node := n.node.DeepCopy()
+		cb := n.notifyCB
+		n.mu.Unlock()
+		n.log.Debug("device resources changed", "allocatable", a)
+		if cb != nil {
+			cb(node)
+		}
+	}
+}
+
+// startupTaints are the taints the API server's TaintNodesByCondition
+// admission puts on a new node and that the node lifecycle controller
+// removes once the node is Ready. A virtual node removes them itself, so it
+// works on control planes without kube-controller-manager. Where the
+// node's credentials are a node identity restricted by NodeRestriction
+// this is refused and logged: kube-controller-manager removes them there.
+var startupTaints = map[string]bool{
+	"node.kubernetes.io/not-ready":   true,
+	"node.kubernetes.io/unreachable": true,
+}
+
+func (n *Node) removeStartupTaints(ctx context.Context) {
+	nodes := n.cfg.Client.CoreV1().Nodes()
+	for attempt := 0; attempt < 5; attempt++ {
+		cur, err := nodes.Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		if err != nil {
+			n.log.Warn("reading node to remove start-up taints", "err", err)
+			return
+		}
+		var keep []corev1.Taint
+		for _, t := range cur.Spec.Taints {
+			if !startupTaints[t.Key] {
+				keep = append(keep, t)
+			}
+		}
+		if len(keep) == len(cur.Spec.Taints) {
+			return
+		}
+		cur.Spec.Taints = keep
+		_, err = nodes.Update(ctx, cur, metav1.UpdateOptions{})
+		if err == nil {
+			n.log.Info("removed start-up taints")
+			return
+		}
+		if !isConflict(err) {
+			n.log.Warn("could not remove start-up taints; pods must tolerate node.kubernetes.io/not-ready or kube-controller-manager must run", "err", err)
+			return
+		}
+	}
+}
+
+func isConflict(err error) bool {
+	var se interface{ Status() metav1.Status }
+	return errors.As(err, &se) && se.Status().Code == 409
+}

@@ -1,0 +1,231 @@
+package virtualnode
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sort"
+	"sync"
+
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// provider is the virtual-kubelet pod provider: admission through the
+// device manager, then the backend. It keeps the last known state of
+// every pod and serves it to the pod controller and the PodResources API.
+type provider struct {
+	log *slog.Logger
+	mgr *devicemanager.Manager
+	be  backend.Backend
+
+	mu     sync.Mutex
+	pods   map[string]*corev1.Pod // namespace/name
+	notify func(*corev1.Pod)
+}
+
+func newProvider(log *slog.Logger, mgr *devicemanager.Manager) *provider {
+	return &provider{log: log, mgr: mgr, pods: map[string]*corev1.Pod{}}
+}
+
+func key(ns, name string) string { return ns + "/" + name }
+
+func terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// backendNotify receives the backend's status changes.
+func (p *provider) backendNotify(pod *corev1.Pod) {
+	p.mu.Lock()
+	k := key(pod.Namespace, pod.Name)
+	if cur, ok := p.pods[k]; ok && cur.UID != pod.UID {
+		p.mu.Unlock()
+		return // a stale report about a replaced pod
+	}
+	p.pods[k] = pod
+	cb := p.notify
+	p.mu.Unlock()
+	if terminal(pod) {
+		// The kubelet frees the devices of pods that are no longer
+		// active; a terminated pod is not.
+		p.mgr.RemovePod(pod.UID)
+	}
+	if cb != nil {
+		cb(pod)
+	}
+}
+
+// adopt seeds the store with the backend's pods after a restart.
+func (p *provider) adopt(pods []*corev1.Pod) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pod := range pods {
+		p.pods[key(pod.Namespace, pod.Name)] = pod
+	}
+}
+
+// CreatePod admits the pod's device requests and hands it to the backend.
+// A pod the device manager rejects is marked Failed with the kubelet's
+// reason and message.
+func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	if _, err := p.mgr.Admit(ctx, pod); err != nil {
+		var ae *devicemanager.AdmissionError
+		if !errors.As(err, &ae) {
+			return err
+		}
+		p.log.Info("pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
+		failed := pod.DeepCopy()
+		failed.Status = corev1.PodStatus{
+			Phase:   corev1.PodFailed,
+			Reason:  ae.Reason,
+			Message: ae.PodMessage(),
+		}
+		p.backendNotify(failed)
+		return nil
+	}
+	p.mu.Lock()
+	p.pods[key(pod.Namespace, pod.Name)] = pod.DeepCopy()
+	p.mu.Unlock()
+	if err := p.be.CreatePod(ctx, pod); err != nil {
+		p.mgr.RemovePod(pod.UID)
+		return err
+	}
+	return nil
+}
+
+// UpdatePod accepts the changes the API allows on a running pod (labels,
+// annotations, images); none of them affect the backends.
+func (p *provider) UpdatePod(context.Context, *corev1.Pod) error { return nil }
+
+// DeletePod stops a pod that is being deleted (deletionTimestamp set) and
+// forgets a pod that is gone from the API server.
+func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	k := key(pod.Namespace, pod.Name)
+	cur, ok := p.pods[k]
+	p.mu.Unlock()
+	if !ok {
+		return errdefs.NotFound("pod not found")
+	}
+	if pod.DeletionTimestamp != nil && !terminal(cur) {
+		return p.be.DeletePod(ctx, pod)
+	}
+	if pod.DeletionTimestamp != nil {
+		// Already terminal: report it again so the controller finishes
+		// the deletion.
+		p.backendNotify(cur.DeepCopy())
+		return nil
+	}
+	p.mu.Lock()
+	if c, ok := p.pods[k]; ok && c.UID == cur.UID {
+		delete(p.pods, k)
+	}
+	p.mu.Unlock()
+	p.mgr.RemovePod(cur.UID)
+	return p.be.Forget(ctx, cur)
+}
+
+// GetPod implements node.PodLifecycleHandler.
+func (p *provider) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pod, ok := p.pods[key(namespace, name)]
+	if !ok {
+		return nil, errdefs.NotFoundf("pod %s/%s not found", namespace, name)
+	}
+	return pod.DeepCopy(), nil
+}
+
+// GetPodStatus implements node.PodLifecycleHandler.
+func (p *provider) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+// GetPods implements node.PodLifecycleHandler.
+func (p *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(p.pods))
+	for _, pod := range p.pods {
+		out = append(out, pod.DeepCopy())
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return key(out[i].Namespace, out[i].Name) < key(out[j].Namespace, out[j].Name)
+	})
+	return out, nil
+}
+
+// NotifyPods implements node.PodNotifier. Pods already known (adopted
+// after a restart) are reported at once.
+func (p *provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
+	p.mu.Lock()
+	p.notify = cb
+	pods := make([]*corev1.Pod, 0, len(p.pods))
+	for _, pod := range p.pods {
+		pods = append(pods, pod.DeepCopy())
+	}
+	p.mu.Unlock()
+	go func() {
+		for _, pod := range pods {
+			cb(pod)
+		}
+	}()
+}
+
+// GetActivePods implements podresources.PodsProvider: admitted pods that
+// have not terminated.
+func (p *provider) GetActivePods() []*corev1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(p.pods))
+	for _, pod := range p.pods {
+		if !terminal(pod) {
+			out = append(out, pod)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return key(out[i].Namespace, out[i].Name) < key(out[j].Namespace, out[j].Name)
+	})
+	return out
+}
+
+// GetPodByName implements podresources.PodsProvider.
+func (p *provider) GetPodByName(namespace, name string) (*corev1.Pod, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pod, ok := p.pods[key(namespace, name)]
+	return pod, ok
+}
+
+func (p *provider) activeUIDs() []types.UID {
+	var uids []types.UID
+	for _, pod := range p.GetActivePods() {
+		uids = append(uids, pod.UID)
+	}
+	return uids
+}
+
+// containerEnv returns the device plugins' environment for a container.
+func (p *provider) containerEnv(pod *corev1.Pod, container string) []corev1.EnvVar {
+	o := p.mgr.ContainerOptions(pod.UID, container)
+	if o == nil {
+		return nil
+	}
+	env := make([]corev1.EnvVar, 0, len(o.Envs))
+	for _, kv := range o.Envs {
+		env = append(env, corev1.EnvVar{Name: kv.Name, Value: kv.Value})
+	}
+	return env
+}
+
+func (p *provider) preStart(ctx context.Context, pod *corev1.Pod, container string) error {
+	return p.mgr.PreStartContainer(ctx, pod.UID, container)
+}

@@ -1,0 +1,340 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/app"
+	nodecmd "github.com/dpkit/dpkit/internal/cli/node"
+	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/virtualnode"
+)
+
+const foo = corev1.ResourceName("example.com/foo")
+
+// startVirtualNode runs "dpkit node" in-process with the process backend
+// against the shared control plane and waits until it is registered.
+func startVirtualNode(t *testing.T, ctx context.Context, kubeconfig, clientCA, name, root string, extra func(*nodecmd.Options)) (*virtualnode.Node, int) {
+	t.Helper()
+	port := freePort(t)
+	o := nodecmd.Options{
+		Kubeconfig: kubeconfig, Name: name, Root: root, Backend: "process", ClientCAFile: clientCA,
+		Port: port, NodeIP: "127.0.0.1", Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"},
+		CPU: "4", Memory: "8Gi", Pods: "110", Count: 1, QPS: 50, Burst: 100, BackoffStart: time.Second,
+	}
+	if extra != nil {
+		extra(&o)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	started := make(chan *virtualnode.Node, 1)
+	done := make(chan error, 1)
+	env := &cli.Env{In: strings.NewReader(""), Out: tWriter{t}, Err: tWriter{t}, Logger: testLogger(t)}
+	go func() {
+		done <- nodecmd.Run(ctx, env, o, func(ns []*virtualnode.Node) { started <- ns[0] })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("dpkit node: %v", err)
+		}
+	})
+	select {
+	case n := <-started:
+		return n, port
+	case err := <-done:
+		t.Fatalf("dpkit node exited before it ran: %v", err)
+	case <-ctx.Done():
+		t.Fatalf("dpkit node did not start: %v", ctx.Err())
+	}
+	return nil, 0
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "vn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// TestVirtualNodeDevices is the must-show flow: a virtual node with the
+// process backend, the fake device plugin registering with it, a pod that
+// gets two devices, its logs through the API server, PodResources while it
+// runs, devices freed after, an oversized pod left Pending and the node API
+// refusing anonymous callers.
+func TestVirtualNodeDevices(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn")
+
+	n, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+
+	// Registered and Ready, start-up taint gone, our taint kept.
+	poll(t, ctx, "node "+name+" Ready without the not-ready taint", func(ctx context.Context) (bool, string, error) {
+		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		ready := false
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				ready = true
+			}
+		}
+		var keys []string
+		for _, tt := range node.Spec.Taints {
+			keys = append(keys, tt.Key)
+		}
+		ok := ready && len(keys) == 1 && keys[0] == virtualnode.DefaultTaintKey && node.Status.DaemonEndpoints.KubeletEndpoint.Port == int32(port)
+		return ok, fmt.Sprintf("ready %v taints %v endpoint %d", ready, keys, node.Status.DaemonEndpoints.KubeletEndpoint.Port), nil
+	})
+	if _, err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("node lease: %v", err)
+	}
+
+	// The fake device plugin registers with the node's device manager.
+	pctx, pcancel := context.WithCancel(ctx)
+	pdone := make(chan error, 1)
+	go func() {
+		var out, logs bytes.Buffer
+		pdone <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
+	}()
+	t.Cleanup(func() { pcancel(); <-pdone })
+	poll(t, ctx, "8 example.com/foo in the node's allocatable", func(ctx context.Context) (bool, string, error) {
+		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		a, ok := node.Status.Allocatable[foo]
+		cp, ok2 := node.Status.Capacity[foo]
+		return ok && ok2 && a.Value() == 8 && cp.Value() == 8, fmt.Sprintf("allocatable %v", node.Status.Allocatable), nil
+	})
+
+	ns := createNamespace(t, c, "vn")
+	release := filepath.Join(root, "release")
+	script := fmt.Sprintf("echo devices=$DPKIT_FAKE_DEVICES; while [ ! -e %s ]; do sleep 0.05; done; echo done", release)
+	pod := devicePod(ns, "devices", name, "2", []string{"sh", "-c", script})
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running := waitPod(t, ctx, c, ns, "devices", "Running on "+name, func(p *corev1.Pod) bool {
+		return p.Spec.NodeName == name && p.Status.Phase == corev1.PodRunning
+	})
+
+	// PodResources lists the pod and its two devices while it runs.
+	prc, closer, err := podresources.Dial(ctx, podresources.SocketPath(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	var listed []string
+	poll(t, ctx, "PodResources to list the pod's devices", func(ctx context.Context) (bool, string, error) {
+		resp, err := prc.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+		if err != nil {
+			return false, "", err
+		}
+		listed = nil
+		for _, p := range resp.PodResources {
+			if p.Namespace != ns || p.Name != "devices" {
+				continue
+			}
+			for _, ctr := range p.Containers {
+				for _, d := range ctr.Devices {
+					if d.ResourceName == string(foo) {
+						listed = append(listed, d.DeviceIds...)
+					}
+				}
+			}
+		}
+		return len(listed) == 2, fmt.Sprintf("%v", resp.PodResources), nil
+	})
+
+	// Logs through the API server while it runs (the API server's kubelet
+	// client certificate is verified against --client-ca-file).
+	var logs string
+	poll(t, ctx, "the pod's first log line through the API server", func(ctx context.Context) (bool, string, error) {
+		b, err := c.CoreV1().Pods(ns).GetLogs("devices", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		logs = string(b)
+		return strings.Contains(logs, "devices="), logs, nil
+	})
+
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := waitPod(t, ctx, c, ns, "devices", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	if st := done.Status.ContainerStatuses; len(st) != 1 || st[0].State.Terminated == nil || st[0].State.Terminated.ExitCode != 0 || st[0].State.Terminated.Reason != "Completed" {
+		t.Fatalf("container status %+v, want terminated with exit code 0 (Completed)", st)
+	}
+	_ = running
+
+	b, err := c.CoreV1().Pods(ns).GetLogs("devices", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("logs through the API server: %v", err)
+	}
+	logs = string(b)
+	m := regexp.MustCompile(`devices=(\S+)`).FindStringSubmatch(logs)
+	if m == nil {
+		t.Fatalf("logs %q: no devices= line", logs)
+	}
+	ids := strings.Split(m[1], ",")
+	if len(ids) != 2 {
+		t.Fatalf("logs show devices %q, want two IDs", m[1])
+	}
+	for _, id := range ids {
+		if !strings.Contains(strings.Join(listed, ","), id) {
+			t.Errorf("device %s from the logs is not among PodResources' %v", id, listed)
+		}
+	}
+	if !strings.Contains(logs, "done\n") {
+		t.Errorf("logs %q lack the last line", logs)
+	}
+	// timestamps and tail go through the node API too.
+	b, err = c.CoreV1().Pods(ns).GetLogs("devices", &corev1.PodLogOptions{Container: "app", Timestamps: true, TailLines: ptr(int64(1))}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(b)), "\n"); len(lines) != 1 || !strings.HasSuffix(lines[0], " done") {
+		t.Errorf("tail=1 with timestamps: %q, want one timestamped line ending in done", b)
+	} else if _, err := time.Parse(time.RFC3339Nano, strings.Fields(lines[0])[0]); err != nil {
+		t.Errorf("tail=1 with timestamps: %q: %v", lines[0], err)
+	}
+
+	// Devices are free again once the pod ended.
+	poll(t, ctx, "the pod's devices to be free", func(context.Context) (bool, string, error) {
+		for _, r := range n.DeviceManager().Resources() {
+			if r.Name == string(foo) {
+				return r.InUse == 0, fmt.Sprintf("in use %d", r.InUse), nil
+			}
+		}
+		return false, "example.com/foo unknown", nil
+	})
+
+	// More than allocatable: never scheduled.
+	big := devicePod(ns, "too-many", name, "9", []string{"true"})
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, big, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, ctx, c, ns, "too-many", "FailedScheduling", "Insufficient example.com/foo")
+	p, err := c.CoreV1().Pods(ns).Get(ctx, "too-many", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("pod asking for 9: node %q phase %s, want unbound and Pending", p.Spec.NodeName, p.Status.Phase)
+	}
+
+	// Anonymous callers are refused by the node API.
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, Timeout: 10 * time.Second} //nolint:gosec // self-signed test server
+	for _, path := range []string{"/exec/" + ns + "/devices/app?command=true&output=1", "/containerLogs/" + ns + "/devices/app", "/pods"} {
+		method := http.MethodGet
+		if strings.HasPrefix(path, "/exec") {
+			method = http.MethodPost
+		}
+		req, _ := http.NewRequestWithContext(ctx, method, "https://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("anonymous %s %s: %d, want 401", method, path, resp.StatusCode)
+		}
+	}
+}
+
+// TestVirtualNodeAuthz checks 403 for an authenticated caller the API
+// server does not authorize and 200 for the API server's own identity.
+func TestVirtualNodeAuthz(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	root := shortTempDir(t)
+	name := unique("vn-authz")
+	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+
+	url := "https://127.0.0.1:" + strconv.Itoa(port) + "/pods"
+	for _, tc := range []struct {
+		name   string
+		user   string
+		groups []string
+		want   int
+	}{
+		{"unprivileged user", "nobody", nil, http.StatusForbidden},
+		{"cluster admin", "admin", []string{"system:masters"}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			certFile, keyFile, err := cp.IssueClientCert(tc.user, tc.groups...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}}}, Timeout: 10 * time.Second} //nolint:gosec // self-signed
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("GET /pods as %s: %d, want %d", tc.user, resp.StatusCode, tc.want)
+			}
+		})
+	}
+}
+
+func devicePod(ns, name, node, amount string, cmd []string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector:  map[string]string{"kubernetes.io/hostname": node},
+			Tolerations:   []corev1.Toleration{{Key: virtualnode.DefaultTaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			Containers: []corev1.Container{{
+				Name:      "app",
+				Image:     "none",
+				Command:   cmd,
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{foo: resource.MustParse(amount)}},
+			}},
+		},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+
