@@ -336,5 +336,3 @@ func devicePod(ns, name, node, amount string, cmd []string) *corev1.Pod {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-
