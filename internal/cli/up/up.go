@@ -379,7 +379,11 @@ func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resour
 	r := quote(root)
 	p.printf("Try, in another terminal:\n")
 	p.printf("  %s get resources --root %s\n", self, r)
-	p.printf("  %s get plugins --root %s\n", self, r)
+	if srv.Mode() == deviceplugin.RegistrationRegistry {
+		// The watcher lists what it found in plugins_registry; plugins
+		// that called Register on kubelet.sock are not listed there.
+		p.printf("  %s get plugins --root %s\n", self, r)
+	}
 	p.printf("  %s admit --root %s -f %s\n", self, r, quote(examplePath))
 	p.printf("  %s get pods --root %s\n", self, r)
 	p.printf("  %s get devices --root %s\n", self, r)
