@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -181,4 +182,13 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// Command returns an exec.Cmd for one of the binaries that dies with the
+// test binary (on Linux, by the parent-death signal), so a crashed test
+// leaves no plugin or kubelet running. The caller starts it and stops it.
+func Command(path string, args ...string) *exec.Cmd {
+	cmd := exec.Command(path, args...)
+	cmd.SysProcAttr = sysProcAttr()
+	return cmd
 }
