@@ -412,9 +412,32 @@ func DecodePod(data []byte) (*corev1.Pod, error) {
 	check(spec.Child("initContainers"), pod.Spec.InitContainers)
 	check(spec.Child("containers"), pod.Spec.Containers)
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid pod: %w", errs.ToAggregate())
+		return nil, &InvalidPodError{Errs: errs}
 	}
 	return pod, nil
+}
+
+// InvalidPodError lists every problem of a pod manifest, one per line,
+// each with its field path.
+type InvalidPodError struct{ Errs field.ErrorList }
+
+func (e *InvalidPodError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "invalid pod, %d problem(s):", len(e.Errs))
+	for _, fe := range e.Errs {
+		b.WriteString("\n  - ")
+		b.WriteString(fe.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the field errors.
+func (e *InvalidPodError) Unwrap() []error {
+	out := make([]error, len(e.Errs))
+	for i, fe := range e.Errs {
+		out[i] = fe
+	}
+	return out
 }
 
 // checkExtendedResources applies the API server's rules for extended
