@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -352,4 +353,36 @@ func FuzzParseLine(f *testing.F) {
 			t.Fatalf("message longer than the line")
 		}
 	})
+}
+
+func TestPodStatsAndExec(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder()
+	b := newBackend(t, t.TempDir(), rec)
+	defer b.Close()
+	pod := testPod("stats", corev1.RestartPolicyNever, nil, sh("app", "echo ready; while :; do sleep 0.05; done"))
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, pod.UID, "running", phase(corev1.PodRunning))
+	waitLogs(t, b, "stats", "ready")
+	stats, err := b.PodStats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stats) != 1 || len(stats[0].Containers) != 1 || *stats[0].Containers[0].Memory.RSSBytes == 0 {
+		t.Fatalf("stats %+v, want one container with resident memory", stats)
+	}
+	var out strings.Builder
+	err = b.Exec(context.Background(), "ns", "stats", "app", []string{"sh", "-c", "echo $GREETING $DEVICES; exit 5"}, backend.ExecIO{Stdout: &out, Stderr: &out})
+	var ce interface{ ExitStatus() int }
+	if !errors.As(err, &ce) || ce.ExitStatus() != 5 {
+		t.Fatalf("exec error %v, want exit status 5", err)
+	}
+	if out.String() != "hello dev-app\n" {
+		t.Errorf("exec output %q, want the container's environment", out.String())
+	}
+	if err := b.Forget(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,0 +1,106 @@
+package process
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+)
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// groupUsage is the summed CPU time and resident memory of a process group.
+type groupUsage struct {
+	cpu time.Duration
+	rss uint64
+}
+
+// scanGroups reads /proc once and sums usage per process group.
+func scanGroups() map[int]groupUsage {
+	out := map[int]groupUsage{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	page := uint64(os.Getpagesize())
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(data)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		// f[0] is field 3; pgrp is field 5, utime 14, stime 15, rss 24.
+		if len(f) < 22 {
+			continue
+		}
+		pgrp, _ := strconv.Atoi(f[2])
+		ut, _ := strconv.ParseUint(f[11], 10, 64)
+		st, _ := strconv.ParseUint(f[12], 10, 64)
+		rss, _ := strconv.ParseUint(f[21], 10, 64)
+		_ = pid
+		u := out[pgrp]
+		u.cpu += time.Duration(ut+st) * time.Second / clockTicks
+		u.rss += rss * page
+		out[pgrp] = u
+	}
+	return out
+}
+
+// PodStats implements backend.StatsProvider: per container, the CPU time
+// and resident memory of its process group, read from /proc.
+func (b *Backend) PodStats(context.Context) ([]statsv1alpha1.PodStats, error) {
+	groups := scanGroups()
+	now := metav1.Now()
+	b.mu.Lock()
+	prs := make([]*podRun, 0, len(b.pods))
+	for _, pr := range b.pods {
+		prs = append(prs, pr)
+	}
+	b.mu.Unlock()
+	var out []statsv1alpha1.PodStats
+	for _, pr := range prs {
+		pr.mu.Lock()
+		ps := statsv1alpha1.PodStats{
+			PodRef: statsv1alpha1.PodReference{Name: pr.pod.Name, Namespace: pr.pod.Namespace, UID: string(pr.pod.UID)},
+		}
+		if pr.pod.Status.StartTime != nil {
+			ps.StartTime = *pr.pod.Status.StartTime
+		}
+		var podCPU, podMem uint64
+		for name, p := range pr.procs {
+			if !p.running() {
+				continue
+			}
+			u := groups[p.pid]
+			cpu := uint64(u.cpu.Nanoseconds())
+			mem := u.rss
+			podCPU += cpu
+			podMem += mem
+			ps.Containers = append(ps.Containers, statsv1alpha1.ContainerStats{
+				Name:      name,
+				StartTime: p.started,
+				CPU:       &statsv1alpha1.CPUStats{Time: now, UsageCoreNanoSeconds: &cpu},
+				Memory:    &statsv1alpha1.MemoryStats{Time: now, RSSBytes: &mem, WorkingSetBytes: &mem},
+			})
+		}
+		pr.mu.Unlock()
+		ps.CPU = &statsv1alpha1.CPUStats{Time: now, UsageCoreNanoSeconds: &podCPU}
+		ps.Memory = &statsv1alpha1.MemoryStats{Time: now, RSSBytes: &podMem, WorkingSetBytes: &podMem}
+		out = append(out, ps)
+	}
+	return out, nil
+}
