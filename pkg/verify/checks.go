@@ -382,7 +382,9 @@ func (r *runner) checkAllocate(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				out, err := r.allocate(ctx, c, []string{st.healthy[i%len(st.healthy)]})
+				// The first two healthy devices: a device that changes
+				// health meanwhile must not make the check flaky.
+				out, err := r.allocate(ctx, c, []string{st.healthy[i%min(2, len(st.healthy))]})
 				if err == nil && len(out.ContainerResponses) != 1 {
 					err = fmt.Errorf("%d responses for 1 container", len(out.ContainerResponses))
 				}
@@ -592,7 +594,7 @@ func (r *runner) checkHealth(ctx context.Context) {
 		kc2, wc2 := healthChange(kc.msgs) != "", healthChange(wc.msgs) != ""
 		switch {
 		case len(wLast) == 0:
-			o.fail(res, "%s on the kubelet's stream; a second open stream got no message", change)
+			o.skip(res, "%s on the kubelet's stream; a second open stream got no message (see %s)", change, CheckStreams)
 		case kc2 && !wc2:
 			o.fail(res, "%s reached the kubelet's stream but not a second open stream", change)
 		case wc2 && !kc2:

@@ -68,7 +68,7 @@ func main() {
 	dir := flag.String("dir", os.Getenv("DPKIT_PLUGIN_DIR"), "device plugin directory (default $DPKIT_PLUGIN_DIR)")
 	registryDir := flag.String("registry-dir", "", "register through this plugins_registry directory instead of kubelet.sock")
 	delay := flag.Duration("delay", 3*time.Second, "slow-reregister: delay after a kubelet restart")
-	flipAfter := flag.Duration("flip-after", 300*time.Millisecond, "when dev-6 turns unhealthy after the first registration")
+	flipAfter := flag.Duration("flip-after", time.Second, "when dev-6 turns unhealthy after the first registration")
 	flag.Parse()
 	if *list {
 		for m, d := range modes {
@@ -82,10 +82,12 @@ func main() {
 	if *dir == "" {
 		log.Fatal("-dir or $DPKIT_PLUGIN_DIR is required")
 	}
+	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
 	if *mode == "ignore-sigterm" {
 		signal.Ignore(syscall.SIGTERM)
+		sigs = sigs[:1]
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), sigs...)
 	defer stop()
 	p := newPlugin(*mode, *dir, *flipAfter)
 	p.delay = *delay
@@ -112,6 +114,7 @@ type plugin struct {
 	attempts int
 	flipOnce sync.Once
 
+	regMu      sync.Mutex // one registration at a time
 	streams    atomic.Int32
 	streamLock sync.Mutex
 	allocating atomic.Int32
@@ -168,7 +171,7 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 	if err := p.listen(); err != nil {
 		return err
 	}
-	go p.registerRetry(ctx)
+	go p.registerRetry(ctx, false)
 	for {
 		select {
 		case <-ctx.Done():
@@ -186,7 +189,7 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 				if err := p.ensureListening(); err != nil {
 					log.Print(err)
 				}
-				p.registerRetry(ctx)
+				p.registerRetry(ctx, false)
 			case ev.Name == p.socket && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)):
 				if p.mode == "ignore-socket-delete" {
 					continue
@@ -195,7 +198,7 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 					log.Print(err)
 				}
 				if p.sameKubelet() {
-					p.registerRetry(ctx)
+					p.registerRetry(ctx, true)
 				}
 			}
 		case err := <-w.Errors:
@@ -246,8 +249,15 @@ func (p *plugin) sameKubelet() bool {
 	return err == nil && p.regSock != nil && os.SameFile(fi, p.regSock) && fi.ModTime().Equal(p.regSock.ModTime())
 }
 
-func (p *plugin) registerRetry(ctx context.Context) {
+// registerRetry registers until it succeeds. Unless force, a kubelet.sock
+// that already has this plugin is left alone.
+func (p *plugin) registerRetry(ctx context.Context, force bool) {
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
 	for ctx.Err() == nil {
+		if !force && p.sameKubelet() {
+			return
+		}
 		if err := p.registerOnce(ctx); err == nil {
 			if p.mode == "storm" {
 				_ = p.registerOnce(ctx)

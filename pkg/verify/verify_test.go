@@ -1,0 +1,323 @@
+package verify_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/verify"
+)
+
+// bins holds the binaries TestMain builds: the dpkit command and the
+// deliberately broken plugin.
+var bins struct{ dpkit, broken, dir string }
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "dpvbin")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		bins.dir = dir
+		bins.dpkit = filepath.Join(dir, "dpkit")
+		bins.broken = filepath.Join(dir, "broken")
+		for out, pkg := range map[string]string{bins.dpkit: "./cmd/dpkit", bins.broken: "./internal/testplugins/broken"} {
+			cmd := exec.Command("go", "build", "-o", out, pkg)
+			cmd.Dir = "../.."
+			if b, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, b)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// testConfig is a configuration with short timeouts for tests.
+func testConfig(command ...string) verify.Config {
+	return verify.Config{
+		Command:             command,
+		RegisterTimeout:     15 * time.Second,
+		ReregisterThreshold: 2 * time.Second,
+		Restarts:            2,
+		TermTimeout:         3 * time.Second,
+		QuietPeriod:         300 * time.Millisecond,
+		HealthWait:          3 * time.Second,
+		CallTimeout:         3 * time.Second,
+		DialTimeout:         time.Second,
+	}
+}
+
+func run(t *testing.T, cfg verify.Config) *verify.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := verify.Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var b strings.Builder
+	_ = rep.WriteTable(&b)
+	t.Logf("%s\n%s", strings.Join(rep.Command, " "), b.String())
+	if len(rep.Results) != len(verify.Checks()) {
+		t.Errorf("%d results, want one per check (%d)", len(rep.Results), len(verify.Checks()))
+	}
+	return rep
+}
+
+func failed(rep *verify.Report) []string {
+	var out []string
+	for _, r := range rep.Results {
+		if r.Verdict == verify.Fail {
+			out = append(out, r.ID)
+		}
+	}
+	return out
+}
+
+const hosts = "../discovery/testdata/hosts"
+
+func hostFlags(host string) []string {
+	root := filepath.Join(hosts, host)
+	return []string{"--sysfs-root", filepath.Join(root, "sys"), "--dev-root", filepath.Join(root, "dev"), "--proc-root", filepath.Join(root, "proc")}
+}
+
+// TestDpkitPlugins runs dpkit's own plugins, as processes of the dpkit
+// binary, through every check: none may fail.
+func TestDpkitPlugins(t *testing.T) {
+	t.Parallel()
+	plugin := func(config string, extra ...string) []string {
+		return append([]string{bins.dpkit, "plugin", "--config", config, "--plugin-dir", "{plugin-dir}"}, extra...)
+	}
+	tests := []struct {
+		name    string
+		cfg     verify.Config
+		passing []string // checks that must pass, not only not fail
+	}{
+		{name: "fake example", cfg: testConfig(plugin("../../examples/fake.yaml", "--registration", "kubelet")...),
+			passing: []string{verify.CheckKubeletRestart, verify.CheckSocketDeleted, verify.CheckResponses, verify.CheckExit}},
+		{name: "fake full", cfg: testConfig(plugin("testdata/fake-full.yaml", "--registration", "kubelet")...),
+			passing: []string{verify.CheckHealth, verify.CheckUnhealthy, verify.CheckPrefSize, verify.CheckPrefMust, verify.CheckPrefAvailable, verify.CheckPreStart}},
+		{name: "generic laptop", cfg: testConfig(plugin("../../examples/generic.yaml", append([]string{"--registration", "kubelet"}, hostFlags("laptop")...)...)...)},
+		{name: "amdgpu mi250", cfg: testConfig(plugin("../../examples/amdgpu.yaml", append([]string{"--registration", "kubelet"}, hostFlags("mi250")...)...)...)},
+		{name: "nvidia dgx-h100", cfg: testConfig(plugin("../../examples/nvidia.yaml", append([]string{"--registration", "kubelet"}, hostFlags("dgx-h100")...)...)...)},
+		{name: "fake plugin watcher", cfg: func() verify.Config {
+			c := testConfig(plugin("../../examples/fake.yaml", "--registration", "registry", "--registry-dir", "{registry-dir}")...)
+			c.PluginWatcher = true
+			return c
+		}(), passing: []string{verify.CheckPluginWatcher}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rep := run(t, tt.cfg)
+			if f := failed(rep); len(f) > 0 {
+				t.Errorf("failed checks %v, want none", f)
+			}
+			for _, id := range tt.passing {
+				if r := rep.Result(id); r.Verdict != verify.Pass {
+					t.Errorf("%s: %s (%s), want pass", id, r.Verdict, r.Detail)
+				}
+			}
+		})
+	}
+}
+
+// TestBrokenPlugins runs plugins with one deliberate bug each: every check
+// must fail for the bug aimed at it, and no other check may fail.
+func TestBrokenPlugins(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		mode  string
+		args  []string
+		fails string
+	}{
+		{mode: "", fails: ""},
+		{mode: "register-before-serve", fails: verify.CheckServing},
+		{mode: "bad-version", fails: verify.CheckVersion},
+		{mode: "bad-name", fails: verify.CheckResourceName},
+		{mode: "claims-preferred", fails: verify.CheckOptions},
+		{mode: "duplicate-ids", fails: verify.CheckFirstMessage},
+		{mode: "single-stream", fails: verify.CheckStreams},
+		{mode: "health-first-stream", fails: verify.CheckHealth},
+		{mode: "oversize", fails: verify.CheckMessageSize},
+		{mode: "one-response", fails: verify.CheckResponses},
+		{mode: "accept-unknown", fails: verify.CheckUnknown},
+		{mode: "accept-unhealthy", fails: verify.CheckUnhealthy},
+		{mode: "no-concurrent-allocate", fails: verify.CheckConcurrent},
+		{mode: "pref-wrong-size", fails: verify.CheckPrefSize},
+		{mode: "ignore-must-include", fails: verify.CheckPrefMust},
+		{mode: "pref-unavailable", fails: verify.CheckPrefAvailable},
+		{mode: "prestart-fails", fails: verify.CheckPreStart},
+		{mode: "slow-reregister", args: []string{"-delay", "3s"}, fails: verify.CheckKubeletRestart},
+		{mode: "ignore-socket-delete", fails: verify.CheckSocketDeleted},
+		{mode: "storm", fails: verify.CheckSingleReg},
+		{mode: "bad-getinfo", fails: verify.CheckPluginWatcher},
+		{mode: "ignore-sigterm", fails: verify.CheckExit},
+		{mode: "leave-socket", fails: verify.CheckSocketRemoved},
+	}
+	aimed := map[string]bool{}
+	for _, tt := range tests {
+		aimed[tt.fails] = true
+	}
+	for _, c := range verify.Checks() {
+		if !aimed[c.ID] {
+			t.Errorf("no broken plugin fails check %s", c.ID)
+		}
+	}
+	for _, tt := range tests {
+		name := tt.mode
+		if name == "" {
+			name = "correct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rep := run(t, testConfig(append([]string{bins.broken, "-mode", tt.mode}, tt.args...)...))
+			var want []string
+			if tt.fails != "" {
+				want = []string{tt.fails}
+			}
+			if got := failed(rep); !slices.Equal(got, want) {
+				t.Errorf("failed checks %v, want %v", got, want)
+			}
+			if tt.fails != "" && !rep.Failed() {
+				t.Error("Report.Failed() is false")
+			}
+		})
+	}
+}
+
+// TestPrivateMount runs a plugin that only knows
+// /var/lib/kubelet/device-plugins in its own mount namespace.
+func TestPrivateMount(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(bins.broken, "-dir", pluginapi.DevicePluginPath)
+	cfg.PrivateMount = true
+	if os.Geteuid() != 0 {
+		_, err := verify.Run(context.Background(), cfg)
+		if err == nil || !strings.Contains(err.Error(), "needs root") {
+			t.Fatalf("Run without root: %v, want an error saying it needs root", err)
+		}
+		t.Skip("--private-mount needs root; checked that it says so")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("mount namespaces are Linux-only")
+	}
+	rep := run(t, cfg)
+	if f := failed(rep); len(f) > 0 {
+		t.Errorf("failed checks %v, want none", f)
+	}
+	if _, err := os.Stat(filepath.Join(pluginapi.DevicePluginPath, "kubelet.sock")); err == nil {
+		t.Errorf("%s/kubelet.sock exists in the test's mount namespace: the bind mount leaked", pluginapi.DevicePluginPath)
+	}
+}
+
+// TestSocketDir verifies a plugin that was started before verify.
+func TestSocketDir(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "dpvs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cmd := exec.Command(bins.broken, "-dir", dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cfg := testConfig()
+	cfg.SocketDir = dir
+	rep := run(t, cfg)
+	if f := failed(rep); len(f) > 0 {
+		t.Errorf("failed checks %v, want none", f)
+	}
+	for _, id := range []string{verify.CheckExit, verify.CheckSocketRemoved} {
+		if r := rep.Result(id); r.Verdict != verify.Skip || !strings.Contains(r.Detail, "already running") {
+			t.Errorf("%s: %s %q, want skipped because the plugin was already running", id, r.Verdict, r.Detail)
+		}
+	}
+	if r := rep.Result(verify.CheckKubeletRestart); r.Verdict != verify.Pass {
+		t.Errorf("%s: %s %q, want pass", verify.CheckKubeletRestart, r.Verdict, r.Detail)
+	}
+}
+
+// TestNoRegistration reports a plugin that never registers.
+func TestNoRegistration(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("sh", "-c", "exit 3")
+	rep := run(t, cfg)
+	for _, id := range []string{verify.CheckServing, verify.CheckVersion, verify.CheckResourceName} {
+		if r := rep.Result(id); r.Verdict != verify.Fail || !strings.Contains(r.Detail, "exited before registering") {
+			t.Errorf("%s: %s %q, want a failure saying the plugin exited", id, r.Verdict, r.Detail)
+		}
+	}
+	if r := rep.Result(verify.CheckExit); r.Verdict != verify.Fail {
+		t.Errorf("%s: %s, want fail", verify.CheckExit, r.Verdict)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  verify.Config
+		want []string
+	}{
+		{"empty", verify.Config{}, []string{"command: Required"}},
+		{"both", verify.Config{Command: []string{"x"}, SocketDir: "/run/dp"}, []string{"socketDir"}},
+		{"relative dir", verify.Config{SocketDir: "dp"}, []string{"socketDir", "absolute"}},
+		{"private mount with dir", verify.Config{SocketDir: "/run/dp", PrivateMount: true}, []string{"privateMount"}},
+		{"negative", verify.Config{Command: []string{"x"}, TermTimeout: -time.Second, Restarts: -1}, []string{"termTimeout", "restarts"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+	if err := (verify.Config{Command: []string{"x"}}).Validate(); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+}
+
+func TestChecksCatalogue(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for _, c := range verify.Checks() {
+		if seen[c.ID] {
+			t.Errorf("duplicate check ID %s", c.ID)
+		}
+		seen[c.ID] = true
+		if c.Description == "" || c.Basis == "" {
+			t.Errorf("%s: description and basis are required", c.ID)
+		}
+	}
+	doc, err := os.ReadFile("../../docs/verify.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range seen {
+		if !strings.Contains(string(doc), "`"+id+"`") {
+			t.Errorf("docs/verify.md does not document %s", id)
+		}
+	}
+}
