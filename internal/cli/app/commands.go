@@ -14,6 +14,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/cli/up"
+	"github.com/dpkit/dpkit/internal/cli/verify"
 	"github.com/dpkit/dpkit/internal/cli/versioncmd"
 )
 
@@ -29,5 +30,6 @@ var subcommands = []func(*cli.Env) *cobra.Command{
 	admit.NewCommand,
 	up.NewCommand,
 	advertise.NewCommand,
+	verify.NewCommand,
 	node.NewCommand,
 }
