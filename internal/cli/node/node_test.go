@@ -1,0 +1,74 @@
+package node
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+func TestParseTaints(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		in      []string
+		want    []corev1.Taint
+		wantErr string
+	}{
+		{"default", []string{"dpkit.io/virtual-node:NoSchedule"}, []corev1.Taint{{Key: "dpkit.io/virtual-node", Effect: corev1.TaintEffectNoSchedule}}, ""},
+		{"value", []string{"a=b:NoExecute"}, []corev1.Taint{{Key: "a", Value: "b", Effect: corev1.TaintEffectNoExecute}}, ""},
+		{"none", []string{""}, []corev1.Taint{}, ""},
+		{"no effect", []string{"a"}, nil, "want key[=value]:Effect"},
+		{"bad effect", []string{"a:Sometimes"}, nil, "effect must be"},
+		{"empty key", []string{"=v:NoSchedule"}, nil, "empty key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := ParseTaints(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || len(got) != len(tc.want) {
+				t.Fatalf("ParseTaints = %v, %v; want %v", got, err, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("ParseTaints = %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}}
+	err := o.validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"--name", "--root", "--backend", "--count", "--resource", "--taint"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
+
+func FuzzParseTaints(f *testing.F) {
+	f.Add("a=b:NoSchedule")
+	f.Add(":")
+	f.Add("k:NoExecute")
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := ParseTaints([]string{s})
+		if err == nil {
+			for _, tt := range got {
+				if tt.Key == "" || tt.Effect == "" {
+					t.Fatalf("accepted %q as %+v", s, tt)
+				}
+			}
+		}
+	})
+}
