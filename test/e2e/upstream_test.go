@@ -112,11 +112,69 @@ func TestUpstreamKubeletRegistersDpkitPlugin(t *testing.T) {
 // plugin, unchanged, against "dpkit kubelet": "dpkit get resources -o json"
 // shows example.com/resource with its two devices, and "dpkit admit" of a
 // pod asking for one returns the plugin's Allocate answer (a mount of
-// /tmp/<device>). The plugin registers through plugins_registry; see
-// upstream.SamplePluginEnv for why.
+// /tmp/<device>).
+//
+// The plugin registers through kubelet.sock only at the hard-coded
+// /var/lib/kubelet/device-plugins/kubelet.sock, so two ways are checked:
+// through plugins_registry (PLUGIN_SOCK_DIR, see upstream.SamplePluginEnv),
+// which any user can run, and through kubelet.sock with the plugin's
+// default configuration in a private mount namespace where dpkit kubelet's
+// device-plugins directory is mounted at /var/lib/kubelet/device-plugins,
+// which needs root (skipped, saying so, without it).
 func TestSamplePluginRegistersWithDpkitKubelet(t *testing.T) {
 	sample := upstream.SamplePlugin(t)
 	dpkit := dpkitBinary(t)
+	for _, tc := range []struct {
+		name     string
+		registry bool // registered through plugins_registry, else kubelet.sock
+		start    func(t *testing.T, dir, root string)
+	}{
+		{"plugins_registry", true, func(t *testing.T, dir, root string) {
+			startProc(t, filepath.Join(dir, "sample-device-plugin.log"),
+				upstream.SamplePluginEnv(filepath.Join(root, "plugins_registry"), filepath.Join(dir, "hold-registration")), sample)
+		}},
+		{"kubelet.sock", false, func(t *testing.T, dir, root string) {
+			unshare := privateMountNamespace(t)
+			// Inside: a tmpfs on /var/lib hides the host's, then the
+			// emulator's device-plugins directory is bound where the
+			// plugin looks. The plugin runs with its defaults.
+			script := `set -e; mount -t tmpfs dpkit-e2e /var/lib; mkdir -p /var/lib/kubelet/device-plugins; ` +
+				`mount --bind "$1" /var/lib/kubelet/device-plugins; exec "$2"`
+			var env []string
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, upstream.EnvSampleSockDir+"=") && !strings.HasPrefix(kv, upstream.EnvSampleRegisterControlFile+"=") {
+					env = append(env, kv)
+				}
+			}
+			startProc(t, filepath.Join(dir, "sample-device-plugin.log"), env,
+				unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", filepath.Join(root, "device-plugins"), sample)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkSampleWithDpkitKubelet(t, dpkit, tc.registry, tc.start)
+		})
+	}
+}
+
+// privateMountNamespace returns the unshare command after checking that it
+// can make a private mount namespace here; it skips t, saying why, when it
+// cannot (not root, no unshare, or a container without CAP_SYS_ADMIN).
+func privateMountNamespace(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount dpkit kubelet's device-plugins directory at /var/lib/kubelet/device-plugins in a private mount namespace; the plugins_registry case covers unprivileged runs")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skipf("needs unshare (util-linux) for a private mount namespace: %v", err)
+	}
+	if out, err := exec.Command(unshare, "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs dpkit-e2e /var/lib").CombinedOutput(); err != nil {
+		t.Skipf("cannot make a private mount namespace here (%v): %s", err, out)
+	}
+	return unshare
+}
+
+func checkSampleWithDpkitKubelet(t *testing.T, dpkit string, registry bool, startPlugin func(t *testing.T, dir, root string)) {
 	ctx := testContext(t)
 	dir := upstreamTempDir(t)
 	root := filepath.Join(dir, "root")
@@ -135,8 +193,7 @@ func TestSamplePluginRegistersWithDpkitKubelet(t *testing.T) {
 		return err == nil, fmt.Sprint(err), nil
 	})
 
-	startProc(t, filepath.Join(dir, "sample-device-plugin.log"),
-		upstream.SamplePluginEnv(filepath.Join(root, "plugins_registry"), filepath.Join(dir, "hold-registration")), sample)
+	startPlugin(t, dir, root)
 
 	want := kubelet.Resource{Name: upstream.SampleResource, Capacity: 2, Allocatable: 2, Connected: true}
 	poll(t, ctx, "dpkit get resources to show "+upstream.SampleResource, func(ctx context.Context) (bool, string, error) {
@@ -159,6 +216,15 @@ func TestSamplePluginRegistersWithDpkitKubelet(t *testing.T) {
 	sort.Strings(ids)
 	if !slices.Equal(ids, upstream.SampleDevices()) {
 		t.Fatalf("healthy devices of %s: %v, want %v (all: %+v)", upstream.SampleResource, ids, upstream.SampleDevices(), devs)
+	}
+	// The registration path is the one meant: the plugin watcher lists
+	// the plugin only when it came through plugins_registry.
+	var plugins kubelet.Plugins
+	if err := getJSON(ctx, "plugins", &plugins); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(plugins.Registered); (got == 1) != registry {
+		t.Errorf("plugin watcher lists %d plugins (%+v); want %d", got, plugins.Registered, map[bool]int{true: 1, false: 0}[registry])
 	}
 
 	admit := func(name string, wantCode int) (*kubelet.Pod, string) {
