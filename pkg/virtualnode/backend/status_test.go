@@ -1,0 +1,66 @@
+package backend
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+func TestComputeStatus(t *testing.T) {
+	t.Parallel()
+	run := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	exit := func(code int32) corev1.ContainerState {
+		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code}}
+	}
+	wait := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}
+	for _, tc := range []struct {
+		name      string
+		policy    corev1.RestartPolicy
+		init, app []corev1.ContainerState
+		deleting  bool
+		want      corev1.PodPhase
+		ready     bool
+	}{
+		{"creating", corev1.RestartPolicyAlways, nil, []corev1.ContainerState{wait}, false, corev1.PodPending, false},
+		{"running", corev1.RestartPolicyAlways, nil, []corev1.ContainerState{run}, false, corev1.PodRunning, true},
+		{"init running", corev1.RestartPolicyAlways, []corev1.ContainerState{run}, []corev1.ContainerState{wait}, false, corev1.PodPending, false},
+		{"init failed, Never", corev1.RestartPolicyNever, []corev1.ContainerState{exit(1)}, []corev1.ContainerState{wait}, false, corev1.PodFailed, false},
+		{"succeeded", corev1.RestartPolicyNever, []corev1.ContainerState{exit(0)}, []corev1.ContainerState{exit(0)}, false, corev1.PodSucceeded, false},
+		{"failed, Never", corev1.RestartPolicyNever, nil, []corev1.ContainerState{exit(0), exit(2)}, false, corev1.PodFailed, false},
+		{"failed, OnFailure waits to restart", corev1.RestartPolicyOnFailure, nil, []corev1.ContainerState{exit(2)}, false, corev1.PodRunning, false},
+		{"exited, Always waits to restart", corev1.RestartPolicyAlways, nil, []corev1.ContainerState{exit(0)}, false, corev1.PodRunning, false},
+		{"deleted after SIGTERM", corev1.RestartPolicyAlways, nil, []corev1.ContainerState{exit(143)}, true, corev1.PodFailed, false},
+		{"deleted, clean exit", corev1.RestartPolicyAlways, nil, []corev1.ContainerState{exit(0)}, true, corev1.PodSucceeded, false},
+		{"one of two running", corev1.RestartPolicyAlways, nil, []corev1.ContainerState{run, wait}, false, corev1.PodRunning, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pod := &corev1.Pod{Spec: corev1.PodSpec{RestartPolicy: tc.policy}}
+			st := &corev1.PodStatus{}
+			for i, s := range tc.init {
+				pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{Name: "i" + string(rune('0'+i))})
+				st.InitContainerStatuses = append(st.InitContainerStatuses, corev1.ContainerStatus{Name: "i", State: s})
+			}
+			for i, s := range tc.app {
+				pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "c" + string(rune('0'+i))})
+				st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{Name: "c", State: s})
+			}
+			ComputeStatus(pod, st, "10.0.0.1", tc.deleting)
+			if st.Phase != tc.want {
+				t.Fatalf("phase %s, want %s", st.Phase, tc.want)
+			}
+			var ready bool
+			for _, c := range st.Conditions {
+				if c.Type == corev1.PodReady {
+					ready = c.Status == corev1.ConditionTrue
+				}
+			}
+			if ready != tc.ready {
+				t.Errorf("ready %v, want %v", ready, tc.ready)
+			}
+			if st.PodIP != "10.0.0.1" || st.StartTime == nil {
+				t.Errorf("podIP %q startTime %v", st.PodIP, st.StartTime)
+			}
+		})
+	}
+}
