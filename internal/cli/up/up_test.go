@@ -89,27 +89,22 @@ func (u *upRun) waitLine(prefix string) string {
 	return u.wait(prefix, func(l string) bool { return strings.HasPrefix(l, prefix) })
 }
 
-// waitContains returns the first line containing s.
-func (u *upRun) waitContains(s string) string {
-	u.t.Helper()
-	return u.wait(s, func(l string) bool { return strings.Contains(l, s) })
-}
-
-func (u *upRun) wait(prefix string, match func(string) bool) string {
+// wait returns the first line that matches; what says what is awaited.
+func (u *upRun) wait(what string, match func(string) bool) string {
 	u.t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case l, ok := <-u.lines:
 			if !ok {
-				u.t.Fatalf("dpkit up ended before printing %q", prefix)
+				u.t.Fatalf("dpkit up ended before printing %q", what)
 			}
 			u.seen = append(u.seen, l)
 			if match(l) {
 				return l
 			}
 		case <-deadline:
-			u.t.Fatalf("dpkit up did not print %q within 30s", prefix)
+			u.t.Fatalf("dpkit up did not print %q within 30s", what)
 		}
 	}
 }
@@ -172,14 +167,15 @@ func TestUp(t *testing.T) {
 		resource  string
 		devices   int64
 		lines     []string // printed before ready, in order
+		plugins   bool     // "get plugins" is suggested
 	}{
 		{"default fake plugin in a given root", nil, true, "example.com/foo", 8,
 			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ",
-				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}},
+				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}, false},
 		{"config registering through plugins_registry in a temporary root", []string{"--config", cfg}, false, "example.com/bar", 3,
-			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}},
+			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}, true},
 		{"flag overrides the config's registration", []string{"--config", cfg, "--registration", "kubelet"}, false, "example.com/bar", 3,
-			[]string{"waiting for the plugins to register (kubelet)..."}},
+			[]string{"waiting for the plugins to register (kubelet)..."}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -205,7 +201,14 @@ func TestUp(t *testing.T) {
 			if got, want := u.waitLine(ReadyPrefix), "ready: "+tc.resource+"="+strconv.FormatInt(tc.devices, 10)+" allocatable"; got != want {
 				t.Errorf("ready line %q, want %q", got, want)
 			}
-			admitLine := u.waitContains(" admit --root " + root + " -f ")
+			var suggested []string
+			admitLine := u.wait("the admit command", func(l string) bool {
+				suggested = append(suggested, l)
+				return strings.Contains(l, " admit --root "+root+" -f ")
+			})
+			if got := strings.Contains(strings.Join(suggested, "\n"), " get plugins --root "+root); got != tc.plugins {
+				t.Errorf("get plugins suggested: %t, want %t", got, tc.plugins)
+			}
 			u.waitLine("Stop with Ctrl-C.")
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
