@@ -711,7 +711,8 @@ func (r *runner) checkPluginWatcher(ctx context.Context) {
 // counting registrations.
 func (r *runner) checkRestarts(ctx context.Context) {
 	threshold := r.cfg.ReregisterThreshold
-	wait := 2 * threshold
+	// Wait past the threshold to report how slow a slow plugin is.
+	wait := threshold + 10*time.Second
 	single := r.outcome()
 	for _, res := range r.resources {
 		if n := r.initial[res]; n > 1 {

@@ -100,9 +100,15 @@ func (r *runner) setup() error {
 	if len(cfg.Command) == 0 {
 		return nil
 	}
-	r.command = expandArgs(cfg.Command, r.pluginDir, r.registryDir)
-	sockDir := r.pluginDir
-	env := append(append([]string(nil), cfg.Env...), EnvPluginDir+"="+r.pluginDir)
+	// The directory as the plugin sees it: with a private mount, the
+	// kubelet's fixed path, which is the emulated directory there.
+	seen := r.pluginDir
+	if cfg.PrivateMount {
+		seen = filepath.Clean(pluginapi.DevicePluginPath)
+	}
+	r.command = expandArgs(cfg.Command, seen, r.registryDir)
+	sockDir := seen
+	env := append(append([]string(nil), cfg.Env...), EnvPluginDir+"="+seen)
 	if r.registryDir != "" {
 		sockDir = r.registryDir
 		env = append(env, EnvRegistryDir+"="+r.registryDir)
@@ -382,7 +388,7 @@ func (r *runner) checkShutdown(ctx context.Context) {
 		}
 	}
 	if len(sockets) == 0 {
-		r.set(CheckSocketRemoved, Skip, "no plugin socket is known")
+		r.set(CheckSocketRemoved, Skip, "no socket of the plugin existed when SIGTERM was sent")
 		return
 	}
 	var left []string
@@ -398,12 +404,13 @@ func (r *runner) checkShutdown(ctx context.Context) {
 	}
 }
 
-// pluginSockets returns the sockets of the latest registrations.
+// pluginSockets returns the sockets of accepted registrations that exist
+// now.
 func (r *runner) pluginSockets() []string {
 	var out []string
-	for _, res := range r.resources {
-		if c := r.emu.current(res); c != nil {
-			out = append(out, c.Socket)
+	for _, reg := range r.emu.registrations() {
+		if reg.Err == nil {
+			out = append(out, reg.Endpoint)
 		}
 	}
 	if r.pw != nil {
@@ -411,7 +418,13 @@ func (r *runner) pluginSockets() []string {
 			out = append(out, p.SocketPath)
 		}
 	}
-	return dedupe(out)
+	var existing []string
+	for _, s := range dedupe(out) {
+		if _, err := os.Lstat(s); err == nil {
+			existing = append(existing, s)
+		}
+	}
+	return existing
 }
 
 func baseNames(paths []string) []string {
