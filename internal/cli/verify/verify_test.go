@@ -1,0 +1,115 @@
+package verify_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	verifycmd "github.com/dpkit/dpkit/internal/cli/verify"
+	"github.com/dpkit/dpkit/pkg/verify"
+)
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := &cli.Env{Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler)}
+	cmd := verifycmd.NewCommand(env)
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no command", nil, "command: Required"},
+		{"no dash", []string{"my-plugin"}, "after --"},
+		{"bad output", []string{"-o", "yaml", "--", "x"}, "table or json"},
+		{"both", []string{"--socket-dir", "/run/dp", "--", "x"}, "not both"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := run(t, tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+			if code := cli.ExitCode(err); code != 2 {
+				t.Errorf("exit code %d, want 2", code)
+			}
+		})
+	}
+}
+
+// A plugin that exits at once fails the registration checks: exit code 1,
+// JSON and JUnit outputs name them.
+func TestFailingPluginOutputs(t *testing.T) {
+	t.Parallel()
+	junit := filepath.Join(t.TempDir(), "verify.xml")
+	out, err := run(t, "-o", "json", "--junit", junit, "--", "sh", "-c", "echo plugin says bye; exit 3")
+	if code := cli.ExitCode(err); code != 1 {
+		t.Fatalf("exit code %d (%v), want 1", code, err)
+	}
+	var rep verify.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("JSON output: %v\n%s", err, out)
+	}
+	if rep.Summary.Failed == 0 || rep.Result(verify.CheckServing).Verdict != verify.Fail {
+		t.Errorf("report %+v: want %s failed", rep.Summary, verify.CheckServing)
+	}
+	if !strings.Contains(rep.PluginOutput, "plugin says bye") {
+		t.Errorf("pluginOutput %q lacks the plugin's output", rep.PluginOutput)
+	}
+	data, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var suites struct {
+		Suites []struct {
+			Tests    int `xml:"tests,attr"`
+			Failures int `xml:"failures,attr"`
+			Cases    []struct {
+				Name    string    `xml:"name,attr"`
+				Failure *struct{} `xml:"failure"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(data, &suites); err != nil {
+		t.Fatalf("JUnit: %v\n%s", err, data)
+	}
+	if len(suites.Suites) != 1 || suites.Suites[0].Tests != len(verify.Checks()) || suites.Suites[0].Failures != rep.Summary.Failed {
+		t.Fatalf("JUnit suites %+v, want one suite of %d tests with %d failures", suites.Suites, len(verify.Checks()), rep.Summary.Failed)
+	}
+	for _, c := range suites.Suites[0].Cases {
+		if c.Name == verify.CheckServing && c.Failure == nil {
+			t.Errorf("JUnit case %s has no failure", c.Name)
+		}
+	}
+}
+
+func TestTableOutput(t *testing.T) {
+	t.Parallel()
+	out, err := run(t, "--", "sh", "-c", "exit 3")
+	if cli.ExitCode(err) != 1 {
+		t.Fatalf("exit code %d (%v), want 1", cli.ExitCode(err), err)
+	}
+	for _, want := range []string{"CHECK", "RESULT", verify.CheckServing, "FAIL " + verify.CheckServing, "failed", "skipped"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
