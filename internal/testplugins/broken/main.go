@@ -33,31 +33,34 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
-// Modes, each a deliberate bug aimed at one verify check.
-var modes = map[string]string{
-	"":                       "no bug",
-	"register-before-serve":  "calls Register before its socket serves",
-	"bad-version":            "first registers with API version v1alpha1",
-	"bad-name":               "first registers with resource name \"broken\" (no domain)",
-	"claims-preferred":       "claims GetPreferredAllocationAvailable without implementing it",
-	"duplicate-ids":          "lists dev-0 twice in ListAndWatch",
-	"single-stream":          "serves one ListAndWatch stream at a time",
-	"health-first-stream":    "sends health changes only to the first stream ever opened",
-	"oversize":               "lists 50000 devices with long IDs (over 4 MiB)",
-	"one-response":           "answers Allocate with one response whatever the number of containers",
-	"accept-unknown":         "allocates device IDs it does not have",
-	"accept-unhealthy":       "allocates unhealthy devices",
-	"no-concurrent-allocate": "refuses an Allocate while another is in flight",
-	"pref-wrong-size":        "answers GetPreferredAllocation with one ID too few",
-	"ignore-must-include":    "ignores mustInclude in GetPreferredAllocation",
-	"pref-unavailable":       "answers GetPreferredAllocation with a device that is not available",
-	"prestart-fails":         "requires PreStartContainer and fails it",
-	"slow-reregister":        "registers again only -delay after a kubelet restart",
-	"ignore-socket-delete":   "does not notice that its socket was deleted",
-	"storm":                  "registers twice every time",
-	"bad-getinfo":            "answers the plugin watcher's GetInfo with type CSIPlugin",
-	"ignore-sigterm":         "ignores SIGTERM",
-	"leave-socket":           "leaves its socket behind on SIGTERM",
+// modes returns the modes, each a deliberate bug aimed at one verify
+// check, with their descriptions.
+func modes() map[string]string {
+	return map[string]string{
+		"":                       "no bug",
+		"register-before-serve":  "calls Register before its socket serves",
+		"bad-version":            "first registers with API version v1alpha1",
+		"bad-name":               "first registers with resource name \"broken\" (no domain)",
+		"claims-preferred":       "claims GetPreferredAllocationAvailable without implementing it",
+		"duplicate-ids":          "lists dev-0 twice in ListAndWatch",
+		"single-stream":          "serves one ListAndWatch stream at a time",
+		"health-first-stream":    "sends health changes only to the first stream ever opened",
+		"oversize":               "lists 50000 devices with long IDs (over 4 MiB)",
+		"one-response":           "answers Allocate with one response whatever the number of containers",
+		"accept-unknown":         "allocates device IDs it does not have",
+		"accept-unhealthy":       "allocates unhealthy devices",
+		"no-concurrent-allocate": "refuses an Allocate while another is in flight",
+		"pref-wrong-size":        "answers GetPreferredAllocation with one ID too few",
+		"ignore-must-include":    "ignores mustInclude in GetPreferredAllocation",
+		"pref-unavailable":       "answers GetPreferredAllocation with a device that is not available",
+		"prestart-fails":         "requires PreStartContainer and fails it",
+		"slow-reregister":        "registers again only -delay after a kubelet restart",
+		"ignore-socket-delete":   "does not notice that its socket was deleted",
+		"storm":                  "registers twice every time",
+		"bad-getinfo":            "answers the plugin watcher's GetInfo with type CSIPlugin",
+		"ignore-sigterm":         "ignores SIGTERM",
+		"leave-socket":           "leaves its socket behind on SIGTERM",
+	}
 }
 
 const resource = "example.com/broken"
@@ -71,12 +74,12 @@ func main() {
 	flipAfter := flag.Duration("flip-after", time.Second, "when dev-6 turns unhealthy after the first registration")
 	flag.Parse()
 	if *list {
-		for m, d := range modes {
+		for m, d := range modes() {
 			fmt.Printf("%-24s %s\n", m, d)
 		}
 		return
 	}
-	if _, ok := modes[*mode]; !ok {
+	if _, ok := modes()[*mode]; !ok {
 		log.Fatalf("unknown -mode %q; see -list", *mode)
 	}
 	if *dir == "" {
