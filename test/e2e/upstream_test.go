@@ -36,7 +36,7 @@ const fooResource = "example.com/foo"
 
 // TestUpstreamKubeletRegistersDpkitPlugin runs "dpkit plugin" with
 // examples/fake.yaml against the kubelet's device manager, through both
-// registration paths: 8 devices in capacity and allocatable, an allocation
+// registration paths and the default choice between them: 8 devices in capacity and allocatable, an allocation
 // of 2 answered with DPKIT_FAKE_DEVICES naming them, and the resource back
 // with 8 devices after each of 5 restarts (SIGTERM and SIGKILL in turn).
 // The time from the new kubelet's registration socket to the plugin's
@@ -56,6 +56,9 @@ func TestUpstreamKubeletRegistersDpkitPlugin(t *testing.T) {
 	}{
 		{"kubelet.sock", "kubelet", false},
 		{"plugins_registry", "registry", true},
+		// The default: dpkit plugin picks plugins_registry because the
+		// directory exists, as on a node whose kubelet watches it.
+		{"auto", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t)
@@ -72,9 +75,17 @@ func TestUpstreamKubeletRegistersDpkitPlugin(t *testing.T) {
 
 			k := startDeviceManager(t, ctx, dm, filepath.Join(dir, "kubelet-0.log"), args...)
 			k.next(t, ctx, "ready", isEvent("ready"))
-			startProc(t, filepath.Join(dir, "plugin.log"), nil, dpkit, "plugin", "--config", config,
-				"--plugin-dir", pluginDir, "--registration", tc.registration, "--registry-dir", registryDir)
+			pluginArgs := []string{"plugin", "--config", config, "--plugin-dir", pluginDir, "--registry-dir", registryDir}
+			if tc.registration != "" {
+				pluginArgs = append(pluginArgs, "--registration", tc.registration)
+			}
+			startProc(t, filepath.Join(dir, "plugin.log"), nil, dpkit, pluginArgs...)
 			k.next(t, ctx, fooResource+" with 8 devices", hasDevices(fooResource, 8))
+			// The path taken is the one meant: only a plugin registering
+			// through the plugin watcher has its socket in plugins_registry.
+			if got := socketsIn(t, registryDir); (len(got) > 0) != tc.registry {
+				t.Errorf("sockets in plugins_registry: %v; want some: %v", got, tc.registry)
+			}
 
 			a := k.allocate(t, ctx, fooResource, 2, "two")
 			checkFakeAllocation(t, a, 2)
@@ -349,6 +360,22 @@ func checkFakeAllocation(t *testing.T, a dmEvent, n int) {
 	if !slices.Equal(got, ids) {
 		t.Errorf("DPKIT_FAKE_DEVICES=%s, want the allocated devices %v", env, ids)
 	}
+}
+
+// socketsIn lists the unix sockets in dir.
+func socketsIn(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Type()&os.ModeSocket != 0 {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
 // upstreamTempDir is a directory short enough for unix socket paths.
