@@ -30,6 +30,6 @@ var subcommands = []func(*cli.Env) *cobra.Command{
 	admit.NewCommand,
 	up.NewCommand,
 	advertise.NewCommand,
-	verify.NewCommand,
 	node.NewCommand,
+	verify.NewCommand,
 }
