@@ -5,7 +5,6 @@ package admit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,10 +14,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/cli/output"
 )
 
 // Exit codes of "dpkit admit" besides 0 (admitted).
@@ -36,7 +35,7 @@ const maxManifest = 4 << 20
 
 // NewCommand returns the "admit" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var root, socket, file, output string
+	var root, socket, file, format string
 	cmd := &cobra.Command{
 		Use:   "admit -f POD.yaml",
 		Short: "Admit a pod through a running dpkit kubelet and show the devices each container gets",
@@ -61,8 +60,8 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
   cat pod.yaml | dpkit admit --admin-socket /tmp/kubelet/dpkit/admin.sock -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" && output != "yaml" {
-				return cli.Exit(ExitInvalid, fmt.Errorf("--output: %q is not a format; use table, json or yaml", output))
+			if err := output.Check(format); err != nil {
+				return cli.Exit(ExitInvalid, err)
 			}
 			manifest, err := readManifest(env.In, file)
 			if err != nil {
@@ -73,14 +72,14 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 			}
 			c := kubelet.NewClient(socket)
 			defer c.Close()
-			return Run(cmd.Context(), env.Out, c, manifest, output)
+			return Run(cmd.Context(), env.Out, c, manifest, format)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&file, "filename", "f", "", `pod manifest file, or "-" for standard input (required)`)
 	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
-	fl.StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
 	return cmd
 }
 
@@ -147,37 +146,27 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, manifest []byte, f
 // Print writes an admitted pod in format: "json", "yaml", or a table of
 // its containers with their devices and runtime options.
 func Print(w io.Writer, pod *kubelet.Pod, format string) error {
-	switch format {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(pod)
-	case "yaml":
-		data, err := yaml.Marshal(pod)
-		if err != nil {
+	if format == output.Table {
+		if _, err := fmt.Fprintf(w, "pod %s/%s admitted (uid %s)\n\n", pod.Namespace, pod.Name, pod.UID); err != nil {
 			return err
 		}
-		_, err = w.Write(data)
-		return err
 	}
-	if _, err := fmt.Fprintf(w, "pod %s/%s admitted (uid %s)\n\n", pod.Namespace, pod.Name, pod.UID); err != nil {
-		return err
-	}
-	t := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(t, "CONTAINER\tTYPE\tDEVICES\tRUNTIME OPTIONS")
-	for _, c := range pod.Containers {
-		devs := deviceLines(c.Devices)
-		opts := optionLines(c.Options)
-		rows := max(len(devs), len(opts), 1)
-		for i := range rows {
-			name, typ := c.Name, c.Type
-			if i > 0 {
-				name, typ = "", ""
+	return output.Write(w, format, pod, func(t *tabwriter.Writer) error {
+		fmt.Fprintln(t, "CONTAINER\tTYPE\tDEVICES\tRUNTIME OPTIONS")
+		for _, c := range pod.Containers {
+			devs := deviceLines(c.Devices)
+			opts := optionLines(c.Options)
+			rows := max(len(devs), len(opts), 1)
+			for i := range rows {
+				name, typ := c.Name, c.Type
+				if i > 0 {
+					name, typ = "", ""
+				}
+				fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", name, typ, line(devs, i), line(opts, i))
 			}
-			fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", name, typ, line(devs, i), line(opts, i))
 		}
-	}
-	return t.Flush()
+		return nil
+	})
 }
 
 func line(lines []string, i int) string {

@@ -4,17 +4,16 @@ package get
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/cli/output"
 )
 
 // kinds maps every accepted kind name to its canonical name.
@@ -27,7 +26,7 @@ var kinds = map[string]string{
 
 // NewCommand returns the "get" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var root, socket, output string
+	var root, socket, format string
 	cmd := &cobra.Command{
 		Use:   "get resources|devices|plugins|pods",
 		Short: "Show the resources, devices, plugins or pods of a running dpkit kubelet",
@@ -41,21 +40,21 @@ func NewCommand(env *cli.Env) *cobra.Command {
 			if !ok {
 				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins or pods", args[0]))
 			}
-			if output != "table" && output != "json" && output != "yaml" {
-				return cli.Exit(2, fmt.Errorf("--output: %q is not a format; use table, json or yaml", output))
+			if err := output.Check(format); err != nil {
+				return cli.Exit(2, err)
 			}
 			if socket == "" {
 				socket = kubelet.AdminSocket(root)
 			}
 			c := kubelet.NewClient(socket)
 			defer c.Close()
-			return Run(cmd.Context(), env.Out, c, kind, output)
+			return Run(cmd.Context(), env.Out, c, kind, format)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
-	fl.StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
 	return cmd
 }
 
@@ -128,23 +127,10 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format strin
 	default:
 		return fmt.Errorf("unknown kind %q", kind)
 	}
-	switch format {
-	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	case "yaml":
-		data, err := yaml.Marshal(v)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(data)
-		return err
-	default:
-		t := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	return output.Write(w, format, v, func(t *tabwriter.Writer) error {
 		tab(t)
-		return t.Flush()
-	}
+		return nil
+	})
 }
 
 func joinInts(v []int64) string {

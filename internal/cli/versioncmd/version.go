@@ -2,37 +2,34 @@
 package versioncmd
 
 import (
-	"encoding/json"
 	"fmt"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/internal/version"
 )
 
 // NewCommand returns the "version" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var output string
+	var format string
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the dpkit version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			info := version.Get()
-			switch output {
-			case "":
-				fmt.Fprintf(env.Out, "dpkit %s (%s, %s)\n", info.Version, info.GoVersion, info.Platform)
-				return nil
-			case "json":
-				enc := json.NewEncoder(env.Out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(info)
-			default:
-				return fmt.Errorf("--output: unknown format %q; use json or leave it empty", output)
+			if err := output.Check(format); err != nil {
+				return cli.Exit(2, err)
 			}
+			info := version.Get()
+			return output.Write(env.Out, format, info, func(t *tabwriter.Writer) error {
+				_, err := fmt.Fprintf(t, "dpkit %s (%s, %s)\n", info.Version, info.GoVersion, info.Platform)
+				return err
+			})
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: empty for text, or json")
+	cmd.Flags().StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
 	return cmd
 }
