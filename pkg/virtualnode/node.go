@@ -34,6 +34,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -192,9 +193,9 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	log = log.With("node", cfg.Name)
 
-	mgr, err := devicemanager.New(devicemanager.Config{
+	host, err := devicehost.New(devicehost.Config{
 		Root:           cfg.Root,
-		Logger:         log.With("component", "devicemanager"),
+		Logger:         log,
 		TopologyPolicy: cfg.TopologyPolicy,
 		TopologyScope:  cfg.TopologyScope,
 		NUMANodes:      cfg.NUMANodes,
@@ -202,6 +203,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	if err != nil {
 		return err
 	}
+	mgr := host.Manager
 	n := &Node{cfg: cfg, log: log, mgr: mgr, apiReady: make(chan struct{})}
 	n.prov = newProvider(log.With("component", "pods"), mgr)
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
@@ -218,34 +220,15 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	n.prov.be = n.be
 	n.prov.adopt(n.be.Pods())
 
-	if err := mgr.Start(ctx); err != nil {
-		return err
-	}
-	defer mgr.Stop()
-	mgr.RetainPods(n.prov.activeUIDs())
-
-	n.watcher, err = pluginwatcher.New(pluginwatcher.Config{
-		Dir:      filepath.Join(cfg.Root, "plugins_registry"),
-		Logger:   log.With("component", "pluginwatcher"),
-		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: mgr.PluginHandler()},
-	})
-	if err != nil {
-		return err
-	}
-	prs, err := podresources.NewServer(podresources.Config{
-		Providers: podresources.Providers{Pods: n.prov, Devices: mgr},
-		Logger:    log.With("component", "podresources"),
-	})
-	if err != nil {
-		return err
-	}
-
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := n.watcher.Start(ctx); err != nil {
+	if err := host.Start(ctx, n.prov, n.prov.activeUIDs()); err != nil {
 		return err
 	}
-	defer func() { <-n.watcher.Done() }()
+	defer host.Stop()
+	defer cancel()
+	n.watcher = host.Watcher
+	prs := host.PodResources
 
 	factory := cfg.Informers
 	if factory == nil {

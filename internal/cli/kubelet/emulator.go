@@ -29,6 +29,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -83,9 +84,9 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	mgr, err := devicemanager.New(devicemanager.Config{
+	host, err := devicehost.New(devicehost.Config{
 		Root:           opts.Root,
-		Logger:         log.With("component", "devicemanager"),
+		Logger:         log,
 		TopologyPolicy: opts.TopologyPolicy,
 		TopologyScope:  opts.TopologyScope,
 		NUMANodes:      opts.NUMANodes,
@@ -93,34 +94,22 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if err != nil {
 		return err
 	}
+	mgr := host.Manager
 	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: podresources.NewPodStore(), podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
 	if err := e.loadPods(); err != nil {
 		return err
 	}
-	if err := mgr.Start(ctx); err != nil {
-		return err
-	}
-	defer mgr.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	// Allocations restored from the checkpoint for pods this emulator no
 	// longer knows are dropped, as the kubelet does for inactive pods.
-	mgr.RetainPods(e.pods.UIDs())
-
-	var handler pluginwatcher.Handler = mgr.PluginHandler()
-	e.watcher, err = pluginwatcher.New(pluginwatcher.Config{
-		Dir:      filepath.Join(opts.Root, "plugins_registry"),
-		Logger:   log.With("component", "pluginwatcher"),
-		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: handler},
-	})
-	if err != nil {
+	if err := host.Start(ctx, e.pods, e.pods.UIDs()); err != nil {
 		return err
 	}
-	prs, err := podresources.NewServer(podresources.Config{
-		Providers: podresources.Providers{Pods: e.pods, Devices: mgr},
-		Logger:    log.With("component", "podresources"),
-	})
-	if err != nil {
-		return err
-	}
+	defer host.Stop()
+	defer cancel()
+	e.watcher = host.Watcher
+	prs := host.PodResources
 	prsListener, err := listenUnix(podresources.SocketPath(opts.Root), "PodResources socket", "choose another --root")
 	if err != nil {
 		return err
@@ -131,13 +120,6 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return err
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if err := e.watcher.Start(ctx); err != nil {
-		_ = admin.Close()
-		_ = prsListener.Close()
-		return err
-	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-e.watcher.Done()
@@ -150,10 +132,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if started != nil {
 		started(e)
 	}
-	err = g.Wait()
-	cancel()
-	<-e.watcher.Done()
-	return err
+	return g.Wait()
 }
 
 // listenUnix listens on socket, replacing a stale socket there. what
