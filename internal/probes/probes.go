@@ -4,7 +4,6 @@ package probes
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dpkit/dpkit/internal/httpserve"
 )
 
 // Server is a running probe server.
@@ -49,18 +50,5 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // Serve serves until ctx ends, then shuts down.
 func (s *Server) Serve(ctx context.Context) error {
-	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.srv.Shutdown(sctx)
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return httpserve.Serve(ctx, s.srv, s.ln)
 }

@@ -29,6 +29,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
@@ -162,18 +163,9 @@ func (e *Emulator) serveAdmin(ctx context.Context, l net.Listener) error {
 	mux.HandleFunc("GET /v1/pods", e.getPods)
 	mux.HandleFunc("POST /v1/pods", e.admitPod)
 	mux.HandleFunc("DELETE /v1/pods/{namespace}/{name}", e.deletePod)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
-	select {
-	case err := <-errc:
+	if err := httpserve.Serve(ctx, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, l); err != nil {
 		return fmt.Errorf("admin API: %w", err)
-	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	<-errc
 	return nil
 }
 

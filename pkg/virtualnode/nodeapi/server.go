@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -167,16 +168,8 @@ func Serve(ctx context.Context, addr string, tlsCfg *tls.Config, h http.Handler,
 		ready(l.Addr())
 	}
 	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 30 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(tls.NewListener(l, tlsCfg)) }()
-	select {
-	case err := <-errc:
+	if err := httpserve.Serve(ctx, srv, tls.NewListener(l, tlsCfg)); err != nil {
 		return fmt.Errorf("node API: %w", err)
-	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	<-errc
 	return nil
 }
