@@ -16,7 +16,9 @@ KUBE_VERSION=v1.37.0
 ETCD_VERSION=v3.7.0
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${DPKIT_CONTROLPLANE_BIN:-${XDG_CACHE_HOME:-${HOME:-${TMPDIR:-/tmp}}/.cache}/dpkit/controlplane/${KUBE_VERSION}}"
+# shellcheck source=hack/lib/build.sh
+source "$root/hack/lib/build.sh"
+out="${DPKIT_CONTROLPLANE_BIN:-$(cache_dir controlplane "$KUBE_VERSION")}"
 force=false
 case "${1:-}" in
   "") ;;
@@ -35,12 +37,7 @@ current() {
   "$out/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${ETCD_VERSION#v}" || return 1
 }
 
-mkdir -p "$out"
-# One build at a time per directory: a second caller waits, then reuses.
-exec 9>"$out/.lock"
-if command -v flock >/dev/null; then
-  flock 9
-fi
+lock_dir "$out"
 
 if ! $force && current; then
   log "reusing $out (Kubernetes ${KUBE_VERSION}, etcd ${ETCD_VERSION})"
@@ -48,25 +45,16 @@ if ! $force && current; then
   exit 0
 fi
 
-pkg=k8s.io/component-base/version
-ldflags="-s -w"
-ldflags+=" -X ${pkg}.gitVersion=${KUBE_VERSION}"
-ldflags+=" -X ${pkg}.gitMajor=$(echo "${KUBE_VERSION#v}" | cut -d. -f1)"
-ldflags+=" -X ${pkg}.gitMinor=$(echo "${KUBE_VERSION#v}" | cut -d. -f2)"
-ldflags+=" -X ${pkg}.gitTreeState=clean"
-ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+ldflags="$(kube_ldflags "$KUBE_VERSION")"
 
 tmp="$(mktemp -d "$out/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 log "building Kubernetes ${KUBE_VERSION} and etcd ${ETCD_VERSION} into $out (a cold build takes minutes)"
 start=$SECONDS
-(
-  cd "$root/hack/tools"
-  GOFLAGS="${GOFLAGS:-} -mod=readonly" CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    ./cmd/etcd
-)
+tools_build "$tmp" \
+  k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-scheduler \
+  ./cmd/etcd
 for b in kube-apiserver kube-scheduler etcd; do
   mv -f "$tmp/$b" "$out/$b"
 done

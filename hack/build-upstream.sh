@@ -19,7 +19,9 @@ set -euo pipefail
 KUBE_VERSION=v1.37.0
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${DPKIT_UPSTREAM_BIN:-${XDG_CACHE_HOME:-${HOME:-${TMPDIR:-/tmp}}/.cache}/dpkit/upstream/${KUBE_VERSION}}"
+# shellcheck source=hack/lib/build.sh
+source "$root/hack/lib/build.sh"
+out="${DPKIT_UPSTREAM_BIN:-$(cache_dir upstream "$KUBE_VERSION")}"
 force=false
 case "${1:-}" in
   "") ;;
@@ -48,12 +50,7 @@ current() {
   "$out/kubelet-devicemanager" --version 2>/dev/null | grep -x "Kubernetes ${KUBE_VERSION}" >/dev/null || return 1
 }
 
-mkdir -p "$out"
-# One build at a time per directory: a second caller waits, then reuses.
-exec 9>"$out/.lock"
-if command -v flock >/dev/null; then
-  flock 9
-fi
+lock_dir "$out"
 
 if ! $force && current; then
   log "reusing $out (Kubernetes ${KUBE_VERSION})"
@@ -61,25 +58,16 @@ if ! $force && current; then
   exit 0
 fi
 
-pkg=k8s.io/component-base/version
-ldflags="-s -w"
-ldflags+=" -X ${pkg}.gitVersion=${KUBE_VERSION}"
-ldflags+=" -X ${pkg}.gitMajor=$(echo "${KUBE_VERSION#v}" | cut -d. -f1)"
-ldflags+=" -X ${pkg}.gitMinor=$(echo "${KUBE_VERSION#v}" | cut -d. -f2)"
-ldflags+=" -X ${pkg}.gitTreeState=clean"
-ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+ldflags="$(kube_ldflags "$KUBE_VERSION")"
 
 tmp="$(mktemp -d "$out/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 log "building sample-device-plugin and kubelet-devicemanager (Kubernetes ${KUBE_VERSION}) into $out (a cold build takes minutes)"
 start=$SECONDS
 sum="$(stamp)"
-(
-  cd "$tools"
-  GOFLAGS="${GOFLAGS:-} -mod=readonly" CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
-    k8s.io/kubernetes/test/images/sample-device-plugin \
-    ./cmd/kubelet-devicemanager
-)
+tools_build "$tmp" \
+  k8s.io/kubernetes/test/images/sample-device-plugin \
+  ./cmd/kubelet-devicemanager
 for b in sample-device-plugin kubelet-devicemanager; do
   mv -f "$tmp/$b" "$out/$b"
 done

@@ -36,6 +36,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/dpkit/dpkit/internal/repopath"
 )
 
 // Version is the Kubernetes version of the control plane binaries.
@@ -512,19 +514,7 @@ func findBinaries(opts Options) (map[string]string, error) {
 
 // buildCommand is the shell command that puts the binaries where opts looks.
 func buildCommand(opts Options) string {
-	script := BuildScript
-	if wd, err := os.Getwd(); err == nil {
-		for d := wd; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, BuildScript)); err == nil {
-				script = filepath.Join(d, BuildScript)
-				break
-			}
-			if filepath.Dir(d) == d {
-				break
-			}
-		}
-	}
-	cmd := "bash " + script
+	cmd := "bash " + repopath.Find(BuildScript)
 	if dir := opts.binDir(); dir != DefaultBinDir() {
 		cmd = EnvBinDir + "=" + dir + " " + cmd
 	}

@@ -23,6 +23,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dpkit/dpkit/internal/repopath"
 )
 
 // Version is the Kubernetes version the binaries are built from.
@@ -158,19 +160,7 @@ func mustFind(t testing.TB, name string) string {
 
 // BuildCommand is the shell command that builds the binaries into dir.
 func BuildCommand(dir string) string {
-	script := BuildScript
-	if wd, err := os.Getwd(); err == nil {
-		for d := wd; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, BuildScript)); err == nil {
-				script = filepath.Join(d, BuildScript)
-				break
-			}
-			if filepath.Dir(d) == d {
-				break
-			}
-		}
-	}
-	cmd := "bash " + script
+	cmd := "bash " + repopath.Find(BuildScript)
 	if dir != DefaultBinDir() {
 		cmd = EnvBinDir + "=" + shellQuote(dir) + " " + cmd
 	}
