@@ -2,7 +2,10 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"strings"
 	"syscall"
@@ -12,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -33,7 +37,7 @@ func TestMissingBinariesNameTheBuildCommand(t *testing.T) {
 }
 
 func TestControlPlane(t *testing.T) {
-	cp := controlplane.StartForTest(t, controlplane.Options{Scheduler: true})
+	cp := controlplane.StartForTest(t, controlplane.Options{Scheduler: true, SchedulerQPS: 200, SchedulerBurst: 400})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -82,6 +86,58 @@ func TestControlPlane(t *testing.T) {
 		}
 		if _, err := cp.Client().CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create pod without a ServiceAccount: %v", err)
+		}
+	})
+
+	t.Run("scheduler client rate limit", func(t *testing.T) {
+		// The scheduler reports the configuration it runs with.
+		certFile, keyFile, err := cp.IssueClientCert("configz-reader", "system:masters")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}}}, Timeout: 10 * time.Second} //nolint:gosec // the scheduler's self-signed serving certificate
+		var got struct {
+			ComponentConfig struct {
+				ClientConnection struct {
+					QPS   float32 `json:"qps"`
+					Burst int32   `json:"burst"`
+				} `json:"clientConnection"`
+				LeaderElection struct {
+					LeaderElect *bool `json:"leaderElect"`
+				} `json:"leaderElection"`
+			} `json:"componentconfig"`
+		}
+		// /healthz answers before the scheduler has read the client CA from
+		// the apiserver; until then a client certificate is not recognized
+		// and /configz says 403.
+		var last string
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cp.SchedulerURL+"/configz", nil)
+			resp, err := hc.Do(req)
+			if err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				last = resp.Status
+				return false, nil
+			}
+			return true, json.NewDecoder(resp.Body).Decode(&got)
+		})
+		if err != nil {
+			t.Fatalf("GET %s/configz: %v (last: %s)", cp.SchedulerURL, err, last)
+		}
+		cc := got.ComponentConfig
+		if cc.ClientConnection.QPS != 200 || cc.ClientConnection.Burst != 400 {
+			t.Errorf("scheduler client qps %v burst %d, want 200 and 400", cc.ClientConnection.QPS, cc.ClientConnection.Burst)
+		}
+		if le := cc.LeaderElection.LeaderElect; le == nil || *le {
+			t.Errorf("scheduler leaderElect %v, want false", le)
 		}
 	})
 
