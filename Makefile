@@ -6,7 +6,7 @@ LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
 # The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
 LEAN_TAGS := dpkit_lean grpcnotrace
 
-.PHONY: all build build-lean test test-short verify lint bench controlplane clean
+.PHONY: all build build-lean test test-short verify lint bench controlplane kwok clean
 
 all: build
 
@@ -32,6 +32,9 @@ bench: ## the benchmarks behind docs/performance.md
 
 controlplane: ## build (or reuse) kube-apiserver, kube-scheduler and etcd for tests
 	bash hack/build-controlplane.sh
+
+kwok: ## build (or reuse) kwok for BenchmarkKwokSim, the comparison in docs/performance.md
+	bash hack/build-kwok.sh
 
 clean:
 	rm -rf $(BIN)

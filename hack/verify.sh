@@ -11,7 +11,7 @@ if [[ -n "$unformatted" ]]; then
   echo "gofmt would change (run: gofmt -w <file>):"; echo "$unformatted" | sed 's/^/  /'; fail=1
 fi
 go vet ./... || fail=1
-for mod in . hack/tools hack/render; do
+for mod in . hack/tools hack/kwok hack/render; do
   [[ -f "$mod/go.mod" ]] || continue
   if ! (cd "$mod" && go mod tidy -diff >/dev/null); then
     echo "go.mod/go.sum of $mod are not tidy (run: cd $mod && go mod tidy)"; fail=1

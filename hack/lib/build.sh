@@ -1,5 +1,5 @@
-# Shared by hack/build-controlplane.sh and hack/build-upstream.sh; sourced,
-# not run.
+# Shared by hack/build-controlplane.sh, hack/build-upstream.sh and
+# hack/build-kwok.sh; sourced, not run.
 
 # cache_dir NAME VERSION prints the default cache directory for a set of
 # binaries: ${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/NAME/VERSION.
@@ -31,12 +31,19 @@ kube_ldflags() {
   echo "$flags"
 }
 
-# tools_build OUTDIR PACKAGE... builds packages of the hack/tools module
-# (static, trimmed, with the module's pinned versions) into OUTDIR.
-tools_build() {
-  local outdir="$1"; shift
+# module_build MODULE_DIR OUTDIR PACKAGE... builds packages of one of the
+# repository's separate modules under hack/ (static, trimmed, with the
+# module's pinned versions and the -ldflags in $ldflags) into OUTDIR.
+module_build() {
+  local moddir="$1" outdir="$2"; shift 2
   (
-    cd "$root/hack/tools"
+    cd "$moddir"
     GOFLAGS="${GOFLAGS:-} -mod=readonly" CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$outdir/" "$@"
   )
+}
+
+# tools_build OUTDIR PACKAGE... builds packages of the hack/tools module
+# into OUTDIR.
+tools_build() {
+  module_build "$root/hack/tools" "$@"
 }
