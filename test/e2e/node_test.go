@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,133 +342,70 @@ func devicePod(ns, name, node, amount string, cmd []string) *corev1.Pod {
 
 func ptr[T any](v T) *T { return &v }
 
-// BenchmarkVirtualNodeSim measures pods reaching Running per second on the
-// real control plane (API server + kube-scheduler): 10 virtual nodes with
-// the sim backend in one process (shared informers), each with a fake
-// device plugin serving 100 example.com/bench devices, and 1 000 pods each
-// asking for one device. Run with -benchtime=1x.
+// BenchmarkVirtualNodeSim measures pods reaching Running per second on a
+// real control plane (API server + kube-scheduler) of its own: 10 virtual
+// nodes with the sim backend in one process (shared informers), each with a
+// fake device plugin serving 100 example.com/bench devices, and 1 000 pods
+// each asking for one device (see runPodBench). It runs once with
+// kube-scheduler's default client rate limit and once with it raised. Run
+// with -benchtime=1x.
 func BenchmarkVirtualNodeSim(b *testing.B) {
-	const nodes, pods, workers = 10, 1000, 20
-	cp := cluster.Get(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	rc := *cp.RESTConfig
-	rc.QPS, rc.Burst = 500, 1000
-	c, err := kubernetes.NewForConfig(&rc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	root, err := os.MkdirTemp("", "vnb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(root)
-	prefix := unique("sim")
-	o := nodecmd.Options{
-		Kubeconfig: cp.Kubeconfig, Name: prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",
-		Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, CPU: "1000", Memory: "1Ti", Pods: "1000",
-		Count: nodes, QPS: 500, Burst: 1000,
-	}
-	nctx, ncancel := context.WithCancel(ctx)
-	started := make(chan struct{})
-	ndone := make(chan error, 1)
-	env := &cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
-	go func() { ndone <- nodecmd.Run(nctx, env, o, func([]*virtualnode.Node) { close(started) }) }()
-	defer func() { ncancel(); <-ndone }()
-	select {
-	case <-started:
-	case err := <-ndone:
-		b.Fatalf("dpkit node: %v", err)
-	}
-	cfgPath := filepath.Join(root, "bench.yaml")
-	if err := os.WriteFile(cfgPath, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/bench\n      count: 100\n"), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	pctx, pcancel := context.WithCancel(ctx)
-	var pwg sync.WaitGroup
-	defer func() { pcancel(); pwg.Wait() }()
-	for i := range nodes {
-		pwg.Add(1)
-		go func() {
-			defer pwg.Done()
-			var out, logs bytes.Buffer
-			_ = app.Run(pctx, []string{"plugin", "--config", cfgPath, "--plugin-dir", filepath.Join(root, fmt.Sprintf("%s-%d", prefix, i), "device-plugins")}, strings.NewReader(""), &out, &logs)
-		}()
-	}
-	for i := range nodes {
-		name := fmt.Sprintf("%s-%d", prefix, i)
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	for _, s := range benchSchedulers {
+		b.Run(s.name, func(b *testing.B) {
+			cp, c := benchControlPlane(b, s.qps, s.burst)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			root, err := os.MkdirTemp("", "vnb")
 			if err != nil {
-				return false, nil
+				b.Fatal(err)
 			}
-			q := n.Status.Allocatable["example.com/bench"]
-			return q.Value() == 100, nil
-		})
-		if err != nil {
-			b.Fatalf("node %s never showed 100 example.com/bench: %v", name, err)
-		}
-	}
-	b.ResetTimer()
-	for iter := 0; iter < b.N; iter++ {
-		ns := createNamespaceTB(b, c, "simb")
-		start := time.Now()
-		jobs := make(chan int)
-		var wg sync.WaitGroup
-		var failed atomic.Int64
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range jobs {
-					p := &corev1.Pod{
-						ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i), Namespace: ns, Labels: map[string]string{"bench": prefix}},
-						Spec: corev1.PodSpec{
-							Tolerations: []corev1.Toleration{{Key: virtualnode.DefaultTaintKey, Operator: corev1.TolerationOpExists}},
-							Containers: []corev1.Container{{Name: "app", Image: "none",
-								Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"example.com/bench": resource.MustParse("1")}}}},
-						},
-					}
-					if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-						failed.Add(1)
-					}
-				}
-			}()
-		}
-		for i := range pods {
-			jobs <- i
-		}
-		close(jobs)
-		wg.Wait()
-		if failed.Load() > 0 {
-			b.Fatalf("%d pods could not be created", failed.Load())
-		}
-		created := time.Since(start)
-		var running int
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-			list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
-			if err != nil {
-				return false, nil
+			defer os.RemoveAll(root)
+			prefix := unique("sim")
+			o := nodecmd.Options{
+				Kubeconfig: cp.Kubeconfig, Name: prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",
+				Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, CPU: "1000", Memory: "1Ti", Pods: "1000",
+				Count: benchNodes, QPS: 500, Burst: 1000,
 			}
-			running = 0
-			for _, p := range list.Items {
-				if p.Status.Phase == corev1.PodRunning {
-					running++
+			nctx, ncancel := context.WithCancel(ctx)
+			started := make(chan struct{})
+			ndone := make(chan error, 1)
+			env := &cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
+			go func() { ndone <- nodecmd.Run(nctx, env, o, func([]*virtualnode.Node) { close(started) }) }()
+			defer func() { ncancel(); <-ndone }()
+			select {
+			case <-started:
+			case err := <-ndone:
+				b.Fatalf("dpkit node: %v", err)
+			}
+			cfgPath := filepath.Join(root, "bench.yaml")
+			if err := os.WriteFile(cfgPath, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/bench\n      count: 100\n"), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			pctx, pcancel := context.WithCancel(ctx)
+			var pwg sync.WaitGroup
+			defer func() { pcancel(); pwg.Wait() }()
+			for i := range benchNodes {
+				pwg.Go(func() {
+					var out, logs bytes.Buffer
+					_ = app.Run(pctx, []string{"plugin", "--config", cfgPath, "--plugin-dir", filepath.Join(root, fmt.Sprintf("%s-%d", prefix, i), "device-plugins")}, strings.NewReader(""), &out, &logs)
+				})
+			}
+			for i := range benchNodes {
+				name := fmt.Sprintf("%s-%d", prefix, i)
+				err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+					n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+					if err != nil {
+						return false, nil
+					}
+					q := n.Status.Allocatable[benchResource]
+					return q.Value() == 100, nil
+				})
+				if err != nil {
+					b.Fatalf("node %s never showed 100 example.com/bench: %v", name, err)
 				}
 			}
-			return running == pods, nil
+			runPodBench(b, cp, c, prefix, nil)
 		})
-		if err != nil {
-			b.Fatalf("%d of %d pods Running: %v", running, pods, err)
-		}
-		elapsed := time.Since(start)
-		b.ReportMetric(float64(pods)/elapsed.Seconds(), "pods_running/s")
-		b.ReportMetric(created.Seconds(), "create_s")
-		b.ReportMetric(elapsed.Seconds(), "all_running_s")
-		b.StopTimer()
-		// Free the devices for the next iteration.
-		_ = c.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}, metav1.ListOptions{})
-		b.StartTimer()
 	}
 }
 
