@@ -33,8 +33,9 @@ type AdmissionError struct {
 func (e *AdmissionError) Error() string { return e.Err.Error() }
 func (e *AdmissionError) Unwrap() error { return e.Err }
 
-// PodMessage returns the status.message the kubelet would set on the
-// rejected pod.
+// PodMessage returns the kubelet's admission message: the message of the
+// event it records on the rejected pod; the pod's status.message is
+// "Pod was rejected: " followed by it.
 func (e *AdmissionError) PodMessage() string {
 	if e.Reason == ReasonTopologyAffinityError {
 		return e.Err.Error()

@@ -253,6 +253,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 		defer b.Shutdown()
 		recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "dpkit-node", Host: cfg.Name})
 	}
+	n.prov.recorder = recorder
 	podInformer := podFactory.Core().V1().Pods()
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
 		PodClient:         cfg.Client.CoreV1(),

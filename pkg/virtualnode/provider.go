@@ -10,6 +10,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
@@ -22,6 +23,8 @@ type provider struct {
 	log *slog.Logger
 	mgr *devicemanager.Manager
 	be  backend.Backend
+	// recorder records the kubelet's events; set before pods arrive.
+	recorder record.EventRecorder
 
 	mu     sync.Mutex
 	pods   map[string]*corev1.Pod // namespace/name
@@ -70,7 +73,8 @@ func (p *provider) adopt(pods []*corev1.Pod) {
 
 // CreatePod admits the pod's device requests and hands it to the backend.
 // A pod the device manager rejects is marked Failed with the kubelet's
-// reason and message.
+// reason and message, and a Warning event records it, as the kubelet's
+// rejectPod does.
 func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if _, err := p.mgr.Admit(ctx, pod); err != nil {
 		var ae *devicemanager.AdmissionError
@@ -78,11 +82,15 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 			return err
 		}
 		p.log.Info("pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
+		if p.recorder != nil {
+			p.recorder.Event(pod, corev1.EventTypeWarning, ae.Reason, ae.PodMessage())
+		}
 		failed := pod.DeepCopy()
 		failed.Status = corev1.PodStatus{
-			Phase:   corev1.PodFailed,
-			Reason:  ae.Reason,
-			Message: ae.PodMessage(),
+			Phase:    corev1.PodFailed,
+			Reason:   ae.Reason,
+			Message:  "Pod was rejected: " + ae.PodMessage(),
+			QOSClass: pod.Status.QOSClass,
 		}
 		p.backendNotify(failed)
 		return nil
