@@ -24,6 +24,7 @@ import (
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
@@ -270,6 +272,18 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	if err != nil {
 		return err
 	}
+	if _, err := podInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: func(obj any) bool {
+			p, ok := obj.(*corev1.Pod)
+			return ok && p.Spec.NodeName == cfg.Name && p.DeletionTimestamp != nil && terminal(p)
+		},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { n.finishDeletion(ctx, obj.(*corev1.Pod)) },
+			UpdateFunc: func(_, obj any) { n.finishDeletion(ctx, obj.(*corev1.Pod)) },
+		},
+	}); err != nil {
+		return err
+	}
 	n.node = n.nodeObject()
 	opts := []vknode.NodeControllerOpt{
 		vknode.WithNodeEnableLeaseV1(cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
@@ -423,6 +437,22 @@ func (n *Node) resources() (capacity, allocatable corev1.ResourceList) {
 		allocatable[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
 	}
 	return capacity, allocatable
+}
+
+// finishDeletion removes a pod being deleted from the API server once its
+// terminal status is there, as the kubelet's status manager does when the
+// pod's containers have stopped. virtual-kubelet alone would leave it until
+// its grace period ends.
+func (n *Node) finishDeletion(ctx context.Context, pod *corev1.Pod) {
+	opts := metav1.DeleteOptions{GracePeriodSeconds: new(int64), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))}
+	err := n.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)
+	switch {
+	case err == nil:
+		n.log.Debug("deleted terminated pod", "pod", key(pod.Namespace, pod.Name))
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || ctx.Err() != nil:
+	default:
+		n.log.Warn("deleting terminated pod; it goes when its grace period ends", "pod", key(pod.Namespace, pod.Name), "err", err)
+	}
 }
 
 // Ping implements node.NodeProvider.
