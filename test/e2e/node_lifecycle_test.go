@@ -3,10 +3,13 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -34,6 +37,7 @@ import (
 	nodecmd "github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/test/controlplane"
 )
 
 // TestVirtualNodeAdmissionFailure binds a pod asking for more devices than
@@ -152,18 +156,17 @@ func TestVirtualNodeExec(t *testing.T) {
 	}
 }
 
-// TestVirtualNodeStats reads /stats/summary through the API server's node
-// proxy: the running pod is listed with the CPU time and memory of its
-// process. The node proxy refuses loopback addresses, so the node's IP is
-// one of this machine's others.
+// TestVirtualNodeStats reads /stats/summary as the API server does (see
+// newNodeAccess): the running pod is listed with the CPU time and memory of
+// its process.
 func TestVirtualNodeStats(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
 	root := shortTempDir(t)
 	name := unique("vn-stats")
-	ip := proxyableIP(t)
-	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *nodecmd.Options) { o.NodeIP = ip })
+	access := newNodeAccess(t, cp)
+	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *nodecmd.Options) { o.NodeIP = access.ip })
 	startFakePlugin(t, ctx, c, name, root)
 	ns := createNamespace(t, c, "vn-stats")
 
@@ -173,8 +176,8 @@ func TestVirtualNodeStats(t *testing.T) {
 
 	var summary statsv1alpha1.Summary
 	var ps *statsv1alpha1.PodStats
-	poll(t, ctx, "the pod in /stats/summary through the API server", func(ctx context.Context) (bool, string, error) {
-		b, err := c.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", name, "proxy", "stats", "summary").DoRaw(ctx)
+	poll(t, ctx, "the pod in /stats/summary", func(ctx context.Context) (bool, string, error) {
+		b, err := access.get(ctx, c, name, port, "stats/summary")
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -224,8 +227,8 @@ func TestVirtualNodeRestart(t *testing.T) {
 	c := cp.Client()
 	root := shortTempDir(t)
 	name := unique("vn-restart")
-	port, ip := freePort(t), proxyableIP(t)
-	n, stop := startStoppableNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, ip, port)
+	port, access := freePort(t), newNodeAccess(t, cp)
+	n, stop := startStoppableNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, access.ip, port)
 	startFakePlugin(t, ctx, c, name, root)
 	ns := createNamespace(t, c, "vn-restart")
 
@@ -258,11 +261,11 @@ func TestVirtualNodeRestart(t *testing.T) {
 	if !processAlive(pid) {
 		t.Fatalf("the pod's process %d ended with dpkit node", pid)
 	}
-	n, _ = startStoppableNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, ip, port)
+	n, _ = startStoppableNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, access.ip, port)
 
 	// The restarted node serves the adopted pod as it was.
 	poll(t, ctx, "the restarted node to list the pod as before", func(ctx context.Context) (bool, string, error) {
-		b, err := c.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", name, "proxy", "pods").DoRaw(ctx)
+		b, err := access.get(ctx, c, name, port, "pods")
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -531,10 +534,19 @@ func execInPod(ctx context.Context, cfg *rest.Config, mode, ns, pod string, cmd 
 	return out.String(), errOut.String(), err
 }
 
-// proxyableIP returns an IPv4 address of this machine that is neither
-// loopback nor link-local: the API server's node proxy
-// (nodes/NAME/proxy/...) refuses to connect to those.
-func proxyableIP(t *testing.T) string {
+// nodeAccess reaches a virtual node's API the way the API server does.
+// The API server's node proxy (nodes/NAME/proxy/...) refuses loopback and
+// link-local node addresses, so on a machine with another IPv4 address the
+// node is given that one and requests go through the proxy. On a machine
+// without one the node keeps 127.0.0.1 and the test calls it directly with
+// the API server's own kubelet-client identity: the same TLS, the same
+// webhook authentication and authorization, without the proxy hop.
+type nodeAccess struct {
+	ip     string
+	direct *http.Client // nil: through the API server's node proxy
+}
+
+func newNodeAccess(t *testing.T, cp *controlplane.ControlPlane) *nodeAccess {
 	t.Helper()
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
@@ -542,11 +554,43 @@ func proxyableIP(t *testing.T) string {
 	}
 	for _, a := range addrs {
 		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
-			return n.IP.String()
+			return &nodeAccess{ip: n.IP.String()}
 		}
 	}
-	t.Fatalf("no IPv4 address other than loopback or link-local among %v: the API server's node proxy needs one to reach the node", addrs)
-	return ""
+	t.Logf("no IPv4 address other than loopback or link-local among %v: calling the node directly, not through the API server's node proxy", addrs)
+	certFile, keyFile, err := cp.IssueClientCert("kube-apiserver-kubelet-client", "system:masters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Like the API server, which is not given the node's serving CA.
+	tr := &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true}} //nolint:gosec // as the API server
+	t.Cleanup(tr.CloseIdleConnections)
+	return &nodeAccess{ip: "127.0.0.1", direct: &http.Client{Transport: tr}}
+}
+
+// get returns the body of GET path (e.g. "stats/summary") on node name.
+func (a *nodeAccess) get(ctx context.Context, c kubernetes.Interface, name string, port int, path string) ([]byte, error) {
+	if a.direct == nil {
+		return c.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", name, "proxy", path).DoRaw(ctx)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://%s/%s", net.JoinHostPort(a.ip, strconv.Itoa(port)), path), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.direct.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s: %s", path, resp.Status, b)
+	}
+	return b, err
 }
 
 // processAlive reports whether pid runs (a zombie does not).
