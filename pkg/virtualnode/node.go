@@ -28,6 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -93,7 +95,7 @@ type Config struct {
 	// Labels are added to the node's default labels.
 	Labels map[string]string
 	// NodeIP is the node's InternalIP, where the API server reaches the
-	// node API. Default 127.0.0.1.
+	// node API; the node API listens on it. Empty means DefaultNodeIP().
 	NodeIP string
 	// Port of the node API (the kubelet port). 0 means DefaultPort; -1
 	// disables the node API.
@@ -171,6 +173,18 @@ func (n *Node) APIAddr() net.Addr {
 	}
 }
 
+// DefaultNodeIP is the node IP a kubelet without --node-ip would choose:
+// the address of the interface with the default route (IPv4 first), or
+// 127.0.0.1 on a machine without one. The API server's node proxy
+// (nodes/NAME/proxy/..., used by kubectl top and get --raw) refuses
+// loopback addresses; logs and exec work with any.
+func DefaultNodeIP() string {
+	if ip, err := utilnet.ChooseHostInterface(); err == nil && ip != nil {
+		return ip.String()
+	}
+	return "127.0.0.1"
+}
+
 // Run runs the node until ctx is done. started, when not nil, is called
 // once the node is registered and its pod controller is running.
 func Run(ctx context.Context, cfg Config, started func(*Node)) error {
@@ -178,7 +192,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		return fmt.Errorf("virtual node: %w", err)
 	}
 	if cfg.NodeIP == "" {
-		cfg.NodeIP = "127.0.0.1"
+		cfg.NodeIP = DefaultNodeIP()
 	}
 	if cfg.Port == 0 {
 		cfg.Port = DefaultPort
@@ -257,6 +271,11 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	}
 	n.prov.recorder = recorder
 	podInformer := podFactory.Core().V1().Pods()
+	podLister := podInformer.Lister()
+	n.prov.inAPI = func(namespace, name string, uid types.UID) bool {
+		p, err := podLister.Pods(namespace).Get(name)
+		return err == nil && p.UID == uid
+	}
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
 		PodClient:         cfg.Client.CoreV1(),
 		PodInformer:       podInformer,

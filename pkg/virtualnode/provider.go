@@ -25,6 +25,10 @@ type provider struct {
 	be  backend.Backend
 	// recorder records the kubelet's events; set before pods arrive.
 	recorder record.EventRecorder
+	// inAPI reports whether the API server (the pod informer's cache)
+	// still has the pod of that UID; set before pods arrive. Nil means
+	// always.
+	inAPI func(namespace, name string, uid types.UID) bool
 
 	mu     sync.Mutex
 	pods   map[string]*corev1.Pod // namespace/name
@@ -76,6 +80,9 @@ func (p *provider) adopt(pods []*corev1.Pod) {
 // reason and message, and a Warning event records it, as the kubelet's
 // rejectPod does.
 func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	if err := p.dropReplaced(ctx, pod); err != nil {
+		return err
+	}
 	if _, err := p.mgr.Admit(ctx, pod); err != nil {
 		var ae *devicemanager.AdmissionError
 		if !errors.As(err, &ae) {
@@ -106,8 +113,36 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // UpdatePod accepts the changes the API allows on a running pod (labels,
-// annotations, images); none of them affect the backends.
-func (p *provider) UpdatePod(context.Context, *corev1.Pod) error { return nil }
+// annotations, images); none of them affect the backends. A pod that
+// replaced one of the same name (deleted and created again before the
+// node saw the deletion) is created.
+func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	cur, ok := p.pods[key(pod.Namespace, pod.Name)]
+	replaced := ok && cur.UID != pod.UID
+	p.mu.Unlock()
+	if replaced {
+		return p.CreatePod(ctx, pod)
+	}
+	return nil
+}
+
+// dropReplaced forgets the pod of pod's namespace and name when it has
+// another UID: it was deleted from the API server and pod took its name.
+func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
+	k := key(pod.Namespace, pod.Name)
+	p.mu.Lock()
+	cur, ok := p.pods[k]
+	if !ok || cur.UID == pod.UID {
+		p.mu.Unlock()
+		return nil
+	}
+	delete(p.pods, k)
+	p.mu.Unlock()
+	p.log.Info("forgetting a pod replaced by one of the same name", "pod", k, "uid", cur.UID, "new", pod.UID)
+	p.mgr.RemovePod(cur.UID)
+	return p.be.Forget(ctx, cur)
+}
 
 // DeletePod stops a pod that is being deleted (deletionTimestamp set) and
 // forgets a pod that is gone from the API server.
@@ -119,10 +154,14 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	if !ok {
 		return errdefs.NotFound("pod not found")
 	}
-	if pod.DeletionTimestamp != nil && !terminal(cur) {
+	// A pod still in the API server is being deleted: stop it and report
+	// its end. One gone from it (or replaced by another of the same name)
+	// is forgotten, stopped at once if it still runs.
+	gone := p.inAPI != nil && !p.inAPI(cur.Namespace, cur.Name, cur.UID)
+	if !gone && pod.DeletionTimestamp != nil && !terminal(cur) {
 		return p.be.DeletePod(ctx, pod)
 	}
-	if pod.DeletionTimestamp != nil {
+	if !gone && pod.DeletionTimestamp != nil {
 		// Already terminal: report it again so the controller finishes
 		// the deletion.
 		p.backendNotify(cur.DeepCopy())

@@ -11,12 +11,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
 
 // TestCreatePodRejected checks what a pod the device manager rejects gets,
@@ -107,5 +110,97 @@ func TestCreatePodRejected(t *testing.T) {
 	}
 	if active := p.GetActivePods(); len(active) != 0 {
 		t.Errorf("active pods %v, want none", active)
+	}
+}
+
+// TestPodReplacedBySameName checks a pod deleted from the API server and
+// created again under the same name runs again: DeletePod for a pod the
+// API server no longer has forgets it even though it was being deleted,
+// and a pod whose UID differs from the one the node knows under that name
+// is created (by CreatePod or UpdatePod), not taken for an update.
+func TestPodReplacedBySameName(t *testing.T) {
+	root, err := os.MkdirTemp("", "vnp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	host, err := devicehost.New(devicehost.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(slog.New(slog.DiscardHandler), host.Manager)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := host.Start(ctx, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); host.Stop() }()
+	p.be = sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})
+	apiUID := types.UID("")
+	p.inAPI = func(_, _ string, uid types.UID) bool { return uid == apiUID }
+	newPod := func(uid types.UID) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: uid},
+			Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyAlways, Containers: []corev1.Container{{Name: "app"}}},
+		}
+	}
+	phase := func() (types.UID, corev1.PodPhase) {
+		got, err := p.GetPod(ctx, "ns", "web")
+		if err != nil {
+			return "", ""
+		}
+		return got.UID, got.Status.Phase
+	}
+
+	// Created, running, deleted gracefully while the API server has it.
+	first := newPod("uid-1")
+	apiUID = first.UID
+	if err := p.CreatePod(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if uid, ph := phase(); uid != "uid-1" || ph != corev1.PodRunning {
+		t.Fatalf("after CreatePod: %s %s, want uid-1 Running", uid, ph)
+	}
+	deleting := first.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	grace := int64(0)
+	deleting.DeletionGracePeriodSeconds = &grace
+	if err := p.DeletePod(ctx, deleting); err != nil {
+		t.Fatal(err)
+	}
+	if uid, ph := phase(); uid != "uid-1" || (ph != corev1.PodSucceeded && ph != corev1.PodFailed) {
+		t.Fatalf("after a graceful DeletePod: %s %s, want uid-1 terminated", uid, ph)
+	}
+	// Gone from the API server: the last state it had (deletionTimestamp
+	// set) is what DeletePod gets; the pod is forgotten.
+	apiUID = ""
+	if err := p.DeletePod(ctx, deleting); err != nil {
+		t.Fatal(err)
+	}
+	if uid, _ := phase(); uid != "" {
+		t.Fatalf("pod %s still known after it left the API server", uid)
+	}
+
+	// Created again under the same name: runs.
+	second := newPod("uid-2")
+	apiUID = second.UID
+	if err := p.CreatePod(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	if uid, ph := phase(); uid != "uid-2" || ph != corev1.PodRunning {
+		t.Fatalf("re-created pod: %s %s, want uid-2 Running", uid, ph)
+	}
+
+	// Replaced before the node saw the deletion: the new pod arrives as
+	// an update of the old name.
+	third := newPod("uid-3")
+	apiUID = third.UID
+	if err := p.UpdatePod(ctx, third); err != nil {
+		t.Fatal(err)
+	}
+	if uid, ph := phase(); uid != "uid-3" || ph != corev1.PodRunning {
+		t.Fatalf("pod replaced before its deletion was seen: %s %s, want uid-3 Running", uid, ph)
+	}
+	if len(p.be.Pods()) != 1 {
+		t.Errorf("backend runs %d pods, want only the replacement", len(p.be.Pods()))
 	}
 }

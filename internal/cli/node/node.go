@@ -99,7 +99,7 @@ informers, each under <root>/NAME-i on port --port+i.`,
 	f.StringVar(&o.TLSCertFile, "tls-cert-file", "", "node API serving certificate (default: self-signed)")
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "node API serving key")
 	f.IntVar(&o.Port, "port", virtualnode.DefaultPort, "node API port (the kubelet port); -1 disables it")
-	f.StringVar(&o.NodeIP, "node-ip", "127.0.0.1", "the node's InternalIP, where the API server reaches the node API")
+	f.StringVar(&o.NodeIP, "node-ip", "", "the node's InternalIP, where the API server reaches the node API (default: the address of the interface with the default route, else 127.0.0.1)")
 	f.StringSliceVar(&o.Taints, "taint", []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, "taints to register with, key[=value]:Effect; --taint='' registers none")
 	f.StringVar(&o.CPU, "cpu", "8", "declared cpu capacity")
 	f.StringVar(&o.Memory, "memory", "32Gi", "declared memory capacity")
