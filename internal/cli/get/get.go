@@ -1,19 +1,27 @@
 // Package get implements "dpkit get": it shows what a running
-// "dpkit kubelet" knows: resources, devices, plugins and pods.
+// "dpkit kubelet" knows (resources, devices, plugins, through its admin
+// API) and the pods and devices of any kubelet-like process (through the
+// PodResources API: dpkit kubelet, dpkit up, dpkit node, or a real kubelet).
 package get
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
 	"github.com/dpkit/dpkit/internal/cli/output"
+	"github.com/dpkit/dpkit/pkg/podresources"
 )
 
 // kinds maps every accepted kind name to its canonical name.
@@ -26,13 +34,17 @@ var kinds = map[string]string{
 
 // NewCommand returns the "get" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var root, socket, format string
+	var root, socket, prSocket, format string
 	cmd := &cobra.Command{
 		Use:   "get resources|devices|plugins|pods",
 		Short: "Show the resources, devices, plugins or pods of a running dpkit kubelet",
+		Long: `Show what a running dpkit kubelet (or dpkit up) knows: resources, devices and
+plugins come from its admin API (<root>/dpkit/admin.sock). Pods come from the
+PodResources API (<root>/pod-resources/kubelet.sock), so "get pods" also works
+on the root of a dpkit node or of a real kubelet (/var/lib/kubelet).`,
 		Example: `  dpkit get resources --root /tmp/kubelet
   dpkit get devices --root /tmp/kubelet -o yaml
-  dpkit get pods --admin-socket /tmp/kubelet/dpkit/admin.sock -o json`,
+  dpkit get pods --root /var/lib/kubelet -o json`,
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: []string{"resources", "devices", "plugins", "pods"},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -43,6 +55,12 @@ func NewCommand(env *cli.Env) *cobra.Command {
 			if err := output.Check(format); err != nil {
 				return cli.Exit(2, err)
 			}
+			if kind == "pods" {
+				if prSocket == "" {
+					prSocket = podresources.SocketPath(root)
+				}
+				return RunPods(cmd.Context(), env.Out, prSocket, format)
+			}
 			if socket == "" {
 				socket = kubelet.AdminSocket(root)
 			}
@@ -52,14 +70,15 @@ func NewCommand(env *cli.Env) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet")
-	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
+	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet, dpkit node or kubelet")
+	fl.StringVar(&socket, "admin-socket", "", "admin API socket, for resources, devices and plugins (default <root>/dpkit/admin.sock)")
+	fl.StringVar(&prSocket, "pod-resources-socket", "", "PodResources API socket, for pods (default <root>/pod-resources/kubelet.sock)")
 	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
 	return cmd
 }
 
-// Run fetches kind ("resources", "devices", "plugins" or "pods") and
-// writes it to w in format ("table", "json" or "yaml").
+// Run fetches kind ("resources", "devices" or "plugins") from the admin
+// API and writes it to w in format ("table", "json" or "yaml").
 func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format string) error {
 	var (
 		v   any
@@ -105,25 +124,6 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format strin
 				fmt.Fprintf(t, "%s\t-\t-\t-\t-\tfailing (%d): %s\n", f.SocketPath, f.Failures, f.LastError)
 			}
 		}
-	case "pods":
-		ps, err := c.Pods(ctx)
-		if err != nil {
-			return err
-		}
-		v = ps
-		tab = func(t *tabwriter.Writer) {
-			fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES")
-			for _, p := range ps {
-				for _, c := range p.Containers {
-					if len(c.Devices) == 0 {
-						fmt.Fprintf(t, "%s\t%s\t%s\t-\t-\n", p.Namespace, p.Name, c.Name)
-					}
-					for _, d := range c.Devices {
-						fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, c.Name, d.Resource, strings.Join(d.DeviceIDs, ","))
-					}
-				}
-			}
-		}
 	default:
 		return fmt.Errorf("unknown kind %q", kind)
 	}
@@ -131,6 +131,107 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format strin
 		tab(t)
 		return nil
 	})
+}
+
+// PodsTimeout bounds connecting to the PodResources API and listing.
+const PodsTimeout = 10 * time.Second
+
+// RunPods lists the pods and their devices from the PodResources API at
+// socket and writes them to w in format. Containers list their devices
+// grouped by resource, IDs sorted, with the NUMA nodes they sit on.
+func RunPods(ctx context.Context, w io.Writer, socket string, format string) error {
+	if _, err := os.Stat(socket); err != nil {
+		return fmt.Errorf("PodResources API at %s: %w (is dpkit kubelet, dpkit up, dpkit node or a kubelet running with this --root?)", socket, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, PodsTimeout)
+	defer cancel()
+	client, closer, err := podresources.Dial(ctx, socket)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	resp, err := client.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		return fmt.Errorf("PodResources List at %s: %w", socket, err)
+	}
+	pods := PodsFromList(resp)
+	return output.Write(w, format, pods, func(t *tabwriter.Writer) error {
+		fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES\tNUMA")
+		for _, p := range pods {
+			for _, c := range p.Containers {
+				if len(c.Devices) == 0 {
+					fmt.Fprintf(t, "%s\t%s\t%s\t-\t-\t-\n", p.Namespace, p.Name, c.Name)
+				}
+				for _, d := range c.Devices {
+					fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, c.Name, d.Resource, strings.Join(d.DeviceIDs, ","), joinInts(d.NUMANodes))
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// Pod is one pod as the PodResources API lists it.
+type Pod struct {
+	Namespace  string      `json:"namespace"`
+	Name       string      `json:"name"`
+	Containers []Container `json:"containers,omitempty"`
+}
+
+// Container is one container of a Pod and its devices.
+type Container struct {
+	Name    string    `json:"name"`
+	Devices []Devices `json:"devices,omitempty"`
+}
+
+// Devices are a container's devices of one resource.
+type Devices struct {
+	Resource  string   `json:"resource"`
+	DeviceIDs []string `json:"deviceIDs"`
+	NUMANodes []int64  `json:"numaNodes,omitempty"`
+}
+
+// PodsFromList turns a List answer into Pods sorted by namespace and name.
+// The kubelet lists a container's devices one entry per device and NUMA
+// node; they are grouped by resource here.
+func PodsFromList(resp *podresourcesv1.ListPodResourcesResponse) []Pod {
+	pods := []Pod{}
+	for _, p := range resp.GetPodResources() {
+		pod := Pod{Namespace: p.GetNamespace(), Name: p.GetName()}
+		for _, c := range p.GetContainers() {
+			ctr := Container{Name: c.GetName()}
+			byRes := map[string]*Devices{}
+			var order []string
+			for _, d := range c.GetDevices() {
+				r := d.GetResourceName()
+				g := byRes[r]
+				if g == nil {
+					g = &Devices{Resource: r}
+					byRes[r] = g
+					order = append(order, r)
+				}
+				g.DeviceIDs = append(g.DeviceIDs, d.GetDeviceIds()...)
+				for _, n := range d.GetTopology().GetNodes() {
+					g.NUMANodes = append(g.NUMANodes, n.GetID())
+				}
+			}
+			slices.Sort(order)
+			for _, r := range order {
+				g := byRes[r]
+				slices.Sort(g.DeviceIDs)
+				g.DeviceIDs = slices.Compact(g.DeviceIDs)
+				slices.Sort(g.NUMANodes)
+				g.NUMANodes = slices.Compact(g.NUMANodes)
+				ctr.Devices = append(ctr.Devices, *g)
+			}
+			pod.Containers = append(pod.Containers, ctr)
+		}
+		pods = append(pods, pod)
+	}
+	slices.SortFunc(pods, func(a, b Pod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return pods
 }
 
 func joinInts(v []int64) string {

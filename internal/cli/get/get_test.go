@@ -7,14 +7,17 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/pkg/podresources"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -74,8 +77,8 @@ func TestGet(t *testing.T) {
 		contains []string
 		exit     int
 	}{
-		{[]string{"pods", "--root", root}, []string{"NAMESPACE  NAME  CONTAINER  RESOURCE  DEVICES", "shop       web   nginx      -         -"}, 0},
-		{[]string{"po", "--admin-socket", kubelet.AdminSocket(root), "-o", "yaml"}, []string{"name: web", "namespace: shop"}, 0},
+		{[]string{"pods", "--root", root}, []string{"NAMESPACE  NAME  CONTAINER  RESOURCE  DEVICES  NUMA", "shop       web   nginx      -         -        -"}, 0},
+		{[]string{"po", "--pod-resources-socket", podresources.SocketPath(root), "-o", "yaml"}, []string{"name: web", "namespace: shop"}, 0},
 		{[]string{"resources", "--root", root}, []string{"NAME  CAPACITY  ALLOCATABLE  IN USE  CONNECTED"}, 0},
 		{[]string{"devices", "--root", root}, []string{"RESOURCE  ID  HEALTHY  NUMA  POD UID"}, 0},
 		{[]string{"plugins", "--root", root, "-o", "json"}, []string{`"registered": []`}, 0},
@@ -100,8 +103,41 @@ func TestGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pods []kubelet.Pod
-	if err := json.Unmarshal([]byte(out), &pods); err != nil || len(pods) != 1 || pods[0].Name != "web" || pods[0].UID == "" {
+	var pods []Pod
+	if err := json.Unmarshal([]byte(out), &pods); err != nil || len(pods) != 1 || pods[0].Name != "web" || len(pods[0].Containers) != 1 {
 		t.Errorf("get pods -o json = %s (%v), want the web pod", out, err)
+	}
+}
+
+// TestPodsFromList checks the kubelet's one-entry-per-device answer is
+// grouped per resource, sorted and de-duplicated (a device on two NUMA
+// nodes is listed twice), and pods are sorted.
+func TestPodsFromList(t *testing.T) {
+	numa := func(ids ...int64) *podresourcesv1.TopologyInfo {
+		ti := &podresourcesv1.TopologyInfo{}
+		for _, id := range ids {
+			ti.Nodes = append(ti.Nodes, &podresourcesv1.NUMANode{ID: id})
+		}
+		return ti
+	}
+	resp := &podresourcesv1.ListPodResourcesResponse{PodResources: []*podresourcesv1.PodResources{
+		{Namespace: "b", Name: "z", Containers: []*podresourcesv1.ContainerResources{{Name: "c"}}},
+		{Namespace: "a", Name: "y", Containers: []*podresourcesv1.ContainerResources{{Name: "app", Devices: []*podresourcesv1.ContainerDevices{
+			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-3"}, Topology: numa(1)},
+			{ResourceName: "example.com/bar", DeviceIds: []string{"b0"}},
+			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-1"}, Topology: numa(0)},
+			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-3"}, Topology: numa(0)},
+		}}}},
+	}}
+	got := PodsFromList(resp)
+	want := []Pod{
+		{Namespace: "a", Name: "y", Containers: []Container{{Name: "app", Devices: []Devices{
+			{Resource: "example.com/bar", DeviceIDs: []string{"b0"}},
+			{Resource: "example.com/foo", DeviceIDs: []string{"dev-1", "dev-3"}, NUMANodes: []int64{0, 1}},
+		}}}},
+		{Namespace: "b", Name: "z", Containers: []Container{{Name: "c"}}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("PodsFromList =\n%+v\nwant\n%+v", got, want)
 	}
 }
