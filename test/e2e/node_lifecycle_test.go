@@ -338,6 +338,44 @@ func TestVirtualNodeRestart(t *testing.T) {
 	})
 }
 
+// TestVirtualNodeSameNameAgain deletes a pod and creates another under the
+// same name, twice in a row: each new pod runs with its own devices (the
+// node forgets a pod once the API server no longer has it, and never takes
+// a new pod for an update of a deleted one of the same name).
+func TestVirtualNodeSameNameAgain(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-again")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	startFakePlugin(t, ctx, c, name, root)
+	ns := createNamespace(t, c, "vn-again")
+
+	var uids []string
+	for round := range 3 {
+		marker := fmt.Sprintf("round=%d", round)
+		p := runUntilRemoved(t, ctx, c, ns, "again", name, root, "echo "+marker+" devices=$DPKIT_FAKE_DEVICES")
+		if slices.Contains(uids, string(p.UID)) {
+			t.Fatalf("round %d: pod UID %s seen before", round, p.UID)
+		}
+		uids = append(uids, string(p.UID))
+		if ids := logDevices(t, waitLogs(t, ctx, c, ns, "again", marker)); len(ids) != 2 {
+			t.Fatalf("round %d: devices %v, want 2", round, ids)
+		}
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "again", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		poll(t, ctx, fmt.Sprintf("round %d: the pod to be gone", round), func(ctx context.Context) (bool, string, error) {
+			p, err := c.CoreV1().Pods(ns).Get(ctx, "again", metav1.GetOptions{})
+			if err != nil {
+				return apierrors.IsNotFound(err), err.Error(), nil
+			}
+			return false, fmt.Sprintf("uid %s phase %s", p.UID, p.Status.Phase), nil
+		})
+	}
+}
+
 // startStoppableNode runs "dpkit node" in-process like startVirtualNode, on
 // a given address and port, and returns a function that stops it and waits
 // until it has returned; the test's cleanup stops it too.
