@@ -16,9 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,7 +30,6 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
-	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/app"
 	nodecmd "github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -377,41 +374,10 @@ func TestVirtualNodeSameNameAgain(t *testing.T) {
 }
 
 // startStoppableNode runs "dpkit node" in-process like startVirtualNode, on
-// a given address and port, and returns a function that stops it and waits
-// until it has returned; the test's cleanup stops it too.
+// a given address and port, and returns a function that stops it.
 func startStoppableNode(t *testing.T, ctx context.Context, kubeconfig, clientCA, name, root, nodeIP string, port int) (*virtualnode.Node, func()) {
 	t.Helper()
-	o := nodecmd.Options{
-		Kubeconfig: kubeconfig, Name: name, Root: root, Backend: "process", ClientCAFile: clientCA,
-		Port: port, NodeIP: nodeIP, Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"},
-		CPU: "4", Memory: "8Gi", Pods: "110", Count: 1, QPS: 50, Burst: 100, BackoffStart: time.Second,
-	}
-	nctx, cancel := context.WithCancel(ctx)
-	started := make(chan *virtualnode.Node, 1)
-	done := make(chan error, 1)
-	env := &cli.Env{In: strings.NewReader(""), Out: tWriter{t}, Err: tWriter{t}, Logger: testLogger(t)}
-	go func() {
-		done <- nodecmd.Run(nctx, env, o, func(ns []*virtualnode.Node) { started <- ns[0] })
-	}()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("dpkit node: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	select {
-	case n := <-started:
-		return n, stop
-	case err := <-done:
-		t.Fatalf("dpkit node exited before it ran: %v", err)
-	case <-ctx.Done():
-		t.Fatalf("dpkit node did not start: %v", ctx.Err())
-	}
-	return nil, nil
+	return runNode(t, ctx, nodeOptions(kubeconfig, clientCA, name, root, nodeIP, port))
 }
 
 // startFakePlugin runs the fake device plugin (examples/fake.yaml) against

@@ -38,37 +38,55 @@ const foo = corev1.ResourceName("example.com/foo")
 // against the shared control plane and waits until it is registered.
 func startVirtualNode(t *testing.T, ctx context.Context, kubeconfig, clientCA, name, root string, extra func(*nodecmd.Options)) (*virtualnode.Node, int) {
 	t.Helper()
-	port := freePort(t)
-	o := nodecmd.Options{
-		Kubeconfig: kubeconfig, Name: name, Root: root, Backend: "process", ClientCAFile: clientCA,
-		Port: port, NodeIP: "127.0.0.1", Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"},
-		CPU: "4", Memory: "8Gi", Pods: "110", Count: 1, QPS: 50, Burst: 100, BackoffStart: time.Second,
-	}
+	o := nodeOptions(kubeconfig, clientCA, name, root, "127.0.0.1", freePort(t))
 	if extra != nil {
 		extra(&o)
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	n, _ := runNode(t, ctx, o)
+	return n, o.Port
+}
+
+// nodeOptions are the options of "dpkit node" the e2e tests use: the
+// process backend, the default taint, a small declared capacity.
+func nodeOptions(kubeconfig, clientCA, name, root, nodeIP string, port int) nodecmd.Options {
+	return nodecmd.Options{
+		Kubeconfig: kubeconfig, Name: name, Root: root, Backend: "process", ClientCAFile: clientCA,
+		Port: port, NodeIP: nodeIP, Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"},
+		CPU: "4", Memory: "8Gi", Pods: "110", Count: 1, QPS: 50, Burst: 100, BackoffStart: time.Second,
+	}
+}
+
+// runNode runs "dpkit node" in-process until it has registered, and
+// returns the node and a function that stops it and waits until it has
+// returned; the test's cleanup stops it too.
+func runNode(t *testing.T, ctx context.Context, o nodecmd.Options) (*virtualnode.Node, func()) {
+	t.Helper()
+	nctx, cancel := context.WithCancel(ctx)
 	started := make(chan *virtualnode.Node, 1)
 	done := make(chan error, 1)
 	env := &cli.Env{In: strings.NewReader(""), Out: tWriter{t}, Err: tWriter{t}, Logger: testLogger(t)}
 	go func() {
-		done <- nodecmd.Run(ctx, env, o, func(ns []*virtualnode.Node) { started <- ns[0] })
+		done <- nodecmd.Run(nctx, env, o, func(ns []*virtualnode.Node) { started <- ns[0] })
 	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("dpkit node: %v", err)
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("dpkit node: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case n := <-started:
-		return n, port
+		return n, stop
 	case err := <-done:
 		t.Fatalf("dpkit node exited before it ran: %v", err)
 	case <-ctx.Done():
 		t.Fatalf("dpkit node did not start: %v", ctx.Err())
 	}
-	return nil, 0
+	return nil, nil
 }
 
 func freePort(t *testing.T) int {
