@@ -22,32 +22,46 @@ import (
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
 
-// TestCreatePodRejected checks what a pod the device manager rejects gets,
-// the kubelet's rejectPod: phase Failed, the admission reason, its message
-// after "Pod was rejected: ", the QoS class kept, and a Warning event with
-// the reason and message.
-func TestCreatePodRejected(t *testing.T) {
+// shortRoot returns a fresh directory with a short path (unix socket paths
+// have a length limit), removed when the test ends.
+func shortRoot(t *testing.T) string {
+	t.Helper()
 	root, err := os.MkdirTemp("", "vnp")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
+	return root
+}
+
+// startProvider runs a device host on root with a provider (no backend) as
+// its source of pods, until the test ends.
+func startProvider(t *testing.T, root string) (context.Context, *devicehost.Host, *provider) {
+	t.Helper()
 	host, err := devicehost.New(devicehost.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := newProvider(slog.New(slog.DiscardHandler), host.Manager)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := host.Start(ctx, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); host.Stop() })
+	return ctx, host, p
+}
+
+// TestCreatePodRejected checks what a pod the device manager rejects gets,
+// the kubelet's rejectPod: phase Failed, the admission reason, its message
+// after "Pod was rejected: ", the QoS class kept, and a Warning event with
+// the reason and message.
+func TestCreatePodRejected(t *testing.T) {
+	root := shortRoot(t)
+	ctx, host, p := startProvider(t, root)
 	rec := record.NewFakeRecorder(10)
 	p.recorder = rec
 	var notified []*corev1.Pod
 	p.notify = func(pod *corev1.Pod) { notified = append(notified, pod) }
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := host.Start(ctx, p, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); host.Stop() }()
 	changes, unsubscribe := host.Manager.Subscribe()
 	defer unsubscribe()
 	cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Count: 1}}}
@@ -119,21 +133,7 @@ func TestCreatePodRejected(t *testing.T) {
 // and a pod whose UID differs from the one the node knows under that name
 // is created (by CreatePod or UpdatePod), not taken for an update.
 func TestPodReplacedBySameName(t *testing.T) {
-	root, err := os.MkdirTemp("", "vnp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	host, err := devicehost.New(devicehost.Config{Root: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newProvider(slog.New(slog.DiscardHandler), host.Manager)
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := host.Start(ctx, p, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); host.Stop() }()
+	ctx, _, p := startProvider(t, shortRoot(t))
 	p.be = sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})
 	apiUID := types.UID("")
 	p.inAPI = func(_, _ string, uid types.UID) bool { return uid == apiUID }
