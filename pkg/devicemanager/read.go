@@ -131,45 +131,33 @@ func (m *Manager) ContainerOptions(podUID types.UID, container string) *Containe
 		resp := a.resp
 		for _, k := range sortedKeys(resp.GetEnvs()) {
 			v := resp.Envs[k]
-			if old, ok := envs[k]; ok {
-				if old != v {
-					m.log.Error("environment variable has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
-				}
-				continue
+			if keepFirst(envs, k, v, func(old string) {
+				m.log.Error("environment variable has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
+			}) {
+				opts.Envs = append(opts.Envs, KeyValue{k, v})
 			}
-			envs[k] = v
-			opts.Envs = append(opts.Envs, KeyValue{k, v})
 		}
 		for _, d := range resp.GetDevices() {
-			if old, ok := devs[d.ContainerPath]; ok {
-				if old != d.HostPath {
-					m.log.Error("container device has conflicting host devices", "resource", names[i], "containerPath", d.ContainerPath, "kept", old, "dropped", d.HostPath)
-				}
-				continue
+			if keepFirst(devs, d.ContainerPath, d.HostPath, func(old string) {
+				m.log.Error("container device has conflicting host devices", "resource", names[i], "containerPath", d.ContainerPath, "kept", old, "dropped", d.HostPath)
+			}) {
+				opts.Devices = append(opts.Devices, DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
 			}
-			devs[d.ContainerPath] = d.HostPath
-			opts.Devices = append(opts.Devices, DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
 		}
 		for _, mt := range resp.GetMounts() {
-			if old, ok := mounts[mt.ContainerPath]; ok {
-				if old != mt.HostPath {
-					m.log.Error("container mount has conflicting host paths", "resource", names[i], "containerPath", mt.ContainerPath, "kept", old, "dropped", mt.HostPath)
-				}
-				continue
+			if keepFirst(mounts, mt.ContainerPath, mt.HostPath, func(old string) {
+				m.log.Error("container mount has conflicting host paths", "resource", names[i], "containerPath", mt.ContainerPath, "kept", old, "dropped", mt.HostPath)
+			}) {
+				opts.Mounts = append(opts.Mounts, Mount{ContainerPath: mt.ContainerPath, HostPath: mt.HostPath, ReadOnly: mt.ReadOnly})
 			}
-			mounts[mt.ContainerPath] = mt.HostPath
-			opts.Mounts = append(opts.Mounts, Mount{ContainerPath: mt.ContainerPath, HostPath: mt.HostPath, ReadOnly: mt.ReadOnly})
 		}
 		for _, k := range sortedKeys(resp.GetAnnotations()) {
 			v := resp.Annotations[k]
-			if old, ok := annotations[k]; ok {
-				if old != v {
-					m.log.Error("annotation has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
-				}
-				continue
+			if keepFirst(annotations, k, v, func(old string) {
+				m.log.Error("annotation has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
+			}) {
+				opts.Annotations = append(opts.Annotations, KeyValue{k, v})
 			}
-			annotations[k] = v
-			opts.Annotations = append(opts.Annotations, KeyValue{k, v})
 		}
 		for _, c := range resp.GetCdiDevices() {
 			if c == nil {
@@ -286,4 +274,19 @@ func containerDevice(rn, id string, node int64) *podresourcesv1.ContainerDevices
 		cd.Topology = &podresourcesv1.TopologyInfo{Nodes: []*podresourcesv1.NUMANode{{ID: node}}}
 	}
 	return cd
+}
+
+// keepFirst records value under key unless key is already taken, the
+// kubelet's "first resource wins" rule for runtime options, and reports
+// whether it did. A different value under a taken key is dropped and
+// handed to conflict with the value kept.
+func keepFirst(seen map[string]string, key, value string, conflict func(kept string)) bool {
+	if old, ok := seen[key]; ok {
+		if old != value {
+			conflict(old)
+		}
+		return false
+	}
+	seen[key] = value
+	return true
 }
