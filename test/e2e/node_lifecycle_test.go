@@ -382,7 +382,7 @@ func startStoppableNode(t *testing.T, ctx context.Context, kubeconfig, clientCA,
 
 // startFakePlugin runs the fake device plugin (examples/fake.yaml) against
 // the node's plugin directory until the test ends, and waits for its 8
-// example.com/foo in the node's allocatable.
+// example.com/foo in the node's capacity and allocatable.
 func startFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, node, root string) {
 	t.Helper()
 	pctx, cancel := context.WithCancel(ctx)
@@ -392,13 +392,14 @@ func startFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, 
 		done <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	poll(t, ctx, "8 example.com/foo in the node's allocatable", func(ctx context.Context) (bool, string, error) {
+	poll(t, ctx, "8 example.com/foo in the node's capacity and allocatable", func(ctx context.Context) (bool, string, error) {
 		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return false, "", err
 		}
-		a := n.Status.Allocatable[foo]
-		return a.Value() == 8, fmt.Sprintf("allocatable %v", n.Status.Allocatable), nil
+		a, ok := n.Status.Allocatable[foo]
+		cp, ok2 := n.Status.Capacity[foo]
+		return ok && ok2 && a.Value() == 8 && cp.Value() == 8, fmt.Sprintf("capacity %v allocatable %v", n.Status.Capacity, n.Status.Allocatable), nil
 	})
 }
 

@@ -146,23 +146,9 @@ func TestVirtualNodeDevices(t *testing.T) {
 		t.Fatalf("node lease: %v", err)
 	}
 
-	// The fake device plugin registers with the node's device manager.
-	pctx, pcancel := context.WithCancel(ctx)
-	pdone := make(chan error, 1)
-	go func() {
-		var out, logs bytes.Buffer
-		pdone <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
-	}()
-	t.Cleanup(func() { pcancel(); <-pdone })
-	poll(t, ctx, "8 example.com/foo in the node's allocatable", func(ctx context.Context) (bool, string, error) {
-		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, "", err
-		}
-		a, ok := node.Status.Allocatable[foo]
-		cp, ok2 := node.Status.Capacity[foo]
-		return ok && ok2 && a.Value() == 8 && cp.Value() == 8, fmt.Sprintf("allocatable %v", node.Status.Allocatable), nil
-	})
+	// The fake device plugin registers with the node's device manager:
+	// 8 example.com/foo in capacity and allocatable.
+	startFakePlugin(t, ctx, c, name, root)
 
 	ns := createNamespace(t, c, "vn")
 	release := filepath.Join(root, "release")
