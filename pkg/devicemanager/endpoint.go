@@ -10,14 +10,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/kubeletreg"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/topology"
-)
-
-// Error texts of the kubelet's registration server.
-const (
-	errUnsupportedVersion  = "requested API version %q is not supported by kubelet. Supported version is %q"
-	errInvalidResourceName = "the ResourceName %q is invalid"
 )
 
 // IsExtendedResourceName applies the kubelet's rule for resource names
@@ -45,14 +40,8 @@ type registrationServer struct {
 func (s *registrationServer) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	m := s.m
 	m.log.Info("registration request from device plugin", "resource", r.ResourceName, "endpoint", r.Endpoint, "version", r.Version)
-	if !versionSupported(r.Version) {
-		err := fmt.Errorf(errUnsupportedVersion, r.Version, pluginapi.SupportedVersions)
+	if err := kubeletreg.CheckRequest(r.Version, r.ResourceName); err != nil {
 		m.log.Error("bad registration request", "resource", r.ResourceName, "err", err)
-		return &pluginapi.Empty{}, err
-	}
-	if !IsExtendedResourceName(r.ResourceName) {
-		err := fmt.Errorf(errInvalidResourceName, r.ResourceName)
-		m.log.Error("bad registration request", "err", err)
 		return &pluginapi.Empty{}, err
 	}
 	if err := m.connect(ctx, r.ResourceName, filepath.Join(m.socketDir, r.Endpoint)); err != nil {
@@ -89,7 +78,7 @@ func (h watcherHandler) ValidatePlugin(_ context.Context, name, _ string, versio
 		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
 	}
 	if !IsExtendedResourceName(name) {
-		return fmt.Errorf("invalid name of device plugin socket: %s", fmt.Sprintf(errInvalidResourceName, name))
+		return fmt.Errorf("invalid name of device plugin socket: %s", kubeletreg.InvalidResourceName(name))
 	}
 	return nil
 }
@@ -136,23 +125,20 @@ func (e *endpoint) close() {
 // primary endpoint and starts consuming its ListAndWatch stream. Endpoints
 // are keyed by resource and socket path, so a new instance of a plugin is
 // not disconnected when an older one of the same resource exits.
+//
+// A registration of a socket that is still connected is refused with the
+// kubelet's error, after GetDevicePluginOptions as in the kubelet: the
+// old connection stays until its ListAndWatch stream ends. A plugin that
+// re-serves the same path while the kubelet still holds the old
+// connection is told so, instead of having that connection silently
+// replaced (which a real kubelet never does).
 func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 	m.mu.Lock()
 	if !m.started || m.stopping {
 		m.mu.Unlock()
 		return ErrNotStarted
 	}
-	var old *endpoint
-	if r := m.resources[resource]; r != nil {
-		old = r.endpoints[socket]
-	}
 	m.mu.Unlock()
-	if old != nil {
-		// The same socket registers again: its previous instance is gone
-		// or about to be; replace it rather than refusing.
-		m.log.Info("device plugin re-registered on the same socket; replacing the old connection", "resource", resource, "endpoint", socket)
-		m.disconnect(old)
-	}
 
 	conn, err := grpc.NewClient("unix://"+socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -183,13 +169,13 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 		m.resources[resource] = r
 	}
 	if prev := r.endpoints[socket]; prev != nil {
-		// Lost a race with a concurrent registration of the same socket.
 		m.mu.Unlock()
 		e.close()
-		return fmt.Errorf("device plugin already connected: %s", socket)
+		return kubeletreg.AlreadyConnected(socket)
 	}
 	r.endpoints[socket] = e
 	r.primary = e
+	r.opts = opts
 	r.stopTime = timeZero
 	m.notifyLocked()
 	m.wg.Add(1)
@@ -242,6 +228,7 @@ func (m *Manager) disconnect(e *endpoint) {
 		if r.primary == e {
 			for _, k := range sortedKeys(r.endpoints) {
 				r.primary = r.endpoints[k]
+				r.opts = r.primary.opts
 				break
 			}
 		}

@@ -76,6 +76,11 @@ type resourceState struct {
 	// one whose ListAndWatch updates are applied and which gets calls.
 	endpoints map[string]*endpoint
 	primary   *endpoint
+	// opts are the primary's options, kept after it disconnects: like the
+	// kubelet's stopped endpoint, they decide whether PreStartContainer
+	// is needed while no plugin is connected. Nil for a resource restored
+	// from the checkpoint that has not registered since.
+	opts *pluginapi.DevicePluginOptions
 	// stopTime is when the last plugin went away; zero while connected.
 	stopTime time.Time
 }

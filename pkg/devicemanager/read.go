@@ -177,6 +177,12 @@ func (m *Manager) ContainerOptions(podUID types.UID, container string) *Containe
 // it (DevicePluginOptions.PreStartRequired) with the container's devices,
 // each call bounded by Config.PreStartTimeout. Call it before starting each
 // container.
+//
+// As in the kubelet, a resource whose plugin is disconnected (or, after a
+// restart, has not registered again) keeps its last options: a plugin that
+// never asked for PreStart is skipped, one that did makes the call fail
+// because its endpoint is stopped. Only a resource the manager no longer
+// knows at all is "endpoint not found in cache".
 func (m *Manager) PreStartContainer(ctx context.Context, podUID types.UID, container string) error {
 	type call struct {
 		rn  string
@@ -188,12 +194,16 @@ func (m *Manager) PreStartContainer(ctx context.Context, podUID types.UID, conta
 	if p := m.pods[string(podUID)]; p != nil {
 		for _, rn := range sortedKeys(p.containers[container]) {
 			r := m.resources[rn]
-			if r == nil || r.primary == nil {
+			if r == nil {
 				m.mu.Unlock()
 				return fmt.Errorf("endpoint not found in cache for a registered resource: %s", rn)
 			}
-			if !r.primary.opts.GetPreStartRequired() {
+			if !r.opts.GetPreStartRequired() {
 				continue
+			}
+			if r.primary == nil {
+				m.mu.Unlock()
+				return fmt.Errorf("device plugin PreStartContainer rpc failed with err: endpoint of %s has been stopped", rn)
 			}
 			calls = append(calls, call{rn, r.primary, p.containers[container][rn].ids})
 		}

@@ -60,7 +60,6 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 	owned := m.owner[r.name]
 	r.gen++
 	gen := r.gen
-	wasEmpty := len(r.devices) == 0
 	groups := make(topology.DeviceGroups, len(r.groups))
 	healthy, kept := 0, 0
 	for _, pd := range devs {
@@ -116,16 +115,17 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 			}
 		}
 	}
-	firstUpdate := wasEmpty && kept > 0
 	r.groups, r.healthy = groups, healthy
-	m.notifyLocked()
 	m.mu.Unlock()
 	m.log.Debug("processed device update", "resource", r.name, "total", len(devs), "healthy", healthy)
-	if firstUpdate {
-		// The checkpoint lists registered resources; keep it current when
-		// a resource first reports devices.
-		m.writeCheckpoint()
-	}
+	// Like the kubelet, every message is checkpointed before the next one
+	// is read: RegisteredDevices follows the latest list, and a resource
+	// whose first list is empty is recorded too. Subscribers hear of the
+	// change once it is on disk.
+	_ = m.writeCheckpoint()
+	m.mu.Lock()
+	m.notifyLocked()
+	m.mu.Unlock()
 }
 
 func (m *Manager) markUnhealthyLocked(r *resourceState) {

@@ -42,25 +42,34 @@ const (
 // resource serves one Resource: its socket, its gRPC server, its device
 // set and its registration with the kubelet.
 type resource struct {
-	name       string
-	plugin     Plugin
-	preferred  PreferredAllocator
-	prestart   PreStarter
-	cfg        Config
-	mode       RegistrationMode
-	socketPath string
-	log        *slog.Logger
-	metrics    *metrics
-	devices    *deviceSet
+	name      string
+	plugin    Plugin
+	preferred PreferredAllocator
+	prestart  PreStarter
+	cfg       Config
+	mode      RegistrationMode
+	// sockBase is the socket path without ".sock": the resource's name and
+	// the instance ID in the plugin (or registry) directory.
+	sockBase string
+	log      *slog.Logger
+	metrics  *metrics
+	devices  *deviceSet
 
-	grpc     *grpc.Server
 	stopping chan struct{} // closed when the server shuts down
 	trigger  chan struct{} // wakes the registration loop; reasons are in pending
 	scanned  chan struct{} // closed on the first snapshot
 	scanOnce sync.Once
 
-	mu         sync.Mutex
-	pending    map[string]bool // reasons to register that the loop has not seen
+	mu      sync.Mutex
+	pending map[string]bool // reasons to register that the loop has not seen
+	// socketPath is the socket served now, and srv the gRPC server on it.
+	// Each listen serves a fresh path from a fresh server (see listen).
+	socketPath string
+	srv        *grpc.Server
+	// retired are the servers of earlier sockets, stopped once the new
+	// socket is registered.
+	retired    []*grpc.Server
+	listens    int
 	ln         net.Listener
 	socketInfo os.FileInfo // the socket file this instance created
 	registered bool
@@ -68,7 +77,6 @@ type resource struct {
 	// to, so a creation event for that same socket is not a restart.
 	kubeletSock os.FileInfo
 	streams     int
-	everReg     bool
 	// registeredAt is when the last registration succeeded.
 	registeredAt time.Time
 	lastErr      error
@@ -93,14 +101,27 @@ func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *r
 	if mode == RegistrationRegistry {
 		dir = cfg.RegistryDir
 	}
-	r.socketPath = filepath.Join(dir, socketBase(res.Name)+"-"+cfg.InstanceID+".sock")
+	r.sockBase = filepath.Join(dir, socketBase(res.Name)+"-"+cfg.InstanceID)
+	r.socketPath = r.sockBase + ".sock"
 	r.devices = newDeviceSet(r.snapshotChanged)
-	r.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(serverMaxRecvMsgSize))
-	pluginapi.RegisterDevicePluginServer(r.grpc, service{r: r})
-	if mode == RegistrationRegistry {
-		registerapi.RegisterRegistrationServer(r.grpc, registrationService{r: r})
-	}
 	return r
+}
+
+// newServer returns a gRPC server with the plugin's services.
+func (r *resource) newServer() *grpc.Server {
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(serverMaxRecvMsgSize))
+	pluginapi.RegisterDevicePluginServer(srv, service{r: r})
+	if r.mode == RegistrationRegistry {
+		registerapi.RegisterRegistrationServer(srv, registrationService{r: r})
+	}
+	return srv
+}
+
+// socket returns the path of the socket served now.
+func (r *resource) socket() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.socketPath
 }
 
 func (r *resource) options() *pluginapi.DevicePluginOptions {
@@ -151,36 +172,64 @@ func (r *resource) scan(ctx context.Context) {
 	}
 }
 
-// listen (re)creates the resource's socket and serves on it. The previous
-// listener, if any, is closed without unlinking: its path may already be
-// somebody else's file.
+// listen serves the resource on a socket. The first call serves
+// <name>-<instance>.sock; each later one (the socket was deleted while the
+// plugin ran) serves a fresh path, <name>-<instance>-<n>.sock, from a fresh
+// gRPC server. A kubelet refuses a second registration of an endpoint it
+// is still connected to ("device plugin already connected"), and the
+// connection to the old socket outlives the file: re-serving the same path
+// would leave the kubelet holding a stale endpoint that keeps the devices
+// advertised after the plugin exits. The previous server is retired and
+// stopped once the new socket is registered (stopRetired), which ends the
+// kubelet's old connection. The previous socket file is not unlinked: its
+// path may already be somebody else's file.
 func (r *resource) listen() error {
-	if err := os.MkdirAll(filepath.Dir(r.socketPath), 0o755); err != nil {
-		return fmt.Errorf("create socket directory: %w", err)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ln != nil {
-		_ = r.ln.Close()
-		r.ln = nil
+	path := r.sockBase + ".sock"
+	if r.listens > 0 {
+		path = fmt.Sprintf("%s-%d.sock", r.sockBase, r.listens)
 	}
-	if err := os.Remove(r.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create socket directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale socket: %w", err)
 	}
-	ln, err := net.Listen("unix", r.socketPath)
+	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", r.socketPath, err)
+		return fmt.Errorf("listen on %s: %w", path, err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	fi, err := os.Stat(r.socketPath)
+	fi, err := os.Stat(path)
 	if err != nil {
 		_ = ln.Close()
-		return fmt.Errorf("stat %s: %w", r.socketPath, err)
+		return fmt.Errorf("stat %s: %w", path, err)
 	}
-	r.ln, r.socketInfo = ln, fi
-	go func() { _ = r.grpc.Serve(ln) }()
-	r.log.Debug("Serving", "socket", r.socketPath)
+	if r.srv != nil {
+		// Closing the listener makes the old server's Serve return; its
+		// connections stay until stopRetired.
+		_ = r.ln.Close()
+		r.retired = append(r.retired, r.srv)
+	}
+	srv := r.newServer()
+	r.listens++
+	r.srv, r.ln, r.socketInfo, r.socketPath = srv, ln, fi, path
+	go func() { _ = srv.Serve(ln) }()
+	r.log.Debug("Serving", "socket", path)
 	return nil
+}
+
+// stopRetired stops the servers of earlier sockets, ending their
+// connections: the kubelet then drops the old endpoint.
+func (r *resource) stopRetired() {
+	r.mu.Lock()
+	retired := r.retired
+	r.retired = nil
+	r.mu.Unlock()
+	for _, srv := range retired {
+		srv.Stop()
+	}
 }
 
 // ownsSocket reports whether the socket file on disk is the one this
@@ -199,14 +248,20 @@ func (r *resource) ownsSocket() bool {
 // shutdown timeout, and removes the socket if it is still ours.
 func (r *resource) shutdown() {
 	close(r.stopping)
-	done := make(chan struct{})
-	go func() { r.grpc.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(r.cfg.ShutdownTimeout):
-		r.log.Warn("In-flight calls did not finish in time; closing them", "timeout", r.cfg.ShutdownTimeout)
-		r.grpc.Stop()
-		<-done
+	r.stopRetired()
+	r.mu.Lock()
+	srv, path := r.srv, r.socketPath
+	r.mu.Unlock()
+	if srv != nil {
+		done := make(chan struct{})
+		go func() { srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(r.cfg.ShutdownTimeout):
+			r.log.Warn("In-flight calls did not finish in time; closing them", "timeout", r.cfg.ShutdownTimeout)
+			srv.Stop()
+			<-done
+		}
 	}
 	owned := r.ownsSocket()
 	r.mu.Lock()
@@ -216,8 +271,8 @@ func (r *resource) shutdown() {
 	}
 	r.mu.Unlock()
 	if owned {
-		if err := os.Remove(r.socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-			r.log.Warn("Could not remove socket", "socket", r.socketPath, "error", err)
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			r.log.Warn("Could not remove socket", "socket", path, "error", err)
 		}
 	}
 	r.setRegistered(false, nil)
@@ -280,9 +335,6 @@ func (r *resource) setRegistered(ok bool, err error) {
 	r.mu.Lock()
 	r.registered = ok
 	r.lastErr = err
-	if ok {
-		r.everReg = true
-	}
 	cb := r.onRegister
 	r.mu.Unlock()
 	r.metrics.setRegistered(r.name, ok)
@@ -398,6 +450,9 @@ func (r *resource) registerOnce(ctx context.Context) error {
 		}
 	}
 	if r.mode == RegistrationRegistry {
+		// The watcher finds the new socket by itself; the old one's
+		// file is gone, so the watcher has dropped it already.
+		r.stopRetired()
 		return nil
 	}
 	// Confirm the kubelet accepts connections before asking anything.
@@ -421,9 +476,10 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	defer cc.Close()
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RegisterTimeout)
 	defer cancel()
+	endpoint := filepath.Base(r.socket())
 	_, err = pluginapi.NewRegistrationClient(cc).Register(rctx, &pluginapi.RegisterRequest{
 		Version:      pluginapi.Version,
-		Endpoint:     filepath.Base(r.socketPath),
+		Endpoint:     endpoint,
 		ResourceName: r.name,
 		Options:      r.options(),
 	})
@@ -435,8 +491,10 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	r.kubeletSock = fi
 	r.registeredAt = time.Now()
 	r.mu.Unlock()
-	r.log.Info("Registered with the kubelet", "endpoint", filepath.Base(r.socketPath))
+	r.log.Info("Registered with the kubelet", "endpoint", endpoint)
 	r.setRegistered(true, nil)
+	// The kubelet now uses the new endpoint; end the old connections.
+	r.stopRetired()
 	return nil
 }
 

@@ -158,7 +158,7 @@ func (s *Server) handleEvent(ev fsnotify.Event) {
 		}
 	case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
 		for _, r := range s.resources {
-			if ev.Name == r.socketPath && !r.ownsSocket() {
+			if ev.Name == r.socket() && !r.ownsSocket() {
 				r.log.Info("Plugin socket was removed; serving it again")
 				if err := r.listen(); err != nil {
 					r.log.Error("Could not serve the socket again; will retry", "error", err)

@@ -258,17 +258,38 @@ func TestReRegistersAfterEveryKubeletRestart(t *testing.T) {
 	}
 }
 
+// TestReRegistersWhenOwnSocketIsDeleted: a plugin whose socket is deleted
+// while the kubelet is connected serves a fresh socket, registers it (a
+// kubelet refuses the old path while it still holds a connection to it)
+// and ends the old connection, so the kubelet is left with no stale
+// endpoint.
 func TestReRegistersWhenOwnSocketIsDeleted(t *testing.T) {
 	k := dptest.NewKubelet(t)
 	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: newTestPlugin(1)})
 	req := k.WaitForRegistration(t, res)
+	old := k.Plugin(res)
 	sock := filepath.Join(k.PluginDir(), req.Endpoint)
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
 	}
 	k.WaitForRegistrations(t, res, 2)
-	if _, err := os.Stat(sock); err != nil {
-		t.Errorf("socket not served again: %v", err)
+	req2 := k.Plugin(res).Request
+	if req2.Endpoint == req.Endpoint {
+		t.Fatalf("re-registered the deleted socket's path %s; want a fresh one", req.Endpoint)
+	}
+	if _, err := os.Stat(filepath.Join(k.PluginDir(), req2.Endpoint)); err != nil {
+		t.Errorf("new socket not served: %v", err)
+	}
+	if _, err := os.Stat(sock); err == nil {
+		t.Errorf("the deleted socket %s was created again", sock)
+	}
+	// The old connection ends: the plugin stopped its old server.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if s, err := old.Client.ListAndWatch(ctx, &pluginapi.Empty{}, grpc.WaitForReady(false)); err == nil {
+		if _, err := s.Recv(); err == nil {
+			t.Errorf("the old connection still serves ListAndWatch")
+		}
 	}
 	if _, err := k.Allocate(context.Background(), res, "dev-0"); err != nil {
 		t.Errorf("Allocate after re-registration: %v", err)

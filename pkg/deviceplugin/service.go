@@ -225,7 +225,7 @@ func (s registrationService) GetInfo(context.Context, *registerapi.InfoRequest) 
 	return &registerapi.PluginInfo{
 		Type:              registerapi.DevicePlugin,
 		Name:              s.r.name,
-		Endpoint:          s.r.socketPath,
+		Endpoint:          s.r.socket(),
 		SupportedVersions: []string{pluginapi.Version},
 	}, nil
 }

@@ -30,7 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/internal/kubeletreg"
 )
 
 // DefaultTimeout bounds every Wait* call unless Kubelet.Timeout is set.
@@ -47,6 +47,7 @@ type Kubelet struct {
 	mu       sync.Mutex
 	server   *grpc.Server
 	plugins  map[string]*Plugin // resource -> latest registration
+	bySocket map[string]*Plugin // socket path -> latest registration
 	conns    []*grpc.ClientConn // every plugin connection since the last restart
 	regs     map[string]int
 	changed  chan struct{} // closed and replaced on every change
@@ -75,11 +76,12 @@ func NewKubelet(t testing.TB) *Kubelet {
 		t.Fatalf("dptest: %v", err)
 	}
 	k := &Kubelet{
-		dir:     dir,
-		sock:    filepath.Join(dir, "kubelet.sock"),
-		plugins: make(map[string]*Plugin),
-		regs:    make(map[string]int),
-		changed: make(chan struct{}),
+		dir:      dir,
+		sock:     filepath.Join(dir, "kubelet.sock"),
+		plugins:  make(map[string]*Plugin),
+		bySocket: make(map[string]*Plugin),
+		regs:     make(map[string]int),
+		changed:  make(chan struct{}),
 	}
 	if err := k.start(); err != nil {
 		_ = os.RemoveAll(dir)
@@ -132,6 +134,7 @@ func (k *Kubelet) dropConnsLocked() []*grpc.ClientConn {
 	conns := k.conns
 	k.conns = nil
 	k.plugins = map[string]*Plugin{}
+	k.bySocket = map[string]*Plugin{}
 	return conns
 }
 
@@ -296,11 +299,8 @@ type registration struct {
 }
 
 func (r registration) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	if req.Version != pluginapi.Version {
-		return nil, fmt.Errorf("requested device plugin API version %q is not supported by kubelet. Supported versions are %v", req.Version, pluginapi.SupportedVersions)
-	}
-	if err := deviceplugin.ValidateResourceName(req.ResourceName); err != nil {
-		return nil, fmt.Errorf("invalid resource name %q: %w", req.ResourceName, err)
+	if err := kubeletreg.CheckRequest(req.Version, req.ResourceName); err != nil {
+		return nil, err
 	}
 	k := r.k
 	socket := filepath.Join(k.dir, req.Endpoint)
@@ -324,6 +324,14 @@ func (r registration) Register(ctx context.Context, req *pluginapi.RegisterReque
 		_ = conn.Close()
 		return nil, errors.New("dptest: kubelet is closed")
 	}
+	// Like the kubelet, a socket it is still connected to cannot
+	// register again until that connection's stream has ended.
+	if q := k.bySocket[socket]; q != nil && !q.ended {
+		k.mu.Unlock()
+		_ = conn.Close()
+		return nil, kubeletreg.AlreadyConnected(socket)
+	}
+	k.bySocket[socket] = p
 	k.regs[req.ResourceName]++
 	k.plugins[req.ResourceName] = p
 	// Like the kubelet, an earlier connection of the same resource stays
