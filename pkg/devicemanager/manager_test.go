@@ -167,10 +167,10 @@ func grpcDial(sock string) (interface {
 
 func TestAdmit(t *testing.T) {
 	type admitStep struct {
-		pod       *podSpec
-		want      map[string]map[string][]string // container -> resource -> IDs (nil: just no error)
-		wantErr   string
-		reason    string
+		pod     *podSpec
+		want    map[string]map[string][]string // container -> resource -> IDs (nil: just no error)
+		wantErr string
+		reason  string
 		// wantCalls are exactly the plugin calls this step makes; an empty
 		// non-nil slice means none.
 		wantCalls []string
