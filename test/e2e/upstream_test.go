@@ -28,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
+
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
 	"github.com/dpkit/dpkit/test/upstream"
 )
@@ -607,4 +609,95 @@ func medianOf(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2].Round(time.Microsecond)
+}
+
+// TestUpstreamKubeletSocketDeletedThenPluginStops: "dpkit plugin" with
+// examples/fake.yaml registered with the kubelet's own device manager
+// through kubelet.sock; its socket is deleted while both run. The plugin
+// serves a fresh socket, the kubelet accepts its registration (it refuses
+// the old path while it still holds a connection to it), the plugin ends
+// the old connection and keeps serving allocations. Then the plugin stops,
+// and the kubelet's allocatable for example.com/foo falls to 0: no stale
+// endpoint keeps dead devices advertised. The time it takes is logged.
+func TestUpstreamKubeletSocketDeletedThenPluginStops(t *testing.T) {
+	dm := upstream.DeviceManager(t)
+	dpkit := dpkitBinary(t)
+	config, err := filepath.Abs(filepath.Join("..", "..", "examples", "fake.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	dir := upstreamTempDir(t)
+	pluginDir := filepath.Join(dir, "device-plugins")
+	k := startDeviceManager(t, ctx, dm, filepath.Join(dir, "kubelet.log"), "--plugin-dir", pluginDir)
+	k.next(t, ctx, "ready", isEvent("ready"))
+	pluginLog := filepath.Join(dir, "plugin.log")
+	p := startProc(t, pluginLog, nil, dpkit, "plugin", "--config", config, "--plugin-dir", pluginDir, "--registration", "kubelet")
+	k.next(t, ctx, fooResource+" with 8 devices", hasDevices(fooResource, 8))
+	waitForLog(t, ctx, pluginLog, "Registered with the kubelet", 1)
+	checkFakeAllocation(t, k.allocate(t, ctx, fooResource, 2, "before"), 2)
+
+	socks := socketsIn(t, pluginDir)
+	var first string
+	for _, s := range socks {
+		if strings.HasPrefix(s, "example_com_foo-") {
+			first = s
+		}
+	}
+	if first == "" {
+		t.Fatalf("no socket of the plugin in %s: %v", pluginDir, socks)
+	}
+	if err := os.Remove(filepath.Join(pluginDir, first)); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, ctx, pluginLog, "Registered with the kubelet", 2)
+	if slices.Contains(socketsIn(t, pluginDir), first) {
+		t.Errorf("the deleted socket %s was served again; want a fresh path", first)
+	}
+	checkFakeAllocation(t, k.allocate(t, ctx, fooResource, 2, "after"), 2)
+
+	stopped := time.Now()
+	p.stop(t, syscall.SIGTERM)
+	e := k.next(t, ctx, "allocatable "+fooResource+" 0 after the plugin stopped", func(e dmEvent) bool {
+		return e.Event == "capacity" && e.Allocatable[fooResource] == 0
+	})
+	took := time.Unix(0, e.Time).Sub(stopped)
+	t.Logf("allocatable fell to 0 %v after the plugin was stopped", took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("allocatable fell to 0 only %v after the plugin stopped; want within 10 s", took)
+	}
+}
+
+// waitForLog waits until the file at path holds substr at least n times,
+// re-reading it whenever it is written.
+func waitForLog(t *testing.T, ctx context.Context, path, substr string, n int) {
+	t.Helper()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Add(path); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.NewTimer(waitTimeout)
+	defer deadline.Stop()
+	for {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(string(data), substr) >= n {
+			return
+		}
+		select {
+		case <-w.Events:
+		case err := <-w.Errors:
+			t.Fatalf("watch %s: %v", path, err)
+		case <-deadline.C:
+			t.Fatalf("%q not %d times in %s after %v:\n%s", substr, n, filepath.Base(path), waitTimeout, data)
+		case <-ctx.Done():
+			t.Fatalf("%q not %d times in %s: %v", substr, n, filepath.Base(path), ctx.Err())
+		}
+	}
 }
