@@ -37,13 +37,6 @@ type DevicesProvider interface {
 	GetAllocatableDevices() []*podresourcesv1.ContainerDevices
 }
 
-// AllocatedDevicesUpdater is implemented by DevicesProviders that want to
-// drop the assignments of pods that are gone before a List is answered,
-// as the kubelet's device manager does.
-type AllocatedDevicesUpdater interface {
-	UpdateAllocatedDevices()
-}
-
 // CPUsProvider reports exclusively assigned CPUs.
 type CPUsProvider interface {
 	GetCPUs(podUID, containerName string) []int64
@@ -149,9 +142,6 @@ func (s *Server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesReq
 	s.metrics.requestsTotal.Inc()
 	s.metrics.requestsList.Inc()
 	pods := s.p.Pods.GetActivePods()
-	if u, ok := s.p.Devices.(AllocatedDevicesUpdater); ok {
-		u.UpdateAllocatedDevices()
-	}
 	resp := &podresourcesv1.ListPodResourcesResponse{PodResources: make([]*podresourcesv1.PodResources, 0, len(pods))}
 	for _, pod := range pods {
 		resp.PodResources = append(resp.PodResources, s.podResources(pod))

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +42,6 @@ func (f fakePods) GetPodByName(namespace, name string) (*corev1.Pod, bool) {
 type fakeDevices struct {
 	byContainer map[string][]*podresourcesv1.ContainerDevices
 	allocatable []*podresourcesv1.ContainerDevices
-	updates     atomic.Int32
 }
 
 func (f *fakeDevices) GetDevices(podUID, container string) []*podresourcesv1.ContainerDevices {
@@ -52,7 +50,6 @@ func (f *fakeDevices) GetDevices(podUID, container string) []*podresourcesv1.Con
 func (f *fakeDevices) GetAllocatableDevices() []*podresourcesv1.ContainerDevices {
 	return f.allocatable
 }
-func (f *fakeDevices) UpdateAllocatedDevices() { f.updates.Add(1) }
 
 type fakeCPUs struct{}
 
@@ -201,23 +198,6 @@ func TestList(t *testing.T) {
 				t.Errorf("List() =\n%v\nwant\n%v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestListUpdatesAllocatedDevices(t *testing.T) {
-	t.Parallel()
-	pods, devs := fixture()
-	s, err := NewServer(Config{Providers: Providers{Pods: pods, Devices: devs}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if _, err := s.List(context.Background(), &podresourcesv1.ListPodResourcesRequest{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := devs.updates.Load(); n != 3 {
-		t.Errorf("UpdateAllocatedDevices called %d times for 3 List calls, want 3", n)
 	}
 }
 
