@@ -258,10 +258,18 @@ func (m *Manager) snapshotLocked() checkpoint.Checkpoint {
 				ids = append(ids, id)
 			}
 		}
-		sort.Strings(ids)
 		registered[name] = ids
 	}
 	return checkpoint.Checkpoint{Entries: entries, Registered: registered}
+}
+
+// sortRegistered puts each resource's registered IDs in order. It runs
+// outside m.mu: a checkpoint is written after every ListAndWatch message,
+// and sorting 100,000 IDs under the lock would hold up admission.
+func sortRegistered(cp checkpoint.Checkpoint) {
+	for _, ids := range cp.Registered {
+		sort.Strings(ids)
+	}
 }
 
 // writeCheckpoint writes the current state. Failures are logged and
@@ -275,6 +283,7 @@ func (m *Manager) writeCheckpoint() error {
 	m.mu.Lock()
 	cp := m.snapshotLocked()
 	m.mu.Unlock()
+	sortRegistered(cp)
 	if err := checkpoint.Write(m.CheckpointPath(), cp); err != nil {
 		m.log.Error("failed to write checkpoint", "path", m.CheckpointPath(), "err", err)
 		return err
