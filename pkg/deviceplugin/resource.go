@@ -112,7 +112,7 @@ func (r *resource) newServer() *grpc.Server {
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(serverMaxRecvMsgSize))
 	pluginapi.RegisterDevicePluginServer(srv, service{r: r})
 	if r.mode == RegistrationRegistry {
-		registerapi.RegisterRegistrationServer(srv, registrationService{r: r})
+		registerapi.RegisterRegistrationServer(srv, registrationService{r: r, listen: r.listens + 1})
 	}
 	return srv
 }
@@ -185,26 +185,36 @@ func (r *resource) scan(ctx context.Context) {
 // path may already be somebody else's file.
 func (r *resource) listen() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	unregistered, err := r.listenLocked()
+	r.mu.Unlock()
+	if unregistered {
+		r.registrationChanged()
+	}
+	return err
+}
+
+// listenLocked does listen's work with r.mu held and reports whether it
+// cleared the registered state.
+func (r *resource) listenLocked() (unregistered bool, _ error) {
 	path := r.sockBase + ".sock"
 	if r.listens > 0 {
 		path = fmt.Sprintf("%s-%d.sock", r.sockBase, r.listens)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("create socket directory: %w", err)
+		return false, fmt.Errorf("create socket directory: %w", err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
+		return false, fmt.Errorf("remove stale socket: %w", err)
 	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", path, err)
+		return false, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	fi, err := os.Stat(path)
 	if err != nil {
 		_ = ln.Close()
-		return fmt.Errorf("stat %s: %w", path, err)
+		return false, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if r.srv != nil {
 		// Closing the listener makes the old server's Serve return; its
@@ -215,9 +225,16 @@ func (r *resource) listen() error {
 	srv := r.newServer()
 	r.listens++
 	r.srv, r.ln, r.socketInfo, r.socketPath = srv, ln, fi, path
+	if r.mode == RegistrationRegistry && r.registered {
+		// A new socket is unknown to the plugin watcher until it calls
+		// GetInfo and NotifyRegistrationStatus on it. Say so now, before
+		// serving, so that notification cannot be overtaken.
+		r.registered = false
+		unregistered = true
+	}
 	go func() { _ = srv.Serve(ln) }()
 	r.log.Debug("Serving", "socket", path)
-	return nil
+	return unregistered, nil
 }
 
 // stopRetired stops the servers of earlier sockets, ending their
@@ -335,6 +352,31 @@ func (r *resource) setRegistered(ok bool, err error) {
 	r.mu.Lock()
 	r.registered = ok
 	r.lastErr = err
+	r.mu.Unlock()
+	r.registrationChanged()
+}
+
+// setRegisteredFrom records the plugin watcher's verdict on the socket of
+// the listen-th listen; a verdict on a socket this resource no longer
+// serves is ignored.
+func (r *resource) setRegisteredFrom(listen int, ok bool, err error) bool {
+	r.mu.Lock()
+	if listen != r.listens {
+		r.mu.Unlock()
+		return false
+	}
+	r.registered = ok
+	r.lastErr = err
+	r.mu.Unlock()
+	r.registrationChanged()
+	return true
+}
+
+// registrationChanged publishes the registration state: metrics and the
+// server's readiness waiters. Call it without r.mu held.
+func (r *resource) registrationChanged() {
+	r.mu.Lock()
+	ok := r.registered
 	cb := r.onRegister
 	r.mu.Unlock()
 	r.metrics.setRegistered(r.name, ok)
@@ -440,20 +482,13 @@ func (r *resource) registerLoop(ctx context.Context) {
 	}
 }
 
-// registerOnce makes one registration attempt. In registry mode the
-// kubelet's plugin watcher finds the socket by itself, so serving it is all
-// there is to do.
+// registerOnce makes one registration attempt through kubelet.sock
+// (kubelet mode; in registry mode the plugin watcher finds the socket).
 func (r *resource) registerOnce(ctx context.Context) error {
 	if !r.ownsSocket() {
 		if err := r.listen(); err != nil {
 			return err
 		}
-	}
-	if r.mode == RegistrationRegistry {
-		// The watcher finds the new socket by itself; the old one's
-		// file is gone, so the watcher has dropped it already.
-		r.stopRetired()
-		return nil
 	}
 	// Confirm the kubelet accepts connections before asking anything.
 	fi, err := os.Stat(r.cfg.KubeletSocket)

@@ -110,10 +110,17 @@ func (s *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for _, r := range s.resources {
-		wg.Add(2)
+		wg.Add(1)
 		go func() { defer wg.Done(); r.scan(ctx) }()
-		go func() { defer wg.Done(); r.registerLoop(ctx) }()
-		r.requestRegistration(reasonStart)
+		// In registry mode the kubelet's plugin watcher finds the socket
+		// served above and sets the registered state itself
+		// (NotifyRegistrationStatus); a loop of ours there could only
+		// race it.
+		if s.mode == RegistrationKubelet {
+			wg.Add(1)
+			go func() { defer wg.Done(); r.registerLoop(ctx) }()
+			r.requestRegistration(reasonStart)
+		}
 	}
 
 	ticker := time.NewTicker(resyncInterval)
@@ -163,7 +170,7 @@ func (s *Server) handleEvent(ev fsnotify.Event) {
 				if err := r.listen(); err != nil {
 					r.log.Error("Could not serve the socket again; will retry", "error", err)
 				}
-				r.requestRegistration(reasonSocketRemoved)
+				s.registerAgain(r, reasonSocketRemoved)
 			}
 		}
 	}
@@ -175,7 +182,7 @@ func (s *Server) resync() {
 	for _, r := range s.resources {
 		if !r.ownsSocket() {
 			if err := r.listen(); err == nil {
-				r.requestRegistration(reasonSocketRemoved)
+				s.registerAgain(r, reasonSocketRemoved)
 			}
 			continue
 		}
@@ -183,6 +190,19 @@ func (s *Server) resync() {
 			r.requestRegistration(reasonRetry)
 		}
 	}
+}
+
+// registerAgain makes r known to the kubelet again after its socket was
+// served anew: in kubelet mode by the registration loop; in registry mode
+// the plugin watcher finds the new socket by itself, and the old socket's
+// server is stopped at once (the watcher dropped it with its file).
+func (s *Server) registerAgain(r *resource, reason string) {
+	if s.mode == RegistrationKubelet {
+		r.requestRegistration(reason)
+		return
+	}
+	r.metrics.reregistration(r.name, reason)
+	r.stopRetired()
 }
 
 func (s *Server) names() []string {
@@ -201,7 +221,9 @@ type ResourceStatus struct {
 	Streams    int
 	Healthy    int
 	Unhealthy  int
-	LastError  error
+	// MessageBytes is the encoded size of the ListAndWatch message.
+	MessageBytes int
+	LastError    error
 }
 
 // Status reports every resource's state, sorted by name.
@@ -212,7 +234,7 @@ func (s *Server) Status() []ResourceStatus {
 		r.mu.Lock()
 		out = append(out, ResourceStatus{
 			Name: r.name, Socket: r.socketPath, Registered: r.registered, Streams: r.streams,
-			Healthy: snap.healthy, Unhealthy: snap.unhealthy, LastError: r.lastErr,
+			Healthy: snap.healthy, Unhealthy: snap.unhealthy, MessageBytes: snap.size, LastError: r.lastErr,
 		})
 		r.mu.Unlock()
 	}
@@ -220,19 +242,30 @@ func (s *Server) Status() []ResourceStatus {
 	return out
 }
 
-// Ready returns nil when every resource is registered with the kubelet,
-// and otherwise an error naming those that are not.
+// Ready returns nil when every resource is registered with the kubelet and
+// its device list fits the kubelet's 4 MiB ListAndWatch limit, and
+// otherwise an error naming those that are not. A kubelet drops a stream
+// whose message is larger (and the plugin's devices with it) even though
+// the registration succeeded, so such a plugin is not ready.
 func (s *Server) Ready() error {
-	var missing []string
+	var missing, tooBig []string
 	for _, st := range s.Status() {
 		if !st.Registered {
 			missing = append(missing, st.Name)
 		}
+		if st.MessageBytes > KubeletMaxMessageSize {
+			tooBig = append(tooBig, fmt.Sprintf("%s (%d bytes)", st.Name, st.MessageBytes))
+		}
 	}
+	var errs []error
 	if len(missing) > 0 {
-		return fmt.Errorf("not registered with the kubelet: %s", strings.Join(missing, ", "))
+		errs = append(errs, fmt.Errorf("not registered with the kubelet: %s", strings.Join(missing, ", ")))
 	}
-	return nil
+	if len(tooBig) > 0 {
+		errs = append(errs, fmt.Errorf("device list over the kubelet's %d-byte ListAndWatch limit, which the kubelet drops: %s; split the devices over several resources or shorten their IDs",
+			KubeletMaxMessageSize, strings.Join(tooBig, ", ")))
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Server) registrationChanged() {

@@ -287,8 +287,13 @@ func TestReRegistersWhenOwnSocketIsDeleted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if s, err := old.Client.ListAndWatch(ctx, &pluginapi.Empty{}, grpc.WaitForReady(false)); err == nil {
-		if _, err := s.Recv(); err == nil {
-			t.Errorf("the old connection still serves ListAndWatch")
+		for {
+			if _, err = s.Recv(); err != nil {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Errorf("the old connection still serves ListAndWatch: %v", err)
 		}
 	}
 	if _, err := k.Allocate(context.Background(), res, "dev-0"); err != nil {
@@ -447,5 +452,104 @@ func waitForSocket(t *testing.T, dir string) string {
 		case <-timeout:
 			t.Fatal("no registration socket appeared")
 		}
+	}
+}
+
+// gatedPlugin reports its devices only once release is closed.
+type gatedPlugin struct {
+	*testPlugin
+	release chan struct{}
+}
+
+func (p gatedPlugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+		return nil
+	}
+	return p.testPlugin.Scan(ctx, notify)
+}
+
+// TestRegistryModeNotifiedBeforeFirstScan: the plugin watcher may register
+// a plugin (and say so) before the plugin's first scan is done, since the
+// socket is served first. The plugin must stay registered and ready once
+// its devices arrive.
+func TestRegistryModeNotifiedBeforeFirstScan(t *testing.T) {
+	dir, err := os.MkdirTemp("", "dpr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	registry := filepath.Join(dir, "plugins_registry")
+	if err := os.Mkdir(registry, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := gatedPlugin{testPlugin: newTestPlugin(2), release: make(chan struct{})}
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: filepath.Join(dir, "dp"), RegistryDir: registry, Registration: deviceplugin.RegistrationRegistry},
+		deviceplugin.Resource{Name: res, Plugin: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	sock := waitForSocket(t, registry)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	reg := registerapi.NewRegistrationClient(conn)
+	if _, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Ready(); err != nil {
+		t.Fatalf("Ready() = %v right after the watcher's notification", err)
+	}
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(p.release)
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Devices) == 2 {
+			break
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := srv.WaitReady(wctx); err != nil {
+		t.Fatalf("after the first scan: %v", err)
+	}
+	for _, st := range srv.Status() {
+		if !st.Registered {
+			t.Errorf("%s not registered after the first scan", st.Name)
+		}
+	}
+}
+
+// TestNotReadyOverKubeletMessageLimit: a registered plugin whose device
+// list is over the kubelet's 4 MiB ListAndWatch limit is not ready, and
+// says why.
+func TestNotReadyOverKubeletMessageLimit(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	p := newTestPlugin(0)
+	for i := range 40000 {
+		p.devs = append(p.devs, deviceplugin.Device{ID: fmt.Sprintf("%0100d", i), Healthy: true})
+	}
+	srv := dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: p})
+	k.WaitForRegistration(t, res)
+	err := srv.Ready()
+	if err == nil || !strings.Contains(err.Error(), "ListAndWatch limit") {
+		t.Fatalf("Ready() = %v, want an error about the kubelet's message limit", err)
 	}
 }

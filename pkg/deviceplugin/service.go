@@ -219,6 +219,9 @@ func toStatus(err error, what string) error {
 type registrationService struct {
 	registerapi.UnimplementedRegistrationServer
 	r *resource
+	// listen numbers the socket this service is served on (see
+	// resource.listen); verdicts on older sockets are ignored.
+	listen int
 }
 
 func (s registrationService) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
@@ -232,12 +235,14 @@ func (s registrationService) GetInfo(context.Context, *registerapi.InfoRequest) 
 
 func (s registrationService) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
 	if st.PluginRegistered {
-		s.r.log.Info("Registered with the kubelet's plugin watcher")
-		s.r.setRegistered(true, nil)
+		if s.r.setRegisteredFrom(s.listen, true, nil) {
+			s.r.log.Info("Registered with the kubelet's plugin watcher")
+		}
 	} else {
 		err := fmt.Errorf("kubelet refused registration: %s", st.Error)
-		s.r.log.Error("Registration through the plugin watcher failed", "error", st.Error)
-		s.r.setRegistered(false, err)
+		if s.r.setRegisteredFrom(s.listen, false, err) {
+			s.r.log.Error("Registration through the plugin watcher failed", "error", st.Error)
+		}
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
