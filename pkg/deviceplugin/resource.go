@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -185,6 +187,12 @@ func (r *resource) scan(ctx context.Context) {
 // path may already be somebody else's file.
 func (r *resource) listen() error {
 	r.mu.Lock()
+	first := r.listens == 0
+	r.mu.Unlock()
+	if first {
+		r.removeStaleSockets()
+	}
+	r.mu.Lock()
 	unregistered, err := r.listenLocked()
 	r.mu.Unlock()
 	if unregistered {
@@ -235,6 +243,40 @@ func (r *resource) listenLocked() (unregistered bool, _ error) {
 	go func() { _ = srv.Serve(ln) }()
 	r.log.Debug("Serving", "socket", path)
 	return unregistered, nil
+}
+
+// removeStaleSockets removes the sockets of earlier instances of this
+// resource's plugin that nobody listens on any more: a plugin killed in a
+// crash loop leaves one behind each time, which the kubelet's plugin
+// watcher would otherwise keep trying. A socket that accepts connections
+// belongs to a live instance (a rolling update runs two at once) and is
+// never touched.
+func (r *resource) removeStaleSockets() {
+	prefix := filepath.Base(r.sockBase)
+	prefix = prefix[:len(prefix)-len(r.cfg.InstanceID)]
+	matches, err := filepath.Glob(filepath.Join(filepath.Dir(r.sockBase), prefix+"*.sock"))
+	if err != nil {
+		return
+	}
+	for _, path := range matches {
+		if strings.HasPrefix(filepath.Base(path), filepath.Base(r.sockBase)) {
+			continue // this instance's own
+		}
+		if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
+			continue // not a socket (nor a link to one): not ours to judge
+		}
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			_ = c.Close()
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		if err := os.Remove(path); err == nil {
+			r.log.Info("Removed a stale socket of an earlier instance", "socket", path)
+		}
+	}
 }
 
 // stopRetired stops the servers of earlier sockets, ending their

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -551,5 +552,54 @@ func TestNotReadyOverKubeletMessageLimit(t *testing.T) {
 	err := srv.Ready()
 	if err == nil || !strings.Contains(err.Error(), "ListAndWatch limit") {
 		t.Fatalf("Ready() = %v, want an error about the kubelet's message limit", err)
+	}
+}
+
+// TestStartRemovesStaleSocketsOfEarlierInstances: sockets of earlier
+// instances of the same resource that nobody listens on (a crash loop
+// leaves one per crash) are removed when a new instance starts; a live
+// instance's socket (a rolling update) and other resources' sockets stay.
+func TestStartRemovesStaleSocketsOfEarlierInstances(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	dir := k.PluginDir()
+	var stale []string
+	for i := range 50 {
+		path := filepath.Join(dir, fmt.Sprintf("example_com_foo-dead%02d.sock", i))
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.(*net.UnixListener).SetUnlinkOnClose(false)
+		_ = l.Close()
+		stale = append(stale, path)
+	}
+	live := filepath.Join(dir, "example_com_foo-live.sock")
+	other := filepath.Join(dir, "example_com_bar-dead.sock")
+	for _, path := range []string{live, other} {
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if path == other {
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			_ = l.Close()
+			continue
+		}
+		t.Cleanup(func() { _ = l.Close() })
+	}
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: newTestPlugin(1)})
+	k.WaitForRegistration(t, res)
+	for _, path := range stale {
+		if _, err := os.Stat(path); err == nil {
+			t.Errorf("stale socket %s left behind", filepath.Base(path))
+		}
+	}
+	for _, path := range []string{live, other} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("%s removed: %v", filepath.Base(path), err)
+		}
+	}
+	if socks, _ := filepath.Glob(filepath.Join(dir, "example_com_foo-*.sock")); len(socks) != 2 {
+		t.Errorf("sockets of %s: %v, want the live instance's and the new one", res, socks)
 	}
 }

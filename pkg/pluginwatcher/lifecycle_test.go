@@ -3,6 +3,7 @@ package pluginwatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -502,5 +504,104 @@ func TestHealthCheckDisabled(t *testing.T) {
 	}
 	if n := p.GetInfoCalls(); n != 1 {
 		t.Errorf("%d GetInfo calls with health checks off, want 1 (registration)", n)
+	}
+}
+
+// staleSocket leaves a socket file at path that nobody listens on, as a
+// plugin killed with SIGKILL does.
+func staleSocket(t *testing.T, path string) os.FileInfo {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// TestStaleSocketsForgotten: 50 socket files left by crashed plugins are
+// forgotten after RefusedLimit refused attempts each, while a live plugin
+// beside them stays registered; no goroutine is left behind; a registered
+// plugin whose process dies (its socket stays but refuses connections) is
+// deregistered and forgotten instead of probed forever.
+func TestStaleSocketsForgotten(t *testing.T) {
+	t.Parallel()
+	dir := shortDir(t)
+	live := filepath.Join(dir, "live.sock")
+	p := startPlugin(t, live, devicePluginInfo("example.com/live", ""))
+	const stale = 50
+	infos := map[string]os.FileInfo{}
+	for i := range stale {
+		path := filepath.Join(dir, fmt.Sprintf("crashed-%d.sock", i))
+		infos[path] = staleSocket(t, path)
+	}
+	liveInfo, err := os.Lstat(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := goleak.IgnoreCurrent()
+
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	h := &pwtest.Handler{}
+	w, err := New(Config{Dir: dir, Handlers: map[string]Handler{DevicePlugin: h}, Clock: clk, DialTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pass := func(step time.Duration) {
+		clk.Step(step)
+		w.reconcile(ctx)
+		w.ops.Wait()
+	}
+	w.addDesired(live, liveInfo)
+	for path, info := range infos {
+		w.addDesired(path, info)
+	}
+	for i := range RefusedLimit {
+		pass(w.backoff(i + 1))
+	}
+	if got := desiredPaths(w); !slices.Equal(got, []string{live}) {
+		t.Fatalf("desired after %d refused attempts: %d sockets %v; want only %s", RefusedLimit, len(got), got, live)
+	}
+	if f := w.Failures(); len(f) != 0 {
+		t.Fatalf("Failures() = %d entries, want none: the stale sockets are forgotten", len(f))
+	}
+	if got := w.Plugins(); len(got) != 1 || got[0].SocketPath != live {
+		t.Fatalf("Plugins() = %+v, want the live plugin", got)
+	}
+	// Nothing more is attempted on the forgotten sockets.
+	calls := len(h.Calls())
+	pass(DefaultMaxBackoff)
+	if len(h.Calls()) != calls {
+		t.Fatalf("handler called again: %v", h.Ops()[calls:])
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Fatalf("goroutines left after forgetting the stale sockets: %v", err)
+	}
+
+	// The live plugin dies and leaves its socket file behind.
+	keep := live + ".keep"
+	if err := os.Link(live, keep); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if err := os.Rename(keep, live); err != nil {
+		t.Fatal(err)
+	}
+	pass(DefaultHealthPeriod) // health check: refused
+	pass(0)                   // deregistered
+	if len(w.Plugins()) != 0 {
+		t.Fatalf("a plugin whose socket refuses connections is still registered: %+v", w.Plugins())
+	}
+	if got, f := desiredPaths(w), w.Failures(); len(got) != 0 || len(f) != 0 {
+		t.Fatalf("dead plugin's socket not forgotten: desired %v, failures %+v", got, f)
 	}
 }

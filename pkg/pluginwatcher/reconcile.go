@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -152,6 +153,10 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 		status *registerapi.RegistrationStatus
 	)
 	conn, err := dial(ctx, path, w.dialTimeout)
+	// A dial that failed because nobody listens counts towards
+	// RefusedLimit. (The dial itself retries for DialTimeout, which
+	// covers a plugin that has bound its socket but not yet listened.)
+	isRefused := err != nil && refused(ctx, path)
 	if err != nil {
 		err = fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", path, err)
 	} else {
@@ -182,6 +187,17 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 		}
 		r.failures++
 		r.lastErr = err
+		if isRefused {
+			r.refused++
+		} else {
+			r.refused = 0
+		}
+		if r.refused >= RefusedLimit {
+			w.forgetLocked(path, d.gen)
+			w.mu.Unlock()
+			w.log.Info("forgetting a plugin socket nobody listens on; it is watched again when re-created", "path", path, "attempts", r.refused)
+			break
+		}
 		n := r.failures
 		wait := w.backoff(n)
 		r.next = w.clock.Now().Add(wait)
@@ -192,6 +208,31 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 	if status != nil {
 		w.notify(ctx, registerapi.NewRegistrationClient(conn), path, status)
 	}
+}
+
+// refused reports whether connecting to the unix socket at path is
+// refused: the file is there but no process listens on it (ECONNREFUSED).
+// A socket that accepts, times out or is missing is not refused.
+func refused(ctx context.Context, path string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := (&net.Dialer{}).DialContext(ctx, "unix", path)
+	if err == nil {
+		_ = c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// forgetLocked drops the socket at path from the desired state (and its
+// retries) if it is still generation gen; the actual state follows on the
+// next reconcile, which deregisters a registered plugin. A new event for
+// the path (the socket re-created) makes it desired again.
+func (w *Watcher) forgetLocked(path string, gen uint64) {
+	if d, ok := w.desired[path]; ok && d.gen == gen {
+		delete(w.desired, path)
+	}
+	delete(w.retries, path)
 }
 
 // ping dials the socket and calls GetInfo, the kubelet's liveness check.
@@ -214,6 +255,7 @@ func (w *Watcher) ping(ctx context.Context, path string) error {
 // deregistered, and is probed from then on.
 func (w *Watcher) healthCheck(ctx context.Context, path string, gen uint64) {
 	err := w.ping(ctx, path)
+	gone := err != nil && refused(ctx, path)
 	w.mu.Lock()
 	defer w.kick()
 	defer w.mu.Unlock()
@@ -226,6 +268,15 @@ func (w *Watcher) healthCheck(ctx context.Context, path string, gen uint64) {
 	}
 	if err == nil {
 		delete(w.health, path)
+		return
+	}
+	if gone {
+		// The plugin's process is gone and left its socket file behind:
+		// deregister it and stop watching the file until it is
+		// re-created, instead of probing it forever.
+		delete(w.health, path)
+		w.forgetLocked(path, gen)
+		w.log.Info("registered plugin's socket refuses connections; deregistering and forgetting it", "path", path, "err", err)
 		return
 	}
 	w.health[path]++
@@ -246,6 +297,7 @@ func (w *Watcher) healthCheck(ctx context.Context, path string, gen uint64) {
 // back in the desired state once the plugin answers.
 func (w *Watcher) probeDead(ctx context.Context, path string) {
 	err := w.ping(ctx, path)
+	gone := err != nil && refused(ctx, path)
 	w.mu.Lock()
 	defer w.kick()
 	defer w.mu.Unlock()
@@ -255,6 +307,11 @@ func (w *Watcher) probeDead(ctx context.Context, path string) {
 		return
 	}
 	if err != nil {
+		if gone {
+			delete(w.dead, path)
+			w.log.Info("plugin socket refuses connections; forgetting it until it is re-created", "path", path)
+			return
+		}
 		d.lastErr = err
 		w.dead[path] = d
 		return

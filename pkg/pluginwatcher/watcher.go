@@ -36,8 +36,15 @@ const (
 	DefaultDialTimeout     = 10 * time.Second
 	DefaultHealthPeriod    = 10 * time.Second
 	// HealthFailures is how many consecutive failed health checks make a
-	// registered plugin count as gone, as in the kubelet.
+	// registered plugin count as gone.
 	HealthFailures = 2
+	// RefusedLimit is how many registration attempts in a row (each a dial
+	// of up to DialTimeout, then the back-off) must find
+	// nobody listening on a socket before the watcher forgets it. A socket
+	// file whose process died (a plugin killed in a crash loop leaves one
+	// behind each time) refuses connections; without this it would be
+	// retried forever, one dial per back-off, each costing goroutines.
+	RefusedLimit = 3
 )
 
 // Config configures a Watcher.
@@ -154,8 +161,10 @@ type registered struct {
 type retry struct {
 	gen      uint64
 	failures int
-	next     time.Time
-	lastErr  error
+	// refused counts consecutive attempts that found nobody listening.
+	refused int
+	next    time.Time
+	lastErr error
 }
 
 // Watcher watches a plugin registration directory. Create it with New.
