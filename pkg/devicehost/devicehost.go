@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpkit/dpkit/pkg/devicemanager"
@@ -76,6 +77,9 @@ func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider, active
 		return err
 	}
 	h.Manager.RetainPods(active)
+	// With an unreadable checkpoint, the devices of the pods still running
+	// are unknown: hold their resources back until they are gone.
+	h.Manager.HoldUnknown(podsIn(pods.GetActivePods(), active))
 	w, err := pluginwatcher.New(pluginwatcher.Config{
 		Dir:      filepath.Join(h.cfg.Root, "plugins_registry"),
 		Logger:   h.log.With("component", "pluginwatcher"),
@@ -96,6 +100,21 @@ func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider, active
 	}
 	h.Watcher = w
 	return nil
+}
+
+// podsIn returns the pods whose UID is in uids.
+func podsIn(pods []*corev1.Pod, uids []types.UID) []*corev1.Pod {
+	keep := make(map[types.UID]bool, len(uids))
+	for _, u := range uids {
+		keep[u] = true
+	}
+	var out []*corev1.Pod
+	for _, p := range pods {
+		if keep[p.UID] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // PodResourcesSocket is where the PodResources API is served.

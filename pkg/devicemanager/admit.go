@@ -76,6 +76,14 @@ func isRestartable(c *corev1.Container) bool {
 
 func (a *admission) run(ctx context.Context) error {
 	m := a.m
+	m.mu.Lock()
+	for _, rn := range extendedRequests(a.pod) {
+		if err := m.unknownHoldersLocked(a.uid, rn); err != nil {
+			m.mu.Unlock()
+			return unexpected("", err)
+		}
+	}
+	m.mu.Unlock()
 	if m.policy.Name() != topology.PolicyNone && m.cfg.TopologyScope == topology.ScopePod {
 		m.mu.Lock()
 		hints := m.podHintsLocked(a.pod)
@@ -579,6 +587,7 @@ func freeGroups(r *resourceState) topology.DeviceGroups {
 func (m *Manager) RemovePod(uid types.UID) {
 	m.admitMu.Lock()
 	defer m.admitMu.Unlock()
+	m.forgetPod(string(uid))
 	m.mu.Lock()
 	p := m.pods[string(uid)]
 	if p == nil {
@@ -591,6 +600,13 @@ func (m *Manager) RemovePod(uid types.UID) {
 	m.writeCheckpoint()
 }
 
+// forgetPod drops uid from the unknown holders of a lost checkpoint.
+func (m *Manager) forgetPod(uid string) {
+	m.mu.Lock()
+	m.forgetUnknownLocked(uid)
+	m.mu.Unlock()
+}
+
 // RetainPods removes every pod not in active, like the kubelet's
 // UpdateAllocatedDevices with its active pods.
 func (m *Manager) RetainPods(active []types.UID) {
@@ -601,6 +617,13 @@ func (m *Manager) RetainPods(active []types.UID) {
 	m.admitMu.Lock()
 	defer m.admitMu.Unlock()
 	m.mu.Lock()
+	for _, holders := range m.unknown {
+		for uid := range holders {
+			if _, ok := keep[uid]; !ok {
+				m.forgetUnknownLocked(uid)
+			}
+		}
+	}
 	removed := false
 	for uid, p := range m.pods {
 		if _, ok := keep[uid]; ok {

@@ -58,6 +58,11 @@ type Manager struct {
 	ctx    context.Context // cancelled by Stop; parent of plugin streams
 	cancel context.CancelFunc
 	wake   chan struct{} // re-arms the grace period timer
+	// checkpointLost is set when the checkpoint existed but could not be
+	// read; unknown then maps resource -> pod UID -> namespace/name of the
+	// pods whose devices are unaccounted for (HoldUnknown).
+	checkpointLost bool
+	unknown        map[string]map[string]string
 	// skipCheckpoint disables checkpoint writes; benchmarks only.
 	skipCheckpoint bool
 	wg             sync.WaitGroup

@@ -301,7 +301,10 @@ func (m *Manager) restoreCheckpoint() {
 		return
 	}
 	if err != nil {
-		m.log.Error("ignoring unreadable device manager checkpoint; device assignments may be out of date", "path", m.CheckpointPath(), "err", err)
+		m.log.Error("ignoring unreadable device manager checkpoint; pods admitted before it are held back (see HoldUnknown)", "path", m.CheckpointPath(), "err", err)
+		m.mu.Lock()
+		m.checkpointLost = true
+		m.mu.Unlock()
 		return
 	}
 	m.mu.Lock()
@@ -330,6 +333,12 @@ func (m *Manager) restoreCheckpoint() {
 		p := m.podLocked(e.PodUID)
 		if p.containers[e.ContainerName] == nil {
 			p.containers[e.ContainerName] = make(map[string]*resAlloc)
+		}
+		if _, dup := p.containers[e.ContainerName][e.ResourceName]; dup {
+			// A hand-edited or damaged checkpoint: keeping both would
+			// leave the first entry's devices held by nobody's record.
+			m.log.Error("skipping duplicate checkpoint entry", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName)
+			continue
 		}
 		p.containers[e.ContainerName][e.ResourceName] = &resAlloc{ids: ids, numa: e.DeviceIDs, resp: resp, raw: e.AllocResp}
 		o := m.owner[e.ResourceName]
