@@ -35,6 +35,12 @@ func TestDecodePod(t *testing.T) {
 			[]string{"spec.containers[0].resources.limits[example.com/foo]: Invalid value: \"500m\": extended resources are counted in whole devices",
 				"spec.containers[0].resources.requests[example.com/bar]: Invalid value: \"-1\": must not be negative",
 				"spec.containers[0].resources.requests[example.com/foo]: Invalid value: \"1\": must equal the limit 500m"}},
+		{"uid is a path", "metadata: {name: a, uid: ../../escaped}\nspec: {containers: [{name: c}]}", "", []string{`metadata.uid: Invalid value: "../../escaped"`, "omit it"}},
+		{"uid with a slash", "metadata: {name: a, uid: a/b}\nspec: {containers: [{name: c}]}", "", []string{`metadata.uid: Invalid value: "a/b"`}},
+		{"uuid uid", "metadata: {name: a, uid: 0f8d3c1e-5a2b-4c6d-9e7f-1a2b3c4d5e6f}\nspec: {containers: [{name: c}]}", "default", nil},
+		{"invalid resource names", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {gpu: 1, kubernetes.io/foo: 1, hugepages-2Mi: 1Mi, memory: 1Gi}}}]}", "",
+			[]string{"spec.containers[0].resources.limits[gpu]: Invalid value: \"gpu\": must be cpu, memory",
+				"spec.containers[0].resources.limits[kubernetes.io/foo]: Invalid value"}},
 		{"request equal to limit", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 2}, requests: {example.com/foo: 2}}}]}", "default", nil},
 	}
 	for _, tc := range tests {
@@ -72,6 +78,9 @@ func FuzzDecodePod(f *testing.F) {
 		pod, err := DecodePod(data)
 		if err != nil {
 			return
+		}
+		if strings.ContainsAny(string(pod.UID), "/\\") || pod.UID == "." || pod.UID == ".." {
+			t.Fatalf("accepted a pod UID that is a path: %q", pod.UID)
 		}
 		if pod.Name == "" || pod.Namespace == "" || pod.UID == "" || len(pod.Spec.Containers) == 0 {
 			t.Fatalf("accepted pod without name, namespace, UID or containers: %+v", pod.ObjectMeta)

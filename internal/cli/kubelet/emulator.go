@@ -279,6 +279,12 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "", fmt.Errorf("pod %s/%s already exists; delete it first", pod.Namespace, pod.Name))
 		return
 	}
+	for _, other := range e.pods.GetActivePods() {
+		if other.UID == pod.UID {
+			writeError(w, http.StatusConflict, "", fmt.Errorf("metadata.uid: pod %s/%s already has UID %s; give each pod its own UID, or omit it to get a generated one", other.Namespace, other.Name, pod.UID))
+			return
+		}
+	}
 	if _, err := e.mgr.Admit(r.Context(), pod); err != nil {
 		var ae *devicemanager.AdmissionError
 		if errors.As(err, &ae) {
@@ -352,6 +358,12 @@ func DecodePod(data []byte) (*corev1.Pod, error) {
 	}
 	var errs field.ErrorList
 	meta := field.NewPath("metadata")
+	// The UID names the pod's files under the emulator's root: it must be
+	// a plain name, never a path.
+	if !validUID(string(pod.UID)) {
+		errs = append(errs, field.Invalid(meta.Child("uid"), string(pod.UID),
+			"must be 1-128 letters, digits, '-', '_' or '.', starting with a letter or digit (a UUID, say); omit it to get a generated one"))
+	}
 	if pod.Name == "" {
 		errs = append(errs, field.Required(meta.Child("name"), "name the pod"))
 	}
@@ -423,6 +435,10 @@ func checkExtendedResources(p *field.Path, r corev1.ResourceRequirements) field.
 	}{{"limits", r.Limits}, {"requests", r.Requests}} {
 		for _, name := range sortedResourceNames(kind.list) {
 			if !resourcename.Valid(string(name)) {
+				if !standardContainerResource(name) {
+					errs = append(errs, field.Invalid(p.Child(kind.name).Key(string(name)), string(name),
+						"must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource name: "+strings.Join(resourcename.Problems(string(name)), "; ")))
+				}
 				continue
 			}
 			q := kind.list[name]
@@ -443,6 +459,32 @@ func checkExtendedResources(p *field.Path, r corev1.ResourceRequirements) field.
 		}
 	}
 	return errs
+}
+
+// standardContainerResource reports whether name is one of the resources a
+// container may ask for besides extended resources, as the API server
+// accepts them.
+func standardContainerResource(name corev1.ResourceName) bool {
+	switch name {
+	case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+		return true
+	}
+	return strings.HasPrefix(string(name), corev1.ResourceHugePagesPrefix)
+}
+
+// validUID reports whether uid is safe to use as a file name: 1-128
+// letters, digits, '-', '_' or '.', starting with a letter or digit.
+func validUID(uid string) bool {
+	if uid == "" || len(uid) > 128 {
+		return false
+	}
+	for i, c := range uid {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || (c != '-' && c != '_' && c != '.')) {
+			return false
+		}
+	}
+	return true
 }
 
 func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {

@@ -159,6 +159,10 @@ func TestEmulator(t *testing.T) {
 		contains []string
 	}{
 		{"duplicate", podYAML, http.StatusConflict, "", []string{"already exists"}},
+		{"same UID as another pod", "metadata: {name: twin, uid: " + string(pod.UID) + "}\nspec: {containers: [{name: a}]}\n", http.StatusConflict, "",
+			[]string{"metadata.uid: pod default/trainer already has UID " + string(pod.UID)}},
+		{"UID is a path", "metadata: {name: escape, uid: ../../escaped}\nspec: {containers: [{name: a}]}\n", http.StatusBadRequest, "",
+			[]string{`metadata.uid: Invalid value: "../../escaped"`}},
 		{"invalid", "metadata: {namespace: Bad_NS}\nspec: {containers: [{name: a}, {name: a}]}\n", http.StatusBadRequest, "",
 			[]string{"metadata.name: Required", "metadata.namespace: Invalid", "spec.containers[1].name: Duplicate"}},
 		{"unknown field", "metadata: {name: x}\nspec: {containerz: []}\n", http.StatusBadRequest, "", []string{"containerz"}},
