@@ -208,7 +208,7 @@ func (r *resource) listenLocked() (unregistered bool, _ error) {
 	if r.listens > 0 {
 		path = fmt.Sprintf("%s-%d.sock", r.sockBase, r.listens)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return false, fmt.Errorf("create socket directory: %w", err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -15,7 +15,7 @@ import (
 // startFS creates the directory, starts watching it and every
 // subdirectory, and records the sockets already there.
 func (w *Watcher) startFS() (*fsnotify.Watcher, error) {
-	if err := os.MkdirAll(w.dir, 0o755); err != nil {
+	if err := os.MkdirAll(w.dir, 0o750); err != nil {
 		return nil, fmt.Errorf("pluginwatcher: creating plugin directory %s: %w", w.dir, err)
 	}
 	fsw, err := fsnotify.NewWatcher()

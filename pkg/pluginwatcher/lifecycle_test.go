@@ -375,7 +375,12 @@ func TestConfigValidate(t *testing.T) {
 func TestStartTwiceAndBadDir(t *testing.T) {
 	t.Parallel()
 	dir := shortDir(t)
-	w := startWatcher(t, Config{Dir: dir})
+	created := filepath.Join(dir, "plugins_registry")
+	w := startWatcher(t, Config{Dir: created})
+	// Created like the kubelet creates it: no access for others.
+	if fi, err := os.Stat(created); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("created %s with %v (%v), want 0750", created, fi.Mode().Perm(), err)
+	}
 	if err := w.Start(context.Background()); !errors.Is(err, ErrAlreadyStarted) {
 		t.Errorf("second Start = %v, want ErrAlreadyStarted", err)
 	}

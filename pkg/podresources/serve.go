@@ -66,7 +66,7 @@ func (s *Server) ServeListener(ctx context.Context, l net.Listener) error {
 }
 
 func listen(socket string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
 		return nil, fmt.Errorf("podresources: creating socket directory: %w", err)
 	}
 	switch fi, err := os.Lstat(socket); {

@@ -29,6 +29,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
@@ -545,11 +546,7 @@ func (e *Emulator) savePod(pod *corev1.Pod) error {
 		return err
 	}
 	path := filepath.Join(e.podsDir, string(pod.UID)+".json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o640); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return fileutil.WriteAtomic(path, data, 0o600)
 }
 
 func (e *Emulator) loadPods() error {

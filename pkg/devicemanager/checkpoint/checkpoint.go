@@ -24,9 +24,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
-	"path/filepath"
 
 	"k8s.io/utils/dump"
+
+	"github.com/dpkit/dpkit/internal/fileutil"
 )
 
 // FileName is the checkpoint's file name inside the device plugin
@@ -153,41 +154,11 @@ func Write(path string, cp Checkpoint) error {
 	return WriteFile(path, blob)
 }
 
-// WriteFile replaces the file at path with blob atomically.
+// WriteFile replaces the file at path with blob atomically (readable by
+// its owner only, as the kubelet's checkpoints).
 func WriteFile(path string, blob []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
+	if err := fileutil.WriteAtomic(path, blob, 0o600); err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	tmpName := tmp.Name()
-	cleanup := func() { _ = os.Remove(tmpName) }
-	if _, err := tmp.Write(blob); err != nil {
-		_ = tmp.Close()
-		cleanup()
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		_ = tmp.Close()
-		cleanup()
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		cleanup()
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		cleanup()
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	if err := os.Rename(tmpName, path); err != nil {
-		cleanup()
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/pkg/discovery/devfs"
 )
 
@@ -71,33 +72,11 @@ func (p *Plugin) writeCDISpec(devs map[string]*device) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create CDI spec directory: %w", err)
 	}
-	f, err := os.CreateTemp(dir, ".dpkit-*.tmp")
-	if err != nil {
-		return fmt.Errorf("write CDI spec: %w", err)
-	}
-	_, werr := f.Write(append(b, '\n'))
-	cerr := f.Close()
-	if werr != nil || cerr != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("write CDI spec: %w", cmpErr(werr, cerr))
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("write CDI spec: %w", err)
-	}
-	if err := os.Rename(f.Name(), filepath.Join(dir, CDISpecFile(p.name))); err != nil {
-		_ = os.Remove(f.Name())
+	if err := fileutil.WriteAtomic(filepath.Join(dir, CDISpecFile(p.name)), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write CDI spec: %w", err)
 	}
 	p.mu.Lock()
 	p.cdi = string(b)
 	p.mu.Unlock()
 	return nil
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
