@@ -535,9 +535,9 @@ func staleSocket(t *testing.T, path string) os.FileInfo {
 // forgotten after RefusedLimit refused attempts each, while a live plugin
 // beside them stays registered; no goroutine is left behind; a registered
 // plugin whose process dies (its socket stays but refuses connections) is
-// deregistered and forgotten instead of probed forever.
+// deregistered and forgotten instead of probed forever. Not parallel: it
+// counts goroutines.
 func TestStaleSocketsForgotten(t *testing.T) {
-	t.Parallel()
 	dir := shortDir(t)
 	live := filepath.Join(dir, "live.sock")
 	p := startPlugin(t, live, devicePluginInfo("example.com/live", ""))
