@@ -103,3 +103,85 @@ func TestHostServesPluginsAndPodResources(t *testing.T) {
 		})
 	}
 }
+
+// TestRegistryModeLargePluginReady: a plugin with 100,000 devices that
+// registers through the plugin watcher is registered and ready within
+// 10 s, in 10 runs of 10. (The watcher may register it and say so before
+// the plugin's first scan is done; the plugin must not undo that.)
+func TestRegistryModeLargePluginReady(t *testing.T) {
+	if testing.Short() {
+		t.Skip("100,000 devices ten times; skipped under -short")
+	}
+	root, err := os.MkdirTemp("", "dh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	host, err := devicehost.New(devicehost.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); host.Stop() }()
+	if err := host.Start(ctx, podresources.NewPodStore(), nil); err != nil {
+		t.Fatal(err)
+	}
+	const devices = 100000
+	for run := range 10 {
+		cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/many", Count: devices}}}
+		cfg.Default()
+		resources, err := fake.New(cfg, plugins.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := deviceplugin.NewServer(deviceplugin.Config{
+			PluginDir: filepath.Join(root, "device-plugins"), Registration: deviceplugin.RegistrationRegistry,
+			RegistryDir: filepath.Join(root, "plugins_registry"),
+		}, resources...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pctx, pcancel := context.WithCancel(ctx)
+		pdone := make(chan error, 1)
+		start := time.Now()
+		go func() { pdone <- srv.Run(pctx) }()
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		err = srv.WaitReady(wctx)
+		wcancel()
+		took := time.Since(start)
+		if err != nil {
+			t.Errorf("run %d: not ready 10 s after start: %v", run, err)
+		} else {
+			t.Logf("run %d: ready %v after start", run, took.Round(time.Millisecond))
+		}
+		// Once the manager has the devices (the first scan is long done),
+		// the plugin is still registered and ready.
+		waitAllocatable(t, host, "example.com/many", devices)
+		if err := srv.Ready(); err != nil {
+			t.Errorf("run %d: not ready once its %d devices were counted: %v", run, devices, err)
+		}
+		pcancel()
+		if err := <-pdone; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitAllocatable waits until the host's device manager counts n
+// allocatable devices of resource.
+func waitAllocatable(t *testing.T, host *devicehost.Host, resource string, n int64) {
+	t.Helper()
+	changes, unsubscribe := host.Manager.Subscribe()
+	defer unsubscribe()
+	timeout := time.After(30 * time.Second)
+	for {
+		if _, alloc := host.Manager.Capacity(); alloc[resource] == n {
+			return
+		}
+		select {
+		case <-changes:
+		case <-timeout:
+			t.Fatalf("%s never reached %d allocatable: %v", resource, n, host.Manager.Resources())
+		}
+	}
+}
