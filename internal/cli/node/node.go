@@ -51,6 +51,10 @@ type Options struct {
 	SimStart     time.Duration
 	SimRun       time.Duration
 	BackoffStart time.Duration
+	// LogMaxSize and LogMaxFiles rotate the process backend's container
+	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
+	LogMaxSize  resource.Quantity
+	LogMaxFiles int
 }
 
 // NewCommand returns the "node" command.
@@ -111,6 +115,9 @@ informers, each under <root>/NAME-i on port --port+i.`,
 	f.DurationVar(&o.SimStart, "sim-start-delay", 0, "sim backend: how long pods stay Pending before running")
 	f.DurationVar(&o.SimRun, "sim-run-duration", 0, "sim backend: how long containers run before exiting 0 (0: until deleted)")
 	f.DurationVar(&o.BackoffStart, "restart-backoff", process.DefaultBackoffInitial, "process backend: first restart back-off (doubles up to 5m)")
+	o.LogMaxSize = *resource.NewQuantity(process.DefaultContainerLogMaxSize, resource.BinarySI)
+	f.Var(&quantityFlag{&o.LogMaxSize}, "container-log-max-size", "process backend: rotate a container's log file at this size (like the kubelet's containerLogMaxSize)")
+	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
 	return cmd
 }
 
@@ -225,7 +232,8 @@ func Run(ctx context.Context, env *cli.Env, o Options, started func([]*virtualno
 		}
 	default:
 		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {
-			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart})
+			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
+				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles})
 		}
 	}
 	var shared informers.SharedInformerFactory
@@ -274,4 +282,21 @@ func Run(ctx context.Context, env *cli.Env, o Options, started func([]*virtualno
 		})
 	}
 	return g.Wait()
+}
+
+// quantityFlag is a pflag.Value for a resource.Quantity ("10Mi").
+type quantityFlag struct{ q *resource.Quantity }
+
+func (f *quantityFlag) String() string { return f.q.String() }
+func (f *quantityFlag) Type() string   { return "quantity" }
+func (f *quantityFlag) Set(s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a size such as 10Mi: %w", s, err)
+	}
+	if q.Sign() <= 0 {
+		return fmt.Errorf("%q: the size must be positive", s)
+	}
+	*f.q = q
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -213,12 +214,22 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 		return fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
 	}
 	env, dir := p.env, p.dir
-	if env == nil {
-		for _, c := range pod.Spec.Containers {
-			if c.Name == container {
-				env, _ = pr.containerEnv(pod, c)
-				dir = pr.workDir(c)
-			}
+	var id identity
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		if c.Name != container {
+			continue
+		}
+		// The command runs as the container's user, like its processes.
+		var err error
+		if id, err = containerIdentity(pod, &c); err != nil {
+			return err
+		}
+		if env == nil {
+			env, _ = pr.containerEnv(pod, c)
+			dir = pr.workDir(c)
+		}
+		if id.other && c.WorkingDir == "" {
+			dir = "/"
 		}
 	}
 	if dir == "" {
@@ -226,6 +237,9 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	}
 	c := exec.CommandContext(ctx, cmd[0], cmd[1:]...)
 	c.Env, c.Dir = env, dir
+	if id.other {
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}}
+	}
 	c.Stdin, c.Stdout, c.Stderr = eio.Stdin, eio.Stdout, eio.Stderr
 	if eio.TTY && c.Stderr == nil {
 		c.Stderr = eio.Stdout

@@ -3,6 +3,7 @@ package process
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -330,6 +331,14 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		}
 		var err error
 		p, err = pr.startProc(pod, c, restart)
+		var cfgErr *configError
+		if errors.As(err, &cfgErr) {
+			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonNoCommand, Message: cfgErr.Error()}}
+			})
+			pr.b.log.Error("container not started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "err", cfgErr)
+			return 0, false
+		}
 		if err != nil {
 			now := backend.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,12 +21,21 @@ import (
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
-// wrapper runs the container's command in the foreground and records its
-// exit code in the file named by $0, so that the code survives a restart
-// of the node. The trap (a handler, not "ignore", so the command keeps
-// default signal dispositions) lets the shell outlive a SIGTERM sent to
-// the process group long enough to write the code.
-const wrapper = `trap : TERM INT; "$@"; rc=$?; echo $rc > "$0.tmp" && mv -f "$0.tmp" "$0"; exit $rc`
+// wrapper runs the container's command in the foreground and writes its
+// exit code to fd 3, an exit file the node opened for it, so that the code
+// survives a restart of the node (and needs no write access to the pod's
+// directory when the container runs as another user). The command itself
+// does not inherit fd 3. The trap (a handler, not "ignore", so the command
+// keeps default signal dispositions) lets the shell outlive a SIGTERM sent
+// to the process group long enough to write the code.
+const wrapper = `trap : TERM INT; "$@" 3>&-; rc=$?; echo $rc >&3; exit $rc`
+
+// configError is a container whose configuration the backend refuses
+// (the kubelet's CreateContainerConfigError): it is not started.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
 
 // proc is one run of a container.
 type proc struct {
@@ -117,6 +127,10 @@ func (pr *podRun) workDir(c corev1.Container) string {
 }
 
 func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) (*proc, error) {
+	id, err := containerIdentity(pod, &c)
+	if err != nil {
+		return nil, &configError{err}
+	}
 	env, vars := pr.containerEnv(pod, c)
 	argv := make([]string, 0, len(c.Command)+len(c.Args))
 	for _, a := range c.Command {
@@ -131,6 +145,10 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) 
 	}
 	exitFile := pr.exitFile(c.Name, restart)
 	_ = os.Remove(exitFile)
+	exitW, err := os.OpenFile(exitFile, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating exit file: %w", err)
+	}
 
 	// Each stream goes through a named pipe: the process holds it open
 	// read-write, so writes never fail while the node is down (they
@@ -141,6 +159,7 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) 
 		for _, f := range childFiles {
 			_ = f.Close()
 		}
+		_ = exitW.Close()
 	}
 	for _, stream := range []string{"stdout", "stderr"} {
 		path := pr.fifo(c.Name, stream)
@@ -156,12 +175,26 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) 
 		}
 		childFiles = append(childFiles, w)
 	}
-	cmd := exec.Command(pr.b.cfg.Shell, append([]string{"-c", wrapper, exitFile}, argv...)...)
-	cmd.Env = env
-	cmd.Dir = pr.workDir(c)
-	cmd.Stdout, cmd.Stderr = childFiles[0], childFiles[1]
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	dir := pr.workDir(c)
+	if id.other && c.WorkingDir == "" {
+		// The pod's directory is the node's; another user starts in /,
+		// as a container whose image sets no working directory.
+		dir = "/"
+	}
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command(pr.b.cfg.Shell, append([]string{"-c", wrapper, c.Name}, argv...)...)
+		cmd.Env = env
+		cmd.Dir = dir
+		cmd.Stdout, cmd.Stderr = childFiles[0], childFiles[1]
+		cmd.ExtraFiles = []*os.File{exitW}
+		return cmd
+	}
+	attr := &syscall.SysProcAttr{Setpgid: true}
+	if id.other {
+		attr.Credential = &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
+	}
+	cmd, err := pr.b.startIsolated(newCmd, attr)
+	if err != nil {
 		closeAll()
 		return nil, err
 	}
@@ -284,7 +317,11 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 		close(done)
 		return done
 	}
-	var mu sync.Mutex
+	var mu sync.Mutex // guards f and size
+	var size int64
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size()
+	}
 	var wg sync.WaitGroup
 	for i, r := range readers {
 		stream := "stdout"
@@ -306,7 +343,14 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 						tag = "P"
 					}
 					mu.Lock()
-					_, _ = fmt.Fprintf(f, "%s %s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), stream, tag, line)
+					n, _ := fmt.Fprintf(f, "%s %s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), stream, tag, line)
+					if size += int64(n); size >= pr.b.cfg.ContainerLogMaxSize {
+						if nf, err := pr.rotateLog(path, f); err != nil {
+							pr.b.log.Error("rotating container log", "path", path, "err", err)
+						} else {
+							f, size = nf, 0
+						}
+					}
 					mu.Unlock()
 				}
 				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
@@ -320,10 +364,34 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 	}
 	go func() {
 		wg.Wait()
+		mu.Lock()
 		_ = f.Close()
+		mu.Unlock()
 		close(done)
 	}()
 	return done
+}
+
+// rotateLog closes the log file f at path, renames it to
+// path.<UTC timestamp> and opens a new one, keeping at most
+// ContainerLogMaxFiles files (the new one included): the oldest rotated
+// ones are removed. Like the kubelet, "kubectl logs" reads the current
+// file only.
+func (pr *podRun) rotateLog(path string, f *os.File) (*os.File, error) {
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	rotated := path + "." + time.Now().UTC().Format("20060102-150405.000000000")
+	if err := os.Rename(path, rotated); err != nil {
+		return nil, err
+	}
+	old, _ := filepath.Glob(path + ".*")
+	sort.Strings(old) // timestamps sort by time
+	for len(old) > pr.b.cfg.ContainerLogMaxFiles-1 {
+		_ = os.Remove(old[0])
+		old = old[1:]
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 }
 
 // procStartTicks reads the start time of a process (field 22 of

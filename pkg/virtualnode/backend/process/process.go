@@ -32,6 +32,10 @@ const (
 	DefaultBackoffMax     = 5 * time.Minute
 	DefaultShell          = "/bin/sh"
 	DefaultGracePeriod    = 30 * time.Second
+	// The kubelet's defaults for containerLogMaxSize and
+	// containerLogMaxFiles.
+	DefaultContainerLogMaxSize  = 10 << 20
+	DefaultContainerLogMaxFiles = 5
 )
 
 // Reasons the backend sets in container statuses.
@@ -59,6 +63,12 @@ type Config struct {
 	// PollInterval is how often adopted processes (started by a previous
 	// run) are checked and followed logs are read. Default 200ms.
 	PollInterval time.Duration
+	// ContainerLogMaxSize is the size at which a container's log file is
+	// rotated, and ContainerLogMaxFiles how many files (the current one
+	// included) are kept per container run, like the kubelet's
+	// containerLogMaxSize and containerLogMaxFiles. Defaults 10 MiB and 5.
+	ContainerLogMaxSize  int64
+	ContainerLogMaxFiles int
 }
 
 // Backend is the process backend.
@@ -72,6 +82,11 @@ type Backend struct {
 
 	mu   sync.Mutex
 	pods map[types.UID]*podRun
+
+	// isoMu guards noPIDNamespace, set once creating a PID namespace
+	// was refused (see startIsolated).
+	isoMu          sync.Mutex
+	noPIDNamespace bool
 }
 
 // New validates cfg, restores the pods of a previous run from cfg.Dir and
@@ -91,6 +106,15 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = 200 * time.Millisecond
+	}
+	if cfg.ContainerLogMaxSize <= 0 {
+		cfg.ContainerLogMaxSize = DefaultContainerLogMaxSize
+	}
+	switch {
+	case cfg.ContainerLogMaxFiles == 0:
+		cfg.ContainerLogMaxFiles = DefaultContainerLogMaxFiles
+	case cfg.ContainerLogMaxFiles < 2:
+		return nil, fmt.Errorf("process backend: container log max files %d: keep at least 2 (the current file and one rotated)", cfg.ContainerLogMaxFiles)
 	}
 	if cfg.Notify == nil {
 		cfg.Notify = func(*corev1.Pod) {}
