@@ -136,4 +136,3 @@ func waitManager(t *testing.T, m *devicemanager.Manager, what string, cond func(
 		}
 	}
 }
-
