@@ -75,6 +75,10 @@ type registration struct {
 	Recreated bool
 	// Epoch is the number of emulated kubelet restarts before it arrived.
 	Epoch int
+
+	// sock is the socket file at Endpoint when the registration arrived
+	// (nil when there was none).
+	sock os.FileInfo
 }
 
 // counted reports whether r counts as a registration of its resource for
@@ -316,15 +320,12 @@ func dialPlugin(socket string) (*grpc.ClientConn, error) {
 // at once.
 func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notServing error, err error) {
 	if old := e.connectedTo(r.Resource, r.Endpoint); old != nil {
-		// The socket as it is when the registration arrives.
-		recreated := !sameSocket(old.sock, r.Endpoint)
 		closed := e.waitFor(ctx, takeoverGrace, func() bool { return old.ended })
 		if !closed {
-			r.AlreadyConnected, r.Recreated = true, recreated
+			r.AlreadyConnected, r.Recreated = true, !sameSocket(old.sock, r.sock)
 			return nil, nil, fmt.Errorf(errAlreadyConnected, r.Endpoint)
 		}
 	}
-	sock, _ := os.Stat(r.Endpoint)
 	cc, err := dialPlugin(r.Endpoint)
 	if err != nil {
 		return nil, err, fmt.Errorf("%s %v", errFailedToDialDevicePlugin, err)
@@ -346,7 +347,7 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 		}
 	}
 	sctx, scancel := context.WithCancel(context.Background())
-	c = &conn{Resource: r.Resource, Socket: r.Endpoint, Client: client, Options: opts, sock: sock, cc: cc, cancel: scancel}
+	c = &conn{Resource: r.Resource, Socket: r.Endpoint, Client: client, Options: opts, sock: r.sock, cc: cc, cancel: scancel}
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -374,12 +375,11 @@ func (e *emulator) connectedTo(resource, socket string) *conn {
 	return nil
 }
 
-// sameSocket reports whether the socket file at path is the one fi
-// describes. Inode numbers are reused at once when a socket is created
-// again, so the modification time must match too.
-func sameSocket(fi os.FileInfo, path string) bool {
-	now, err := os.Stat(path)
-	return err == nil && fi != nil && os.SameFile(fi, now) && fi.ModTime().Equal(now.ModTime())
+// sameSocket reports whether a and b describe the same socket file.
+// Inode numbers are reused at once when a socket is created again, so the
+// modification time must match too.
+func sameSocket(a, b os.FileInfo) bool {
+	return a != nil && b != nil && os.SameFile(a, b) && a.ModTime().Equal(b.ModTime())
 }
 
 func (c *conn) close() {
@@ -416,11 +416,12 @@ type regServer struct {
 
 func (s regServer) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	e := s.e
-	record := e.arrive()
 	r := &registration{
 		At: time.Now(), Via: viaKubeletSocket, Resource: req.ResourceName, Version: req.Version,
 		Endpoint: filepath.Join(e.dir, req.Endpoint), Options: req.Options,
 	}
+	r.sock, _ = os.Stat(r.Endpoint)
+	record := e.arrive()
 	e.log.Debug("Register", "resource", req.ResourceName, "endpoint", req.Endpoint, "version", req.Version)
 	err := validateRegistration(req.Version, req.ResourceName)
 	if err == nil {
@@ -497,8 +498,9 @@ func (h registryHandler) ValidatePlugin(_ context.Context, name, endpoint string
 }
 
 func (h registryHandler) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string) error {
-	record := h.e.arrive()
 	r := &registration{At: time.Now(), Via: viaRegistry, Resource: name, Version: pluginapi.Version, Endpoint: endpoint}
+	r.sock, _ = os.Stat(endpoint)
+	record := h.e.arrive()
 	var err error
 	_, r.NotServing, err = h.e.connect(ctx, r)
 	r.Err = err

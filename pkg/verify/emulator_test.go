@@ -113,6 +113,19 @@ func TestEmulatorRefusesConnectedEndpoint(t *testing.T) {
 		t.Error("a repeated registration must count for restart.single-registration")
 	}
 
+	// A repeat is judged by the socket as it was when it arrived: the
+	// socket deleted while the emulator waits for the old connection to
+	// close does not make it a re-created one.
+	errc := make(chan error, 1)
+	go func() { errc <- register() }()
+	if !e.waitFor(ctx, 30*time.Second, func() bool { return !e.settled() }) {
+		t.Fatal("the registration did not arrive")
+	}
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(<-errc, false)
+
 	// The socket re-created at the same path while the old connection
 	// stays open: refused, and the resource stays on the old connection.
 	_ = ln1.Close()
@@ -136,5 +149,35 @@ func TestEmulatorRefusesConnectedEndpoint(t *testing.T) {
 	}
 	if e.current(resource) == first {
 		t.Error("the accepted registration did not replace the connection")
+	}
+}
+
+// TestSameSocket checks that a socket file is told from one created again
+// at the same path even when the new one got the old inode number, as
+// happens at once on some file systems: the modification time differs.
+func TestSameSocket(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.Stat(path)
+	if !sameSocket(a, b) {
+		t.Error("the same file is not the same socket")
+	}
+	later := a.ModTime().Add(time.Second)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := os.Stat(path)
+	if sameSocket(a, c) {
+		t.Error("same inode, another modification time: taken as the same socket")
+	}
+	if sameSocket(a, nil) || sameSocket(nil, a) {
+		t.Error("a missing socket is taken as the same")
 	}
 }

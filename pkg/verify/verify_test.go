@@ -161,7 +161,9 @@ func TestBrokenPlugins(t *testing.T) {
 		{mode: "bad-name", fails: verify.CheckResourceName},
 		{mode: "claims-preferred", fails: verify.CheckOptions},
 		{mode: "duplicate-ids", fails: verify.CheckFirstMessage},
-		{mode: "partial-updates", fails: verify.CheckFullList},
+		// The flip comes before the concurrent-streams check, which must
+		// not fail for the partial list the kubelet's stream then has.
+		{mode: "partial-updates", args: []string{"-flip-after", "100ms"}, fails: verify.CheckFullList},
 		{mode: "odd-ids", fails: verify.CheckDeviceIDs},
 		{mode: "single-stream", fails: verify.CheckStreams},
 		{mode: "health-first-stream", fails: verify.CheckHealth},
