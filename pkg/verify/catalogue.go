@@ -7,6 +7,8 @@ const (
 	CheckResourceName   = "registration.resource-name"
 	CheckOptions        = "registration.options"
 	CheckFirstMessage   = "listandwatch.first-message"
+	CheckFullList       = "listandwatch.full-list"
+	CheckDeviceIDs      = "listandwatch.device-ids"
 	CheckStreams        = "listandwatch.concurrent-streams"
 	CheckHealth         = "listandwatch.health-updates"
 	CheckMessageSize    = "listandwatch.message-size"
@@ -20,6 +22,7 @@ const (
 	CheckPreStart       = "prestart"
 	CheckKubeletRestart = "restart.kubelet"
 	CheckSocketDeleted  = "restart.socket-deleted"
+	CheckOldEndpoint    = "restart.old-endpoint"
 	CheckSingleReg      = "restart.single-registration"
 	CheckPluginWatcher  = "plugin-watcher"
 	CheckExit           = "shutdown.exit"
@@ -47,6 +50,10 @@ func Checks() []CheckInfo {
 			"the kubelet calls GetPreferredAllocation when GetPreferredAllocationAvailable and PreStartContainer when PreStartRequired; Unimplemented fails pod admission or container start"},
 		{CheckFirstMessage, "the first ListAndWatch message comes at once and is complete and well-formed",
 			"the kubelet takes each message as the full device list (PluginListAndWatchReceiver replaces the set)"},
+		{CheckFullList, "every ListAndWatch message lists every device, not only the ones that changed",
+			"the kubelet replaces the resource's whole device set with each message (PluginListAndWatchReceiver -> genericDeviceUpdateCallback): a device a message leaves out is removed from the node's capacity"},
+		{CheckDeviceIDs, "device IDs have no control characters (warns on path separators)",
+			"the kubelet takes IDs as opaque strings but writes them to its checkpoint, logs and the PodResources API, and plugins and runtimes build device paths and CDI names from them; a control character (often a newline kept from a sysfs read) corrupts every one of those"},
 		{CheckStreams, "several ListAndWatch streams can be open at once and each gets the devices",
 			"the kubelet opens a new stream on every registration while an older connection may still be open"},
 		{CheckHealth, "health changes reach every open ListAndWatch stream",
@@ -63,16 +70,18 @@ func Checks() []CheckInfo {
 			"the kubelet admits pods in parallel with other RPCs on the same connection"},
 		{CheckPrefSize, "GetPreferredAllocation returns allocationSize IDs",
 			"the kubelet uses the answer as the allocation when it has the requested size"},
-		{CheckPrefMust, "GetPreferredAllocation includes every mustInclude ID",
+		{CheckPrefMust, "GetPreferredAllocation includes every mustInclude ID, whatever its position in the available list",
 			"the kubelet passes devices it already decided on (reused init-container devices, topology) as mustInclude"},
 		{CheckPrefAvailable, "GetPreferredAllocation returns only available IDs, without duplicates",
 			"the kubelet may only allocate devices in availableDeviceIDs"},
 		{CheckPreStart, "PreStartContainer succeeds for an allocated device",
 			"with PreStartRequired the kubelet calls PreStartContainer before every container start and fails the start on error"},
-		{CheckKubeletRestart, "the plugin registers again after kubelet.sock is re-created, within the threshold, several times",
-			"a restarting kubelet removes every socket in its directory and forgets every plugin; only a new Register brings the resource back"},
-		{CheckSocketDeleted, "the plugin serves and registers again after its socket is deleted",
-			"the kubelet cleans the device plugin directory when it starts; a plugin without its socket is unreachable"},
+		{CheckKubeletRestart, "the plugin registers again after kubelet.sock is re-created, within the threshold, several times (warns above --reregister-warn)",
+			"a restarting kubelet removes every socket in its directory and forgets every plugin; only a new Register brings the resource back, and the node lacks it until then"},
+		{CheckSocketDeleted, "the plugin serves and registers again after its socket is deleted (a warning at most)",
+			"the kubelet removes plugin sockets only when it starts, together with re-creating kubelet.sock (restart.kubelet); recovering from a deletion by something else is robustness, not something the kubelet needs"},
+		{CheckOldEndpoint, "re-registering on the same socket path, the plugin has closed the kubelet's connection to the old socket",
+			"the kubelet keeps one endpoint per resource and socket path and refuses a registration for a path it is still connected to (\"device plugin already connected: <socket>\"); the resource then stays on the old connection, whose devices stay advertised after the plugin dies"},
 		{CheckSingleReg, "one registration per start or restart: no registration storm",
 			"every Register makes the kubelet drop and re-create the plugin's endpoint and stream"},
 		{CheckPluginWatcher, "the plugin watcher (plugins_registry) path works when the plugin offers it",

@@ -3,11 +3,14 @@ package verify
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -58,6 +61,49 @@ func (r *runner) state(res string) (deviceState, bool) {
 		return deviceState{}, false
 	}
 	return stateOf(msgs[len(msgs)-1].Devices), true
+}
+
+// viewNote explains, for a check skipped for lack of (healthy) devices,
+// that the kubelet's view may lack them because the plugin sent a partial
+// list; "" otherwise.
+func (r *runner) viewNote(res string) string {
+	c := r.emu.current(res)
+	if c == nil {
+		return ""
+	}
+	msgs, _, _ := r.emu.messages(c)
+	if leftOutAny(msgs) {
+		return fmt.Sprintf(" as the kubelet sees it: a ListAndWatch message left devices out (see %s)", CheckFullList)
+	}
+	return ""
+}
+
+// leftOutAny reports whether a message of msgs left out a device that the
+// message before it listed.
+func leftOutAny(msgs []message) bool {
+	for i := 1; i < len(msgs); i++ {
+		if len(leftOut(msgs[i-1].Devices, msgs[i].Devices)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// leftOut returns the IDs in prev that next does not list.
+func leftOut(prev, next []*pluginapi.Device) []string {
+	now := make(map[string]bool, len(next))
+	for _, d := range next {
+		if d != nil {
+			now[d.ID] = true
+		}
+	}
+	var out []string
+	for _, d := range prev {
+		if d != nil && !now[d.ID] {
+			out = append(out, d.ID)
+		}
+	}
+	return out
 }
 
 func (r *runner) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -184,6 +230,12 @@ func (r *runner) checkStreams(ctx context.Context) {
 		}
 		wantIDs := append(append([]string(nil), want.healthy...), want.unhealthy...)
 		sort.Strings(wantIDs)
+		// When the kubelet's stream has a message that left devices out,
+		// new streams list more than it: that is listandwatch.full-list's
+		// failure, not this check's.
+		kmsgs, _, _ := r.emu.messages(kc)
+		partial := leftOutAny(kmsgs)
+		var notes []string
 		errs := make([]string, n)
 		var wg sync.WaitGroup
 		sctx, cancel := r.callCtx(ctx)
@@ -216,7 +268,7 @@ func (r *runner) checkStreams(ctx context.Context) {
 					ids = append(ids, d.ID)
 				}
 				sort.Strings(ids)
-				if !slices.Equal(ids, wantIDs) {
+				if !slices.Equal(ids, wantIDs) && !partial {
 					errs[i] = fmt.Sprintf("stream %d got %d devices, the first stream %d", i+2, len(ids), len(wantIDs))
 				}
 			}()
@@ -232,10 +284,13 @@ func (r *runner) checkStreams(ctx context.Context) {
 		if _, ended, err := r.emu.messages(kc); ended {
 			problems = append(problems, fmt.Sprintf("the kubelet's stream ended when others opened: %v", err))
 		}
+		if partial {
+			notes = append(notes, fmt.Sprintf(" (the kubelet's stream lists %d after a message that left devices out; see %s)", len(wantIDs), CheckFullList))
+		}
 		if len(problems) > 0 {
 			o.fail(res, "%s", strings.Join(dedupe(problems), "; "))
 		} else {
-			o.pass(res, "%d more streams each got %d devices; the first stayed open", n, len(wantIDs))
+			o.pass(res, "%d more streams each got their device list; the first stayed open%s", n, strings.Join(notes, ""))
 		}
 	}
 	r.conclude(CheckStreams, o)
@@ -339,7 +394,7 @@ func (r *runner) checkAllocate(ctx context.Context) {
 		// One response per container request.
 		switch n := len(st.healthy); {
 		case n == 0:
-			resp.skip(res, "no healthy device to allocate")
+			resp.skip(res, "no healthy device to allocate%s", r.viewNote(res))
 		default:
 			containers := [][]string{{st.healthy[0]}}
 			if n > 1 {
@@ -372,7 +427,7 @@ func (r *runner) checkAllocate(ctx context.Context) {
 		}
 		// Concurrent calls.
 		if len(st.healthy) == 0 {
-			conc.skip(res, "no healthy device to allocate")
+			conc.skip(res, "no healthy device to allocate%s", r.viewNote(res))
 			continue
 		}
 		const calls = 8
@@ -410,6 +465,119 @@ func (r *runner) checkAllocate(ctx context.Context) {
 	r.conclude(CheckConcurrent, conc)
 }
 
+// preferredQuery is one GetPreferredAllocation question: choose size of
+// available, including must.
+type preferredQuery struct {
+	available []string
+	must      string
+	size      int
+}
+
+func (q preferredQuery) String() string {
+	return fmt.Sprintf("size %d of %d available, mustInclude [%q]", q.size, len(q.available), q.must)
+}
+
+// preferredQueries returns the questions verify asks for a set of healthy
+// devices. They depend only on the set, never on the order the plugin
+// lists its devices in: the available IDs are sorted, and mustInclude is
+// asked in turn for the last, the first and the middle one, so that a
+// plugin that ignores mustInclude and takes devices from either end of the
+// list, or in an order of its own, misses one of them in every run, not in
+// some. The size leaves at least one available device out, so the answer
+// has to choose.
+func preferredQueries(healthy []string) []preferredQuery {
+	ids := slices.Compact(slices.Sorted(slices.Values(healthy)))
+	if len(ids) < 2 {
+		return nil
+	}
+	size := min(3, len(ids)-1)
+	var out []preferredQuery
+	for _, i := range []int{len(ids) - 1, 0, len(ids) / 2} {
+		if !slices.ContainsFunc(out, func(q preferredQuery) bool { return q.must == ids[i] }) {
+			out = append(out, preferredQuery{available: ids, must: ids[i], size: size})
+		}
+	}
+	return out
+}
+
+// preferredAnswer is the plugin's answer to a preferredQuery.
+type preferredAnswer struct {
+	q   preferredQuery
+	ids []string
+	err error
+}
+
+// judge returns what is wrong with the answer for each of the three
+// preferred.* checks ("" when nothing is).
+func (a preferredAnswer) judge() (size, must, avail string) {
+	q := a.q
+	if len(a.ids) != q.size {
+		size = fmt.Sprintf("asked %s, got %d IDs %q", q, len(a.ids), a.ids)
+	}
+	if !slices.Contains(a.ids, q.must) {
+		must = fmt.Sprintf("asked %s, got %q without %q", q, a.ids, q.must)
+	}
+	var bad []string
+	seen := map[string]bool{}
+	for _, id := range a.ids {
+		if !slices.Contains(q.available, id) {
+			bad = append(bad, fmt.Sprintf("%q is not available", id))
+		}
+		if seen[id] {
+			bad = append(bad, fmt.Sprintf("%q is returned twice", id))
+		}
+		seen[id] = true
+	}
+	if len(bad) > 0 {
+		avail = fmt.Sprintf("asked %s: %s", q, strings.Join(bad, "; "))
+	}
+	return size, must, avail
+}
+
+// askPreferred asks every query of healthy in turn; it stops at the first
+// call that fails.
+func (r *runner) askPreferred(ctx context.Context, c *conn, healthy []string) []preferredAnswer {
+	var out []preferredAnswer
+	for _, q := range preferredQueries(healthy) {
+		cctx, cancel := r.callCtx(ctx)
+		resp, err := c.Client.GetPreferredAllocation(cctx, &pluginapi.PreferredAllocationRequest{
+			ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+				AvailableDeviceIDs: q.available, MustIncludeDeviceIDs: []string{q.must}, AllocationSize: int32(q.size),
+			}},
+		})
+		cancel()
+		a := preferredAnswer{q: q, err: err}
+		switch {
+		case err == nil && len(resp.ContainerResponses) != 1:
+			a.err = fmt.Errorf("1 container request got %d responses", len(resp.ContainerResponses))
+		case err == nil:
+			a.ids = resp.ContainerResponses[0].DeviceIDs
+		}
+		out = append(out, a)
+		if a.err != nil {
+			break
+		}
+	}
+	return out
+}
+
+// healthyNow returns the healthy devices c's stream last reported. The
+// emulator's lock must be held.
+func healthyNow(c *conn) []string {
+	if len(c.msgs) == 0 {
+		return nil
+	}
+	return stateOf(c.msgs[len(c.msgs)-1].Devices).healthy
+}
+
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
+}
+
+// preferredAttempts bounds how often the preferred checks ask again when
+// the healthy devices changed while they asked.
+const preferredAttempts = 3
+
 func (r *runner) checkPreferred(ctx context.Context) {
 	size, must, avail := r.outcome(), r.outcome(), r.outcome()
 	all := []*outcome{size, must, avail}
@@ -429,66 +597,83 @@ func (r *runner) checkPreferred(ctx context.Context) {
 			continue
 		case len(st.healthy) < 2:
 			for _, o := range all {
-				o.skip(res, "needs at least 2 healthy devices, has %d", len(st.healthy))
+				o.skip(res, "needs at least 2 healthy devices, has %d%s", len(st.healthy), r.viewNote(res))
 			}
 			continue
 		}
-		n := min(3, len(st.healthy))
-		mustID := st.healthy[len(st.healthy)-1]
-		cctx, cancel := r.callCtx(ctx)
-		out, err := c.Client.GetPreferredAllocation(cctx, &pluginapi.PreferredAllocationRequest{
-			ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
-				AvailableDeviceIDs: st.healthy, MustIncludeDeviceIDs: []string{mustID}, AllocationSize: int32(n),
-			}},
-		})
-		cancel()
-		if status.Code(err) == codes.Unimplemented {
+		// The questions are built from the healthy devices as the kubelet
+		// sees them. A device that changes health while they are asked can
+		// make a correct plugin leave it out: ask again with the new set
+		// rather than fail, so the verdict does not depend on that race.
+		var answers []preferredAnswer
+		for attempt := 1; ; attempt++ {
+			answers = r.askPreferred(ctx, c, st.healthy)
+			if len(answers) > 0 && status.Code(answers[0].err) == codes.Unimplemented {
+				break
+			}
+			bad := false
+			for _, a := range answers {
+				s, m, v := a.judge()
+				bad = bad || a.err != nil || s != "" || m != "" || v != ""
+			}
+			if !bad || attempt == preferredAttempts {
+				break
+			}
+			var now []string
+			changed := r.emu.waitFor(ctx, r.cfg.QuietPeriod, func() bool {
+				now = healthyNow(c)
+				return !sameSet(now, st.healthy)
+			})
+			if !changed || len(now) < 2 {
+				break
+			}
+			st.healthy = now
+		}
+		if len(answers) > 0 && status.Code(answers[0].err) == codes.Unimplemented {
 			for _, o := range all {
 				o.skip(res, "answers Unimplemented; see %s", CheckOptions)
 			}
 			continue
 		}
-		if err == nil && len(out.ContainerResponses) != 1 {
-			err = fmt.Errorf("1 container request got %d responses", len(out.ContainerResponses))
+		var sizeBad, mustBad, availBad, asked []string
+		failed := false
+		for _, a := range answers {
+			if a.err != nil {
+				size.fail(res, "GetPreferredAllocation(%s) failed: %s", a.q, statusMessage(a.err))
+				must.skip(res, "the call failed; see %s", CheckPrefSize)
+				avail.skip(res, "the call failed; see %s", CheckPrefSize)
+				failed = true
+				break
+			}
+			s, m, v := a.judge()
+			sizeBad, mustBad, availBad = appendNonEmpty(sizeBad, s), appendNonEmpty(mustBad, m), appendNonEmpty(availBad, v)
+			asked = append(asked, fmt.Sprintf("%q", a.q.must))
 		}
-		if err != nil {
-			size.fail(res, "GetPreferredAllocation failed: %s", statusMessage(err))
-			must.skip(res, "the call failed; see %s", CheckPrefSize)
-			avail.skip(res, "the call failed; see %s", CheckPrefSize)
+		if failed {
 			continue
 		}
-		ids := out.ContainerResponses[0].DeviceIDs
-		q := fmt.Sprintf("size %d of %d available, mustInclude [%s]", n, len(st.healthy), mustID)
-		if len(ids) != n {
-			size.fail(res, "asked %s, got %d IDs %v", q, len(ids), ids)
-		} else {
-			size.pass(res, "asked %s, got %v", q, ids)
-		}
-		if !slices.Contains(ids, mustID) {
-			must.fail(res, "asked %s, got %v without %s", q, ids, mustID)
-		} else {
-			must.pass(res, "%s included", mustID)
-		}
-		var bad []string
-		seen := map[string]bool{}
-		for _, id := range ids {
-			if !slices.Contains(st.healthy, id) {
-				bad = append(bad, fmt.Sprintf("%q is not available", id))
+		q := answers[0].q
+		conclude := func(o *outcome, bad []string, ok string) {
+			if len(bad) > 0 {
+				o.fail(res, "%s", strings.Join(bad, "; "))
+			} else {
+				o.pass(res, "%s", ok)
 			}
-			if seen[id] {
-				bad = append(bad, fmt.Sprintf("%q is returned twice", id))
-			}
-			seen[id] = true
 		}
-		if len(bad) > 0 {
-			avail.fail(res, "asked %s: %s", q, strings.Join(bad, "; "))
-		} else {
-			avail.pass(res, "every ID is available")
-		}
+		conclude(size, sizeBad, fmt.Sprintf("%d IDs every time (asked %d of %d, %d times)", q.size, q.size, len(q.available), len(answers)))
+		conclude(must, mustBad, fmt.Sprintf("mustInclude %s each included", strings.Join(asked, ", ")))
+		conclude(avail, availBad, "every ID is available, none twice")
 	}
 	r.conclude(CheckPrefSize, size)
 	r.conclude(CheckPrefMust, must)
 	r.conclude(CheckPrefAvailable, avail)
+}
+
+func appendNonEmpty(list []string, s string) []string {
+	if s == "" {
+		return list
+	}
+	return append(list, s)
 }
 
 func (r *runner) checkPreStart(ctx context.Context) {
@@ -504,7 +689,7 @@ func (r *runner) checkPreStart(ctx context.Context) {
 			o.skip(res, "not required (PreStartRequired is false)")
 			continue
 		case len(st.healthy) == 0:
-			o.skip(res, "no healthy device")
+			o.skip(res, "no healthy device%s", r.viewNote(res))
 			continue
 		}
 		cctx, cancel := r.callCtx(ctx)
@@ -545,17 +730,21 @@ func healthChange(msgs []message) string {
 	return ""
 }
 
+// sameHealth reports whether a and b give the same health to every device
+// both list, and list one at least. Devices only one of them lists are
+// listandwatch.full-list's concern, not the health check's.
 func sameHealth(a, b []*pluginapi.Device) bool {
 	ha, hb := healthOf(a), healthOf(b)
-	if len(ha) != len(hb) {
-		return false
-	}
+	common := 0
 	for id, h := range ha {
-		if hb[id] != h {
-			return false
+		if g, ok := hb[id]; ok {
+			if g != h {
+				return false
+			}
+			common++
 		}
 	}
-	return true
+	return common > 0
 }
 
 // checkHealth observes health changes on the kubelet's stream and the
@@ -606,40 +795,234 @@ func (r *runner) checkHealth(ctx context.Context) {
 	r.conclude(CheckHealth, o)
 }
 
-func (r *runner) checkMessageSize() {
-	o := r.outcome()
-	for _, res := range r.resources {
-		largest, count := 0, 0
-		var conns []*conn
-		r.emu.mu.Lock()
-		for _, c := range r.emu.history {
-			if c.Resource == res {
-				conns = append(conns, c)
-			}
-		}
-		r.emu.mu.Unlock()
-		if wc := r.watchers[res]; wc != nil {
-			conns = append(conns, wc)
-		}
-		for _, c := range conns {
-			msgs, _, _ := r.emu.messages(c)
-			for _, m := range msgs {
-				count++
-				largest = max(largest, m.Size)
-			}
-		}
-		switch {
-		case count == 0:
-			o.skip(res, "no ListAndWatch message was received")
-		case largest > kubeletMaxMessage:
-			o.fail(res, "largest message %d bytes, over the kubelet's limit of %d: the kubelet drops the stream and sees no devices; split the devices over several resources or shorten their IDs", largest, kubeletMaxMessage)
-		case largest > kubeletMaxMessage*3/4:
-			o.warn(res, "largest message %d bytes, over 75%% of the kubelet's limit of %d", largest, kubeletMaxMessage)
-		default:
-			o.pass(res, "largest of %d messages: %d bytes (limit %d)", count, largest, kubeletMaxMessage)
+// streamLog is what one ListAndWatch stream received, named for details.
+type streamLog struct {
+	name string
+	msgs []message
+}
+
+// streams returns every ListAndWatch stream of res verify kept open: the
+// emulated kubelet's, one per accepted registration, and verify's own.
+func (r *runner) streams(res string) []streamLog {
+	var conns []*conn
+	r.emu.mu.Lock()
+	for _, c := range r.emu.history {
+		if c.Resource == res {
+			conns = append(conns, c)
 		}
 	}
-	r.conclude(CheckMessageSize, o)
+	r.emu.mu.Unlock()
+	var out []streamLog
+	for i, c := range conns {
+		msgs, _, _ := r.emu.messages(c)
+		name := "the kubelet's stream"
+		if len(conns) > 1 {
+			name = fmt.Sprintf("the kubelet's stream %d of %d (%s)", i+1, len(conns), filepath.Base(c.Socket))
+		}
+		out = append(out, streamLog{name: name, msgs: msgs})
+	}
+	if wc := r.watchers[res]; wc != nil {
+		msgs, _, _ := r.emu.messages(wc)
+		out = append(out, streamLog{name: "verify's second stream", msgs: msgs})
+	}
+	return out
+}
+
+// checkMessages decides the checks that look at every ListAndWatch message
+// received during the run.
+func (r *runner) checkMessages(ctx context.Context) {
+	size, full, ids := r.outcome(), r.outcome(), r.outcome()
+	for _, res := range r.resources {
+		streams := r.streams(res)
+		r.judgeMessageSize(size, res, streams)
+		r.judgeFullList(ctx, full, res, streams)
+		judgeDeviceIDs(ids, res, streams)
+	}
+	r.conclude(CheckMessageSize, size)
+	r.conclude(CheckFullList, full)
+	r.conclude(CheckDeviceIDs, ids)
+}
+
+func (r *runner) judgeMessageSize(o *outcome, res string, streams []streamLog) {
+	largest, count := 0, 0
+	for _, s := range streams {
+		for _, m := range s.msgs {
+			count++
+			largest = max(largest, m.Size)
+		}
+	}
+	switch {
+	case count == 0:
+		o.skip(res, "no ListAndWatch message was received")
+	case largest > kubeletMaxMessage:
+		o.fail(res, "largest message %d bytes, over the kubelet's limit of %d: the kubelet drops the stream and sees no devices; split the devices over several resources or shorten their IDs", largest, kubeletMaxMessage)
+	case largest > kubeletMaxMessage*3/4:
+		o.warn(res, "largest message %d bytes, over 75%% of the kubelet's limit of %d", largest, kubeletMaxMessage)
+	default:
+		o.pass(res, "largest of %d messages: %d bytes (limit %d)", count, largest, kubeletMaxMessage)
+	}
+}
+
+// partialUpdate is a ListAndWatch message that left out devices which the
+// message before it on the same stream listed and which a stream opened
+// after it still got: they were not removed, the plugin sent only part of
+// its list, and the kubelet would have dropped them.
+type partialUpdate struct {
+	stream  string
+	index   int // of the message on its stream, from 1
+	at      time.Time
+	listed  int
+	leftOut []string
+}
+
+// findPartial returns the partial updates in streams, how many updates
+// (messages after a stream's first) there were, and how many messages left
+// devices out that no later stream confirmed. The first message of a
+// stream is a full list by definition (listandwatch.first-message checks
+// it), so a device a message leaves out but a stream opened afterwards
+// lists was not removed. A device that is really removed and comes back
+// within the run is reported too.
+func findPartial(streams []streamLog) (partials []partialUpdate, updates, unconfirmed int) {
+	var firsts []message
+	for _, s := range streams {
+		if len(s.msgs) > 0 {
+			firsts = append(firsts, s.msgs[0])
+		}
+	}
+	listedAfter := func(id string, t time.Time) bool {
+		for _, f := range firsts {
+			if f.At.After(t) && slices.ContainsFunc(f.Devices, func(d *pluginapi.Device) bool { return d != nil && d.ID == id }) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, s := range streams {
+		for i := 1; i < len(s.msgs); i++ {
+			updates++
+			m := s.msgs[i]
+			left := leftOut(s.msgs[i-1].Devices, m.Devices)
+			var still []string
+			for _, id := range left {
+				if listedAfter(id, m.At) {
+					still = append(still, id)
+				}
+			}
+			switch {
+			case len(still) > 0:
+				partials = append(partials, partialUpdate{stream: s.name, index: i + 1, at: m.At, listed: len(m.Devices), leftOut: still})
+			case len(left) > 0:
+				unconfirmed++
+			}
+		}
+	}
+	return partials, updates, unconfirmed
+}
+
+// judgeFullList checks that every update is a full list. When a message
+// left devices out that no later stream confirmed, a new stream is opened
+// now: its first message tells whether they still exist.
+func (r *runner) judgeFullList(ctx context.Context, o *outcome, res string, streams []streamLog) {
+	partials, updates, unconfirmed := findPartial(streams)
+	if len(partials) == 0 && unconfirmed > 0 {
+		if m, ok := r.newStreamList(ctx, res); ok {
+			streams = append(streams, streamLog{name: "a new stream", msgs: []message{m}})
+			partials, updates, _ = findPartial(streams)
+		}
+	}
+	switch {
+	case len(partials) > 0:
+		p := partials[0]
+		o.fail(res, "%d of %d updates left out devices that were not removed; first: message %d of %s, at %s, listed %d devices and left out %d that the message before listed and a later stream still got (%s): the kubelet removes every device a message leaves out; send the full list in every message",
+			len(partials), updates, p.index, p.stream, r.since(p.at), p.listed, len(p.leftOut), quoteSome(p.leftOut, 3))
+	case updates == 0:
+		o.skip(res, "no stream got a second message: nothing changed during the run; make a device change health and give --health-wait")
+	default:
+		o.pass(res, "%d updates on %d streams, each a full list", updates, len(streams))
+	}
+}
+
+// newStreamList opens a ListAndWatch stream to the plugin's current
+// endpoint and returns its first message.
+func (r *runner) newStreamList(ctx context.Context, res string) (message, bool) {
+	c := r.emu.current(res)
+	if c == nil {
+		return message{}, false
+	}
+	cctx, cancel := r.callCtx(ctx)
+	defer cancel()
+	stream, err := c.Client.ListAndWatch(cctx, &pluginapi.Empty{})
+	if err != nil {
+		return message{}, false
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return message{}, false
+	}
+	return message{At: time.Now(), Devices: resp.Devices}, true
+}
+
+// quoteSome quotes the first n of ids, and says how many more there are.
+func quoteSome(ids []string, n int) string {
+	q := make([]string, 0, n)
+	for _, id := range ids[:min(n, len(ids))] {
+		q = append(q, strconv.Quote(id))
+	}
+	if len(ids) > n {
+		q = append(q, fmt.Sprintf("and %d more", len(ids)-n))
+	}
+	return strings.Join(q, ", ")
+}
+
+// idProblem says what is wrong with a device ID: bad is a control or
+// format character (a newline, an escape, a bidirectional override),
+// odd a path separator; "" when nothing is.
+func idProblem(id string) (bad, odd string) {
+	for _, c := range id {
+		if unicode.IsControl(c) || unicode.Is(unicode.Cf, c) {
+			return fmt.Sprintf("%q has a control character (U+%04X)", id, c), ""
+		}
+	}
+	if i := strings.IndexAny(id, `/\`); i >= 0 {
+		return "", fmt.Sprintf("%q has a path separator (%q)", id, id[i:i+1])
+	}
+	return "", ""
+}
+
+// judgeDeviceIDs checks every device ID any stream received.
+func judgeDeviceIDs(o *outcome, res string, streams []streamLog) {
+	seen := map[string]bool{}
+	var bad, odd []string
+	for _, s := range streams {
+		for _, m := range s.msgs {
+			for _, d := range m.Devices {
+				if d == nil || seen[d.ID] {
+					continue
+				}
+				seen[d.ID] = true
+				b, w := idProblem(d.ID)
+				bad, odd = appendNonEmpty(bad, b), appendNonEmpty(odd, w)
+			}
+		}
+	}
+	sort.Strings(bad)
+	sort.Strings(odd)
+	some := func(list []string) string {
+		if len(list) > 3 {
+			return strings.Join(list[:3], "; ") + fmt.Sprintf("; and %d more", len(list)-3)
+		}
+		return strings.Join(list, "; ")
+	}
+	switch {
+	case len(seen) == 0:
+		o.skip(res, "no ListAndWatch message was received")
+	case len(bad) > 0:
+		o.fail(res, "%s: logs, the checkpoint, the PodResources API and paths built from the ID carry it; trim what you read (a sysfs value ends in a newline)", some(bad))
+	case len(odd) > 0:
+		o.warn(res, "%s: plugins and runtimes that build device paths or CDI names from IDs get a different path", some(odd))
+	default:
+		o.pass(res, "%d device IDs, none with a control character or path separator", len(seen))
+	}
 }
 
 // checkPluginWatcher checks the plugins_registry path: in plugin-watcher
@@ -710,7 +1093,7 @@ func (r *runner) checkPluginWatcher(ctx context.Context) {
 // kubelet Restarts times, measuring how long re-registration takes and
 // counting registrations.
 func (r *runner) checkRestarts(ctx context.Context) {
-	threshold := r.cfg.ReregisterThreshold
+	threshold, slow := r.cfg.ReregisterThreshold, r.cfg.ReregisterWarn
 	// Wait past the threshold to report how slow a slow plugin is.
 	wait := threshold + 10*time.Second
 	single := r.outcome()
@@ -721,6 +1104,7 @@ func (r *runner) checkRestarts(ctx context.Context) {
 	}
 	if r.registry() {
 		r.skipAll("plugin-watcher mode: the kubelet keeps plugins_registry sockets across restarts and finds them again by itself", CheckKubeletRestart, CheckSocketDeleted)
+		r.checkOldEndpoint()
 		for _, res := range r.resources {
 			single.pass(res, "one registration at start")
 		}
@@ -728,7 +1112,9 @@ func (r *runner) checkRestarts(ctx context.Context) {
 		return
 	}
 
-	// The plugin's own socket is deleted.
+	// The plugin's own socket is deleted. The kubelet does not do that to
+	// a live plugin, so whatever goes wrong is a warning; a re-registration
+	// it provokes is what restart.old-endpoint judges.
 	sd := r.outcome()
 	for _, res := range r.resources {
 		c := r.emu.current(res)
@@ -742,35 +1128,40 @@ func (r *runner) checkRestarts(ctx context.Context) {
 			sd.skip(res, "could not delete the socket: %v", err)
 			continue
 		}
-		var at time.Time
+		var got registration
 		r.emu.waitFor(ctx, wait, func() bool {
 			for _, reg := range r.emu.regs[before:] {
-				if reg.Resource == res && reg.Err == nil {
-					at = reg.At
+				if reg.Resource == res && reg.At.After(t0) && (reg.Err == nil || reg.Recreated) {
+					got = *reg
 					return true
 				}
 			}
 			return false
 		})
-		if at.IsZero() {
-			sd.fail(res, "did not register again within %s of its socket being deleted", wait)
+		if got.At.IsZero() {
+			sd.warn(res, "did not register again within %s of its socket being deleted", wait)
 			continue
 		}
 		r.quiet(ctx)
 		n := 0
 		for _, reg := range r.emu.registrations()[before:] {
-			if reg.Resource == res && reg.Err == nil {
+			if reg.Resource == res && reg.counted() {
 				n++
 			}
 		}
 		if n > 1 {
 			single.fail(res, "registered %d times after its socket was deleted", n)
 		}
-		d := at.Sub(t0)
-		if d > threshold {
-			sd.fail(res, "registered again after %s, above the %s threshold", d.Round(time.Millisecond), threshold)
-		} else {
-			sd.pass(res, "registered again after %s", d.Round(time.Millisecond))
+		d := got.At.Sub(t0).Round(time.Millisecond)
+		switch {
+		case got.Err != nil:
+			sd.warn(res, "registered again after %s, on the re-created %s, and the kubelet refused it (%v); see %s", d, filepath.Base(got.Endpoint), got.Err, CheckOldEndpoint)
+		case d > threshold:
+			sd.warn(res, "registered again after %s, above the %s threshold", d, threshold)
+		case d > slow:
+			sd.warn(res, "registered again after %s, over %s", d, slow)
+		default:
+			sd.pass(res, "registered again after %s", d)
 		}
 	}
 	r.conclude(CheckSocketDeleted, sd)
@@ -824,7 +1215,7 @@ func (r *runner) checkRestarts(ctx context.Context) {
 			}
 		}
 		r.quiet(ctx)
-		for res, n := range r.acceptedCounts(epoch) {
+		for res, n := range r.registrationCounts(epoch) {
 			if n > 1 {
 				single.fail(res, "restart %d: registered %d times", i, n)
 			}
@@ -834,11 +1225,64 @@ func (r *runner) checkRestarts(ctx context.Context) {
 		}
 	}
 	for _, res := range r.resources {
-		if !failed[res] {
+		switch {
+		case failed[res]:
+		case worst[res] > slow:
+			kr.warn(res, "%d restarts; slowest re-registration %s, over %s: the node lacks the resource that long after every kubelet restart (threshold %s)", r.cfg.Restarts, worst[res].Round(time.Millisecond), slow, threshold)
+		default:
 			kr.pass(res, "%d restarts; slowest re-registration %s (threshold %s)", r.cfg.Restarts, worst[res].Round(time.Millisecond), threshold)
 		}
 		single.pass(res, "one registration per start and restart")
 	}
 	r.conclude(CheckKubeletRestart, kr)
+	r.checkOldEndpoint()
 	r.conclude(CheckSingleReg, single)
+}
+
+// checkOldEndpoint judges every registration of the run that came while
+// the emulated kubelet was still connected to the same resource: one on a
+// socket path the plugin re-created while the kubelet's connection to the
+// old socket there stayed open fails, as the kubelet refuses it.
+func (r *runner) checkOldEndpoint() {
+	o := r.outcome()
+	regs := r.emu.registrations()
+	for _, res := range r.resources {
+		var refused, again []string
+		prev := map[int]string{} // epoch -> endpoint of the latest accepted registration
+		for _, reg := range regs {
+			if reg.Resource != res {
+				continue
+			}
+			if reg.Recreated {
+				refused = append(refused, fmt.Sprintf("at %s it registered %s again after re-creating that socket, while the kubelet's connection to the old one was still open; the kubelet refused it: %v. Close the old connections (stop the old gRPC server) before registering, or listen on a new socket path",
+					r.since(reg.At), filepath.Base(reg.Endpoint), reg.Err))
+				continue
+			}
+			if reg.Err != nil {
+				continue
+			}
+			switch p, ok := prev[reg.Epoch]; {
+			case ok && p == reg.Endpoint:
+				again = append(again, fmt.Sprintf("on the same socket %s after the old connection closed", filepath.Base(reg.Endpoint)))
+			case ok:
+				again = append(again, fmt.Sprintf("on a new socket %s (was %s)", filepath.Base(reg.Endpoint), filepath.Base(p)))
+			}
+			prev[reg.Epoch] = reg.Endpoint
+		}
+		switch {
+		case len(refused) > 0:
+			more := ""
+			if len(refused) > 1 {
+				more = fmt.Sprintf(" (%d such registrations)", len(refused))
+			}
+			o.fail(res, "%s%s", refused[0], more)
+		case len(again) > 0:
+			o.pass(res, "registered again %s", strings.Join(dedupe(again), "; "))
+		case r.registry():
+			o.skip(res, "plugin-watcher mode: the plugin did not register again while connected")
+		default:
+			o.skip(res, "the plugin did not register again while the kubelet was connected to it; see %s", CheckSocketDeleted)
+		}
+	}
+	r.conclude(CheckOldEndpoint, o)
 }

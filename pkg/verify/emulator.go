@@ -26,7 +26,18 @@ const (
 	errUnsupportedVersion       = "requested API version %q is not supported by kubelet. Supported version is %q"
 	errInvalidResourceName      = "the ResourceName %q is invalid"
 	errFailedToDialDevicePlugin = "failed to dial device plugin:"
+	// errAlreadyConnected is the device manager's answer (manager.go
+	// PluginConnected) to a registration for a resource and socket path
+	// that it still has a connected endpoint for.
+	errAlreadyConnected = "device plugin already connected: %s"
 )
+
+// takeoverGrace is how long the emulator waits for the old connection to a
+// socket path to close before it refuses a registration for that path as
+// already connected. The kubelet refuses at once, so a plugin that closes
+// its old connection and registers in the same instant races it; the grace
+// keeps verify's verdict from depending on that race.
+const takeoverGrace = 500 * time.Millisecond
 
 // Registration paths.
 const (
@@ -53,8 +64,28 @@ type registration struct {
 	NotServing error
 	// Err is the kubelet's refusal; nil when accepted.
 	Err error
+	// AlreadyConnected is set when Err is the kubelet's "device plugin
+	// already connected": the emulated kubelet still had an open
+	// connection for this resource and socket path.
+	AlreadyConnected bool
+	// Recreated is set with AlreadyConnected when the socket file at the
+	// path is not the one that connection was made to: the plugin created
+	// it again while its old connection stayed open. Without it the
+	// registration merely repeats one the kubelet already has.
+	Recreated bool
 	// Epoch is the number of emulated kubelet restarts before it arrived.
 	Epoch int
+
+	// sock is the socket file at Endpoint when the registration arrived
+	// (nil when there was none).
+	sock os.FileInfo
+}
+
+// counted reports whether r counts as a registration of its resource for
+// restart.single-registration: accepted, or refused only because it
+// repeated a registration the kubelet was still connected to.
+func (r registration) counted() bool {
+	return r.Err == nil || (r.AlreadyConnected && !r.Recreated)
 }
 
 // message is one ListAndWatch message.
@@ -71,6 +102,10 @@ type conn struct {
 	Socket   string
 	Client   pluginapi.DevicePluginClient
 	Options  *pluginapi.DevicePluginOptions
+
+	// sock is the socket file the connection was made to (nil when it
+	// could not be read), to tell a re-created socket from the same one.
+	sock os.FileInfo
 
 	cc     *grpc.ClientConn
 	cancel context.CancelFunc
@@ -99,6 +134,7 @@ type emulator struct {
 	conns    []*conn
 	history  []*conn // every accepted connection of the run
 	changed  chan struct{}
+	inflight int // registrations being handled, not yet recorded
 	stopped  bool
 	restarts []time.Time // when kubelet.sock was created again
 }
@@ -239,13 +275,34 @@ func (e *emulator) messages(c *conn) ([]message, bool, error) {
 }
 
 // record adds a registration and wakes waiters.
-func (e *emulator) record(r *registration) {
+func (e *emulator) record(r *registration) { e.recordDone(r, false) }
+
+// arrive notes a registration that is being handled; the function it
+// returns records it. Until then settled reports false, so that nobody
+// takes the registrations as complete while the emulated kubelet is still
+// dialing a plugin or waiting for an old connection to close.
+func (e *emulator) arrive() func(*registration) {
+	e.mu.Lock()
+	e.inflight++
+	e.mu.Unlock()
+	e.broadcast()
+	return func(r *registration) { e.recordDone(r, true) }
+}
+
+func (e *emulator) recordDone(r *registration, arrived bool) {
 	e.mu.Lock()
 	r.Epoch = e.epoch
 	e.regs = append(e.regs, r)
+	if arrived {
+		e.inflight--
+	}
 	e.mu.Unlock()
 	e.broadcast()
 }
+
+// settled reports whether no registration is being handled. The
+// emulator's lock must be held.
+func (e *emulator) settled() bool { return e.inflight == 0 }
 
 // dialPlugin opens a client to a plugin socket the way the kubelet does
 // (authority localhost, no TLS), reading up to clientMaxRecv bytes.
@@ -262,6 +319,13 @@ func dialPlugin(socket string) (*grpc.ClientConn, error) {
 // ListAndWatch stream open. notServing reports whether the socket answered
 // at once.
 func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notServing error, err error) {
+	if old := e.connectedTo(r.Resource, r.Endpoint); old != nil {
+		closed := e.waitFor(ctx, takeoverGrace, func() bool { return old.ended })
+		if !closed {
+			r.AlreadyConnected, r.Recreated = true, !sameSocket(old.sock, r.sock)
+			return nil, nil, fmt.Errorf(errAlreadyConnected, r.Endpoint)
+		}
+	}
 	cc, err := dialPlugin(r.Endpoint)
 	if err != nil {
 		return nil, err, fmt.Errorf("%s %v", errFailedToDialDevicePlugin, err)
@@ -283,7 +347,7 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 		}
 	}
 	sctx, scancel := context.WithCancel(context.Background())
-	c = &conn{Resource: r.Resource, Socket: r.Endpoint, Client: client, Options: opts, cc: cc, cancel: scancel}
+	c = &conn{Resource: r.Resource, Socket: r.Endpoint, Client: client, Options: opts, sock: r.sock, cc: cc, cancel: scancel}
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()
@@ -296,6 +360,26 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 	e.mu.Unlock()
 	go e.watch(sctx, c)
 	return c, notServing, nil
+}
+
+// connectedTo returns the latest connection to resource at socket whose
+// ListAndWatch stream is still open, or nil.
+func (e *emulator) connectedTo(resource, socket string) *conn {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := len(e.conns) - 1; i >= 0; i-- {
+		if c := e.conns[i]; c.Resource == resource && c.Socket == socket && !c.ended {
+			return c
+		}
+	}
+	return nil
+}
+
+// sameSocket reports whether a and b describe the same socket file.
+// Inode numbers are reused at once when a socket is created again, so the
+// modification time must match too.
+func sameSocket(a, b os.FileInfo) bool {
+	return a != nil && b != nil && os.SameFile(a, b) && a.ModTime().Equal(b.ModTime())
 }
 
 func (c *conn) close() {
@@ -336,6 +420,8 @@ func (s regServer) Register(ctx context.Context, req *pluginapi.RegisterRequest)
 		At: time.Now(), Via: viaKubeletSocket, Resource: req.ResourceName, Version: req.Version,
 		Endpoint: filepath.Join(e.dir, req.Endpoint), Options: req.Options,
 	}
+	r.sock, _ = os.Stat(r.Endpoint)
+	record := e.arrive()
 	e.log.Debug("Register", "resource", req.ResourceName, "endpoint", req.Endpoint, "version", req.Version)
 	err := validateRegistration(req.Version, req.ResourceName)
 	if err == nil {
@@ -350,7 +436,7 @@ func (s regServer) Register(ctx context.Context, req *pluginapi.RegisterRequest)
 		}
 	}
 	r.Err = err
-	e.record(r)
+	record(r)
 	if err != nil {
 		return &pluginapi.Empty{}, err
 	}
@@ -413,10 +499,12 @@ func (h registryHandler) ValidatePlugin(_ context.Context, name, endpoint string
 
 func (h registryHandler) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string) error {
 	r := &registration{At: time.Now(), Via: viaRegistry, Resource: name, Version: pluginapi.Version, Endpoint: endpoint}
+	r.sock, _ = os.Stat(endpoint)
+	record := h.e.arrive()
 	var err error
 	_, r.NotServing, err = h.e.connect(ctx, r)
 	r.Err = err
-	h.e.record(r)
+	record(r)
 	return err
 }
 

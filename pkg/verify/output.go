@@ -30,7 +30,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.PluginOutput != "" {
 		fmt.Fprintf(&b, "\nLast output of the plugin:\n%s\n", indent(lastLines(r.PluginOutput, 20)))
 	}
-	fmt.Fprintf(&b, "\n%s (%s)\n", r.Summary, r.Duration.Round(10*time.Millisecond))
+	prefix := ""
+	if r.Interrupted {
+		prefix = "interrupted: "
+	}
+	fmt.Fprintf(&b, "\n%s%s (%s)\n", prefix, r.Summary, r.Duration.Round(10*time.Millisecond))
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -89,7 +93,8 @@ type junitMessage struct {
 }
 
 // WriteJUnit writes the report as JUnit XML: one test case per check,
-// failed checks as failures, skipped ones as skipped; warnings pass with
+// failed checks as failures, skipped ones as skipped (those an interrupted
+// run did not finish with the message "interrupted"); warnings pass with
 // their detail in system-out.
 func (r *Report) WriteJUnit(w io.Writer) error {
 	s := junitSuite{

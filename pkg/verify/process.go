@@ -124,6 +124,16 @@ func (p *process) running() bool {
 	}
 }
 
+// waitExit waits up to d for the process to exit.
+func (p *process) waitExit(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+	}
+}
+
 // kill ends the process group and waits for it.
 func (p *process) kill() {
 	if p.running() {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -37,7 +38,13 @@ type runner struct {
 	resources []string
 	watchers  map[string]*conn // the verifier's own ListAndWatch stream per resource
 	stopWatch context.CancelFunc
-	initial   map[string]int // accepted registrations per resource at start
+	initial   map[string]int // registrations per resource at start
+
+	// stopped is why the run stopped before every check was done (the
+	// plugin exited), the detail of the checks it did not reach.
+	stopped string
+	// diedDuring names the step during which the plugin exited.
+	diedDuring string
 }
 
 func (r *runner) registry() bool { return r.cfg.PluginWatcher }
@@ -200,34 +207,145 @@ func (r *runner) since(t time.Time) string {
 }
 
 func (r *runner) run(ctx context.Context) {
-	if !r.waitRegistered(ctx) {
-		detail := fmt.Sprintf("no registration was accepted within %s", r.cfg.RegisterTimeout)
-		if r.proc != nil && !r.proc.running() {
-			detail = fmt.Sprintf("the plugin exited before registering (%v)", r.proc.err)
-		}
-		r.checkRegistrations(detail)
-		r.skipAll(errNoPlugin.Error(), CheckOptions, CheckFirstMessage, CheckStreams, CheckHealth, CheckMessageSize,
-			CheckResponses, CheckUnknown, CheckUnhealthy, CheckConcurrent, CheckPrefSize, CheckPrefMust, CheckPrefAvailable,
-			CheckPreStart, CheckKubeletRestart, CheckSocketDeleted, CheckSingleReg, CheckPluginWatcher)
-		r.checkShutdown(ctx)
+	registered := r.waitRegistered(ctx)
+	if ctx.Err() != nil {
 		return
 	}
-	r.initial = r.acceptedCounts(-1)
+	if !registered {
+		r.notRegistered(ctx)
+		return
+	}
+	r.initial = r.registrationCounts(-1)
 	wctx, cancel := context.WithCancel(context.Background())
 	r.stopWatch = cancel
 	r.openWatchers(wctx)
 
-	r.checkFirstMessage(ctx)
-	r.checkStreams(ctx)
-	r.checkOptions(ctx)
-	r.checkAllocate(ctx)
-	r.checkPreferred(ctx)
-	r.checkPreStart(ctx)
-	r.checkHealth(ctx)
-	r.checkPluginWatcher(ctx)
-	r.checkRestarts(ctx)
-	r.checkMessageSize()
+	steps := []struct {
+		name string
+		fn   func(context.Context)
+	}{
+		{"the first-message check", r.checkFirstMessage},
+		{"the concurrent-streams check", r.checkStreams},
+		{"the options check", r.checkOptions},
+		{"the Allocate checks", r.checkAllocate},
+		{"the GetPreferredAllocation checks", r.checkPreferred},
+		{"the PreStartContainer check", r.checkPreStart},
+		{"the health check", r.checkHealth},
+		{"the plugin-watcher check", r.checkPluginWatcher},
+		{"the restart checks", r.checkRestarts},
+		{"the ListAndWatch message checks", r.checkMessages},
+	}
+	for _, s := range steps {
+		if !r.step(ctx, s.name, s.fn) {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
 	r.checkRegistrations("")
+	r.checkShutdown(ctx)
+}
+
+// deathGrace is how long a step that failed a check waits for the plugin's
+// exit to show: a plugin that dies makes the check it was in fail (its
+// stream ends, a call fails) a moment before its exit status arrives.
+const deathGrace = 500 * time.Millisecond
+
+// step runs one group of checks and reports whether the run goes on. One
+// cause gives one failure: when the plugin exits during the step, the
+// verdicts the step reached other than pass become skips that point at
+// shutdown.exit, which fails; when the run is interrupted they become
+// skips saying so. Either way the remaining steps are not run.
+func (r *runner) step(ctx context.Context, name string, fn func(context.Context)) bool {
+	if ctx.Err() != nil || r.stopped != "" {
+		return false
+	}
+	if r.exited() {
+		r.stopAfterExit("")
+		return false
+	}
+	open := r.undecided()
+	fn(ctx)
+	if ctx.Err() != nil {
+		r.undo(open, interrupted)
+		return false
+	}
+	if r.proc != nil && r.failedAny(open) {
+		r.proc.waitExit(deathGrace)
+	}
+	if r.exited() {
+		r.stopAfterExit(name)
+		r.undo(open, r.stopped)
+		return false
+	}
+	return true
+}
+
+// exited reports whether the plugin verify started has exited.
+func (r *runner) exited() bool { return r.proc != nil && !r.proc.running() }
+
+// stopAfterExit records that the plugin exited, during the step named
+// during ("" when it exited between steps).
+func (r *runner) stopAfterExit(during string) {
+	r.diedDuring = during
+	r.stopped = fmt.Sprintf("the plugin %s at %s; see %s", exitDescription(r.proc.err), r.since(r.proc.exited), CheckExit)
+}
+
+// undecided returns the checks without a verdict.
+func (r *runner) undecided() []string {
+	var out []string
+	for id, res := range r.results {
+		if res.Verdict == "" {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// failedAny reports whether one of ids failed.
+func (r *runner) failedAny(ids []string) bool {
+	for _, id := range ids {
+		if r.results[id].Verdict == Fail {
+			return true
+		}
+	}
+	return false
+}
+
+// undo turns the verdicts of ids other than pass into skips with reason.
+func (r *runner) undo(ids []string, reason string) {
+	for _, id := range ids {
+		if v := r.results[id].Verdict; v != "" && v != Pass {
+			r.set(id, Skip, "%s", reason)
+		}
+	}
+}
+
+// notRegistered decides the checks of a run in which no registration was
+// accepted: the registration checks say why, everything else is skipped.
+// A plugin that exited before registering fails registration.serving only.
+func (r *runner) notRegistered(ctx context.Context) {
+	none := len(r.emu.registrations()) == 0
+	reason := errNoPlugin.Error()
+	var detail string
+	switch {
+	case r.exited() && none:
+		detail = fmt.Sprintf("the plugin %s before registering", exitDescription(r.proc.err))
+		reason = detail + "; see " + CheckServing
+	case r.exited():
+		reason = fmt.Sprintf("the plugin %s before a registration was accepted; see registration.*", exitDescription(r.proc.err))
+	default:
+		detail = fmt.Sprintf("none within %s", r.cfg.RegisterTimeout)
+	}
+	r.checkRegistrations(detail)
+	r.skipAll(reason, CheckOptions, CheckFirstMessage, CheckFullList, CheckDeviceIDs, CheckStreams, CheckHealth, CheckMessageSize,
+		CheckResponses, CheckUnknown, CheckUnhealthy, CheckConcurrent, CheckPrefSize, CheckPrefMust, CheckPrefAvailable,
+		CheckPreStart, CheckKubeletRestart, CheckSocketDeleted, CheckOldEndpoint, CheckSingleReg, CheckPluginWatcher)
+	if r.exited() {
+		r.skipAll(reason, CheckExit, CheckSocketRemoved)
+		return
+	}
 	r.checkShutdown(ctx)
 }
 
@@ -258,7 +376,7 @@ func (r *runner) waitRegistered(ctx context.Context) bool {
 		}
 		return false
 	})
-	if !ok {
+	if !ok || len(r.registrationCounts(-1)) == 0 && r.exited() {
 		return false
 	}
 	r.quiet(ctx)
@@ -273,25 +391,29 @@ func (r *runner) waitRegistered(ctx context.Context) bool {
 	return len(r.resources) > 0
 }
 
-// quiet waits until no registration arrived for QuietPeriod (at most
-// four periods in all, so that a storm cannot stall the run).
+// quiet waits until no registration arrived for QuietPeriod and none is
+// still being handled (at most four periods in all, and the time one
+// registration can take, so that a storm cannot stall the run).
 func (r *runner) quiet(ctx context.Context) {
 	deadline := time.Now().Add(4 * r.cfg.QuietPeriod)
 	for time.Now().Before(deadline) {
 		n := len(r.emu.registrations())
-		more := r.emu.waitFor(ctx, r.cfg.QuietPeriod, func() bool { return len(r.emu.regs) > n })
+		more := r.emu.waitFor(ctx, r.cfg.QuietPeriod, func() bool { return len(r.emu.regs) > n || !r.emu.settled() })
 		if !more {
 			return
 		}
+		// One is being handled: wait until it is recorded, then for
+		// another quiet period.
+		r.emu.waitFor(ctx, r.cfg.DialTimeout+takeoverGrace+r.cfg.CallTimeout, r.emu.settled)
 	}
 }
 
-// acceptedCounts counts accepted registrations per resource in epoch
-// (every epoch when epoch < 0).
-func (r *runner) acceptedCounts(epoch int) map[string]int {
+// registrationCounts counts the registrations per resource in epoch
+// (every epoch when epoch < 0) that restart.single-registration counts.
+func (r *runner) registrationCounts(epoch int) map[string]int {
 	out := map[string]int{}
 	for _, reg := range r.emu.registrations() {
-		if reg.Err == nil && (epoch < 0 || reg.Epoch == epoch) {
+		if reg.counted() && (epoch < 0 || reg.Epoch == epoch) {
 			out[reg.Resource]++
 		}
 	}
@@ -299,13 +421,14 @@ func (r *runner) acceptedCounts(epoch int) map[string]int {
 }
 
 // checkRegistrations decides the registration.* checks from every
-// registration seen. noneDetail explains a run without any.
+// registration seen. noneDetail says why there was none: then
+// registration.serving fails and the other two, which have nothing to
+// judge, are skipped.
 func (r *runner) checkRegistrations(noneDetail string) {
 	regs := r.emu.registrations()
 	if len(regs) == 0 {
-		for _, id := range []string{CheckServing, CheckVersion, CheckResourceName} {
-			r.set(id, Fail, "no Register call arrived: %s", noneDetail)
-		}
+		r.set(CheckServing, Fail, "no Register call arrived: %s", noneDetail)
+		r.skipAll("no Register call arrived; see "+CheckServing, CheckVersion, CheckResourceName)
 		return
 	}
 	var notServing, badVersion, badName []string
@@ -363,29 +486,35 @@ func (r *runner) checkShutdown(ctx context.Context) {
 		r.skipAll("the plugin was already running (--socket-dir); verify does not stop it", CheckExit, CheckSocketRemoved)
 		return
 	}
+	if r.exited() {
+		// It died on its own: its sockets are expected to be left, and
+		// only shutdown.exit fails.
+		during := ""
+		if r.diedDuring != "" {
+			during = ", during " + r.diedDuring
+		}
+		r.set(CheckExit, Fail, "the plugin %s on its own at %s%s, before SIGTERM", exitDescription(r.proc.err), r.since(r.proc.exited), during)
+		r.set(CheckSocketRemoved, Skip, "the plugin exited on its own; see %s", CheckExit)
+		return
+	}
 	sockets := r.pluginSockets()
-	if !r.proc.running() {
-		r.set(CheckExit, Fail, "the plugin exited on its own at %s, before SIGTERM (%v)", r.since(r.proc.exited), r.proc.err)
-	} else {
-		sent := time.Now()
-		if err := r.proc.signal(syscall.SIGTERM); err != nil {
-			r.set(CheckExit, Fail, "could not send SIGTERM: %v", err)
-		}
-		t := time.NewTimer(r.cfg.TermTimeout)
-		defer t.Stop()
-		select {
-		case <-r.proc.done:
-			r.set(CheckExit, Pass, "exited %s after SIGTERM (%s)", r.proc.exited.Sub(sent).Round(time.Millisecond), exitText(r.proc.err))
-		case <-t.C:
-			r.set(CheckExit, Fail, "still running %s after SIGTERM; killed", r.cfg.TermTimeout)
-			r.proc.kill()
-			r.set(CheckSocketRemoved, Skip, "the plugin did not exit by itself; see %s", CheckExit)
-			return
-		case <-ctx.Done():
-			r.proc.kill()
-			r.set(CheckExit, Skip, "interrupted")
-			return
-		}
+	sent := time.Now()
+	if err := r.proc.signal(syscall.SIGTERM); err != nil {
+		r.set(CheckExit, Fail, "could not send SIGTERM: %v", err)
+	}
+	t := time.NewTimer(r.cfg.TermTimeout)
+	defer t.Stop()
+	select {
+	case <-r.proc.done:
+		r.set(CheckExit, Pass, "%s %s after SIGTERM", exitDescription(r.proc.err), r.proc.exited.Sub(sent).Round(time.Millisecond))
+	case <-t.C:
+		r.set(CheckExit, Fail, "still running %s after SIGTERM; killed", r.cfg.TermTimeout)
+		r.proc.kill()
+		r.set(CheckSocketRemoved, Skip, "the plugin did not exit by itself; see %s", CheckExit)
+		return
+	case <-ctx.Done():
+		// Run reports every undecided check as interrupted.
+		return
 	}
 	if len(sockets) == 0 {
 		r.set(CheckSocketRemoved, Skip, "no socket of the plugin existed when SIGTERM was sent")
@@ -435,13 +564,18 @@ func baseNames(paths []string) []string {
 	return out
 }
 
-func exitText(err error) string {
+// exitDescription says how a process ended, from the error of its Wait:
+// "exited with status 0", "was killed by signal 9 (killed)".
+func exitDescription(err error) string {
 	if err == nil {
-		return "exit status 0"
+		return "exited with status 0"
 	}
-	var ee interface{ ExitCode() int }
-	if errors.As(err, &ee) && ee.ExitCode() >= 0 {
-		return err.Error()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return "ended: " + err.Error()
 	}
-	return err.Error()
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return fmt.Sprintf("was killed by signal %d (%s)", int(ws.Signal()), ws.Signal())
+	}
+	return fmt.Sprintf("exited with status %d", ee.ExitCode())
 }

@@ -79,6 +79,10 @@ type Report struct {
 	// PluginOutput is the end of what the plugin wrote, kept when a check
 	// failed.
 	PluginOutput string `json:"pluginOutput,omitempty"`
+	// Interrupted is set when the run's context ended before every check
+	// was done (Ctrl-C, SIGTERM): the unfinished checks are skipped with
+	// the detail "interrupted".
+	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // Failed reports whether any check failed.
@@ -98,6 +102,7 @@ func (r *Report) Result(id string) *Result {
 const (
 	DefaultRegisterTimeout     = 10 * time.Second
 	DefaultReregisterThreshold = 5 * time.Second
+	DefaultReregisterWarn      = time.Second
 	DefaultRestarts            = 3
 	DefaultTermTimeout         = 10 * time.Second
 	DefaultQuietPeriod         = time.Second
@@ -130,6 +135,9 @@ type Config struct {
 	// ReregisterThreshold is the longest acceptable time to register again
 	// after a kubelet restart or the removal of the plugin's socket.
 	ReregisterThreshold time.Duration
+	// ReregisterWarn is the re-registration time above which a check
+	// warns: the node lacks the resource for that long.
+	ReregisterWarn time.Duration
 	// Restarts is how many kubelet restarts in a row are emulated.
 	Restarts int
 	// TermTimeout bounds the wait for the plugin to exit after SIGTERM.
@@ -156,6 +164,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReregisterThreshold == 0 {
 		c.ReregisterThreshold = DefaultReregisterThreshold
+	}
+	if c.ReregisterWarn == 0 {
+		c.ReregisterWarn = DefaultReregisterWarn
 	}
 	if c.Restarts == 0 {
 		c.Restarts = DefaultRestarts
@@ -203,7 +214,7 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"registerTimeout", c.RegisterTimeout}, {"reregisterThreshold", c.ReregisterThreshold},
+		{"registerTimeout", c.RegisterTimeout}, {"reregisterThreshold", c.ReregisterThreshold}, {"reregisterWarn", c.ReregisterWarn},
 		{"termTimeout", c.TermTimeout}, {"quietPeriod", c.QuietPeriod}, {"healthWait", c.HealthWait},
 		{"callTimeout", c.CallTimeout}, {"dialTimeout", c.DialTimeout},
 	} {
@@ -219,7 +230,9 @@ func (c Config) Validate() error {
 
 // Run verifies the plugin cfg describes. The error is non-nil only when
 // the run could not be set up (the plugin command could not be started,
-// say); a misbehaving plugin gives a Report with failed checks.
+// say); a misbehaving plugin gives a Report with failed checks. When ctx
+// ends first, Run stops the plugin and returns at once with a Report that
+// is Interrupted.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid verify configuration: %w", err)
@@ -241,10 +254,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.PluginWatcher {
 		rep.Mode = viaRegistry
 	}
+	rep.Interrupted = ctx.Err() != nil
+	notReached := "not reached"
+	switch {
+	case rep.Interrupted:
+		notReached = interrupted
+	case r.stopped != "":
+		notReached = r.stopped
+	}
 	for _, c := range Checks() {
 		res := *r.results[c.ID]
 		if res.Verdict == "" {
-			res.Verdict, res.Detail = Skip, "not reached"
+			res.Verdict, res.Detail = Skip, notReached
 		}
 		switch res.Verdict {
 		case Pass:
@@ -267,3 +288,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // errNoPlugin is the detail of checks that need a registered plugin.
 var errNoPlugin = errors.New("no registration was accepted; see registration.*")
+
+// interrupted is the detail of the checks an interrupted run did not finish.
+const interrupted = "interrupted"

@@ -45,12 +45,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// testConfig is a configuration with short timeouts for tests.
+// testConfig is a configuration with short timeouts for tests. It warns
+// about slow re-registration only at the threshold, where it fails: on a
+// loaded test machine a healthy plugin may take over a second.
 func testConfig(command ...string) verify.Config {
 	return verify.Config{
 		Command:             command,
 		RegisterTimeout:     15 * time.Second,
 		ReregisterThreshold: 2 * time.Second,
+		ReregisterWarn:      2 * time.Second,
 		Restarts:            2,
 		TermTimeout:         3 * time.Second,
 		QuietPeriod:         300 * time.Millisecond,
@@ -77,10 +80,14 @@ func run(t *testing.T, cfg verify.Config) *verify.Report {
 	return rep
 }
 
-func failed(rep *verify.Report) []string {
+func failed(rep *verify.Report) []string { return withVerdict(rep, verify.Fail) }
+
+func warned(rep *verify.Report) []string { return withVerdict(rep, verify.Warn) }
+
+func withVerdict(rep *verify.Report, v verify.Verdict) []string {
 	var out []string
 	for _, r := range rep.Results {
-		if r.Verdict == verify.Fail {
+		if r.Verdict == v {
 			out = append(out, r.ID)
 		}
 	}
@@ -107,9 +114,9 @@ func TestDpkitPlugins(t *testing.T) {
 		passing []string // checks that must pass, not only not fail
 	}{
 		{name: "fake example", cfg: testConfig(plugin("../../examples/fake.yaml", "--registration", "kubelet")...),
-			passing: []string{verify.CheckKubeletRestart, verify.CheckSocketDeleted, verify.CheckResponses, verify.CheckExit}},
+			passing: []string{verify.CheckKubeletRestart, verify.CheckSocketDeleted, verify.CheckOldEndpoint, verify.CheckResponses, verify.CheckDeviceIDs, verify.CheckExit}},
 		{name: "fake full", cfg: testConfig(plugin("testdata/fake-full.yaml", "--registration", "kubelet")...),
-			passing: []string{verify.CheckHealth, verify.CheckUnhealthy, verify.CheckPrefSize, verify.CheckPrefMust, verify.CheckPrefAvailable, verify.CheckPreStart}},
+			passing: []string{verify.CheckHealth, verify.CheckFullList, verify.CheckUnhealthy, verify.CheckPrefSize, verify.CheckPrefMust, verify.CheckPrefAvailable, verify.CheckPreStart}},
 		{name: "generic laptop", cfg: testConfig(plugin("../../examples/generic.yaml", append([]string{"--registration", "kubelet"}, hostFlags("laptop")...)...)...)},
 		{name: "amdgpu mi250", cfg: testConfig(plugin("../../examples/amdgpu.yaml", append([]string{"--registration", "kubelet"}, hostFlags("mi250")...)...)...)},
 		{name: "nvidia dgx-h100", cfg: testConfig(plugin("../../examples/nvidia.yaml", append([]string{"--registration", "kubelet"}, hostFlags("dgx-h100")...)...)...)},
@@ -135,21 +142,29 @@ func TestDpkitPlugins(t *testing.T) {
 	}
 }
 
-// TestBrokenPlugins runs plugins with one deliberate bug each: every check
-// must fail for the bug aimed at it, and no other check may fail.
+// TestBrokenPlugins runs plugins with one deliberate bug each: the check
+// aimed at the bug must fail (or warn, for the checks that only warn), and
+// no other check may fail or warn.
 func TestBrokenPlugins(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
+		name  string // default: the mode
 		mode  string
 		args  []string
+		cfg   func(*verify.Config)
 		fails string
+		warns string
 	}{
-		{mode: "", fails: ""},
+		{name: "correct", mode: ""},
 		{mode: "register-before-serve", fails: verify.CheckServing},
 		{mode: "bad-version", fails: verify.CheckVersion},
 		{mode: "bad-name", fails: verify.CheckResourceName},
 		{mode: "claims-preferred", fails: verify.CheckOptions},
 		{mode: "duplicate-ids", fails: verify.CheckFirstMessage},
+		// The flip comes before the concurrent-streams check, which must
+		// not fail for the partial list the kubelet's stream then has.
+		{mode: "partial-updates", args: []string{"-flip-after", "100ms"}, fails: verify.CheckFullList},
+		{mode: "odd-ids", fails: verify.CheckDeviceIDs},
 		{mode: "single-stream", fails: verify.CheckStreams},
 		{mode: "health-first-stream", fails: verify.CheckHealth},
 		{mode: "oversize", fails: verify.CheckMessageSize},
@@ -162,7 +177,11 @@ func TestBrokenPlugins(t *testing.T) {
 		{mode: "pref-unavailable", fails: verify.CheckPrefAvailable},
 		{mode: "prestart-fails", fails: verify.CheckPreStart},
 		{mode: "slow-reregister", args: []string{"-delay", "3s"}, fails: verify.CheckKubeletRestart},
-		{mode: "ignore-socket-delete", fails: verify.CheckSocketDeleted},
+		{name: "slow-reregister under the threshold", mode: "slow-reregister", args: []string{"-delay", "1s"},
+			cfg:   func(c *verify.Config) { c.ReregisterWarn, c.ReregisterThreshold = 500*time.Millisecond, 4*time.Second },
+			warns: verify.CheckKubeletRestart},
+		{mode: "ignore-socket-delete", warns: verify.CheckSocketDeleted},
+		{mode: "reuse-socket", fails: verify.CheckOldEndpoint, warns: verify.CheckSocketDeleted},
 		{mode: "storm", fails: verify.CheckSingleReg},
 		{mode: "bad-getinfo", fails: verify.CheckPluginWatcher},
 		{mode: "ignore-sigterm", fails: verify.CheckExit},
@@ -170,33 +189,46 @@ func TestBrokenPlugins(t *testing.T) {
 	}
 	aimed := map[string]bool{}
 	for _, tt := range tests {
-		aimed[tt.fails] = true
+		aimed[tt.fails], aimed[tt.warns] = true, true
 	}
 	for _, c := range verify.Checks() {
 		if !aimed[c.ID] {
-			t.Errorf("no broken plugin fails check %s", c.ID)
+			t.Errorf("no broken plugin fails or warns check %s", c.ID)
 		}
 	}
 	for _, tt := range tests {
-		name := tt.mode
+		name := tt.name
 		if name == "" {
-			name = "correct"
+			name = tt.mode
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			rep := run(t, testConfig(append([]string{bins.broken, "-mode", tt.mode}, tt.args...)...))
-			var want []string
-			if tt.fails != "" {
-				want = []string{tt.fails}
+			cfg := testConfig(append([]string{bins.broken, "-mode", tt.mode}, tt.args...)...)
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
 			}
-			if got := failed(rep); !slices.Equal(got, want) {
+			rep := run(t, cfg)
+			if got, want := failed(rep), nonEmpty(tt.fails); !slices.Equal(got, want) {
 				t.Errorf("failed checks %v, want %v", got, want)
 			}
-			if tt.fails != "" && !rep.Failed() {
-				t.Error("Report.Failed() is false")
+			if got, want := warned(rep), nonEmpty(tt.warns); !slices.Equal(got, want) {
+				t.Errorf("warned checks %v, want %v", got, want)
+			}
+			if rep.Failed() != (tt.fails != "") {
+				t.Errorf("Report.Failed() is %t", rep.Failed())
 			}
 		})
 	}
+}
+
+func nonEmpty(s ...string) []string {
+	var out []string
+	for _, x := range s {
+		if x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // TestPrivateMount runs a plugin that only knows
@@ -253,18 +285,48 @@ func TestSocketDir(t *testing.T) {
 	}
 }
 
-// TestNoRegistration reports a plugin that never registers.
-func TestNoRegistration(t *testing.T) {
+// TestPluginDies checks "one cause, one failure": a plugin that exits
+// before registering fails registration.serving only, saying how it
+// exited, and one that exits during the run fails shutdown.exit only; the
+// checks that depended on it are skipped with the reason.
+func TestPluginDies(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig("sh", "-c", "exit 3")
-	rep := run(t, cfg)
-	for _, id := range []string{verify.CheckServing, verify.CheckVersion, verify.CheckResourceName} {
-		if r := rep.Result(id); r.Verdict != verify.Fail || !strings.Contains(r.Detail, "exited before registering") {
-			t.Errorf("%s: %s %q, want a failure saying the plugin exited", id, r.Verdict, r.Detail)
-		}
+	tests := []struct {
+		name    string
+		command []string
+		fails   string
+		detail  string // of the failure
+		skipped string // the detail of the skipped checks contains it
+	}{
+		{name: "exit 0 at start", command: []string{"true"}, fails: verify.CheckServing,
+			detail: "no Register call arrived: the plugin exited with status 0 before registering", skipped: "exited with status 0 before registering; see " + verify.CheckServing},
+		{name: "exit 3 at start", command: []string{"sh", "-c", "exit 3"}, fails: verify.CheckServing,
+			detail: "the plugin exited with status 3 before registering", skipped: "see " + verify.CheckServing},
+		{name: "killed at start", command: []string{"sh", "-c", "kill -9 $$"}, fails: verify.CheckServing,
+			detail: "the plugin was killed by signal 9 (killed) before registering", skipped: "see " + verify.CheckServing},
+		{name: "dies on Allocate", command: []string{bins.broken, "-mode", "die-on-allocate"}, fails: verify.CheckExit,
+			detail: "the plugin exited with status 2 on its own at", skipped: "the plugin exited with status 2 at"},
 	}
-	if r := rep.Result(verify.CheckExit); r.Verdict != verify.Fail {
-		t.Errorf("%s: %s, want fail", verify.CheckExit, r.Verdict)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rep := run(t, testConfig(tt.command...))
+			if got := failed(rep); !slices.Equal(got, []string{tt.fails}) {
+				t.Fatalf("failed checks %v, want [%s]", got, tt.fails)
+			}
+			if d := rep.Result(tt.fails).Detail; !strings.Contains(d, tt.detail) || strings.Contains(d, "<nil>") {
+				t.Errorf("%s detail %q, want it to contain %q", tt.fails, d, tt.detail)
+			}
+			skipped := 0
+			for _, r := range rep.Results {
+				if r.Verdict == verify.Skip && strings.Contains(r.Detail, tt.skipped) {
+					skipped++
+				}
+			}
+			if skipped == 0 {
+				t.Errorf("no check skipped with a detail containing %q", tt.skipped)
+			}
+		})
 	}
 }
 

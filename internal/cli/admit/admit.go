@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -179,10 +178,13 @@ func line(lines []string, i int) string {
 	return ""
 }
 
+// deviceLines lists a container's devices per resource; IDs are shown as
+// output.ID does, quoted when they have control characters or path
+// separators.
 func deviceLines(as []kubelet.Allocation) []string {
 	out := make([]string, 0, len(as))
 	for _, a := range as {
-		out = append(out, a.Resource+": "+strings.Join(a.DeviceIDs, ","))
+		out = append(out, a.Resource+": "+output.IDs(a.DeviceIDs))
 	}
 	return out
 }

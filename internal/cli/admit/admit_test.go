@@ -279,3 +279,27 @@ gpu        app   example.com/a: a0     env A=a0
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestPrintQuotesOddIDs checks that device IDs with a control character or
+// a path separator are shown quoted, so that they cannot garble the table.
+func TestPrintQuotesOddIDs(t *testing.T) {
+	t.Parallel()
+	pod := &kubelet.Pod{Namespace: "ml", Name: "p", UID: "u", Containers: []kubelet.Container{
+		{Name: "gpu", Type: kubelet.ContainerTypeApp,
+			Devices: []kubelet.Allocation{{Resource: "example.com/a", DeviceIDs: []string{"a0", "a1\n", "MIG-1/0"}}}},
+	}}
+	var out bytes.Buffer
+	if err := admit.Print(&out, pod, "table"); err != nil {
+		t.Fatal(err)
+	}
+	if want := `gpu        app   example.com/a: a0,"a1\n","MIG-1/0"  -`; !strings.Contains(out.String(), want) {
+		t.Errorf("table:\n%s\nlacks %q", out.String(), want)
+	}
+	out.Reset()
+	if err := admit.Print(&out, pod, "json"); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"a1\n"`; !strings.Contains(out.String(), want) {
+		t.Errorf("JSON output changed the ID:\n%s", out.String())
+	}
+}

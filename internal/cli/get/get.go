@@ -103,12 +103,7 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format strin
 			return err
 		}
 		v = ds
-		tab = func(t *tabwriter.Writer) {
-			fmt.Fprintln(t, "RESOURCE\tID\tHEALTHY\tNUMA\tPOD UID")
-			for _, d := range ds {
-				fmt.Fprintf(t, "%s\t%s\t%t\t%s\t%s\n", d.Resource, d.ID, d.Healthy, joinInts(d.NUMANodes), orDash(d.PodUID))
-			}
-		}
+		tab = func(t *tabwriter.Writer) { writeDevices(t, ds) }
 	case "plugins":
 		ps, err := c.Plugins(ctx)
 		if err != nil {
@@ -131,6 +126,15 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format strin
 		tab(t)
 		return nil
 	})
+}
+
+// writeDevices writes the table of devices. IDs are shown as output.ID
+// does: quoted when they have control characters or path separators.
+func writeDevices(t io.Writer, ds []kubelet.Device) {
+	fmt.Fprintln(t, "RESOURCE\tID\tHEALTHY\tNUMA\tPOD UID")
+	for _, d := range ds {
+		fmt.Fprintf(t, "%s\t%s\t%t\t%s\t%s\n", d.Resource, output.ID(d.ID), d.Healthy, joinInts(d.NUMANodes), orDash(d.PodUID))
+	}
 }
 
 // PodsTimeout bounds connecting to the PodResources API and listing.
@@ -156,19 +160,25 @@ func RunPods(ctx context.Context, w io.Writer, socket string, format string) err
 	}
 	pods := PodsFromList(resp)
 	return output.Write(w, format, pods, func(t *tabwriter.Writer) error {
-		fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES\tNUMA")
-		for _, p := range pods {
-			for _, c := range p.Containers {
-				if len(c.Devices) == 0 {
-					fmt.Fprintf(t, "%s\t%s\t%s\t-\t-\t-\n", p.Namespace, p.Name, c.Name)
-				}
-				for _, d := range c.Devices {
-					fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, c.Name, d.Resource, strings.Join(d.DeviceIDs, ","), joinInts(d.NUMANodes))
-				}
-			}
-		}
+		writePods(t, pods)
 		return nil
 	})
+}
+
+// writePods writes the table of pods. Device IDs are shown as output.ID
+// does: quoted when they have control characters or path separators.
+func writePods(t io.Writer, pods []Pod) {
+	fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES\tNUMA")
+	for _, p := range pods {
+		for _, c := range p.Containers {
+			if len(c.Devices) == 0 {
+				fmt.Fprintf(t, "%s\t%s\t%s\t-\t-\t-\n", p.Namespace, p.Name, c.Name)
+			}
+			for _, d := range c.Devices {
+				fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, c.Name, d.Resource, output.IDs(d.DeviceIDs), joinInts(d.NUMANodes))
+			}
+		}
+	}
 }
 
 // Pod is one pod as the PodResources API lists it.

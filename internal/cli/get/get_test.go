@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"go.uber.org/goleak"
@@ -139,5 +140,39 @@ func TestPodsFromList(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("PodsFromList =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// TestTablesQuoteOddIDs checks that a device ID with a control character
+// or a path separator is shown quoted in the tables, so a newline cannot
+// start a forged row, and kept as it is in JSON.
+func TestTablesQuoteOddIDs(t *testing.T) {
+	t.Parallel()
+	odd := "dev-1\nexample.com/fake  dev-9  true"
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	writeDevices(tw, []kubelet.Device{
+		{Resource: "example.com/foo", ID: "dev-0", Healthy: true},
+		{Resource: "example.com/foo", ID: odd, Healthy: true},
+		{Resource: "example.com/foo", ID: "MIG-GPU-1/0/0", Healthy: false},
+	})
+	_ = tw.Flush()
+	want := `RESOURCE         ID                                      HEALTHY  NUMA  POD UID
+example.com/foo  dev-0                                   true     -     -
+example.com/foo  "dev-1\nexample.com/fake  dev-9  true"  true     -     -
+example.com/foo  "MIG-GPU-1/0/0"                         false    -     -
+`
+	if b.String() != want {
+		t.Errorf("devices table:\n%s\nwant:\n%s", b.String(), want)
+	}
+
+	b.Reset()
+	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	writePods(tw, []Pod{{Namespace: "ml", Name: "p", Containers: []Container{{Name: "c", Devices: []Devices{
+		{Resource: "example.com/foo", DeviceIDs: []string{"dev-0", "dev\x1b[2J"}},
+	}}}}})
+	_ = tw.Flush()
+	if want := `ml         p     c          example.com/foo  dev-0,"dev\x1b[2J"  -`; !strings.Contains(b.String(), want) {
+		t.Errorf("pods table:\n%s\nlacks %q", b.String(), want)
 	}
 }

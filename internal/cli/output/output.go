@@ -6,7 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 )
@@ -51,4 +55,36 @@ func Write(w io.Writer, format string, v any, table func(*tabwriter.Writer) erro
 		return t.Flush()
 	}
 	return Check(format)
+}
+
+// ID returns a device ID as a table cell shows it: unchanged when it is
+// plain, quoted with strconv.Quote when it has a character that would
+// garble the table or make the ID look like something else: a control or
+// other non-printing character (a newline, an escape sequence), invalid
+// UTF-8, a space, a path separator, a comma (the separator of ID lists) or
+// a double quote. An empty ID is shown as "". The kubelet takes device IDs
+// from plugins as opaque strings; JSON and YAML output keep them as they are.
+func ID(id string) string {
+	if id == "" || !utf8.ValidString(id) || strings.IndexFunc(id, needsQuote) >= 0 {
+		return strconv.Quote(id)
+	}
+	return id
+}
+
+// IDs returns ids as a table cell shows them: each as ID does, joined with
+// commas.
+func IDs(ids []string) string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = ID(id)
+	}
+	return strings.Join(out, ",")
+}
+
+func needsQuote(r rune) bool {
+	switch r {
+	case ' ', '/', '\\', ',', '"':
+		return true
+	}
+	return !unicode.IsPrint(r)
 }

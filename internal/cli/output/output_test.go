@@ -34,3 +34,32 @@ func TestWrite(t *testing.T) {
 		t.Errorf("unknown format: %v", err)
 	}
 }
+
+// TestID checks which device IDs a table quotes: those whose characters
+// would garble a table or pass for something else.
+func TestID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ id, want string }{
+		{"dev-0", "dev-0"},
+		{"0000:3b:00.0", "0000:3b:00.0"},
+		{"GPU-8f3c_é", "GPU-8f3c_é"},
+		{"", `""`},
+		{"dev-0\n", `"dev-0\n"`},
+		{"dev\x1b[31m", `"dev\x1b[31m"`},
+		{"a\tb", `"a\tb"`},
+		{"MIG-GPU-1/0/0", `"MIG-GPU-1/0/0"`},
+		{`..\x`, `"..\\x"`},
+		{"a,b", `"a,b"`},
+		{"a b", `"a b"`},
+		{"a\u00a0b", `"a\u00a0b"`},
+		{"\xff", `"\xff"`},
+		{`say"hi`, `"say\"hi"`},
+	} {
+		if got := ID(tc.id); got != tc.want {
+			t.Errorf("ID(%q) = %s, want %s", tc.id, got, tc.want)
+		}
+	}
+	if got, want := IDs([]string{"dev-0", "dev/1", "dev-2\r"}), `dev-0,"dev/1","dev-2\r"`; got != want {
+		t.Errorf("IDs = %s, want %s", got, want)
+	}
+}

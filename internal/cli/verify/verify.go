@@ -14,6 +14,10 @@ import (
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
+// ExitInterrupted is the exit code of a run interrupted by Ctrl-C or
+// SIGTERM, the shell's 128 + SIGINT.
+const ExitInterrupted = 130
+
 // NewCommand returns the "verify" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
@@ -29,7 +33,9 @@ the kubelet relies on: registration, ListAndWatch, Allocate, preferred
 allocation, PreStartContainer, re-registration after kubelet restarts, message
 sizes, the plugin watcher path and SIGTERM. Every check has an ID, a verdict
 (pass, fail, warn, skip) and a detail; docs/verify.md explains each one and
-how to fix a failure. The exit code is 1 when any check fails.
+how to fix a failure. The exit code is 1 when any check fails, 2 for usage
+errors, and 130 when verify is interrupted (Ctrl-C, SIGTERM): the plugin is
+stopped and the checks not finished are reported as skipped.
 
 In ARGS, {plugin-dir} is replaced with the emulated device plugin directory
 (also in $DPKIT_PLUGIN_DIR and $PLUGIN_SOCK_DIR) and {registry-dir} with the
@@ -78,7 +84,10 @@ plugins_registry directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 			if err != nil {
 				return err
 			}
-			if rep.Failed() {
+			switch {
+			case rep.Interrupted:
+				return cli.Exit(ExitInterrupted, errors.New("interrupted"))
+			case rep.Failed():
 				return cli.Exit(1, fmt.Errorf("%d of %d checks failed", rep.Summary.Failed, len(rep.Results)))
 			}
 			return nil
@@ -92,6 +101,7 @@ plugins_registry directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 	fl.StringVar(&junit, "junit", "", "also write the results as JUnit XML to FILE")
 	fl.DurationVar(&cfg.RegisterTimeout, "register-timeout", verify.DefaultRegisterTimeout, "how long to wait for the plugin's first registration")
 	fl.DurationVar(&cfg.ReregisterThreshold, "reregister-threshold", verify.DefaultReregisterThreshold, "longest acceptable time to register again after a kubelet restart or socket deletion")
+	fl.DurationVar(&cfg.ReregisterWarn, "reregister-warn", verify.DefaultReregisterWarn, "warn when registering again takes longer than this")
 	fl.IntVar(&cfg.Restarts, "restarts", verify.DefaultRestarts, "kubelet restarts to emulate in a row")
 	fl.DurationVar(&cfg.TermTimeout, "term-timeout", verify.DefaultTermTimeout, "how long the plugin may take to exit after SIGTERM")
 	fl.DurationVar(&cfg.QuietPeriod, "quiet-period", verify.DefaultQuietPeriod, "how long to watch for further registrations after one (registration storms)")

@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	verifycmd "github.com/dpkit/dpkit/internal/cli/verify"
@@ -18,6 +21,11 @@ import (
 
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	return runCtx(context.Background(), t, args...)
+}
+
+func runCtx(ctx context.Context, t *testing.T, args ...string) (string, error) {
+	t.Helper()
 	var out, errOut bytes.Buffer
 	env := &cli.Env{Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler)}
 	cmd := verifycmd.NewCommand(env)
@@ -25,7 +33,7 @@ func run(t *testing.T, args ...string) (string, error) {
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	err := cmd.ExecuteContext(context.Background())
+	err := cmd.ExecuteContext(ctx)
 	return out.String(), err
 }
 
@@ -110,6 +118,104 @@ func TestTableOutput(t *testing.T) {
 	for _, want := range []string{"CHECK", "RESULT", verify.CheckServing, "FAIL " + verify.CheckServing, "failed", "skipped"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// A plugin that exits with status 0 before registering: one failure that
+// says so, without "<nil>".
+func TestPluginExitsAtStart(t *testing.T) {
+	t.Parallel()
+	out, err := run(t, "--", "true")
+	if code := cli.ExitCode(err); code != 1 {
+		t.Fatalf("exit code %d (%v), want 1", code, err)
+	}
+	for _, want := range []string{"FAIL " + verify.CheckServing, "the plugin exited with status 0 before registering", "0 passed, 1 failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "<nil>") {
+		t.Errorf("table says <nil>:\n%s", out)
+	}
+}
+
+// junitReport is the part of the JUnit XML the tests read.
+type junitReport struct {
+	Suites []struct {
+		Tests    int `xml:"tests,attr"`
+		Failures int `xml:"failures,attr"`
+		Skipped  int `xml:"skipped,attr"`
+		Cases    []struct {
+			Name    string `xml:"name,attr"`
+			Failure *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"failure"`
+			Skipped *struct {
+				Message string `xml:"message,attr"`
+			} `xml:"skipped"`
+		} `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+// An interrupted run (its context ends, as on Ctrl-C) exits 130, says
+// "interrupted", and its JUnit has no failure: every unfinished check is
+// skipped. The plugin tells the test through a FIFO that it has started,
+// so the run is interrupted while it waits for the registration.
+func TestInterrupted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "started")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	junit := filepath.Join(dir, "verify.xml")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := runCtx(ctx, t, "--junit", junit, "--register-timeout", "1m", "--", "sh", "-c", "echo up > "+fifo+"; exec sleep 60")
+		done <- result{out, err}
+	}()
+	f, err := os.Open(fifo) // blocks until the plugin opens it to write
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(f); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	cancel()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("verify did not return within 30s of being interrupted")
+	}
+	if code := cli.ExitCode(res.err); code != verifycmd.ExitInterrupted || res.err.Error() != "interrupted" {
+		t.Errorf("exit code %d (%v), want %d and \"interrupted\"", code, res.err, verifycmd.ExitInterrupted)
+	}
+	if !strings.Contains(res.out, "interrupted: 0 passed, 0 failed") || strings.Contains(res.out, "FAIL") {
+		t.Errorf("table does not say interrupted without failures:\n%s", res.out)
+	}
+	data, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep junitReport
+	if err := xml.Unmarshal(data, &rep); err != nil {
+		t.Fatalf("JUnit: %v\n%s", err, data)
+	}
+	if len(rep.Suites) != 1 || rep.Suites[0].Failures != 0 || rep.Suites[0].Skipped != len(verify.Checks()) {
+		t.Fatalf("JUnit suites %+v, want one suite with 0 failures and %d skipped", rep.Suites, len(verify.Checks()))
+	}
+	for _, c := range rep.Suites[0].Cases {
+		if c.Failure != nil || c.Skipped == nil || c.Skipped.Message != "interrupted" {
+			t.Errorf("JUnit case %s: failure %v, skipped %v; want skipped as interrupted", c.Name, c.Failure, c.Skipped)
 		}
 	}
 }

@@ -5,6 +5,9 @@
 //
 // It serves example.com/broken with devices dev-0 ... dev-7; dev-7 is
 // unhealthy, and dev-6 turns unhealthy -flip-after the first registration.
+// When its socket is deleted it listens on a new socket path and registers
+// again; the kubelet's connection to the old socket stays open, as the
+// kubelet keeps one endpoint per socket path.
 package main
 
 import (
@@ -43,6 +46,8 @@ func modes() map[string]string {
 		"bad-name":               "first registers with resource name \"broken\" (no domain)",
 		"claims-preferred":       "claims GetPreferredAllocationAvailable without implementing it",
 		"duplicate-ids":          "lists dev-0 twice in ListAndWatch",
+		"partial-updates":        "sends only the devices that changed in ListAndWatch updates",
+		"odd-ids":                "has a device ID that ends in a newline",
 		"single-stream":          "serves one ListAndWatch stream at a time",
 		"health-first-stream":    "sends health changes only to the first stream ever opened",
 		"oversize":               "lists 50000 devices with long IDs (over 4 MiB)",
@@ -50,12 +55,14 @@ func modes() map[string]string {
 		"accept-unknown":         "allocates device IDs it does not have",
 		"accept-unhealthy":       "allocates unhealthy devices",
 		"no-concurrent-allocate": "refuses an Allocate while another is in flight",
+		"die-on-allocate":        "exits with status 2 on its first Allocate",
 		"pref-wrong-size":        "answers GetPreferredAllocation with one ID too few",
 		"ignore-must-include":    "ignores mustInclude in GetPreferredAllocation",
 		"pref-unavailable":       "answers GetPreferredAllocation with a device that is not available",
 		"prestart-fails":         "requires PreStartContainer and fails it",
 		"slow-reregister":        "registers again only -delay after a kubelet restart",
 		"ignore-socket-delete":   "does not notice that its socket was deleted",
+		"reuse-socket":           "re-creates its socket at the same path when it is deleted, leaving the kubelet's old connection open, and registers again once",
 		"storm":                  "registers twice every time",
 		"bad-getinfo":            "answers the plugin watcher's GetInfo with type CSIPlugin",
 		"ignore-sigterm":         "ignores SIGTERM",
@@ -103,12 +110,13 @@ type plugin struct {
 	mode        string
 	dir         string
 	kubeletSock string
-	socket      string
 	delay       time.Duration
 	flipAfter   time.Duration
 	srv         *grpc.Server
 
 	mu       sync.Mutex
+	socket   string // the socket served now
+	listens  int
 	devs     []*pluginapi.Device
 	version  int
 	changed  chan struct{}
@@ -139,6 +147,9 @@ func newPlugin(mode, dir string, flipAfter time.Duration) *plugin {
 		if i == 7 {
 			h = pluginapi.Unhealthy
 		}
+		if i == 3 && mode == "odd-ids" {
+			id += "\n" // as read from a sysfs file, untrimmed
+		}
 		p.devs = append(p.devs, &pluginapi.Device{ID: id, Health: h})
 	}
 	if mode == "duplicate-ids" {
@@ -153,7 +164,7 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 	registerapi.RegisterRegistrationServer(p.srv, infoService{p: p})
 	if registryDir != "" {
 		p.socket = filepath.Join(registryDir, fmt.Sprintf("broken-%d.sock", os.Getpid()))
-		if err := p.listen(); err != nil {
+		if err := p.listen(false); err != nil {
 			return err
 		}
 		p.flip()
@@ -171,7 +182,7 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 	if p.mode == "register-before-serve" {
 		_ = p.registerOnce(ctx)
 	}
-	if err := p.listen(); err != nil {
+	if err := p.listen(false); err != nil {
 		return err
 	}
 	go p.registerRetry(ctx, false)
@@ -193,11 +204,20 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 					log.Print(err)
 				}
 				p.registerRetry(ctx, false)
-			case ev.Name == p.socket && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)):
-				if p.mode == "ignore-socket-delete" {
+			case ev.Name == p.sockPath() && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)):
+				switch p.mode {
+				case "ignore-socket-delete":
+					continue
+				case "reuse-socket":
+					if err := p.listen(false); err != nil {
+						log.Print(err)
+					}
+					if p.sameKubelet() {
+						_ = p.registerOnce(ctx)
+					}
 					continue
 				}
-				if err := p.ensureListening(); err != nil {
+				if err := p.listen(true); err != nil {
 					log.Print(err)
 				}
 				if p.sameKubelet() {
@@ -213,16 +233,31 @@ func (p *plugin) run(ctx context.Context, registryDir string) error {
 func (p *plugin) shutdown() error {
 	p.srv.Stop()
 	if p.mode != "leave-socket" {
-		if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(p.sockPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
 	return nil
 }
 
-func (p *plugin) listen() error {
-	_ = os.Remove(p.socket)
-	ln, err := net.Listen("unix", p.socket)
+func (p *plugin) sockPath() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.socket
+}
+
+// listen serves on the socket, on a new path when fresh. The old listener
+// is closed; connections accepted from it stay open.
+func (p *plugin) listen(fresh bool) error {
+	p.mu.Lock()
+	if fresh {
+		p.listens++
+		p.socket = filepath.Join(filepath.Dir(p.socket), fmt.Sprintf("broken-%d-%d.sock", os.Getpid(), p.listens))
+	}
+	path := p.socket
+	p.mu.Unlock()
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return err
 	}
@@ -238,10 +273,10 @@ func (p *plugin) listen() error {
 }
 
 func (p *plugin) ensureListening() error {
-	if _, err := os.Stat(p.socket); err == nil {
+	if _, err := os.Stat(p.sockPath()); err == nil {
 		return nil
 	}
-	return p.listen()
+	return p.listen(false)
 }
 
 // sameKubelet reports whether kubelet.sock is the one registered with.
@@ -285,7 +320,7 @@ func (p *plugin) registerOnce(ctx context.Context) error {
 	first := p.attempts == 1
 	p.mu.Unlock()
 	req := &pluginapi.RegisterRequest{
-		Version: pluginapi.Version, Endpoint: filepath.Base(p.socket), ResourceName: resource,
+		Version: pluginapi.Version, Endpoint: filepath.Base(p.sockPath()), ResourceName: resource,
 		Options: p.options(),
 	}
 	switch {
@@ -368,12 +403,18 @@ func (s service) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_
 		defer p.streamLock.Unlock()
 	}
 	sent := -1
+	var last []*pluginapi.Device
 	for {
 		devs, v, ch := p.snapshot()
 		if v != sent && (sent < 0 || p.mode != "health-first-stream" || n == 1) {
-			if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
+			out := devs
+			if p.mode == "partial-updates" && sent >= 0 {
+				out = changed(last, devs)
+			}
+			if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: out}); err != nil {
 				return err
 			}
+			last = devs
 		}
 		sent = v
 		select {
@@ -384,8 +425,28 @@ func (s service) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_
 	}
 }
 
+// changed returns the devices of now that are new or have another health
+// than in prev.
+func changed(prev, now []*pluginapi.Device) []*pluginapi.Device {
+	health := map[string]string{}
+	for _, d := range prev {
+		health[d.ID] = d.Health
+	}
+	var out []*pluginapi.Device
+	for _, d := range now {
+		if h, ok := health[d.ID]; !ok || h != d.Health {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 func (s service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	p := s.p
+	if p.mode == "die-on-allocate" {
+		log.Print("Allocate: giving up")
+		os.Exit(2)
+	}
 	if p.mode == "no-concurrent-allocate" {
 		if p.allocating.Add(1) > 1 {
 			p.allocating.Add(-1)
@@ -466,7 +527,7 @@ func (s infoService) GetInfo(context.Context, *registerapi.InfoRequest) (*regist
 	if s.p.mode == "bad-getinfo" {
 		typ = registerapi.CSIPlugin
 	}
-	return &registerapi.PluginInfo{Type: typ, Name: resource, Endpoint: s.p.socket, SupportedVersions: []string{pluginapi.Version}}, nil
+	return &registerapi.PluginInfo{Type: typ, Name: resource, Endpoint: s.p.sockPath(), SupportedVersions: []string{pluginapi.Version}}, nil
 }
 
 func (s infoService) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
