@@ -16,21 +16,16 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/internal/kubeletreg"
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
-// Error texts of the kubelet's device plugin registration server
-// (pkg/kubelet/cm/devicemanager/plugin/v1beta1), kept identical so a
-// plugin sees what a real kubelet would answer.
-const (
-	errUnsupportedVersion       = "requested API version %q is not supported by kubelet. Supported version is %q"
-	errInvalidResourceName      = "the ResourceName %q is invalid"
-	errFailedToDialDevicePlugin = "failed to dial device plugin:"
-	// errAlreadyConnected is the device manager's answer (manager.go
-	// PluginConnected) to a registration for a resource and socket path
-	// that it still has a connected endpoint for.
-	errAlreadyConnected = "device plugin already connected: %s"
-)
+// errFailedToDialDevicePlugin starts the kubelet's registration error for
+// a plugin it cannot reach (pkg/kubelet/cm/devicemanager/plugin/v1beta1).
+// The other answers come from package kubeletreg, shared with dpkit's
+// device manager and dptest, so a plugin sees what a real kubelet would
+// answer.
+const errFailedToDialDevicePlugin = "failed to dial device plugin:"
 
 // takeoverGrace is how long the emulator waits for the old connection to a
 // socket path to close before it refuses a registration for that path as
@@ -323,7 +318,7 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 		closed := e.waitFor(ctx, takeoverGrace, func() bool { return old.ended })
 		if !closed {
 			r.AlreadyConnected, r.Recreated = true, !sameSocket(old.sock, r.sock)
-			return nil, nil, fmt.Errorf(errAlreadyConnected, r.Endpoint)
+			return nil, nil, kubeletreg.AlreadyConnected(r.Endpoint)
 		}
 	}
 	cc, err := dialPlugin(r.Endpoint)
@@ -446,19 +441,7 @@ func (s regServer) Register(ctx context.Context, req *pluginapi.RegisterRequest)
 // validateRegistration applies the kubelet's checks of a RegisterRequest,
 // with its error texts.
 func validateRegistration(version, resource string) error {
-	supported := false
-	for _, v := range pluginapi.SupportedVersions {
-		if v == version {
-			supported = true
-		}
-	}
-	if !supported {
-		return fmt.Errorf(errUnsupportedVersion, version, pluginapi.SupportedVersions)
-	}
-	if !devicemanager.IsExtendedResourceName(resource) {
-		return fmt.Errorf(errInvalidResourceName, resource)
-	}
-	return nil
+	return kubeletreg.CheckRequest(version, resource)
 }
 
 // registryHandler is the emulated kubelet's device plugin handler for the
@@ -479,8 +462,8 @@ func (registryHandler) validateOnly(name string, versions []string) error {
 	switch {
 	case !supported:
 		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
-	case !devicemanager.IsExtendedResourceName(name):
-		return fmt.Errorf("invalid name of device plugin socket: %s", fmt.Sprintf(errInvalidResourceName, name))
+	case !resourcename.Valid(name):
+		return fmt.Errorf("invalid name of device plugin socket: %s", kubeletreg.InvalidResourceName(name))
 	}
 	return nil
 }

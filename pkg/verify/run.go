@@ -16,6 +16,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/kubeletreg"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 )
 
@@ -440,7 +441,7 @@ func (r *runner) checkRegistrations(noneDetail string) {
 			badVersion = append(badVersion, "kubelet answered: "+err.Error())
 		}
 		if validateRegistration(pluginapi.Version, reg.Resource) != nil {
-			badName = append(badName, fmt.Sprintf("kubelet answered: %s (%s)", fmt.Sprintf(errInvalidResourceName, reg.Resource), strings.Join(resourceNameProblems(reg.Resource), "; ")))
+			badName = append(badName, fmt.Sprintf("kubelet answered: %s (%s)", kubeletreg.InvalidResourceName(reg.Resource), strings.Join(resourceNameProblems(reg.Resource), "; ")))
 		}
 	}
 	verdict := func(id string, problems []string, ok string) {
