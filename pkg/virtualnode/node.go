@@ -332,6 +332,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	podFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
 	g.Go(func() error { n.watchDevices(gctx); return nil })
+	g.Go(func() error { n.prov.watchHealth(gctx); return nil })
 	if cfg.Port > 0 {
 		if err := n.startAPI(gctx, g); err != nil {
 			cancel()
