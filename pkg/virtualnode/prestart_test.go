@@ -296,6 +296,49 @@ func TestPreStartContainer(t *testing.T) {
 	}
 }
 
+// TestPreStartPluginGone checks that a container holding devices of a
+// plugin that did not ask for PreStartContainer starts even when that
+// plugin is gone (disconnected, in its grace period) at the time, as with
+// the kubelet, which keeps the endpoint's options until the resource is
+// removed. Process backend: the app container starts after an init
+// container that waits until the plugin has gone.
+func TestPreStartPluginGone(t *testing.T) {
+	n := startPreStartNode(t, preStartBackends[1])
+	ctx, root, mgr, p, got := n.ctx, n.root, n.mgr, n.p, n.got
+	const plain = "example.com/plain"
+	stopPlugin := serveRecording(t, mgr, plain, "plain.sock", &recordingPlugin{opts: &pluginapi.DevicePluginOptions{}, devices: healthyDevices("n0", "n1")})
+	waitManager(t, mgr, "the plugin's devices", allocatableIs(mgr, map[string]int64{plain: 2}))
+
+	gate := filepath.Join(root, "gate")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gone", Namespace: "ns", UID: "uid-gone"},
+		Spec: corev1.PodSpec{
+			RestartPolicy:  corev1.RestartPolicyNever,
+			InitContainers: []corev1.Container{{Name: "init", Command: []string{"sh", "-c", fmt.Sprintf("while [ -e %s ]; do sleep 0.05; done", gate)}}},
+			Containers:     []corev1.Container{{Name: "a", Command: holdingCommand(root, false), Resources: limits(plain, 1)}},
+		},
+	}
+	if err := p.CreatePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	got.wait(t, "gone", "init running", containersRunning("init"))
+	stopPlugin()
+	waitManager(t, mgr, "the plugin gone", func() bool { r := mgr.Resources(); return len(r) == 1 && !r[0].Connected })
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	running := got.wait(t, "gone", "a running, or given up", func(p *corev1.Pod) bool {
+		return containersRunning("a")(p) || terminal(p) || len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Terminated != nil
+	})
+	if !containersRunning("a")(running) {
+		t.Fatalf("container a did not start with its plugin gone: %+v", running.Status.ContainerStatuses)
+	}
+	stopPod(t, ctx, p, got, pod)
+}
+
 func containerIDs(pa *devicemanager.PodAllocation, container, resource string) []string {
 	if pa == nil {
 		return nil
