@@ -64,7 +64,7 @@ func (p *provider) backendNotify(pod *corev1.Pod) {
 		p.mu.Unlock()
 		return // a stale report about a replaced pod
 	}
-	p.setResourcesStatus(pod, p.mgr.AllocatedResourcesStatus(pod.UID), cur)
+	setResourcesStatus(pod, p.mgr.AllocatedResourcesStatus(pod.UID), cur)
 	p.pods[k] = pod
 	p.mu.Unlock()
 	if terminal(pod) {
@@ -97,11 +97,11 @@ func (p *provider) publish(k string) {
 // Unlike the kubelet (v1.37), which fills only app containers, init and
 // restartable init (sidecar) containers holding devices get it too. A pod
 // that holds no devices any more (it terminated and freed them) keeps what
-// prev, its last stored state, said. It reports whether a status changed.
-func (p *provider) setResourcesStatus(pod *corev1.Pod, byContainer map[string][]corev1.ResourceStatus, prev *corev1.Pod) bool {
+// prev, its last stored state, said.
+func setResourcesStatus(pod *corev1.Pod, byContainer map[string][]corev1.ResourceStatus, prev *corev1.Pod) {
 	if byContainer == nil {
 		if prev == nil || prev.UID != pod.UID {
-			return false
+			return
 		}
 		byContainer = map[string][]corev1.ResourceStatus{}
 		for _, list := range [][]corev1.ContainerStatus{prev.Status.InitContainerStatuses, prev.Status.ContainerStatuses} {
@@ -112,21 +112,15 @@ func (p *provider) setResourcesStatus(pod *corev1.Pod, byContainer map[string][]
 			}
 		}
 	}
-	changed := false
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 		for i := range list {
-			want := byContainer[list[i].Name]
-			if !equality.Semantic.DeepEqual(list[i].AllocatedResourcesStatus, want) {
-				list[i].AllocatedResourcesStatus = want
-				changed = true
-			}
+			list[i].AllocatedResourcesStatus = byContainer[list[i].Name]
 		}
 	}
-	return changed
 }
 
 // resourcesStatusDiffers reports whether setResourcesStatus would change
-// pod.
+// pod (nil and empty lists are the same).
 func resourcesStatusDiffers(pod *corev1.Pod, byContainer map[string][]corev1.ResourceStatus) bool {
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 		for _, cs := range list {
@@ -176,7 +170,7 @@ func (p *provider) refreshHealth() []string {
 			continue
 		}
 		upd := pod.DeepCopy()
-		p.setResourcesStatus(upd, st, pod)
+		setResourcesStatus(upd, st, pod)
 		p.pods[k] = upd
 		changed = append(changed, k)
 	}
