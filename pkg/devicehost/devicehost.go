@@ -10,6 +10,7 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,6 +32,10 @@ type Config struct {
 	TopologyPolicy string
 	TopologyScope  string
 	NUMANodes      []int
+	// GracePeriod is the device manager's grace period for resources
+	// whose plugins are all gone (devicemanager.Config.GracePeriod).
+	// Default 5m, the kubelet's.
+	GracePeriod time.Duration
 }
 
 // Host is a started device manager, plugin watcher and PodResources
@@ -61,6 +66,7 @@ func New(cfg Config) (*Host, error) {
 		TopologyPolicy: cfg.TopologyPolicy,
 		TopologyScope:  cfg.TopologyScope,
 		NUMANodes:      cfg.NUMANodes,
+		GracePeriod:    cfg.GracePeriod,
 	})
 	if err != nil {
 		return nil, err

@@ -88,6 +88,10 @@ type resourceState struct {
 	opts *pluginapi.DevicePluginOptions
 	// stopTime is when the last plugin went away; zero while connected.
 	stopTime time.Time
+	// reported tells that the devices' health is the plugins' word: a
+	// ListAndWatch message was applied since the resource last lost all
+	// its plugins (see AllocatedResourcesStatus).
+	reported bool
 }
 
 type podState struct {

@@ -115,7 +115,7 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 			}
 		}
 	}
-	r.groups, r.healthy = groups, healthy
+	r.groups, r.healthy, r.reported = groups, healthy, true
 	m.mu.Unlock()
 	m.log.Debug("processed device update", "resource", r.name, "total", len(devs), "healthy", healthy)
 	// Like the kubelet, every message is checkpointed before the next one
@@ -133,7 +133,7 @@ func (m *Manager) markUnhealthyLocked(r *resourceState) {
 		d.healthy = false
 		r.removeFree(d)
 	}
-	r.healthy = 0
+	r.healthy, r.reported = 0, false
 }
 
 // reserveLocked marks d of r as held by podUID.

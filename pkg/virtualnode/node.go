@@ -11,6 +11,7 @@ package virtualnode
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -107,6 +108,10 @@ type Config struct {
 	// manager.
 	TopologyPolicy, TopologyScope string
 	NUMANodes                     []int
+	// DeviceGracePeriod is how long a device-plugin resource whose
+	// plugins are all gone keeps its capacity (with zero allocatable)
+	// before it drops to zero. Default 5m, the kubelet's.
+	DeviceGracePeriod time.Duration
 	// EventRecorder records pod events; nil records them to the API.
 	EventRecorder record.EventRecorder
 	// PodSyncWorkers is the number of pod controller workers. Default 10.
@@ -155,6 +160,11 @@ type Node struct {
 	mu       sync.Mutex
 	node     *corev1.Node
 	notifyCB func(*corev1.Node)
+	// pluginResources are the device-plugin resources the node has
+	// reported. One the device manager removed stays on the Node with
+	// zero capacity and allocatable, as the kubelet keeps it (see
+	// resources).
+	pluginResources map[corev1.ResourceName]bool
 }
 
 // DeviceManager returns the node's device manager.
@@ -215,12 +225,13 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		TopologyPolicy: cfg.TopologyPolicy,
 		TopologyScope:  cfg.TopologyScope,
 		NUMANodes:      cfg.NUMANodes,
+		GracePeriod:    cfg.DeviceGracePeriod,
 	})
 	if err != nil {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, apiReady: make(chan struct{})}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), mgr)
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
 		Notify:       n.prov.backendNotify,
@@ -303,6 +314,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	}); err != nil {
 		return err
 	}
+	n.rememberPluginResources(ctx)
 	n.node = n.nodeObject()
 	opts := []vknode.NodeControllerOpt{
 		vknode.WithNodeEnableLeaseV1(cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
@@ -332,6 +344,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	podFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
 	g.Go(func() error { n.watchDevices(gctx); return nil })
+	g.Go(func() error { n.prov.watchHealth(gctx); return nil })
 	if cfg.Port > 0 {
 		if err := n.startAPI(gctx, g); err != nil {
 			cancel()
@@ -441,7 +454,14 @@ func conditions() []corev1.NodeCondition {
 	}
 }
 
-// resources merges the declared resources with the device manager's.
+// resources merges the declared resources with the device manager's. A
+// device-plugin resource the device manager removed (its plugins stayed
+// away for the grace period) reads zero capacity and allocatable rather
+// than disappearing: the kubelet sets the capacity of the resources
+// GetCapacity reports deleted to 0 "to indicate that the resource is
+// managed by device plugin and had been registered before", and its
+// allocatable follows (pkg/kubelet/nodestatus.MachineInfo); the Node keeps
+// them until a plugin registers the resource again.
 func (n *Node) resources() (capacity, allocatable corev1.ResourceList) {
 	capacity, allocatable = corev1.ResourceList{}, corev1.ResourceList{}
 	for k, v := range n.cfg.Resources {
@@ -455,7 +475,49 @@ func (n *Node) resources() (capacity, allocatable corev1.ResourceList) {
 	for k, v := range da {
 		allocatable[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k := range dc {
+		n.pluginResources[corev1.ResourceName(k)] = true
+	}
+	for k := range n.pluginResources {
+		if _, ok := dc[string(k)]; !ok {
+			capacity[k] = *resource.NewQuantity(0, resource.DecimalSI)
+			allocatable[k] = *resource.NewQuantity(0, resource.DecimalSI)
+		}
+	}
 	return capacity, allocatable
+}
+
+// lastAppliedStatus is the annotation in which virtual-kubelet's node
+// controller keeps the status it last applied (the base of its three-way
+// patches).
+const lastAppliedStatus = "virtual-kubelet.io/last-applied-node-status"
+
+// rememberPluginResources adds to pluginResources the extended resources
+// that an earlier run of this node applied and that are not declared:
+// device-plugin resources, kept at zero after a restart like the kubelet
+// keeps them on its Node. Without them virtual-kubelet's patch would
+// remove them. Resources set on the Node by others are left alone.
+func (n *Node) rememberPluginResources(ctx context.Context) {
+	cur, err := n.cfg.Client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			n.log.Warn("reading the node's last status; device-plugin resources removed before this run may leave it", "err", err)
+		}
+		return
+	}
+	var applied corev1.NodeStatus
+	if a, ok := cur.Annotations[lastAppliedStatus]; !ok || json.Unmarshal([]byte(a), &applied) != nil {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k := range applied.Capacity {
+		if _, declared := n.cfg.Resources[k]; !declared && devicemanager.IsExtendedResourceName(string(k)) {
+			n.pluginResources[k] = true
+		}
+	}
 }
 
 // finishDeletion removes a pod being deleted from the API server once its

@@ -1,8 +1,23 @@
 package virtualnode
 
 import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"maps"
 	"net"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 )
 
 // TestDefaultNodeIP checks the default node IP is an address the node API
@@ -17,4 +32,78 @@ func TestDefaultNodeIP(t *testing.T) {
 		t.Fatalf("cannot listen on the default node IP %s: %v", ip, err)
 	}
 	l.Close()
+}
+
+// TestRemovedResourceStaysAtZero checks what the Node says of a
+// device-plugin resource through its plugin's life, the kubelet's way: its
+// devices while served; capacity kept and allocatable 0 while the plugin
+// is away for the grace period; then capacity and allocatable 0 rather
+// than no entry; its devices again when a plugin registers again. After a
+// restart, the resources an earlier run applied (virtual-kubelet's
+// last-applied status) and that are not declared stay at 0; resources set
+// on the Node by others are left alone.
+func TestRemovedResourceStaysAtZero(t *testing.T) {
+	root := shortRoot(t)
+	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	mgr, err := devicemanager.New(devicemanager.Config{Root: root, Clock: fc, GracePeriod: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Stop()
+	const foo = "example.com/foo"
+	cpu := resource.MustParse("4")
+	n := &Node{cfg: Config{Name: "vn", Resources: corev1.ResourceList{corev1.ResourceCPU: cpu}}, mgr: mgr, pluginResources: map[corev1.ResourceName]bool{}}
+	check := func(what string, wantCap, wantAlloc map[corev1.ResourceName]int64) {
+		t.Helper()
+		c, a := n.resources()
+		for _, l := range []struct {
+			name string
+			got  corev1.ResourceList
+			want map[corev1.ResourceName]int64
+		}{{"capacity", c, wantCap}, {"allocatable", a, wantAlloc}} {
+			got := map[corev1.ResourceName]int64{}
+			for k, v := range l.got {
+				got[k] = v.Value()
+			}
+			if !maps.Equal(got, l.want) {
+				t.Errorf("%s: %s %v, want %v", what, l.name, got, l.want)
+			}
+		}
+	}
+
+	stop := servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1")})
+	waitManager(t, mgr, "2 devices", allocatableIs(mgr, map[string]int64{foo: 2}))
+	check("served", map[corev1.ResourceName]int64{"cpu": 4, foo: 2}, map[corev1.ResourceName]int64{"cpu": 4, foo: 2})
+	stop()
+	waitManager(t, mgr, "plugin gone", func() bool { r := mgr.Resources(); return len(r) == 1 && !r[0].Connected })
+	check("plugin gone, in the grace period", map[corev1.ResourceName]int64{"cpu": 4, foo: 2}, map[corev1.ResourceName]int64{"cpu": 4, foo: 0})
+	fc.Step(2 * time.Minute)
+	waitManager(t, mgr, "resource removed", func() bool { return len(mgr.Resources()) == 0 })
+	check("removed", map[corev1.ResourceName]int64{"cpu": 4, foo: 0}, map[corev1.ResourceName]int64{"cpu": 4, foo: 0})
+	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1", "d2")})
+	waitManager(t, mgr, "3 devices", allocatableIs(mgr, map[string]int64{foo: 3}))
+	check("registered again", map[corev1.ResourceName]int64{"cpu": 4, foo: 3}, map[corev1.ResourceName]int64{"cpu": 4, foo: 3})
+
+	// A restart: the earlier run applied example.com/gone and the declared
+	// example.com/declared; someone else added example.com/other.
+	applied, err := json.Marshal(corev1.NodeStatus{Capacity: corev1.ResourceList{
+		"cpu": cpu, "example.com/gone": resource.MustParse("0"), "example.com/declared": resource.MustParse("3"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset(&corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "vn2", Annotations: map[string]string{lastAppliedStatus: string(applied)}},
+		Status: corev1.NodeStatus{Capacity: corev1.ResourceList{
+			"cpu": cpu, "example.com/gone": resource.MustParse("0"), "example.com/declared": resource.MustParse("3"), "example.com/other": resource.MustParse("5"),
+		}},
+	})
+	declared := corev1.ResourceList{corev1.ResourceCPU: cpu, "example.com/declared": resource.MustParse("2")}
+	n = &Node{cfg: Config{Name: "vn2", Client: client, Resources: declared}, mgr: mgr, log: slog.New(slog.DiscardHandler), pluginResources: map[corev1.ResourceName]bool{}}
+	n.rememberPluginResources(context.Background())
+	check("after a restart", map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2},
+		map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2})
 }

@@ -3,12 +3,14 @@ package virtualnode
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"log/slog"
 	"sort"
 	"sync"
 
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
@@ -30,9 +32,16 @@ type provider struct {
 	// always.
 	inAPI func(namespace, name string, uid types.UID) bool
 
+	// mu guards pods and notify. A stored pod is never modified: changes
+	// store a new copy, so a stored pointer may be handed out.
 	mu     sync.Mutex
 	pods   map[string]*corev1.Pod // namespace/name
 	notify func(*corev1.Pod)
+	// publishing serialises the hand-overs of one pod to the pod
+	// controller (striped by key), so that the last one carries the last
+	// stored state even when the backend and the health watcher report
+	// the same pod at once.
+	publishing [32]sync.Mutex
 }
 
 func newProvider(log *slog.Logger, mgr *devicemanager.Manager) *provider {
@@ -45,25 +54,128 @@ func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// backendNotify receives the backend's status changes.
+// backendNotify receives the backend's status changes; they are
+// reported with the health of the pod's devices.
 func (p *provider) backendNotify(pod *corev1.Pod) {
 	p.mu.Lock()
 	k := key(pod.Namespace, pod.Name)
-	if cur, ok := p.pods[k]; ok && cur.UID != pod.UID {
+	cur, ok := p.pods[k]
+	if ok && cur.UID != pod.UID {
 		p.mu.Unlock()
 		return // a stale report about a replaced pod
 	}
+	setResourcesStatus(pod, p.mgr.AllocatedResourcesStatus(pod.UID), cur)
 	p.pods[k] = pod
-	cb := p.notify
 	p.mu.Unlock()
 	if terminal(pod) {
 		// The kubelet frees the devices of pods that are no longer
 		// active; a terminated pod is not.
 		p.mgr.RemovePod(pod.UID)
 	}
-	if cb != nil {
+	p.publish(k)
+}
+
+// publish hands the pod stored under k to the pod controller.
+func (p *provider) publish(k string) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(k))
+	l := &p.publishing[h.Sum32()%uint32(len(p.publishing))]
+	l.Lock()
+	defer l.Unlock()
+	p.mu.Lock()
+	pod, cb := p.pods[k], p.notify
+	p.mu.Unlock()
+	if pod != nil && cb != nil {
 		cb(pod)
 	}
+}
+
+// setResourcesStatus sets the allocatedResourcesStatus of pod's init and
+// app container statuses to byContainer, the device manager's
+// AllocatedResourcesStatus for the pod, as the kubelet's
+// generateAPIPodStatus does (UpdateAllocatedResourcesStatus, KEP-4680).
+// Unlike the kubelet (v1.37), which fills only app containers, init and
+// restartable init (sidecar) containers holding devices get it too. A pod
+// that holds no devices any more (it terminated and freed them) keeps what
+// prev, its last stored state, said.
+func setResourcesStatus(pod *corev1.Pod, byContainer map[string][]corev1.ResourceStatus, prev *corev1.Pod) {
+	if byContainer == nil {
+		if prev == nil || prev.UID != pod.UID {
+			return
+		}
+		byContainer = map[string][]corev1.ResourceStatus{}
+		for _, list := range [][]corev1.ContainerStatus{prev.Status.InitContainerStatuses, prev.Status.ContainerStatuses} {
+			for _, cs := range list {
+				if cs.AllocatedResourcesStatus != nil {
+					byContainer[cs.Name] = cs.AllocatedResourcesStatus
+				}
+			}
+		}
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for i := range list {
+			list[i].AllocatedResourcesStatus = byContainer[list[i].Name]
+		}
+	}
+}
+
+// resourcesStatusDiffers reports whether setResourcesStatus would change
+// pod (nil and empty lists are the same).
+func resourcesStatusDiffers(pod *corev1.Pod, byContainer map[string][]corev1.ResourceStatus) bool {
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range list {
+			if !equality.Semantic.DeepEqual(cs.AllocatedResourcesStatus, byContainer[cs.Name]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// watchHealth reports again every active pod whose devices' health
+// changed, as the kubelet resyncs the pods a device plugin's health update
+// concerns; it returns when ctx ends. The device manager's notifications
+// cover health changes, devices no longer listed, plugins connecting and
+// going away and resources removed.
+func (p *provider) watchHealth(ctx context.Context) {
+	ch, cancel := p.mgr.Subscribe()
+	defer cancel()
+	for {
+		for _, k := range p.refreshHealth() {
+			p.publish(k)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+	}
+}
+
+// refreshHealth stores a new state for every active pod whose devices'
+// health differs from what its status says, and returns their keys.
+func (p *provider) refreshHealth() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var changed []string
+	for k, pod := range p.pods {
+		if terminal(pod) {
+			continue
+		}
+		st := p.mgr.AllocatedResourcesStatus(pod.UID)
+		if st == nil || !resourcesStatusDiffers(pod, st) {
+			continue
+		}
+		upd := pod.DeepCopy()
+		setResourcesStatus(upd, st, pod)
+		p.pods[k] = upd
+		changed = append(changed, k)
+	}
+	sort.Strings(changed)
+	return changed
 }
 
 // adopt seeds the store with the backend's pods after a restart.
@@ -215,14 +327,14 @@ func (p *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 func (p *provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
 	p.mu.Lock()
 	p.notify = cb
-	pods := make([]*corev1.Pod, 0, len(p.pods))
-	for _, pod := range p.pods {
-		pods = append(pods, pod.DeepCopy())
+	keys := make([]string, 0, len(p.pods))
+	for k := range p.pods {
+		keys = append(keys, k)
 	}
 	p.mu.Unlock()
 	go func() {
-		for _, pod := range pods {
-			cb(pod)
+		for _, k := range keys {
+			p.publish(k)
 		}
 	}()
 }

@@ -16,6 +16,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
@@ -34,17 +38,25 @@ var kinds = map[string]string{
 
 // NewCommand returns the "get" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var root, socket, prSocket, format string
+	var root, socket, prSocket, format, kubeconfig string
 	cmd := &cobra.Command{
 		Use:   "get resources|devices|plugins|pods",
 		Short: "Show the resources, devices, plugins or pods of a running dpkit kubelet",
 		Long: `Show what a running dpkit kubelet (or dpkit up) knows: resources, devices and
 plugins come from its admin API (<root>/dpkit/admin.sock). Pods come from the
 PodResources API (<root>/pod-resources/kubelet.sock), so "get pods" also works
-on the root of a dpkit node or of a real kubelet (/var/lib/kubelet).`,
+on the root of a dpkit node or of a real kubelet (/var/lib/kubelet).
+
+The PodResources API has no device health. "get pods" shows each device's
+health (Healthy, Unhealthy or Unknown) as the pod's status reports it
+(allocatedResourcesStatus): with --kubeconfig from the pods' status in the API
+server (a dpkit node, or a kubelet with ResourceHealthStatus, on by default
+since 1.36), otherwise from the admin API of a dpkit kubelet when the root has
+one; "-" where neither knows.`,
 		Example: `  dpkit get resources --root /tmp/kubelet
   dpkit get devices --root /tmp/kubelet -o yaml
-  dpkit get pods --root /var/lib/kubelet -o json`,
+  dpkit get pods --root /var/lib/kubelet -o json
+  dpkit get pods --root /var/lib/dpkit/vn1 --kubeconfig k.conf`,
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: []string{"resources", "devices", "plugins", "pods"},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -55,14 +67,33 @@ on the root of a dpkit node or of a real kubelet (/var/lib/kubelet).`,
 			if err := output.Check(format); err != nil {
 				return cli.Exit(2, err)
 			}
+			if socket == "" {
+				socket = kubelet.AdminSocket(root)
+			}
 			if kind == "pods" {
 				if prSocket == "" {
 					prSocket = podresources.SocketPath(root)
 				}
-				return RunPods(cmd.Context(), env.Out, prSocket, format)
-			}
-			if socket == "" {
-				socket = kubelet.AdminSocket(root)
+				var health Health
+				switch {
+				case kubeconfig != "":
+					rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+					if err != nil {
+						return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
+					}
+					client, err := kubernetes.NewForConfig(rc)
+					if err != nil {
+						return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
+					}
+					health = StatusHealth(client)
+				default:
+					if _, err := os.Stat(socket); err == nil {
+						c := kubelet.NewClient(socket)
+						defer c.Close()
+						health = AdminHealth(c)
+					}
+				}
+				return RunPods(cmd.Context(), env.Out, prSocket, format, health)
 			}
 			c := kubelet.NewClient(socket)
 			defer c.Close()
@@ -74,6 +105,7 @@ on the root of a dpkit node or of a real kubelet (/var/lib/kubelet).`,
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket, for resources, devices and plugins (default <root>/dpkit/admin.sock)")
 	fl.StringVar(&prSocket, "pod-resources-socket", "", "PodResources API socket, for pods (default <root>/pod-resources/kubelet.sock)")
 	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "pods: read device health from the pods' status through the API server with this kubeconfig (default: from the admin API when the root has one)")
 	return cmd
 }
 
@@ -142,8 +174,9 @@ const PodsTimeout = 10 * time.Second
 
 // RunPods lists the pods and their devices from the PodResources API at
 // socket and writes them to w in format. Containers list their devices
-// grouped by resource, IDs sorted, with the NUMA nodes they sit on.
-func RunPods(ctx context.Context, w io.Writer, socket string, format string) error {
+// grouped by resource, IDs sorted, with the NUMA nodes they sit on and,
+// when health is not nil, their health.
+func RunPods(ctx context.Context, w io.Writer, socket string, format string, health Health) error {
 	if _, err := os.Stat(socket); err != nil {
 		return fmt.Errorf("PodResources API at %s: %w (is dpkit kubelet, dpkit up, dpkit node or a kubelet running with this --root?)", socket, err)
 	}
@@ -159,6 +192,11 @@ func RunPods(ctx context.Context, w io.Writer, socket string, format string) err
 		return fmt.Errorf("PodResources List at %s: %w", socket, err)
 	}
 	pods := PodsFromList(resp)
+	if health != nil {
+		if err := health(ctx, pods); err != nil {
+			return fmt.Errorf("device health: %w", err)
+		}
+	}
 	return output.Write(w, format, pods, func(t *tabwriter.Writer) error {
 		writePods(t, pods)
 		return nil
@@ -168,17 +206,109 @@ func RunPods(ctx context.Context, w io.Writer, socket string, format string) err
 // writePods writes the table of pods. Device IDs are shown as output.ID
 // does: quoted when they have control characters or path separators.
 func writePods(t io.Writer, pods []Pod) {
-	fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES\tNUMA")
+	fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES\tHEALTH\tNUMA")
 	for _, p := range pods {
 		for _, c := range p.Containers {
 			if len(c.Devices) == 0 {
-				fmt.Fprintf(t, "%s\t%s\t%s\t-\t-\t-\n", p.Namespace, p.Name, c.Name)
+				fmt.Fprintf(t, "%s\t%s\t%s\t-\t-\t-\t-\n", p.Namespace, p.Name, c.Name)
 			}
 			for _, d := range c.Devices {
-				fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, c.Name, d.Resource, output.IDs(d.DeviceIDs), joinInts(d.NUMANodes))
+				fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, c.Name, d.Resource, output.IDs(d.DeviceIDs), d.healthColumn(), joinInts(d.NUMANodes))
 			}
 		}
 	}
+}
+
+// healthColumn lists the devices' health in DeviceIDs order, "-" for a
+// device whose health is not known, or "-" alone when none is.
+func (d Devices) healthColumn() string {
+	if len(d.Health) == 0 {
+		return "-"
+	}
+	out := make([]string, len(d.DeviceIDs))
+	for i, id := range d.DeviceIDs {
+		out[i] = cmp.Or(d.Health[id], "-")
+	}
+	return strings.Join(out, ",")
+}
+
+// Health fills in the Health of pods' devices from a source that knows it.
+type Health func(ctx context.Context, pods []Pod) error
+
+// AdminHealth reads device health from the admin API of a dpkit kubelet:
+// the health its pods' status would report.
+func AdminHealth(c *kubelet.Client) Health {
+	return func(ctx context.Context, pods []Pod) error {
+		admitted, err := c.Pods(ctx)
+		if err != nil {
+			return err
+		}
+		byPod := map[string]map[string]map[string]string{} // namespace/name -> container/resource -> ID -> health
+		for _, p := range admitted {
+			m := map[string]map[string]string{}
+			for _, c := range p.Containers {
+				for _, a := range c.Devices {
+					m[c.Name+"\x00"+a.Resource] = a.Health
+				}
+			}
+			byPod[p.Namespace+"/"+p.Name] = m
+		}
+		for _, p := range pods {
+			for _, c := range p.Containers {
+				for i := range c.Devices {
+					c.Devices[i].Health = pick(byPod[p.Namespace+"/"+p.Name][c.Name+"\x00"+c.Devices[i].Resource], c.Devices[i].DeviceIDs)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// StatusHealth reads device health from the pods' status in the API
+// server (allocatedResourcesStatus of containers and init containers). A
+// pod the API server does not have is left without health.
+func StatusHealth(client kubernetes.Interface) Health {
+	return func(ctx context.Context, pods []Pod) error {
+		for _, p := range pods {
+			api, err := client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			byKey := map[string]map[string]string{} // container/resource -> ID -> health
+			for _, cs := range append(slices.Clone(api.Status.InitContainerStatuses), api.Status.ContainerStatuses...) {
+				for _, rs := range cs.AllocatedResourcesStatus {
+					h := map[string]string{}
+					for _, r := range rs.Resources {
+						h[string(r.ResourceID)] = string(r.Health)
+					}
+					byKey[cs.Name+"\x00"+string(rs.Name)] = h
+				}
+			}
+			for _, c := range p.Containers {
+				for i := range c.Devices {
+					c.Devices[i].Health = pick(byKey[c.Name+"\x00"+c.Devices[i].Resource], c.Devices[i].DeviceIDs)
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// pick returns the health of ids found in health, nil when none is.
+func pick(health map[string]string, ids []string) map[string]string {
+	var out map[string]string
+	for _, id := range ids {
+		if h, ok := health[id]; ok {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[id] = h
+		}
+	}
+	return out
 }
 
 // Pod is one pod as the PodResources API lists it.
@@ -199,6 +329,9 @@ type Devices struct {
 	Resource  string   `json:"resource"`
 	DeviceIDs []string `json:"deviceIDs"`
 	NUMANodes []int64  `json:"numaNodes,omitempty"`
+	// Health is each device's health by ID (Healthy, Unhealthy or
+	// Unknown) where a Health source knows it.
+	Health map[string]string `json:"health,omitempty"`
 }
 
 // PodsFromList turns a List answer into Pods sorted by namespace and name.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,10 +15,15 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	"github.com/dpkit/dpkit/pkg/podresources"
 )
 
@@ -26,16 +32,23 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // runKubelet runs an emulated kubelet on a fresh root for the test.
 func runKubelet(t *testing.T) string {
 	t.Helper()
+	root, _ := runEmulator(t)
+	return root
+}
+
+// runEmulator is runKubelet that also returns the emulator.
+func runEmulator(t *testing.T) (string, *kubelet.Emulator) {
+	t.Helper()
 	root, err := os.MkdirTemp("", "kg")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan struct{})
+	started := make(chan *kubelet.Emulator, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) })
+		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(e *kubelet.Emulator) { started <- e })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -44,13 +57,14 @@ func runKubelet(t *testing.T) string {
 		}
 	})
 	select {
-	case <-started:
+	case e := <-started:
+		return root, e
 	case err := <-done:
 		t.Fatalf("kubelet: %v", err)
 	case <-time.After(20 * time.Second):
 		t.Fatal("kubelet did not start")
 	}
-	return root
+	return "", nil
 }
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -78,7 +92,7 @@ func TestGet(t *testing.T) {
 		contains []string
 		exit     int
 	}{
-		{[]string{"pods", "--root", root}, []string{"NAMESPACE  NAME  CONTAINER  RESOURCE  DEVICES  NUMA", "shop       web   nginx      -         -        -"}, 0},
+		{[]string{"pods", "--root", root}, []string{"NAMESPACE  NAME  CONTAINER  RESOURCE  DEVICES  HEALTH  NUMA", "shop       web   nginx      -         -        -       -"}, 0},
 		{[]string{"po", "--pod-resources-socket", podresources.SocketPath(root), "-o", "yaml"}, []string{"name: web", "namespace: shop"}, 0},
 		{[]string{"resources", "--root", root}, []string{"NAME  CAPACITY  ALLOCATABLE  IN USE  CONNECTED"}, 0},
 		{[]string{"devices", "--root", root}, []string{"RESOURCE  ID  HEALTHY  NUMA  POD UID"}, 0},
@@ -174,5 +188,123 @@ example.com/foo  "MIG-GPU-1/0/0"                         false    -     -
 	_ = tw.Flush()
 	if want := `ml         p     c          example.com/foo  dev-0,"dev\x1b[2J"  -`; !strings.Contains(b.String(), want) {
 		t.Errorf("pods table:\n%s\nlacks %q", b.String(), want)
+	}
+}
+
+// TestPodsHealthFromAdmin checks "get pods" on a dpkit kubelet's root
+// shows each device's health from its admin API, as the pod's status
+// would: Healthy, a device the plugin marks unhealthy, and Unknown once
+// the plugin is gone.
+func TestPodsHealthFromAdmin(t *testing.T) {
+	root, e := runEmulator(t)
+	devs := dptest.NewDevices("dev-0", "dev-1", "dev-2")
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: filepath.Join(root, "device-plugins")}, deviceplugin.Resource{Name: "example.com/foo", Plugin: devs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	stopPlugin := func() {
+		if cancel != nil {
+			cancel()
+			<-done
+			cancel = nil
+		}
+	}
+	defer stopPlugin()
+	mgr := e.Manager()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		ch, unsub := mgr.Subscribe()
+		defer unsub()
+		timeout := time.After(20 * time.Second)
+		for !cond() {
+			select {
+			case <-ch:
+			case <-timeout:
+				t.Fatalf("timed out waiting for %s: %+v", what, mgr.Resources())
+			}
+		}
+	}
+	waitFor("3 devices", func() bool { _, a := mgr.Capacity(); return a["example.com/foo"] == 3 })
+	c := kubelet.NewClient(kubelet.AdminSocket(root))
+	defer c.Close()
+	pod, err := c.AdmitPod(context.Background(), []byte("metadata: {name: train, namespace: ml}\nspec: {containers: [{name: app, resources: {limits: {example.com/foo: 2}}}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := pod.Containers[0].Devices[0].DeviceIDs
+	row := func(health string) string {
+		return "ml         train  app        example.com/foo  " + strings.Join(ids, ",") + "  " + health
+	}
+	check := func(wantRow string, wantJSON map[string]string) {
+		t.Helper()
+		out, err := run(t, "pods", "--root", root)
+		if err != nil || !strings.Contains(out, wantRow) {
+			t.Errorf("get pods (%v):\n%s\nwant a row starting %q", err, out, wantRow)
+		}
+		out, err = run(t, "pods", "--root", root, "-o", "json")
+		var pods []Pod
+		if err == nil {
+			err = json.Unmarshal([]byte(out), &pods)
+		}
+		if err != nil || len(pods) != 1 || !reflect.DeepEqual(pods[0].Containers[0].Devices[0].Health, wantJSON) {
+			t.Errorf("get pods -o json (%v):\n%s\nwant health %v", err, out, wantJSON)
+		}
+	}
+	check(row("Healthy,Healthy"), map[string]string{ids[0]: "Healthy", ids[1]: "Healthy"})
+
+	devs.SetHealth(ids[1], false)
+	waitFor(ids[1]+" unhealthy", func() bool { _, a := mgr.Capacity(); return a["example.com/foo"] == 2 })
+	check(row("Healthy,Unhealthy"), map[string]string{ids[0]: "Healthy", ids[1]: "Unhealthy"})
+
+	stopPlugin()
+	waitFor("the plugin gone", func() bool { r := mgr.Resources(); return len(r) == 1 && !r[0].Connected })
+	check(row("Unknown,Unknown"), map[string]string{ids[0]: "Unknown", ids[1]: "Unknown"})
+}
+
+// TestStatusHealth checks health read from pods' status in the API
+// server: containers and init containers, by resource and ID, devices the
+// status does not name left out, and pods the API server does not have
+// left without health.
+func TestStatusHealth(t *testing.T) {
+	client := fake.NewClientset(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
+		Status: corev1.PodStatus{
+			InitContainerStatuses: []corev1.ContainerStatus{{Name: "side", AllocatedResourcesStatus: []corev1.ResourceStatus{
+				{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "s0", Health: corev1.ResourceHealthStatusUnknown}}},
+			}}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "app", AllocatedResourcesStatus: []corev1.ResourceStatus{
+				{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "d0", Health: corev1.ResourceHealthStatusHealthy}, {ResourceID: "d1", Health: corev1.ResourceHealthStatusUnhealthy}}},
+			}}},
+		},
+	})
+	pods := []Pod{
+		{Namespace: "ns", Name: "p", Containers: []Container{
+			{Name: "side", Devices: []Devices{{Resource: "example.com/foo", DeviceIDs: []string{"s0"}}}},
+			{Name: "app", Devices: []Devices{
+				{Resource: "example.com/bar", DeviceIDs: []string{"b0"}},
+				{Resource: "example.com/foo", DeviceIDs: []string{"d0", "d1", "d2"}},
+			}},
+		}},
+		{Namespace: "ns", Name: "gone", Containers: []Container{{Name: "app", Devices: []Devices{{Resource: "example.com/foo", DeviceIDs: []string{"x"}}}}}},
+	}
+	if err := StatusHealth(client)(context.Background(), pods); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d          Devices
+		want       map[string]string
+		wantColumn string
+	}{
+		{pods[0].Containers[0].Devices[0], map[string]string{"s0": "Unknown"}, "Unknown"},
+		{pods[0].Containers[1].Devices[0], nil, "-"},
+		{pods[0].Containers[1].Devices[1], map[string]string{"d0": "Healthy", "d1": "Unhealthy"}, "Healthy,Unhealthy,-"},
+		{pods[1].Containers[0].Devices[0], nil, "-"},
+	} {
+		if !reflect.DeepEqual(tc.d.Health, tc.want) || tc.d.healthColumn() != tc.wantColumn {
+			t.Errorf("%s %v: health %v (column %q), want %v (%q)", tc.d.Resource, tc.d.DeviceIDs, tc.d.Health, tc.d.healthColumn(), tc.want, tc.wantColumn)
+		}
 	}
 }

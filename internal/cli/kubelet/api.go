@@ -101,6 +101,10 @@ type DeviceSpec struct {
 type Allocation struct {
 	Resource  string   `json:"resource"`
 	DeviceIDs []string `json:"deviceIDs"`
+	// Health is each device's health by ID, Healthy, Unhealthy or Unknown,
+	// as a pod's status reports it (allocatedResourcesStatus, see
+	// devicemanager.Manager.AllocatedResourcesStatus).
+	Health map[string]string `json:"health,omitempty"`
 }
 
 // Plugins lists the plugins found through plugins_registry.

@@ -215,6 +215,7 @@ func (e *Emulator) getPods(w http.ResponseWriter, _ *http.Request) {
 func (e *Emulator) podView(p *corev1.Pod) Pod {
 	v := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
 	a := e.mgr.PodAllocation(p.UID)
+	health := e.mgr.AllocatedResourcesStatus(p.UID)
 	add := func(name, typ string) {
 		c := Container{Name: name, Type: typ}
 		if a != nil {
@@ -223,7 +224,17 @@ func (e *Emulator) podView(p *corev1.Pod) Pod {
 					continue
 				}
 				for _, ra := range ca.Resources {
-					c.Devices = append(c.Devices, Allocation{Resource: ra.Resource, DeviceIDs: ra.DeviceIDs})
+					al := Allocation{Resource: ra.Resource, DeviceIDs: ra.DeviceIDs}
+					for _, rs := range health[name] {
+						if string(rs.Name) != ra.Resource {
+							continue
+						}
+						al.Health = make(map[string]string, len(rs.Resources))
+						for _, h := range rs.Resources {
+							al.Health[string(h.ResourceID)] = string(h.Health)
+						}
+					}
+					c.Devices = append(c.Devices, al)
 				}
 			}
 		}

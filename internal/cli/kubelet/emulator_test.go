@@ -150,6 +150,9 @@ func TestEmulator(t *testing.T) {
 		t.Fatalf("AdmitPod() = %+v, want default/trainer with one device", pod)
 	}
 	dev := pod.Containers[0].Devices[0].DeviceIDs[0]
+	if h := pod.Containers[0].Devices[0].Health; len(h) != 1 || h[dev] != "Healthy" {
+		t.Errorf("AdmitPod() device health %v, want %s Healthy", h, dev)
+	}
 
 	errTests := []struct {
 		name     string

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -55,6 +56,9 @@ type Options struct {
 	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
 	LogMaxSize  resource.Quantity
 	LogMaxFiles int
+	// DeviceGracePeriod is how long a resource whose device plugins are
+	// all gone keeps its capacity; 0 means the kubelet's 5m.
+	DeviceGracePeriod time.Duration
 }
 
 // NewCommand returns the "node" command.
@@ -118,6 +122,7 @@ informers, each under <root>/NAME-i on port --port+i.`,
 	o.LogMaxSize = *resource.NewQuantity(process.DefaultContainerLogMaxSize, resource.BinarySI)
 	f.Var(&quantityFlag{&o.LogMaxSize}, "container-log-max-size", "process backend: rotate a container's log file at this size (like the kubelet's containerLogMaxSize)")
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
+	f.DurationVar(&o.DeviceGracePeriod, "device-grace-period", devicemanager.DefaultGracePeriod, "how long a resource whose device plugins are all gone keeps its capacity (with 0 allocatable) before it drops to 0; the kubelet's is 5m")
 	return cmd
 }
 
@@ -131,6 +136,9 @@ func (o *Options) validate() error {
 	}
 	if o.Backend != "process" && o.Backend != "sim" {
 		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim"}))
+	}
+	if o.DeviceGracePeriod < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
 	}
 	if o.Count < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
@@ -261,6 +269,8 @@ func Run(ctx context.Context, env *cli.Env, o Options, started func([]*virtualno
 			TLSCertFile:  o.TLSCertFile,
 			TLSKeyFile:   o.TLSKeyFile,
 			Logger:       env.Logger,
+
+			DeviceGracePeriod: o.DeviceGracePeriod,
 		}
 		if o.Count > 1 {
 			cfg.Name = o.Name + "-" + strconv.Itoa(i)

@@ -3,6 +3,7 @@ package node
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -45,12 +46,12 @@ func TestParseTaints(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}}
+	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second}
 	err := o.validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"--name", "--root", "--backend", "--count", "--resource", "--taint"} {
+	for _, want := range []string{"--name", "--root", "--backend", "--count", "--resource", "--taint", "--device-grace-period"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}

@@ -39,7 +39,16 @@ type Backend struct {
 type simPod struct {
 	pod    *corev1.Pod
 	timers []*time.Timer
+	// ctx bounds the pod's PreStart calls; cancel ends it when the pod
+	// is deleted or forgotten, or the backend closes.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
+
+// ReasonCreateContainerConfigError is the waiting reason of a container
+// whose PreStart (the device plugins' PreStartContainer) failed, the
+// kubelet's reason when preparing a container's options fails.
+const ReasonCreateContainerConfigError = "CreateContainerConfigError"
 
 // New returns a sim backend.
 func New(cfg Config) *Backend {
@@ -57,6 +66,7 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	sp := &simPod{pod: pod.DeepCopy()}
+	sp.ctx, sp.cancel = context.WithCancel(context.Background())
 	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = backend.WaitingStatuses(sp.pod)
 	b.pods[pod.UID] = sp
 	out := b.publishLocked(sp, false)
@@ -71,6 +81,13 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// run starts the pod's containers: init containers complete in order
+// (restartable ones, sidecars, keep running) and app containers run. Each
+// start is preceded by Config.PreStart, as the kubelet calls the device
+// plugins' PreStartContainer while preparing each container; a container
+// whose PreStart fails stays Waiting with CreateContainerConfigError (the
+// sim backend does not retry), and a failed init container holds back the
+// containers after it.
 func (b *Backend) run(uid types.UID) {
 	b.mu.Lock()
 	sp, ok := b.pods[uid]
@@ -78,14 +95,60 @@ func (b *Backend) run(uid types.UID) {
 		b.mu.Unlock()
 		return
 	}
+	pod, ctx := sp.pod.DeepCopy(), sp.ctx
+	b.mu.Unlock()
+
+	failed := map[string]error{}
+	blocked := false // a plain init container failed its PreStart
+	preStart := func(name string) bool {
+		if b.cfg.PreStart == nil || blocked {
+			return !blocked
+		}
+		if err := b.cfg.PreStart(ctx, pod, name); err != nil {
+			failed[name] = err
+			return false
+		}
+		return true
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if !preStart(c.Name) && !isSidecar(c) {
+			blocked = true
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		preStart(c.Name)
+	}
+
+	b.mu.Lock()
+	if cur, ok := b.pods[uid]; !ok || cur != sp || b.closed || sp.pod.DeletionTimestamp != nil {
+		b.mu.Unlock()
+		return
+	}
 	now := backend.Now()
-	for i := range sp.pod.Status.InitContainerStatuses {
+	start := func(s *corev1.ContainerStatus, state corev1.ContainerState) {
+		if err, ok := failed[s.Name]; ok {
+			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonCreateContainerConfigError, Message: err.Error()}}
+			return
+		}
+		s.State = state
+	}
+	held := false
+	for i, c := range sp.pod.Spec.InitContainers {
 		s := &sp.pod.Status.InitContainerStatuses[i]
-		s.State = backend.Terminated(0, "Completed", "", now, now)
+		switch {
+		case held:
+		case isSidecar(c):
+			start(s, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}})
+		default:
+			start(s, backend.Terminated(0, "Completed", "", now, now))
+			held = failed[c.Name] != nil
+		}
 	}
 	for i := range sp.pod.Status.ContainerStatuses {
-		s := &sp.pod.Status.ContainerStatuses[i]
-		s.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+		if held {
+			break
+		}
+		start(&sp.pod.Status.ContainerStatuses[i], corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}})
 	}
 	out := b.publishLocked(sp, false)
 	if b.cfg.RunDuration > 0 && sp.pod.Spec.RestartPolicy != corev1.RestartPolicyAlways {
@@ -106,6 +169,9 @@ func (b *Backend) finish(uid types.UID, deleting bool) {
 	}
 	for _, t := range sp.timers {
 		t.Stop()
+	}
+	if deleting {
+		sp.cancel()
 	}
 	now := backend.Now()
 	term := func(list []corev1.ContainerStatus) {
@@ -155,6 +221,7 @@ func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
 		for _, t := range sp.timers {
 			t.Stop()
 		}
+		sp.cancel()
 		delete(b.pods, pod.UID)
 	}
 	return nil
@@ -181,8 +248,13 @@ func (b *Backend) Close() error {
 		for _, t := range sp.timers {
 			t.Stop()
 		}
+		sp.cancel()
 	}
 	return nil
+}
+
+func isSidecar(c corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
 
 var _ backend.Backend = (*Backend)(nil)

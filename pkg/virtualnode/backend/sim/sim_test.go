@@ -2,6 +2,10 @@ package sim
 
 import (
 	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +65,89 @@ func TestPhases(t *testing.T) {
 			}
 			if err := b.Forget(context.Background(), pod); err != nil || len(b.Pods()) != 0 {
 				t.Fatalf("Forget: %v, pods left %d", err, len(b.Pods()))
+			}
+		})
+	}
+}
+
+// TestPreStart checks that every container gets Config.PreStart, in spec
+// order, before it is reported started; that a container whose PreStart
+// fails waits with CreateContainerConfigError while the others run; that
+// a plain init container failing it holds back the containers after it;
+// and that a sidecar (restartable init container) is reported Running.
+func TestPreStart(t *testing.T) {
+	t.Parallel()
+	always := corev1.ContainerRestartPolicyAlways
+	spec := corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyNever,
+		InitContainers: []corev1.Container{
+			{Name: "init"},
+			{Name: "side", RestartPolicy: &always},
+		},
+		Containers: []corev1.Container{{Name: "a"}, {Name: "b"}},
+	}
+	for _, tc := range []struct {
+		name      string
+		fail      string
+		wantCalls []string
+		// want is each container's state: Running, Completed, or a
+		// waiting reason.
+		want map[string]string
+	}{
+		{"all start", "", []string{"init", "side", "a", "b"},
+			map[string]string{"init": "Completed", "side": "Running", "a": "Running", "b": "Running"}},
+		{"an app container fails", "a", []string{"init", "side", "a", "b"},
+			map[string]string{"init": "Completed", "side": "Running", "a": ReasonCreateContainerConfigError, "b": "Running"}},
+		{"the sidecar fails", "side", []string{"init", "side", "a", "b"},
+			map[string]string{"init": "Completed", "side": ReasonCreateContainerConfigError, "a": "Running", "b": "Running"}},
+		{"the init container fails", "init", []string{"init"},
+			map[string]string{"init": ReasonCreateContainerConfigError, "side": "PodInitializing", "a": "PodInitializing", "b": "PodInitializing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var b *Backend
+			var calls []string
+			preStart := func(_ context.Context, pod *corev1.Pod, container string) error {
+				// Nothing is reported started before its PreStart.
+				for _, p := range b.Pods() {
+					for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+						if s.Name == container && s.State.Waiting == nil {
+							t.Errorf("PreStart of %s: already %+v", container, s.State)
+						}
+					}
+				}
+				calls = append(calls, container)
+				if container == tc.fail {
+					return errors.New("device plugin PreStartContainer rpc failed with err: boom")
+				}
+				return nil
+			}
+			var last *corev1.Pod
+			b = New(Config{Config: backend.Config{Notify: func(p *corev1.Pod) { last = p }, PreStart: preStart}})
+			defer b.Close()
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u"}, Spec: spec}
+			if err := b.CreatePod(context.Background(), pod); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(calls, tc.wantCalls) {
+				t.Errorf("PreStart calls %v, want %v", calls, tc.wantCalls)
+			}
+			got := map[string]string{}
+			for _, s := range append(last.Status.InitContainerStatuses, last.Status.ContainerStatuses...) {
+				switch st := s.State; {
+				case st.Running != nil:
+					got[s.Name] = "Running"
+				case st.Terminated != nil:
+					got[s.Name] = st.Terminated.Reason
+				case st.Waiting != nil:
+					got[s.Name] = st.Waiting.Reason
+					if st.Waiting.Reason == ReasonCreateContainerConfigError && !strings.Contains(st.Waiting.Message, "boom") {
+						t.Errorf("%s: message %q, want the PreStart error", s.Name, st.Waiting.Message)
+					}
+				}
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("container states %v, want %v", got, tc.want)
 			}
 		})
 	}
