@@ -232,12 +232,14 @@ func TestVirtualNodeRestart(t *testing.T) {
 	ping := filepath.Join(root, "ping")
 	before := runUntilRemoved(t, ctx, c, ns, "long", name, root,
 		fmt.Sprintf("echo pid=$$$$; while [ ! -e %s ] && [ -e %s ]; do sleep 0.1; done; echo pong", ping, filepath.Join(root, "hold")))
-	logs := waitLogs(t, ctx, c, ns, "long", "pid=")
-	m := regexp.MustCompile(`pid=(\d+)`).FindStringSubmatch(logs)
-	if m == nil {
-		t.Fatalf("logs %q: no pid= line", logs)
+	waitLogs(t, ctx, c, ns, "long", "pid=")
+	// The container's process as the host sees it (the shell's $$ is its
+	// PID inside the container's PID namespace when the node runs as
+	// root): the container ID is process://<host PID>.
+	pid, err := strconv.Atoi(strings.TrimPrefix(before.Status.ContainerStatuses[0].ContainerID, "process://"))
+	if err != nil {
+		t.Fatalf("container ID %q: %v", before.Status.ContainerStatuses[0].ContainerID, err)
 	}
-	pid, _ := strconv.Atoi(m[1])
 	ids := waitPodDevices(t, ctx, root, ns, "long", 2)
 	if inUse := fooInUse(n); inUse != 2 {
 		t.Fatalf("%d example.com/foo in use, want the pod's 2", inUse)
