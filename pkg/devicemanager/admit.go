@@ -208,10 +208,41 @@ func (a *admission) container(ctx context.Context, c *corev1.Container) error {
 }
 
 // allocate gives container `required` devices of resource rn, following
-// the kubelet's devicesToAllocate and allocateContainerResources.
+// the kubelet's devicesToAllocate and allocateContainerResources: checks
+// of what the container already holds, then the choice of devices
+// (choose), then the Allocate call (commit).
 func (a *admission) allocate(ctx context.Context, cname, rn string, required int, affinity topology.Mask) error {
 	m := a.m
 	m.mu.Lock()
+	r, done, err := a.checkLocked(cname, rn, required)
+	if err != nil || done {
+		m.mu.Unlock()
+		return err
+	}
+	sel := &selection{a: a, r: r, rn: rn, chosen: make(map[string]struct{}), needed: required}
+	// 1. Devices reusable from init containers.
+	for _, id := range sortedSet(a.reuse[rn]) {
+		if sel.needed == 0 {
+			break
+		}
+		sel.take(id)
+		sel.needed--
+	}
+	if sel.needed > 0 {
+		if err := sel.choose(ctx, required, affinity); err != nil {
+			m.mu.Unlock()
+			return err
+		}
+	}
+	return a.commitLocked(ctx, cname, sel)
+}
+
+// checkLocked applies the kubelet's checks before choosing devices: the
+// resource is registered and has healthy devices, and a container that
+// already holds devices of it asks for as many, all still healthy (then
+// done: no second Allocate call).
+func (a *admission) checkLocked(cname, rn string, required int) (r *resourceState, done bool, err error) {
+	m := a.m
 	var existing []string
 	if p := m.pods[a.uid]; p != nil {
 		if ra := p.containers[cname][rn]; ra != nil {
@@ -219,139 +250,147 @@ func (a *admission) allocate(ctx context.Context, cname, rn string, required int
 		}
 	}
 	if existing != nil && len(existing) != required {
-		m.mu.Unlock()
-		return fmt.Errorf("pod %q container %q changed request for resource %q from %d to %d", a.uid, cname, rn, len(existing), required)
+		return nil, false, fmt.Errorf("pod %q container %q changed request for resource %q from %d to %d", a.uid, cname, rn, len(existing), required)
 	}
-	r := m.resources[rn]
+	r = m.resources[rn]
 	if r == nil {
-		m.mu.Unlock()
-		return fmt.Errorf("cannot allocate unregistered device %s", rn)
+		return nil, false, fmt.Errorf("cannot allocate unregistered device %s", rn)
 	}
 	if r.healthy == 0 {
-		m.mu.Unlock()
-		return fmt.Errorf("no healthy devices present; cannot allocate unhealthy devices %s", rn)
+		return nil, false, fmt.Errorf("no healthy devices present; cannot allocate unhealthy devices %s", rn)
 	}
 	for _, id := range existing {
 		if d := r.devices[id]; d == nil || !d.healthy {
-			m.mu.Unlock()
-			return fmt.Errorf("previously allocated devices are no longer healthy; cannot allocate unhealthy devices %s", rn)
+			return nil, false, fmt.Errorf("previously allocated devices are no longer healthy; cannot allocate unhealthy devices %s", rn)
 		}
 	}
-	if existing != nil {
-		// Already allocated: no second Allocate call.
-		m.mu.Unlock()
-		return nil
-	}
+	return r, existing != nil, nil
+}
 
-	sel := &selection{r: r, chosen: make(map[string]struct{}), order: nil}
-	needed := required
-	// 1. Devices reusable from init containers.
-	for _, id := range sortedSet(a.reuse[rn]) {
-		if needed == 0 {
+// choose reserves sel.needed free devices: topology-aligned ones first,
+// the plugin's preferred allocation when it offers one, then the rest. It
+// is called with m.mu held and returns with it held (it lets go of it
+// around GetPreferredAllocation); on failure the devices it reserved are
+// released.
+func (sel *selection) choose(ctx context.Context, required int, affinity topology.Mask) error {
+	r := sel.r
+	available := r.freeCount()
+	if available < sel.needed {
+		return fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d", sel.rn, sel.needed, available)
+	}
+	useAffinity := affinity != 0 && r.groups.HasTopology()
+	alignedCount := 0
+	if useAffinity {
+		for mask, p := range r.free {
+			if mask.AnySet(affinity) {
+				alignedCount += len(p.devs)
+			}
+		}
+	}
+	inAligned := func(d *device) bool { return useAffinity && d.mask.AnySet(affinity) }
+	branchAligned := useAffinity && sel.needed < alignedCount
+	if !branchAligned && useAffinity {
+		// Not enough aligned devices: take them all first.
+		sel.takeFree(inAligned)
+	}
+	if sel.needed > 0 && r.primary != nil && r.primary.opts.GetGetPreferredAllocationAvailable() {
+		if err := sel.takePreferred(ctx, required, func(d *device) bool { return !branchAligned || inAligned(d) }); err != nil {
+			sel.release()
+			return err
+		}
+	}
+	if branchAligned {
+		sel.takeFree(inAligned)
+	} else {
+		sel.takeFree(func(d *device) bool { return d.mask != 0 && !inAligned(d) })
+		sel.takeFree(func(*device) bool { return true })
+	}
+	if sel.needed > 0 {
+		sel.release()
+		return fmt.Errorf("unexpectedly allocated less resources than required. Requested: %d, Got: %d", required, required-sel.needed)
+	}
+	return nil
+}
+
+// takeFree reserves free devices that match, in NUMA mask order.
+func (sel *selection) takeFree(match func(*device) bool) {
+	for _, mask := range sortedMasks(sel.r.free) {
+		for sel.needed > 0 {
+			p := sel.r.free[mask]
+			if p == nil || len(p.devs) == 0 || !match(p.devs[len(p.devs)-1]) {
+				break
+			}
+			sel.reserve(p.devs[len(p.devs)-1])
+		}
+	}
+}
+
+// takePreferred asks the plugin's GetPreferredAllocation (available =
+// the eligible free devices plus those chosen, mustInclude = those chosen,
+// size = the container's request) and reserves what it names, skipping
+// devices that are unknown, not free or not eligible.
+func (sel *selection) takePreferred(ctx context.Context, required int, eligible func(*device) bool) error {
+	m, r := sel.a.m, sel.r
+	var candidates []string
+	for _, p := range r.free {
+		for _, d := range p.devs {
+			if eligible(d) {
+				candidates = append(candidates, d.id)
+			}
+		}
+	}
+	candidates = append(candidates, sel.order...)
+	sort.Strings(candidates)
+	mustInclude := append([]string(nil), sel.order...)
+	sort.Strings(mustInclude)
+	ep := r.primary
+	m.mu.Unlock()
+	preferred, err := m.preferred(ctx, ep, candidates, mustInclude, required)
+	m.mu.Lock()
+	if err != nil {
+		return err
+	}
+	for _, id := range preferred {
+		if sel.needed == 0 {
 			break
 		}
-		sel.take(id)
-		needed--
+		d := r.devices[id]
+		if d == nil || d.poolIdx < 0 || !eligible(d) {
+			continue
+		}
+		sel.reserve(d)
 	}
-	var fresh []*device
-	release := func() {
-		for _, d := range fresh {
-			m.releaseLocked(rn, d.id, a.uid)
-		}
-		a.m.releaseUnreferencedLocked(a.uid)
+	return nil
+}
+
+// reserve marks d held by the pod and chosen.
+func (sel *selection) reserve(d *device) {
+	sel.a.m.reserveLocked(sel.r, d, sel.a.uid)
+	sel.fresh = append(sel.fresh, d)
+	sel.take(d.id)
+	sel.needed--
+}
+
+// release frees the devices this selection reserved.
+func (sel *selection) release() {
+	for _, d := range sel.fresh {
+		sel.a.m.releaseLocked(sel.rn, d.id, sel.a.uid)
 	}
-	if needed > 0 {
-		available := r.freeCount()
-		if available < needed {
-			m.mu.Unlock()
-			return fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d", rn, needed, available)
-		}
-		useAffinity := affinity != 0 && r.groups.HasTopology()
-		alignedCount := 0
-		if useAffinity {
-			for mask, p := range r.free {
-				if mask.AnySet(affinity) {
-					alignedCount += len(p.devs)
-				}
-			}
-		}
-		gpa := r.primary != nil && r.primary.opts.GetGetPreferredAllocationAvailable()
-		inAligned := func(d *device) bool { return useAffinity && d.mask.AnySet(affinity) }
-		takeFrom := func(match func(*device) bool) {
-			for _, mask := range sortedMasks(r.free) {
-				for needed > 0 {
-					p := r.free[mask]
-					if p == nil || len(p.devs) == 0 || !match(p.devs[len(p.devs)-1]) {
-						break
-					}
-					d := p.devs[len(p.devs)-1]
-					m.reserveLocked(r, d, a.uid)
-					fresh = append(fresh, d)
-					sel.take(d.id)
-					needed--
-				}
-			}
-		}
-		branchAligned := useAffinity && needed < alignedCount
-		if !branchAligned && useAffinity {
-			// Not enough aligned devices: take them all first.
-			takeFrom(inAligned)
-		}
-		if needed > 0 && gpa {
-			var candidates []string
-			for _, p := range r.free {
-				for _, d := range p.devs {
-					if !branchAligned || inAligned(d) {
-						candidates = append(candidates, d.id)
-					}
-				}
-			}
-			candidates = append(candidates, sel.order...)
-			sort.Strings(candidates)
-			mustInclude := append([]string(nil), sel.order...)
-			sort.Strings(mustInclude)
-			ep := r.primary
-			m.mu.Unlock()
-			preferred, err := m.preferred(ctx, ep, candidates, mustInclude, required)
-			m.mu.Lock()
-			if err != nil {
-				release()
-				m.mu.Unlock()
-				return err
-			}
-			for _, id := range preferred {
-				if needed == 0 {
-					break
-				}
-				d := r.devices[id]
-				if d == nil || d.poolIdx < 0 || (branchAligned && !inAligned(d)) {
-					continue
-				}
-				m.reserveLocked(r, d, a.uid)
-				fresh = append(fresh, d)
-				sel.take(d.id)
-				needed--
-			}
-		}
-		if branchAligned {
-			takeFrom(inAligned)
-		} else {
-			takeFrom(func(d *device) bool { return d.mask != 0 && !inAligned(d) })
-			takeFrom(func(*device) bool { return true })
-		}
-		if needed > 0 {
-			release()
-			m.mu.Unlock()
-			return fmt.Errorf("unexpectedly allocated less resources than required. Requested: %d, Got: %d", required, required-needed)
-		}
-	}
+	sel.a.m.releaseUnreferencedLocked(sel.a.uid)
+}
+
+// commitLocked calls the plugin's Allocate with the chosen devices and
+// records the answer for the container. Called with m.mu held; it lets go
+// of it for the call and returns with it released.
+func (a *admission) commitLocked(ctx context.Context, cname string, sel *selection) error {
+	m, r := a.m, sel.r
 	ep := r.primary
 	ids := append([]string(nil), sel.order...)
 	sort.Strings(ids)
 	if ep == nil {
-		release()
+		sel.release()
 		m.mu.Unlock()
-		return fmt.Errorf("unknown Device Plugin %s", rn)
+		return fmt.Errorf("unknown Device Plugin %s", sel.rn)
 	}
 	m.mu.Unlock()
 
@@ -364,7 +403,7 @@ func (a *admission) allocate(ctx context.Context, cname, rn string, required int
 		err = fmt.Errorf("no containers return in allocation response %v", resp)
 	}
 	if err != nil {
-		release()
+		sel.release()
 		return err
 	}
 	cresp := resp.ContainerResponses[0]
@@ -373,8 +412,8 @@ func (a *admission) allocate(ctx context.Context, cname, rn string, required int
 	if p.containers[cname] == nil {
 		p.containers[cname] = make(map[string]*resAlloc)
 	}
-	p.containers[cname][rn] = &resAlloc{ids: ids, numa: m.numaOf(r, ids), resp: cresp, raw: marshalResp(cresp)}
-	a.created = append(a.created, created{cname, rn})
+	p.containers[cname][sel.rn] = &resAlloc{ids: ids, numa: m.numaOf(r, ids), resp: cresp, raw: marshalResp(cresp)}
+	a.created = append(a.created, created{cname, sel.rn})
 	a.changed = true
 	return nil
 }
@@ -397,10 +436,17 @@ func (a *admission) rollbackLocked() {
 	a.created = nil
 }
 
+// selection is the devices being chosen for one container and resource.
 type selection struct {
+	a      *admission
 	r      *resourceState
+	rn     string
 	chosen map[string]struct{}
 	order  []string
+	// needed counts the devices still to choose; fresh are those reserved
+	// by this selection (not reused from init containers).
+	needed int
+	fresh  []*device
 }
 
 func (s *selection) take(id string) {
@@ -597,7 +643,7 @@ func (m *Manager) RemovePod(uid types.UID) {
 	p.containers = map[string]map[string]*resAlloc{}
 	m.releaseUnreferencedLocked(string(uid))
 	m.mu.Unlock()
-	m.writeCheckpoint()
+	_ = m.writeCheckpoint() // logged; the pod is gone either way
 }
 
 // forgetPod drops uid from the unknown holders of a lost checkpoint.
@@ -635,6 +681,6 @@ func (m *Manager) RetainPods(active []types.UID) {
 	}
 	m.mu.Unlock()
 	if removed {
-		m.writeCheckpoint()
+		_ = m.writeCheckpoint() // logged; the pods are gone either way
 	}
 }

@@ -2,7 +2,6 @@ package devicemanager
 
 import (
 	"errors"
-	"io"
 	"log/slog"
 	"path/filepath"
 	"time"
@@ -57,7 +56,7 @@ func PluginDir(root string) string { return filepath.Join(root, "device-plugins"
 
 func (c *Config) setDefaults() {
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.TopologyPolicy == "" {
 		c.TopologyPolicy = topology.PolicyNone

@@ -78,7 +78,7 @@ func (h watcherHandler) ValidatePlugin(_ context.Context, name, _ string, versio
 		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
 	}
 	if !IsExtendedResourceName(name) {
-		return fmt.Errorf("invalid name of device plugin socket: %s", kubeletreg.InvalidResourceName(name))
+		return fmt.Errorf("invalid name of device plugin socket: %w", kubeletreg.InvalidResourceName(name))
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"testing"
@@ -99,7 +100,7 @@ func TestInvariantRandomOperations(t *testing.T) {
 			}
 			if _, err := m.Admit(context.Background(), makePod(uid, cs...)); err == nil {
 				live[uid] = true
-			} else if _, ok := err.(*AdmissionError); !ok {
+			} else if ae := (*AdmissionError)(nil); !errors.As(err, &ae) {
 				t.Fatalf("step %d: Admit returned an untyped error: %v", step, err)
 			}
 		case op < 7: // delete

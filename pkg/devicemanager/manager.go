@@ -290,7 +290,7 @@ func (m *Manager) gcLoop() {
 		next := m.nextExpiryLocked()
 		m.mu.Unlock()
 		if changed {
-			m.writeCheckpoint()
+			_ = m.writeCheckpoint() // logged
 		}
 		var timerC <-chan time.Time
 		var timer interface{ Stop() bool }

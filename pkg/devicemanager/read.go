@@ -28,7 +28,7 @@ func (m *Manager) Resources() []ResourceStatus {
 	}
 	m.mu.Unlock()
 	if changed {
-		m.writeCheckpoint()
+		_ = m.writeCheckpoint() // logged
 	}
 	return out
 }

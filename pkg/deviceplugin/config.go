@@ -115,7 +115,7 @@ func (c Config) validate(resources []Resource) error {
 	switch c.Registration {
 	case RegistrationAuto, RegistrationKubelet, RegistrationRegistry:
 	default:
-		errs = append(errs, fmt.Errorf("Registration: unknown mode %q; use auto, kubelet or registry", c.Registration))
+		errs = append(errs, fmt.Errorf("config.Registration: unknown mode %q; use auto, kubelet or registry", c.Registration))
 	}
 	if c.RetryMax < c.RetryMin {
 		errs = append(errs, fmt.Errorf("RetryMax: %s is below RetryMin %s", c.RetryMax, c.RetryMin))

@@ -39,8 +39,9 @@ func (dongles) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAl
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg := deviceplugin.Config{Logger: slog.Default()} // kubelet's default directories
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg := deviceplugin.Config{Logger: log} // kubelet's default directories
 	if err := deviceplugin.Serve(ctx, cfg, "example.com/dongle", dongles{}); err != nil {
-		slog.Error("device plugin failed", "error", err)
+		log.Error("device plugin failed", "error", err)
 	}
 }

@@ -57,7 +57,7 @@ type Controller struct {
 func NewController(cfg ControllerConfig) (*Controller, error) {
 	var errs []error
 	if cfg.Client == nil {
-		errs = append(errs, errors.New("Client is nil"))
+		errs = append(errs, errors.New("config.Client is nil: set the API server client"))
 	}
 	if cfg.NodeName == "" {
 		errs = append(errs, errors.New("NodeName is empty: give the node to advertise on"))

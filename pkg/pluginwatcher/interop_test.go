@@ -49,7 +49,9 @@ func TestSDKPluginInRegistryMode(t *testing.T) {
 	go func() { done <- srv.Run(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}()
 
 	if err := srv.WaitReady(waitCtx(t)); err != nil {

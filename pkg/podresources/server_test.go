@@ -134,7 +134,9 @@ func serve(t *testing.T, cfg Config) podresourcesv1.PodResourcesListerClient {
 	client, closer, err = Dial(dctx, socket)
 	if err != nil {
 		cancel()
-		<-done
+		if serr := <-done; serr != nil {
+			t.Error(serr)
+		}
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -392,8 +392,8 @@ func (r *runner) checkAllocate(ctx context.Context) {
 			continue
 		}
 		// One response per container request.
-		switch n := len(st.healthy); {
-		case n == 0:
+		switch n := len(st.healthy); n {
+		case 0:
 			resp.skip(res, "no healthy device to allocate%s", r.viewNote(res))
 		default:
 			containers := [][]string{{st.healthy[0]}}
@@ -1093,9 +1093,8 @@ func (r *runner) checkPluginWatcher(ctx context.Context) {
 // kubelet Restarts times, measuring how long re-registration takes and
 // counting registrations.
 func (r *runner) checkRestarts(ctx context.Context) {
-	threshold, slow := r.cfg.ReregisterThreshold, r.cfg.ReregisterWarn
 	// Wait past the threshold to report how slow a slow plugin is.
-	wait := threshold + 10*time.Second
+	wait := r.cfg.ReregisterThreshold + 10*time.Second
 	single := r.outcome()
 	for _, res := range r.resources {
 		if n := r.initial[res]; n > 1 {
@@ -1112,6 +1111,17 @@ func (r *runner) checkRestarts(ctx context.Context) {
 		return
 	}
 
+	r.checkSocketDeleted(ctx, single, wait)
+	r.checkKubeletRestarts(ctx, single, wait)
+	r.checkOldEndpoint()
+	r.conclude(CheckSingleReg, single)
+}
+
+// checkSocketDeleted deletes each resource's socket and judges the
+// re-registration (restart.socket-deleted); extra registrations count
+// against single.
+func (r *runner) checkSocketDeleted(ctx context.Context, single *outcome, wait time.Duration) {
+	threshold, slow := r.cfg.ReregisterThreshold, r.cfg.ReregisterWarn
 	// The plugin's own socket is deleted. The kubelet does not do that to
 	// a live plugin, so whatever goes wrong is a warning; a re-registration
 	// it provokes is what restart.old-endpoint judges.
@@ -1165,7 +1175,13 @@ func (r *runner) checkRestarts(ctx context.Context) {
 		}
 	}
 	r.conclude(CheckSocketDeleted, sd)
+}
 
+// checkKubeletRestarts restarts the emulated kubelet Restarts times and
+// judges how fast every resource registers again (restart.kubelet);
+// extra registrations count against single.
+func (r *runner) checkKubeletRestarts(ctx context.Context, single *outcome, wait time.Duration) {
+	threshold, slow := r.cfg.ReregisterThreshold, r.cfg.ReregisterWarn
 	// Kubelet restarts.
 	kr := r.outcome()
 	worst := map[string]time.Duration{}
@@ -1235,8 +1251,6 @@ func (r *runner) checkRestarts(ctx context.Context) {
 		single.pass(res, "one registration per start and restart")
 	}
 	r.conclude(CheckKubeletRestart, kr)
-	r.checkOldEndpoint()
-	r.conclude(CheckSingleReg, single)
 }
 
 // checkOldEndpoint judges every registration of the run that came while

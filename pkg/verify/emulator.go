@@ -323,7 +323,7 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 	}
 	cc, err := dialPlugin(r.Endpoint)
 	if err != nil {
-		return nil, err, fmt.Errorf("%s %v", errFailedToDialDevicePlugin, err)
+		return nil, err, fmt.Errorf("%s %w", errFailedToDialDevicePlugin, err)
 	}
 	client := pluginapi.NewDevicePluginClient(cc)
 	// At once: is the plugin serving right now?
@@ -338,7 +338,7 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 		cancel()
 		if err != nil {
 			_ = cc.Close()
-			return nil, notServing, fmt.Errorf("%s %v", errFailedToDialDevicePlugin, err)
+			return nil, notServing, fmt.Errorf("%s %w", errFailedToDialDevicePlugin, err)
 		}
 	}
 	sctx, scancel := context.WithCancel(context.Background())
@@ -463,7 +463,7 @@ func (registryHandler) validateOnly(name string, versions []string) error {
 	case !supported:
 		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", pluginapi.Version, versions)
 	case !resourcename.Valid(name):
-		return fmt.Errorf("invalid name of device plugin socket: %s", kubeletreg.InvalidResourceName(name))
+		return fmt.Errorf("invalid name of device plugin socket: %w", kubeletreg.InvalidResourceName(name))
 	}
 	return nil
 }

@@ -588,7 +588,7 @@ func waitFor(ctx context.Context, p *process, ready func(context.Context) error)
 	var last error
 	for {
 		if done, err := p.exited(); done {
-			return fmt.Errorf("controlplane: %w", p.failure(fmt.Errorf("exited before it was ready: %v", err)))
+			return fmt.Errorf("controlplane: %w", p.failure(fmt.Errorf("exited before it was ready: %w", err)))
 		}
 		attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
 		last = ready(attempt)
@@ -598,7 +598,7 @@ func waitFor(ctx context.Context, p *process, ready func(context.Context) error)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("controlplane: %w", p.failure(fmt.Errorf("not ready (%v): %w", last, ctx.Err())))
+			return fmt.Errorf("controlplane: %w", p.failure(fmt.Errorf("not ready (%w): %w", last, ctx.Err())))
 		case <-p.done:
 		case <-tick.C:
 		}

@@ -61,7 +61,7 @@ func renderer(t *testing.T) string {
 		cmd := exec.Command("go", "build", "-o", renderBin, ".")
 		cmd.Dir = filepath.Join("..", "..", "hack", "render")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			renderErr = fmt.Errorf("build hack/render (set %s to a prebuilt one): %v\n%s", EnvRender, err, out)
+			renderErr = fmt.Errorf("build hack/render (set %s to a prebuilt one): %w\n%s", EnvRender, err, out)
 		}
 	})
 	if renderErr != nil {

@@ -108,7 +108,7 @@ func BenchmarkKwokSim(b *testing.B) {
 				err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 					select {
 					case err := <-exited:
-						return false, fmt.Errorf("kwok exited: %v", err)
+						return false, fmt.Errorf("kwok exited: %w", err)
 					default:
 					}
 					n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})

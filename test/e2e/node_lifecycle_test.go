@@ -21,7 +21,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -29,6 +28,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+	"k8s.io/streaming/pkg/httpstream"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 	nodecmd "github.com/dpkit/dpkit/internal/cli/node"

@@ -208,7 +208,9 @@ func TestPodsHealthFromAdmin(t *testing.T) {
 	stopPlugin := func() {
 		if cancel != nil {
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
 			cancel = nil
 		}
 	}

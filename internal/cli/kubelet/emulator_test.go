@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -75,7 +76,9 @@ func startPlugin(t *testing.T, root string) func() {
 	go func() { done <- srv.Run(ctx) }()
 	return func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}
 }
 
@@ -174,7 +177,8 @@ func TestEmulator(t *testing.T) {
 	}
 	for _, tc := range errTests {
 		_, err := c.AdmitPod(ctx, []byte(tc.manifest))
-		ae, ok := err.(*APIError)
+		var ae *APIError
+		ok := errors.As(err, &ae)
 		if !ok || ae.StatusCode != tc.code || ae.Reason != tc.reason {
 			t.Errorf("%s: AdmitPod() error = %#v, want status %d reason %q", tc.name, err, tc.code, tc.reason)
 			continue

@@ -72,7 +72,7 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(p.Child("resourceName"), c.ResourceName, err.Error()))
 	}
 	if c.RescanInterval.Duration < 100*time.Millisecond {
-		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.Duration.String(), "must be at least 100ms, e.g. 10s"))
+		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.String(), "must be at least 100ms, e.g. 10s"))
 	}
 	if c.ComputePartition != "" && !slices.Contains(partitions, c.ComputePartition) {
 		errs = append(errs, field.NotSupported(p.Child("computePartition"), c.ComputePartition, partitions))

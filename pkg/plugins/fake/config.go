@@ -161,7 +161,7 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 				errs = append(errs, field.NotFound(hp.Child("device"), hc.Device))
 			}
 			if hc.After.Duration < 0 {
-				errs = append(errs, field.Invalid(hp.Child("after"), hc.After.Duration.String(), "must not be negative"))
+				errs = append(errs, field.Invalid(hp.Child("after"), hc.After.String(), "must not be negative"))
 			}
 			if hc.Health != pluginapi.Healthy && hc.Health != pluginapi.Unhealthy {
 				errs = append(errs, field.NotSupported(hp.Child("health"), hc.Health, []string{pluginapi.Healthy, pluginapi.Unhealthy}))

@@ -179,7 +179,7 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		errs = append(errs, field.Required(gp, "list at least one group, e.g. {name: serial, paths: [{path: /dev/ttyUSB*}]}"))
 	}
 	if c.RescanInterval.Duration < 100*time.Millisecond {
-		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.Duration.String(), "must be at least 100ms, e.g. 10s"))
+		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.String(), "must be at least 100ms, e.g. 10s"))
 	}
 	if c.CDI.Enabled && !path.IsAbs(c.CDI.SpecDir) {
 		errs = append(errs, field.Invalid(p.Child("cdi", "specDir"), c.CDI.SpecDir, "must be an absolute path, e.g. /var/run/cdi"))
@@ -213,58 +213,86 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		if !permissionsRE.MatchString(g.Permissions) || hasRepeat(g.Permissions) {
 			errs = append(errs, field.Invalid(ip.Child("permissions"), g.Permissions, `use each of "r", "w" and "m" at most once, e.g. "rw" or "rwm"`))
 		}
-		for j, ps := range g.Paths {
-			pp := ip.Child("paths").Index(j)
-			if _, err := devfs.Rel(ps.Path); err != nil {
-				errs = append(errs, field.Invalid(pp.Child("path"), ps.Path, "must be a host path below /dev, e.g. /dev/ttyUSB*"))
-			} else if _, err := path.Match(ps.Path, ""); err != nil {
-				errs = append(errs, field.Invalid(pp.Child("path"), ps.Path, "bad pattern: "+err.Error()))
-			}
-			if ps.ContainerPath != "" {
-				if devfs.HasMeta(ps.Path) {
-					errs = append(errs, field.Forbidden(pp.Child("containerPath"), "only for paths without wildcards; remove it or name one device"))
-				} else if !path.IsAbs(ps.ContainerPath) {
-					errs = append(errs, field.Invalid(pp.Child("containerPath"), ps.ContainerPath, "must be an absolute path"))
-				}
-			}
-		}
-		for j, u := range g.USB {
-			up := ip.Child("usb").Index(j)
-			if !hex4RE.MatchString(u.Vendor) {
-				errs = append(errs, field.Invalid(up.Child("vendor"), u.Vendor, `must be 4 hex digits, e.g. "0403"`))
-			}
-			if u.Product != "" && !hex4RE.MatchString(u.Product) {
-				errs = append(errs, field.Invalid(up.Child("product"), u.Product, `must be 4 hex digits, e.g. "6001"`))
-			}
-		}
-		for j, s := range g.PCI {
-			sp := ip.Child("pci").Index(j)
-			if s.Vendor == "" && s.Device == "" && s.Class == "" {
-				errs = append(errs, field.Required(sp, "set vendor, device or class; an empty selector matches every PCI function"))
-			}
-			if s.Vendor != "" && !hex4RE.MatchString(s.Vendor) {
-				errs = append(errs, field.Invalid(sp.Child("vendor"), s.Vendor, `must be 4 hex digits, e.g. "10de"`))
-			}
-			if s.Device != "" && !hex4RE.MatchString(s.Device) {
-				errs = append(errs, field.Invalid(sp.Child("device"), s.Device, `must be 4 hex digits, e.g. "1021"`))
-			}
-			if s.Class != "" && !classRE.MatchString(s.Class) {
-				errs = append(errs, field.Invalid(sp.Child("class"), s.Class, `must be 2 to 6 hex digits, e.g. "0207" or "030200"`))
-			}
-		}
-		for j, m := range g.Mounts {
-			mp := ip.Child("mounts").Index(j)
-			if !path.IsAbs(m.HostPath) {
-				errs = append(errs, field.Invalid(mp.Child("hostPath"), m.HostPath, "must be an absolute path on the host"))
-			}
-			if !path.IsAbs(m.ContainerPath) {
-				errs = append(errs, field.Invalid(mp.Child("containerPath"), m.ContainerPath, "must be an absolute path in the container"))
-			}
-		}
+		errs = append(errs, validatePaths(ip.Child("paths"), g.Paths)...)
+		errs = append(errs, validateUSB(ip.Child("usb"), g.USB)...)
+		errs = append(errs, validatePCI(ip.Child("pci"), g.PCI)...)
+		errs = append(errs, validateMounts(ip.Child("mounts"), g.Mounts)...)
 		for k := range g.Env {
 			if !envNameRE.MatchString(k) {
 				errs = append(errs, field.Invalid(ip.Child("env").Key(k), k, "must be an environment variable name: letters, digits and _, not starting with a digit"))
 			}
+		}
+	}
+	return errs
+}
+
+// validatePaths checks the device node paths of a group.
+func validatePaths(p *field.Path, items []PathSpec) field.ErrorList {
+	var errs field.ErrorList
+	for j, ps := range items {
+		pp := p.Index(j)
+		if _, err := devfs.Rel(ps.Path); err != nil {
+			errs = append(errs, field.Invalid(pp.Child("path"), ps.Path, "must be a host path below /dev, e.g. /dev/ttyUSB*"))
+		} else if _, err := path.Match(ps.Path, ""); err != nil {
+			errs = append(errs, field.Invalid(pp.Child("path"), ps.Path, "bad pattern: "+err.Error()))
+		}
+		if ps.ContainerPath != "" {
+			if devfs.HasMeta(ps.Path) {
+				errs = append(errs, field.Forbidden(pp.Child("containerPath"), "only for paths without wildcards; remove it or name one device"))
+			} else if !path.IsAbs(ps.ContainerPath) {
+				errs = append(errs, field.Invalid(pp.Child("containerPath"), ps.ContainerPath, "must be an absolute path"))
+			}
+		}
+	}
+	return errs
+}
+
+// validateUSB checks the USB selectors of a group.
+func validateUSB(p *field.Path, items []USBSpec) field.ErrorList {
+	var errs field.ErrorList
+	for j, u := range items {
+		up := p.Index(j)
+		if !hex4RE.MatchString(u.Vendor) {
+			errs = append(errs, field.Invalid(up.Child("vendor"), u.Vendor, `must be 4 hex digits, e.g. "0403"`))
+		}
+		if u.Product != "" && !hex4RE.MatchString(u.Product) {
+			errs = append(errs, field.Invalid(up.Child("product"), u.Product, `must be 4 hex digits, e.g. "6001"`))
+		}
+	}
+	return errs
+}
+
+// validatePCI checks the PCI selectors of a group.
+func validatePCI(p *field.Path, items []PCISpec) field.ErrorList {
+	var errs field.ErrorList
+	for j, s := range items {
+		sp := p.Index(j)
+		if s.Vendor == "" && s.Device == "" && s.Class == "" {
+			errs = append(errs, field.Required(sp, "set vendor, device or class; an empty selector matches every PCI function"))
+		}
+		if s.Vendor != "" && !hex4RE.MatchString(s.Vendor) {
+			errs = append(errs, field.Invalid(sp.Child("vendor"), s.Vendor, `must be 4 hex digits, e.g. "10de"`))
+		}
+		if s.Device != "" && !hex4RE.MatchString(s.Device) {
+			errs = append(errs, field.Invalid(sp.Child("device"), s.Device, `must be 4 hex digits, e.g. "1021"`))
+		}
+		if s.Class != "" && !classRE.MatchString(s.Class) {
+			errs = append(errs, field.Invalid(sp.Child("class"), s.Class, `must be 2 to 6 hex digits, e.g. "0207" or "030200"`))
+		}
+	}
+	return errs
+}
+
+// validateMounts checks the extra mounts of a group.
+func validateMounts(p *field.Path, items []Mount) field.ErrorList {
+	var errs field.ErrorList
+	for j, m := range items {
+		mp := p.Index(j)
+		if !path.IsAbs(m.HostPath) {
+			errs = append(errs, field.Invalid(mp.Child("hostPath"), m.HostPath, "must be an absolute path on the host"))
+		}
+		if !path.IsAbs(m.ContainerPath) {
+			errs = append(errs, field.Invalid(mp.Child("containerPath"), m.ContainerPath, "must be an absolute path in the container"))
 		}
 	}
 	return errs

@@ -113,7 +113,7 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		errs = append(errs, field.Forbidden(p.Child("failRequestsGreaterThanOne"), "applies only to time-slicing; set replicas above 1 or remove it"))
 	}
 	if c.RescanInterval.Duration < 100*time.Millisecond {
-		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.Duration.String(), "must be at least 100ms, e.g. 10s"))
+		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.String(), "must be at least 100ms, e.g. 10s"))
 	}
 	return errs
 }

@@ -23,7 +23,7 @@ func (b *Backend) startIsolated(newCmd func() *exec.Cmd, attr *syscall.SysProcAt
 		a.Cloneflags |= syscall.CLONE_NEWPID
 		cmd.SysProcAttr = &a
 		err := cmd.Start()
-		if err == nil || !(errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL)) {
+		if err == nil || (!errors.Is(err, syscall.EPERM) && !errors.Is(err, syscall.EINVAL)) {
 			return cmd, err
 		}
 		b.isoMu.Lock()

@@ -339,7 +339,7 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 					tag := "F"
 					if line[len(line)-1] == '\n' {
 						line = line[:len(line)-1]
-					} else if err == bufio.ErrBufferFull {
+					} else if errors.Is(err, bufio.ErrBufferFull) {
 						tag = "P"
 					}
 					mu.Lock()
