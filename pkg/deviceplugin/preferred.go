@@ -3,7 +3,8 @@ package deviceplugin
 import (
 	"cmp"
 	"slices"
-	"strings"
+
+	"github.com/dpkit/dpkit/internal/natural"
 )
 
 // noNUMA is the node of a device without NUMA information.
@@ -186,35 +187,4 @@ func numaOf(d Device) int64 {
 // CompareIDs orders device IDs naturally: runs of digits compare by value
 // (of any length), so dev-2 sorts before dev-10 and renderD128 before
 // renderD1024.
-func CompareIDs(a, b string) int {
-	for a != "" && b != "" {
-		da, db := digitsPrefix(a), digitsPrefix(b)
-		if da > 0 && db > 0 {
-			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
-			if c := cmp.Compare(len(na), len(nb)); c != 0 {
-				return c
-			}
-			if c := strings.Compare(na, nb); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(da, db); c != 0 {
-				return c
-			}
-			a, b = a[da:], b[db:]
-			continue
-		}
-		if c := cmp.Compare(a[0], b[0]); c != 0 {
-			return c
-		}
-		a, b = a[1:], b[1:]
-	}
-	return cmp.Compare(len(a), len(b))
-}
-
-func digitsPrefix(s string) int {
-	i := 0
-	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-		i++
-	}
-	return i
-}
+func CompareIDs(a, b string) int { return natural.Compare(a, b) }

@@ -13,11 +13,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 
-	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/internal/natural"
 )
 
 // HostDev is the host's device directory; host paths start with it.
@@ -160,4 +159,4 @@ func typeName(m fs.FileMode) string {
 
 // SortNatural sorts strings so that runs of digits compare by value:
 // ttyUSB2 < ttyUSB10, renderD128 < renderD129.
-func SortNatural(s []string) { slices.SortFunc(s, deviceplugin.CompareIDs) }
+func SortNatural(s []string) { natural.Sort(s) }
