@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/utils/clock"
 )
 
 // RegistrationMode selects how a plugin announces itself to the kubelet.
@@ -68,6 +69,22 @@ type Config struct {
 	// ShutdownTimeout bounds how long shutdown waits for in-flight RPCs.
 	// Default 10s.
 	ShutdownTimeout time.Duration
+	// FirstScanWait is how long registration waits for the plugin's first
+	// device list, so the kubelet's first ListAndWatch message is full;
+	// after it the plugin registers with what it has. Default 5s.
+	FirstScanWait time.Duration
+	// StreamEndedGuard is how long after a registration a ListAndWatch
+	// stream that ends is taken for the kubelet's previous connection
+	// rather than a reason to register again (no registration storm).
+	// Default 1s.
+	StreamEndedGuard time.Duration
+	// ResyncInterval is how often the server checks, as a safety net
+	// behind fsnotify, that its sockets are in place and registered.
+	// Default 10s.
+	ResyncInterval time.Duration
+	// Clock times everything above. Default the real clock; tests pass a
+	// fake one (k8s.io/utils/clock/testing).
+	Clock clock.WithTicker
 }
 
 func (c Config) withDefaults() Config {
@@ -103,6 +120,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.FirstScanWait <= 0 {
+		c.FirstScanWait = 5 * time.Second
+	}
+	if c.StreamEndedGuard <= 0 {
+		c.StreamEndedGuard = time.Second
+	}
+	if c.ResyncInterval <= 0 {
+		c.ResyncInterval = 10 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	return c
 }

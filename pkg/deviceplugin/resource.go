@@ -168,7 +168,7 @@ func (r *resource) scan(ctx context.Context) {
 		}
 		wait := b.next()
 		r.log.Error("Scan failed; retrying", "error", err, "retryIn", wait)
-		if !sleepCtx(ctx, wait) {
+		if !r.sleep(ctx, wait) {
 			return
 		}
 	}
@@ -316,7 +316,7 @@ func (r *resource) shutdown() {
 		go func() { srv.GracefulStop(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(r.cfg.ShutdownTimeout):
+		case <-r.cfg.Clock.After(r.cfg.ShutdownTimeout):
 			r.log.Warn("In-flight calls did not finish in time; closing them", "timeout", r.cfg.ShutdownTimeout)
 			srv.Stop()
 			<-done
@@ -444,7 +444,7 @@ func (r *resource) needsRegistration(reason string) bool {
 		// A stream that ends right after a registration belongs to the
 		// kubelet's previous connection; acting on it could start a
 		// registration storm. A real restart also re-creates kubelet.sock.
-		return r.streams == 0 && time.Since(r.registeredAt) > time.Second
+		return r.streams == 0 && r.cfg.Clock.Since(r.registeredAt) > r.cfg.StreamEndedGuard
 	case reasonKubeletSocket:
 		fi, err := os.Stat(r.cfg.KubeletSocket)
 		if err != nil {
@@ -468,8 +468,8 @@ func (r *resource) registerLoop(ctx context.Context) {
 	// Serve the first full device list: wait briefly for the first scan.
 	select {
 	case <-r.scanned:
-	case <-time.After(5 * time.Second):
-		r.log.Warn("Plugin reported no devices within 5s of start; registering with none")
+	case <-r.cfg.Clock.After(r.cfg.FirstScanWait):
+		r.log.Warn("Plugin reported no devices in time; registering with none", "firstScanWait", r.cfg.FirstScanWait)
 	case <-ctx.Done():
 		return
 	}
@@ -513,7 +513,7 @@ func (r *resource) registerLoop(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(wait):
+			case <-r.cfg.Clock.After(wait):
 			case <-r.trigger:
 				// Something changed (the kubelet socket appeared, say):
 				// try again at once.
@@ -566,7 +566,7 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	r.kubeletSock = fi
-	r.registeredAt = time.Now()
+	r.registeredAt = r.cfg.Clock.Now()
 	r.mu.Unlock()
 	r.log.Info("Registered with the kubelet", "endpoint", endpoint)
 	r.setRegistered(true, nil)
@@ -593,13 +593,14 @@ func (b *backoff) next() time.Duration {
 	return half + time.Duration(rand.Int64N(int64(half)+1))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
+// sleep waits d on the configured clock, or until ctx ends (false).
+func (r *resource) sleep(ctx context.Context, d time.Duration) bool {
+	t := r.cfg.Clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

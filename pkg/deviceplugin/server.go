@@ -8,15 +8,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/fsnotify/fsnotify"
 )
-
-// resyncInterval is how often the server checks, as a safety net behind
-// fsnotify, that every socket still exists and every resource is
-// registered. Reacting to a kubelet restart never waits for it.
-const resyncInterval = 10 * time.Second
 
 // Server serves a set of resources to the kubelet. Create it with
 // NewServer and start it with Run.
@@ -123,7 +117,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 
-	ticker := time.NewTicker(resyncInterval)
+	ticker := s.cfg.Clock.NewTicker(s.cfg.ResyncInterval)
 	defer ticker.Stop()
 loop:
 	for {
@@ -140,7 +134,7 @@ loop:
 				break loop
 			}
 			log.Warn("File watch error", "error", err)
-		case <-ticker.C:
+		case <-ticker.C():
 			s.resync()
 		}
 	}

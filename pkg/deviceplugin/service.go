@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -55,9 +54,9 @@ func (s service) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_
 }
 
 func (s service) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-	start := time.Now()
+	start := s.r.cfg.Clock.Now()
 	resp, err := s.allocate(ctx, req)
-	s.r.metrics.allocate(s.r.name, status.Code(err).String(), time.Since(start).Seconds())
+	s.r.metrics.allocate(s.r.name, status.Code(err).String(), s.r.cfg.Clock.Since(start).Seconds())
 	if err != nil {
 		s.r.log.Warn("Allocate refused", "error", err)
 	}
