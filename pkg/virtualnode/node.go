@@ -307,6 +307,10 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 		p, err := podLister.Pods(namespace).Get(name)
 		return err == nil && p.UID == uid
 	}
+	n.prov.apiPod = func(namespace, name string) *corev1.Pod {
+		p, _ := podLister.Pods(namespace).Get(name)
+		return p
+	}
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
 		PodClient:         cfg.Client.CoreV1(),
 		PodInformer:       podInformer,
