@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"net/http"
 	"net/http/httptest"
@@ -117,7 +118,7 @@ func TestTokenCacheBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 1000 {
-		if _, err := a.Authenticate(bearer(randomToken(t))); err != ErrUnauthenticated {
+		if _, err := a.Authenticate(bearer(randomToken(t))); !errors.Is(err, ErrUnauthenticated) {
 			t.Fatalf("made-up token: %v, want ErrUnauthenticated", err)
 		}
 	}
@@ -179,7 +180,7 @@ func TestConcurrentReviewsShared(t *testing.T) {
 	errs := make(chan error, 2*n)
 	for range n {
 		wg.Go(func() {
-			if _, err := a.Authenticate(bearer("bad")); err != ErrUnauthenticated {
+			if _, err := a.Authenticate(bearer("bad")); !errors.Is(err, ErrUnauthenticated) {
 				errs <- err
 			}
 		})
@@ -222,7 +223,7 @@ func TestAbandonedReviewCancelled(t *testing.T) {
 	go func() { _, err := a.Authenticate(bearer("x").WithContext(ctx2)); done2 <- err }()
 	recv(t, joined, "second caller joined the first one's review")
 	cancel1()
-	if err := <-done1; err != context.Canceled {
+	if err := <-done1; !errors.Is(err, context.Canceled) {
 		t.Fatalf("first caller: %v, want context.Canceled", err)
 	}
 	select {

@@ -332,7 +332,7 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 		u, err := a.Authenticate(r)
 		if err != nil {
 			if !errors.Is(err, ErrUnauthenticated) {
-				a.logReviewError(r, "authenticating request", err)
+				a.logReviewError(r, err, "step", "authentication")
 			}
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 			return
@@ -340,7 +340,7 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 		verb, sub := Attributes(r)
 		ok, err := a.Authorize(r.Context(), u, verb, sub)
 		if err != nil {
-			a.logReviewError(r, "authorizing request", err, "user", u.Name)
+			a.logReviewError(r, err, "step", "authorization", "user", u.Name)
 			http.Error(w, "Authorization error (user="+u.Name+", verb="+verb+", resource=nodes, subresource="+sub+")", http.StatusInternalServerError)
 			return
 		}
@@ -359,9 +359,10 @@ const errLogInterval = 10 * time.Second
 
 // logReviewError logs a failed review, unless the caller went away (its
 // request context ended), at most once per errLogInterval.
-func (a *Auth) logReviewError(r *http.Request, msg string, err error, args ...any) {
+func (a *Auth) logReviewError(r *http.Request, err error, args ...any) {
+	args = append(args, "path", r.URL.Path, "err", err)
 	if r.Context().Err() != nil {
-		a.log.Debug(msg, append(args, "path", r.URL.Path, "err", err)...)
+		a.log.Debug("node API request not reviewed: its caller went away", args...)
 		return
 	}
 	now := a.cfg.Now()
@@ -374,5 +375,5 @@ func (a *Auth) logReviewError(r *http.Request, msg string, err error, args ...an
 	dropped := a.errDropped
 	a.errDropped, a.errLogNext = 0, now.Add(errLogInterval)
 	a.errMu.Unlock()
-	a.log.Error(msg, append(args, "path", r.URL.Path, "err", err, "similarErrorsNotLogged", dropped)...)
+	a.log.Error("node API request not reviewed", append(args, "similarErrorsNotLogged", dropped)...)
 }
