@@ -79,6 +79,10 @@ type Config struct {
 	Root string
 	// Client talks to the API server. Required.
 	Client kubernetes.Interface
+	// HeartbeatClient renews the Lease and updates the node status;
+	// TokenReviewClient and SubjectAccessReviewClient make the node API's
+	// reviews. Nil means Client; NewClients says why they should not be.
+	HeartbeatClient, TokenReviewClient, SubjectAccessReviewClient kubernetes.Interface
 	// Informers is a shared informer factory over every pod (and the
 	// ConfigMaps, Secrets and Services that pods' environments refer
 	// to); nodes of one process share it. Nil makes a factory for this
@@ -156,6 +160,7 @@ type Node struct {
 	be       backend.Backend
 	apiAddr  net.Addr
 	apiReady chan struct{}
+	auth     *nodeapi.Auth
 
 	mu       sync.Mutex
 	node     *corev1.Node
@@ -181,6 +186,16 @@ func (n *Node) APIAddr() net.Addr {
 	default:
 		return nil
 	}
+}
+
+// APIAuthCacheSizes returns what the node API's webhook caches hold:
+// accepted and refused tokens and authorization decisions (zeros when the
+// node API is disabled).
+func (n *Node) APIAuthCacheSizes() (accepted, refused, decisions int) {
+	if n.auth == nil {
+		return 0, 0, 0
+	}
+	return n.auth.CacheSizes()
 }
 
 // DefaultNodeIP is the node IP a kubelet without --node-ip would choose:
@@ -212,6 +227,11 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	if cfg.PodSyncWorkers <= 0 {
 		cfg.PodSyncWorkers = DefaultPodSyncWorker
+	}
+	for _, c := range []*kubernetes.Interface{&cfg.HeartbeatClient, &cfg.TokenReviewClient, &cfg.SubjectAccessReviewClient} {
+		if *c == nil {
+			*c = cfg.Client
+		}
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -287,6 +307,10 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 		p, err := podLister.Pods(namespace).Get(name)
 		return err == nil && p.UID == uid
 	}
+	n.prov.apiPod = func(namespace, name string) *corev1.Pod {
+		p, _ := podLister.Pods(namespace).Get(name)
+		return p
+	}
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
 		PodClient:         cfg.Client.CoreV1(),
 		PodInformer:       podInformer,
@@ -317,12 +341,12 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	n.rememberPluginResources(ctx)
 	n.node = n.nodeObject()
 	opts := []vknode.NodeControllerOpt{
-		vknode.WithNodeEnableLeaseV1(cfg.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
+		vknode.WithNodeEnableLeaseV1(cfg.HeartbeatClient.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
 	}
 	if cfg.StatusUpdateInterval > 0 {
 		opts = append(opts, vknode.WithNodeStatusUpdateInterval(cfg.StatusUpdateInterval))
 	}
-	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), cfg.Client.CoreV1().Nodes(), opts...)
+	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), cfg.HeartbeatClient.CoreV1().Nodes(), opts...)
 	if err != nil {
 		return err
 	}
@@ -382,13 +406,14 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 	}
 	auth, err := nodeapi.NewAuth(nodeapi.AuthConfig{
 		NodeName:             cfg.Name,
-		TokenReviews:         cfg.Client.AuthenticationV1(),
-		SubjectAccessReviews: cfg.Client.AuthorizationV1(),
+		TokenReviews:         cfg.TokenReviewClient.AuthenticationV1(),
+		SubjectAccessReviews: cfg.SubjectAccessReviewClient.AuthorizationV1(),
 		Logger:               n.log.With("component", "nodeapi"),
 	})
 	if err != nil {
 		return err
 	}
+	n.auth = auth
 	h := nodeapi.Handler(nodeapi.Source{
 		NodeName:  cfg.Name,
 		Pods:      n.prov.GetPods,

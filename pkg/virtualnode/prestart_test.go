@@ -192,11 +192,11 @@ func startPreStartNode(t *testing.T, b preStartBackend) *preStartNode {
 	}
 	ctx, host, p := startProvider(t, root)
 	n := &preStartNode{ctx: ctx, root: root, mgr: host.Manager, p: p, got: recordStatuses(ctx, p), envAsked: map[string]bool{}}
-	env := func(pod *corev1.Pod, container string) []corev1.EnvVar {
+	env := func(ctx context.Context, pod *corev1.Pod, container string) ([]corev1.EnvVar, error) {
 		n.mu.Lock()
 		n.envAsked[container] = true
 		n.mu.Unlock()
-		return p.containerEnv(pod, container)
+		return p.containerEnv(ctx, pod, container)
 	}
 	p.be = b.new(t, root, backend.Config{Notify: p.backendNotify, PreStart: p.preStart, ContainerEnv: env})
 	t.Cleanup(func() { _ = os.Remove(hold); _ = p.be.Close() })

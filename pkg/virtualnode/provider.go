@@ -31,6 +31,13 @@ type provider struct {
 	// still has the pod of that UID; set before pods arrive. Nil means
 	// always.
 	inAPI func(namespace, name string, uid types.UID) bool
+	// apiPod returns the pod of that name as the API server (the pod
+	// informer's cache) has it, nil when it has none; set before pods
+	// arrive. Nil means never found.
+	apiPod func(namespace, name string) *corev1.Pod
+	// envs holds the environment virtual-kubelet resolved for each pod
+	// (Secrets' values included), in memory only: see podenv.go.
+	envs podEnvs
 
 	// mu guards pods and notify. A stored pod is never modified: changes
 	// store a new copy, so a stored pointer may be handed out.
@@ -195,6 +202,9 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err := p.dropReplaced(ctx, pod); err != nil {
 		return err
 	}
+	resolved := pod
+	pod = p.withoutResolvedEnv(resolved)
+	p.envs.put(resolved)
 	if _, err := p.mgr.Admit(ctx, pod); err != nil {
 		var ae *devicemanager.AdmissionError
 		if !errors.As(err, &ae) {
@@ -236,7 +246,22 @@ func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	if replaced {
 		return p.CreatePod(ctx, pod)
 	}
+	if ok {
+		// Resolved again: after a restart of the node this is the first
+		// time, and containers waiting to start get their environment.
+		p.envs.put(pod)
+	}
 	return nil
+}
+
+// withoutResolvedEnv returns pod, as virtual-kubelet resolved it, with its
+// containers' env and envFrom as the API server has them.
+func (p *provider) withoutResolvedEnv(pod *corev1.Pod) *corev1.Pod {
+	var api *corev1.Pod
+	if p.apiPod != nil {
+		api = p.apiPod(pod.Namespace, pod.Name)
+	}
+	return asInAPI(pod, api)
 }
 
 // dropReplaced forgets the pod of pod's namespace and name when it has
@@ -253,6 +278,7 @@ func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Unlock()
 	p.log.Info("forgetting a pod replaced by one of the same name", "pod", k, "uid", cur.UID, "new", pod.UID)
 	p.mgr.RemovePod(cur.UID)
+	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)
 }
 
@@ -285,6 +311,7 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	p.mu.Unlock()
 	p.mgr.RemovePod(cur.UID)
+	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)
 }
 
@@ -372,17 +399,19 @@ func (p *provider) activeUIDs() []types.UID {
 	return uids
 }
 
-// containerEnv returns the device plugins' environment for a container.
-func (p *provider) containerEnv(pod *corev1.Pod, container string) []corev1.EnvVar {
-	o := p.mgr.ContainerOptions(pod.UID, container)
-	if o == nil {
-		return nil
+// containerEnv returns a container's resolved environment, waiting for it
+// after a restart, then the device plugins' variables.
+func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container string) ([]corev1.EnvVar, error) {
+	env, err := p.envs.get(ctx, pod.UID, container)
+	if err != nil {
+		return nil, err
 	}
-	env := make([]corev1.EnvVar, 0, len(o.Envs))
-	for _, kv := range o.Envs {
-		env = append(env, corev1.EnvVar{Name: kv.Name, Value: kv.Value})
+	if o := p.mgr.ContainerOptions(pod.UID, container); o != nil {
+		for _, kv := range o.Envs {
+			env = append(env, corev1.EnvVar{Name: kv.Name, Value: kv.Value})
+		}
 	}
-	return env
+	return env, nil
 }
 
 func (p *provider) preStart(ctx context.Context, pod *corev1.Pod, container string) error {

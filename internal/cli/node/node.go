@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -114,8 +113,8 @@ informers, each under <root>/NAME-i on port --port+i.`,
 	f.StringVar(&o.Pods, "pods", "110", "declared pod capacity")
 	f.StringArrayVar(&o.Resources, "resource", nil, "declared extended resource NAME=QUANTITY (repeatable); device-plugin resources are added automatically")
 	f.IntVar(&o.Count, "count", 1, "number of virtual nodes to run in this process")
-	f.Float64Var(&o.QPS, "qps", 50, "API client queries per second (shared by all nodes)")
-	f.IntVar(&o.Burst, "burst", 100, "API client burst")
+	f.Float64Var(&o.QPS, "qps", 50, "API client queries per second, shared by all nodes; TokenReviews and SubjectAccessReviews each have a limiter of their own at this rate, Lease renewals and node status updates are not throttled")
+	f.IntVar(&o.Burst, "burst", 100, "API client burst (and the review limiters')")
 	f.DurationVar(&o.SimStart, "sim-start-delay", 0, "sim backend: how long pods stay Pending before running")
 	f.DurationVar(&o.SimRun, "sim-run-duration", 0, "sim backend: how long containers run before exiting 0 (0: until deleted)")
 	f.DurationVar(&o.BackoffStart, "restart-backoff", process.DefaultBackoffInitial, "process backend: first restart back-off (doubles up to 5m)")
@@ -142,6 +141,12 @@ func (o *Options) validate() error {
 	}
 	if o.Count < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
+	}
+	if o.QPS <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--qps"), o.QPS, "must be positive"))
+	}
+	if o.Burst < 1 {
+		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.Burst, "must be at least 1"))
 	}
 	if _, err := o.resources(); err != nil {
 		errs = append(errs, field.Invalid(field.NewPath("--resource"), o.Resources, err.Error()))
@@ -220,12 +225,12 @@ func Run(ctx context.Context, env *cli.Env, o Options, started func([]*virtualno
 	if err != nil {
 		return cli.Exit(2, fmt.Errorf("API client: %w", err))
 	}
-	rc.QPS, rc.Burst = float32(o.QPS), o.Burst
 	rc.UserAgent = "dpkit-node"
-	client, err := kubernetes.NewForConfig(rc)
+	clients, err := virtualnode.NewClients(rc, float32(o.QPS), o.Burst)
 	if err != nil {
-		return err
+		return cli.Exit(2, err)
 	}
+	client := clients.Client
 	res, _ := o.resources()
 	taints, _ := ParseTaints(o.Taints)
 	root, err := filepath.Abs(o.Root)
@@ -272,6 +277,8 @@ func Run(ctx context.Context, env *cli.Env, o Options, started func([]*virtualno
 
 			DeviceGracePeriod: o.DeviceGracePeriod,
 		}
+		cfg.HeartbeatClient = clients.Heartbeat
+		cfg.TokenReviewClient, cfg.SubjectAccessReviewClient = clients.TokenReviews, clients.SubjectAccessReviews
 		if o.Count > 1 {
 			cfg.Name = o.Name + "-" + strconv.Itoa(i)
 			cfg.Root = filepath.Join(root, cfg.Name)

@@ -22,9 +22,18 @@ type Config struct {
 	// Notify receives a copy of a pod whenever its status changes. It may
 	// block; backends call it without holding their locks.
 	Notify func(*corev1.Pod)
-	// ContainerEnv returns the environment the node adds to a container
-	// (the device plugins' variables). May be nil.
-	ContainerEnv func(pod *corev1.Pod, container string) []corev1.EnvVar
+	// ContainerEnv returns the environment the node gives a container
+	// beyond the literal values of its spec: the values it resolved from
+	// Secrets, ConfigMaps, the downward API and Services, then the device
+	// plugins' variables; a later entry wins over an earlier one of the
+	// same name. Pods reach the backend as the API server has them (env
+	// and envFrom name their sources, resolved values are left out), so
+	// that no Secret's value is kept where pods are stored or served; the
+	// backend asks for the values each time it starts a container and
+	// keeps them in memory only. It may block (after a restart, until the
+	// node has read the pod from the API server again) and returns ctx's
+	// error when ctx ends first. May be nil.
+	ContainerEnv func(ctx context.Context, pod *corev1.Pod, container string) ([]corev1.EnvVar, error)
 	// PreStart is called before each start of a container (the device
 	// plugins' PreStartContainer). May be nil.
 	PreStart func(ctx context.Context, pod *corev1.Pod, container string) error

@@ -9,12 +9,15 @@ package nodeapi
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -22,15 +25,31 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/cache"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authzclient "k8s.io/client-go/kubernetes/typed/authorization/v1"
 )
 
-// Defaults of the kubelet's webhook caches.
+// Defaults of the webhook caches. The TTLs are the kubelet's
+// (--authentication-token-webhook-cache-ttl 2m,
+// --authorization-webhook-cache-authorized-ttl 5m and -unauthorized-ttl
+// 30s) except DefaultAuthnFailureCacheTTL: the kubelet caches a token the
+// API server refused as long as one it accepted (k8s.io/apiserver's
+// DelegatingAuthenticatorConfig passes CacheTTL as both), dpkit keeps it
+// 30s like a denial. The sizes bound each cache (least recently used
+// entries go first); the kubelet's token cache is bounded by its TTL only,
+// its decision cache holds 8192 (k8s.io/apiserver's webhook authorizer).
 const (
-	DefaultAuthnCacheTTL = 2 * time.Minute
-	DefaultAllowCacheTTL = 5 * time.Minute
-	DefaultDenyCacheTTL  = 30 * time.Second
+	DefaultAuthnCacheTTL        = 2 * time.Minute
+	DefaultAuthnFailureCacheTTL = 30 * time.Second
+	DefaultAllowCacheTTL        = 5 * time.Minute
+	DefaultDenyCacheTTL         = 30 * time.Second
+	DefaultAuthnCacheSize       = 8192
+	DefaultAuthzCacheSize       = 8192
+	// DefaultReviewTimeout bounds how long a request waits for its
+	// TokenReview or SubjectAccessReview, rate limiter included, like
+	// k8s.io/apiserver's shared lookup timeout.
+	DefaultReviewTimeout = 30 * time.Second
 )
 
 // User is an authenticated caller.
@@ -48,13 +67,23 @@ type AuthConfig struct {
 	NodeName string
 	// TokenReviews and SubjectAccessReviews are the API server's review
 	// clients (clientset.AuthenticationV1(), clientset.AuthorizationV1()).
-	// Without TokenReviews bearer tokens are refused.
+	// Without TokenReviews bearer tokens are refused. Give them clients
+	// of their own (their own rate limiters): every unknown bearer token
+	// costs a TokenReview, and anyone who reaches the port can send those.
 	TokenReviews         authnclient.TokenReviewsGetter
 	SubjectAccessReviews authzclient.SubjectAccessReviewsGetter
-	// AuthnCacheTTL, AllowCacheTTL and DenyCacheTTL default to the
-	// kubelet's 2m, 5m and 30s.
-	AuthnCacheTTL, AllowCacheTTL, DenyCacheTTL time.Duration
-	Logger                                     *slog.Logger
+	// AuthnCacheTTL, AuthnFailureCacheTTL, AllowCacheTTL and DenyCacheTTL
+	// default to 2m, 30s, 5m and 30s.
+	AuthnCacheTTL, AuthnFailureCacheTTL, AllowCacheTTL, DenyCacheTTL time.Duration
+	// AuthnCacheSize bounds the accepted tokens and, separately, the
+	// refused ones, so that a flood of made-up tokens cannot push out the
+	// accepted ones. AuthzCacheSize bounds the decisions. Both default
+	// to 8192.
+	AuthnCacheSize, AuthzCacheSize int
+	// ReviewTimeout bounds each review, waiting for the rate limiter
+	// included. Default 30s.
+	ReviewTimeout time.Duration
+	Logger        *slog.Logger
 	// Now is the clock of the caches; nil means time.Now.
 	Now func() time.Time
 }
@@ -63,16 +92,28 @@ type AuthConfig struct {
 type Auth struct {
 	cfg AuthConfig
 	log *slog.Logger
+	// hmacKey keys the token cache: tokens are not kept in memory, and
+	// callers cannot pick tokens whose keys collide (as the kubelet's
+	// cached token authenticator does).
+	hmacKey []byte
 
-	mu    sync.Mutex
-	users map[[32]byte]cached[*User]
-	sars  map[string]cached[bool]
+	users   *cache.LRUExpireCache // token key -> *User, accepted tokens
+	refused *cache.LRUExpireCache // token key -> struct{}, refused tokens
+	allowed *cache.LRUExpireCache // decision key -> bool
+
+	tokenFlights flightGroup[*User]
+	sarFlights   flightGroup[bool]
+
+	// errLog samples review errors: under a flood every request may
+	// fail the same way.
+	errMu      sync.Mutex
+	errLogNext time.Time
+	errDropped int
 }
 
-type cached[T any] struct {
-	v   T
-	exp time.Time
-}
+type clockFunc func() time.Time
+
+func (f clockFunc) Now() time.Time { return f() }
 
 // NewAuth validates cfg and returns an Auth.
 func NewAuth(cfg AuthConfig) (*Auth, error) {
@@ -82,14 +123,24 @@ func NewAuth(cfg AuthConfig) (*Auth, error) {
 	if cfg.SubjectAccessReviews == nil {
 		return nil, errors.New("nodeapi: SubjectAccessReviews is required")
 	}
-	if cfg.AuthnCacheTTL == 0 {
-		cfg.AuthnCacheTTL = DefaultAuthnCacheTTL
+	if cfg.AuthnCacheSize < 0 || cfg.AuthzCacheSize < 0 {
+		return nil, errors.New("nodeapi: cache sizes must not be negative")
 	}
-	if cfg.AllowCacheTTL == 0 {
-		cfg.AllowCacheTTL = DefaultAllowCacheTTL
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
 	}
-	if cfg.DenyCacheTTL == 0 {
-		cfg.DenyCacheTTL = DefaultDenyCacheTTL
+	def(&cfg.AuthnCacheTTL, DefaultAuthnCacheTTL)
+	def(&cfg.AuthnFailureCacheTTL, DefaultAuthnFailureCacheTTL)
+	def(&cfg.AllowCacheTTL, DefaultAllowCacheTTL)
+	def(&cfg.DenyCacheTTL, DefaultDenyCacheTTL)
+	def(&cfg.ReviewTimeout, DefaultReviewTimeout)
+	if cfg.AuthnCacheSize == 0 {
+		cfg.AuthnCacheSize = DefaultAuthnCacheSize
+	}
+	if cfg.AuthzCacheSize == 0 {
+		cfg.AuthzCacheSize = DefaultAuthzCacheSize
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -98,7 +149,23 @@ func NewAuth(cfg AuthConfig) (*Auth, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Auth{cfg: cfg, log: log, users: map[[32]byte]cached[*User]{}, sars: map[string]cached[bool]{}}, nil
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("nodeapi: cache key: %w", err)
+	}
+	clock := clockFunc(cfg.Now)
+	return &Auth{
+		cfg: cfg, log: log, hmacKey: key,
+		users:   cache.NewLRUExpireCacheWithClock(cfg.AuthnCacheSize, clock),
+		refused: cache.NewLRUExpireCacheWithClock(cfg.AuthnCacheSize, clock),
+		allowed: cache.NewLRUExpireCacheWithClock(cfg.AuthzCacheSize, clock),
+	}, nil
+}
+
+// CacheSizes returns how many unexpired entries the caches hold: tokens
+// accepted and refused, and authorization decisions.
+func (a *Auth) CacheSizes() (accepted, refused, decisions int) {
+	return len(a.users.Keys()), len(a.refused.Keys()), len(a.allowed.Keys())
 }
 
 // ErrUnauthenticated is returned by Authenticate when the request carries
@@ -107,6 +174,7 @@ var ErrUnauthenticated = errors.New("unauthorized")
 
 // Authenticate identifies the caller by its verified client certificate
 // (CN is the user, O the groups) or its bearer token (TokenReview).
+// Concurrent requests with one token share one review.
 func (a *Auth) Authenticate(r *http.Request) (*User, error) {
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
 		return certUser(r.TLS.VerifiedChains[0][0]), nil
@@ -117,37 +185,48 @@ func (a *Auth) Authenticate(r *http.Request) (*User, error) {
 		return nil, ErrUnauthenticated
 	}
 	token = strings.TrimSpace(token)
-	sum := sha256.Sum256([]byte(token))
-	now := a.cfg.Now()
-	a.mu.Lock()
-	c, hit := a.users[sum]
-	a.mu.Unlock()
-	if hit && now.Before(c.exp) {
-		if c.v == nil {
-			return nil, ErrUnauthenticated
-		}
-		return c.v, nil
+	mac := hmac.New(sha256.New, a.hmacKey)
+	mac.Write([]byte(token))
+	k := string(mac.Sum(nil))
+	if u, ok := a.users.Get(k); ok {
+		return u.(*User), nil
 	}
-	tr, err := a.cfg.TokenReviews.TokenReviews().Create(r.Context(), &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	if _, ok := a.refused.Get(k); ok {
+		return nil, ErrUnauthenticated
+	}
+	u, err := a.tokenFlights.do(r.Context(), k, func(ctx context.Context) (*User, error) {
+		return a.review(ctx, k, token)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("token review: %w", err)
+		return nil, err
 	}
-	var u *User
-	if tr.Status.Authenticated {
-		u = &User{Name: tr.Status.User.Username, UID: tr.Status.User.UID, Groups: tr.Status.User.Groups}
-		if len(tr.Status.User.Extra) > 0 {
-			u.Extra = map[string]authzv1.ExtraValue{}
-			for k, v := range tr.Status.User.Extra {
-				u.Extra[k] = authzv1.ExtraValue(v)
-			}
-		}
-	}
-	a.mu.Lock()
-	a.users[sum] = cached[*User]{v: u, exp: now.Add(a.cfg.AuthnCacheTTL)}
-	a.mu.Unlock()
 	if u == nil {
 		return nil, ErrUnauthenticated
 	}
+	return u, nil
+}
+
+// review asks the API server about token and caches the answer; errors are
+// not cached.
+func (a *Auth) review(ctx context.Context, k, token string) (*User, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ReviewTimeout)
+	defer cancel()
+	tr, err := a.cfg.TokenReviews.TokenReviews().Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("token review: %w", err)
+	}
+	if !tr.Status.Authenticated {
+		a.refused.Add(k, struct{}{}, a.cfg.AuthnFailureCacheTTL)
+		return nil, nil
+	}
+	u := &User{Name: tr.Status.User.Username, UID: tr.Status.User.UID, Groups: tr.Status.User.Groups}
+	if len(tr.Status.User.Extra) > 0 {
+		u.Extra = map[string]authzv1.ExtraValue{}
+		for k, v := range tr.Status.User.Extra {
+			u.Extra[k] = authzv1.ExtraValue(v)
+		}
+	}
+	a.users.Add(k, u, a.cfg.AuthnCacheTTL)
 	return u, nil
 }
 
@@ -188,34 +267,62 @@ func Attributes(r *http.Request) (verb, subresource string) {
 }
 
 // Authorize asks the API server whether u may do verb on the node's
-// subresource.
+// subresource. Concurrent identical questions share one review.
 func (a *Auth) Authorize(ctx context.Context, u *User, verb, subresource string) (bool, error) {
-	k := fmt.Sprintf("%s\x00%s\x00%s\x00%s\x00%s", u.Name, u.UID, strings.Join(u.Groups, ","), verb, subresource)
-	now := a.cfg.Now()
-	a.mu.Lock()
-	c, hit := a.sars[k]
-	a.mu.Unlock()
-	if hit && now.Before(c.exp) {
-		return c.v, nil
+	k := decisionKey(u, verb, subresource)
+	if v, ok := a.allowed.Get(k); ok {
+		return v.(bool), nil
 	}
-	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-		User: u.Name, UID: u.UID, Groups: u.Groups, Extra: u.Extra,
-		ResourceAttributes: &authzv1.ResourceAttributes{
-			Verb: verb, Group: "", Version: "v1", Resource: "nodes", Subresource: subresource, Name: a.cfg.NodeName,
-		},
-	}}
-	res, err := a.cfg.SubjectAccessReviews.SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-	if err != nil {
-		return false, fmt.Errorf("subject access review: %w", err)
+	return a.sarFlights.do(ctx, k, func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, a.cfg.ReviewTimeout)
+		defer cancel()
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User: u.Name, UID: u.UID, Groups: u.Groups, Extra: u.Extra,
+			ResourceAttributes: &authzv1.ResourceAttributes{
+				Verb: verb, Group: "", Version: "v1", Resource: "nodes", Subresource: subresource, Name: a.cfg.NodeName,
+			},
+		}}
+		res, err := a.cfg.SubjectAccessReviews.SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			return false, fmt.Errorf("subject access review: %w", err)
+		}
+		ttl := a.cfg.DenyCacheTTL
+		if res.Status.Allowed {
+			ttl = a.cfg.AllowCacheTTL
+		}
+		a.allowed.Add(k, res.Status.Allowed, ttl)
+		return res.Status.Allowed, nil
+	})
+}
+
+// decisionKey identifies a question to the authorizer: the whole user
+// (extra included, sorted) and the attributes, each length-prefixed so
+// that no two questions share a key.
+func decisionKey(u *User, verb, subresource string) string {
+	var b strings.Builder
+	w := func(s string) { fmt.Fprintf(&b, "%d:%s", len(s), s) }
+	w(u.Name)
+	w(u.UID)
+	fmt.Fprintf(&b, "%d", len(u.Groups))
+	for _, g := range u.Groups {
+		w(g)
 	}
-	ttl := a.cfg.DenyCacheTTL
-	if res.Status.Allowed {
-		ttl = a.cfg.AllowCacheTTL
+	keys := make([]string, 0, len(u.Extra))
+	for k := range u.Extra {
+		keys = append(keys, k)
 	}
-	a.mu.Lock()
-	a.sars[k] = cached[bool]{v: res.Status.Allowed, exp: now.Add(ttl)}
-	a.mu.Unlock()
-	return res.Status.Allowed, nil
+	sort.Strings(keys)
+	fmt.Fprintf(&b, "%d", len(keys))
+	for _, k := range keys {
+		w(k)
+		fmt.Fprintf(&b, "%d", len(u.Extra[k]))
+		for _, v := range u.Extra[k] {
+			w(v)
+		}
+	}
+	w(verb)
+	w(subresource)
+	return b.String()
 }
 
 // Wrap returns h behind authentication (401 without valid credentials)
@@ -225,7 +332,7 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 		u, err := a.Authenticate(r)
 		if err != nil {
 			if !errors.Is(err, ErrUnauthenticated) {
-				a.log.Error("authenticating request", "path", r.URL.Path, "err", err)
+				a.logReviewError(r, err, "step", "authentication")
 			}
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 			return
@@ -233,7 +340,7 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 		verb, sub := Attributes(r)
 		ok, err := a.Authorize(r.Context(), u, verb, sub)
 		if err != nil {
-			a.log.Error("authorizing request", "user", u.Name, "path", r.URL.Path, "err", err)
+			a.logReviewError(r, err, "step", "authorization", "user", u.Name)
 			http.Error(w, "Authorization error (user="+u.Name+", verb="+verb+", resource=nodes, subresource="+sub+")", http.StatusInternalServerError)
 			return
 		}
@@ -244,4 +351,29 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 		a.log.Debug("node API request", "user", u.Name, "method", r.Method, "path", r.URL.Path)
 		h.ServeHTTP(w, r)
 	})
+}
+
+// errLogInterval is how often review errors are logged at most; the ones
+// in between are counted in the next line.
+const errLogInterval = 10 * time.Second
+
+// logReviewError logs a failed review, unless the caller went away (its
+// request context ended), at most once per errLogInterval.
+func (a *Auth) logReviewError(r *http.Request, err error, args ...any) {
+	args = append(args, "path", r.URL.Path, "err", err)
+	if r.Context().Err() != nil {
+		a.log.Debug("node API request not reviewed: its caller went away", args...)
+		return
+	}
+	now := a.cfg.Now()
+	a.errMu.Lock()
+	if now.Before(a.errLogNext) {
+		a.errDropped++
+		a.errMu.Unlock()
+		return
+	}
+	dropped := a.errDropped
+	a.errDropped, a.errLogNext = 0, now.Add(errLogInterval)
+	a.errMu.Unlock()
+	a.log.Error("node API request not reviewed", append(args, "similarErrorsNotLogged", dropped)...)
 }

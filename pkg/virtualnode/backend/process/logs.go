@@ -225,7 +225,9 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 			return err
 		}
 		if env == nil {
-			env, _ = pr.containerEnv(pod, c)
+			if env, _, err = pr.containerEnv(ctx, pod, c); err != nil {
+				return fmt.Errorf("container %s in pod %s/%s: environment: %w", container, namespace, name, err)
+			}
 			dir = pr.workDir(c)
 		}
 		if id.other && c.WorkingDir == "" {

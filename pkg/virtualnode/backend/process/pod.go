@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -13,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -58,6 +58,20 @@ func (pr *podRun) snapshot() *corev1.Pod {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	return pr.pod.DeepCopy()
+}
+
+// untilStopped returns a context that ends with ctx, when the pod is
+// stopped or when cancel is called.
+func (pr *podRun) untilStopped(ctx context.Context) (_ context.Context, cancel context.CancelFunc) {
+	ctx, cancel = context.WithCancel(ctx)
+	go func() {
+		defer cancel()
+		select {
+		case <-pr.stopping:
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (pr *podRun) isStopping() bool {
@@ -132,12 +146,13 @@ func (pr *podRun) publish() {
 	pr.b.cfg.Notify(out)
 }
 
+// stateFileMode is the mode of state.json: only the node's user reads
+// what it knows of a pod.
+const stateFileMode = 0o600
+
+// writeAtomic replaces path with data, readable by its owner only.
 func writeAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o640); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return fileutil.WriteAtomic(path, data, stateFileMode)
 }
 
 // setState updates one container's status.
@@ -329,8 +344,23 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 				return 128, true
 			}
 		}
-		var err error
-		p, err = pr.startProc(pod, c, restart)
+		// The environment after PreStartContainer, as the kubelet
+		// generates it: after a restart of the node this waits until the
+		// node has read the pod from the API server again.
+		ectx, cancel := pr.untilStopped(ctx)
+		env, vars, err := pr.containerEnv(ectx, pod, c)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil || pr.isStopping() {
+				return 0, false
+			}
+			now := backend.Now()
+			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
+				s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+			})
+			return 128, true
+		}
+		p, err = pr.startProc(pod, c, restart, env, vars)
 		var cfgErr *configError
 		if errors.As(err, &cfgErr) {
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {

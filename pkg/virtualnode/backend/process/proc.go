@@ -2,6 +2,7 @@ package process
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -82,9 +83,11 @@ func (pr *podRun) fifo(container, stream string) string {
 	return filepath.Join(pr.dir, container+"."+stream)
 }
 
-// containerEnv builds the process environment: the pod's resolved env,
-// then the device plugins', then HOSTNAME and a PATH when none is set.
-func (pr *podRun) containerEnv(pod *corev1.Pod, c corev1.Container) ([]string, map[string]string) {
+// containerEnv builds the process environment: the literal values of the
+// container's env, then what Config.ContainerEnv gives (the values the node
+// resolved, the device plugins'), then HOSTNAME and a PATH when none is
+// set.
+func (pr *podRun) containerEnv(ctx context.Context, pod *corev1.Pod, c corev1.Container) ([]string, map[string]string, error) {
 	vars := map[string]string{}
 	var order []string
 	set := func(k, v string) {
@@ -95,10 +98,16 @@ func (pr *podRun) containerEnv(pod *corev1.Pod, c corev1.Container) ([]string, m
 	}
 	set("HOSTNAME", pod.Name)
 	for _, e := range c.Env {
-		set(e.Name, expand(e.Value, vars))
+		if e.ValueFrom == nil {
+			set(e.Name, expand(e.Value, vars))
+		}
 	}
 	if pr.b.cfg.ContainerEnv != nil {
-		for _, e := range pr.b.cfg.ContainerEnv(pod, c.Name) {
+		extra, err := pr.b.cfg.ContainerEnv(ctx, pod, c.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, e := range extra {
 			set(e.Name, e.Value)
 		}
 	}
@@ -109,7 +118,7 @@ func (pr *podRun) containerEnv(pod *corev1.Pod, c corev1.Container) ([]string, m
 	for _, k := range order {
 		env = append(env, k+"="+vars[k])
 	}
-	return env, vars
+	return env, vars, nil
 }
 
 func envOr(k, def string) string {
@@ -126,12 +135,13 @@ func (pr *podRun) workDir(c corev1.Container) string {
 	return pr.dir
 }
 
-func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) (*proc, error) {
+// startProc starts one run of c with env; vars expand $(VAR) in its
+// command and args.
+func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32, env []string, vars map[string]string) (*proc, error) {
 	id, err := containerIdentity(pod, &c)
 	if err != nil {
 		return nil, &configError{err}
 	}
-	env, vars := pr.containerEnv(pod, c)
 	argv := make([]string, 0, len(c.Command)+len(c.Args))
 	for _, a := range c.Command {
 		argv = append(argv, expand(a, vars))
@@ -223,7 +233,9 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32) 
 		p.finished = metav1.NewTime(time.Now())
 		close(p.exited)
 	}()
-	pr.b.log.Info("container started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "pid", p.pid, "argv", argv)
+	// The spec's command and args, not argv: $(VAR) may expand to a
+	// Secret's value.
+	pr.b.log.Info("container started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "pid", p.pid, "command", c.Command, "args", c.Args)
 	return p, nil
 }
 

@@ -63,8 +63,8 @@ func newBackend(t *testing.T, dir string, rec *recorder) *Backend {
 	b, err := New(Config{
 		Config: backend.Config{
 			Notify: rec.notify,
-			ContainerEnv: func(_ *corev1.Pod, c string) []corev1.EnvVar {
-				return []corev1.EnvVar{{Name: "DEVICES", Value: "dev-" + c}}
+			ContainerEnv: func(_ context.Context, _ *corev1.Pod, c string) ([]corev1.EnvVar, error) {
+				return []corev1.EnvVar{{Name: "DEVICES", Value: "dev-" + c}}, nil
 			},
 			NodeIP: "127.0.0.1",
 		},

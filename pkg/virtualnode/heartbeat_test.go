@@ -1,0 +1,65 @@
+package virtualnode
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
+)
+
+// TestRunHeartbeatsOnHeartbeatClient runs a node whose heartbeat client is
+// not its main client: the Node and its Lease are written through the
+// heartbeat client, and no Lease through the main one.
+func TestRunHeartbeatsOnHeartbeatClient(t *testing.T) {
+	main, hb := fake.NewClientset(), fake.NewClientset()
+	w, err := hb.CoordinationV1().Leases(corev1.NamespaceNodeLease).Watch(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{
+			Name: "vn-hb", Root: shortRoot(t), Client: main, HeartbeatClient: hb, Port: -1,
+			EventRecorder: record.NewFakeRecorder(100),
+			NewBackend: func(_, _ string, c backend.Config) (backend.Backend, error) {
+				return sim.New(sim.Config{Config: c}), nil
+			},
+		}, nil)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	select {
+	case ev := <-w.ResultChan():
+		if ev.Type != watch.Added {
+			t.Fatalf("first Lease event %s", ev.Type)
+		}
+	case err := <-done:
+		t.Fatalf("Run returned before the Lease was created: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no Lease created through the heartbeat client within 30s")
+	}
+	if _, err := hb.CoreV1().Nodes().Get(ctx, "vn-hb", metav1.GetOptions{}); err != nil {
+		t.Errorf("Node not registered through the heartbeat client: %v", err)
+	}
+	leases, err := main.CoordinationV1().Leases(corev1.NamespaceNodeLease).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases.Items) != 0 {
+		t.Errorf("Lease written through the main client: %v", leases.Items)
+	}
+}
