@@ -1,0 +1,485 @@
+package differential
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
+)
+
+// waitTimeout bounds every wait for a state; a side that does not reach
+// it within this time is reported with the last state it showed.
+const waitTimeout = 10 * time.Second
+
+// timedOut starts an observation line of a wait that did not end in the
+// expected state.
+const timedOut = "TIMEOUT"
+
+// scenario is a sequence of steps run against both device managers.
+type scenario struct {
+	name  string
+	steps []step
+}
+
+// step does one thing on one side and returns what it observed, one
+// string per line. An error is a failure of the harness, not a
+// difference.
+type step struct {
+	what string
+	do   func(s *side) ([]string, error)
+}
+
+// side is one device manager (kubelet's or dpkit's) with its plugins and
+// pods.
+type side struct {
+	name        string
+	bin         string
+	root        string
+	pluginDir   string
+	registryDir string
+	kubeletSock string
+	log         *slog.Logger
+	logFile     *os.File
+
+	mgr     *manager
+	gen     int
+	plugins map[string]plugin
+	order   []string // plugin names in start order
+	stopped map[string]bool
+	live    []podSpec
+	mark    time.Time // when the last plugin stop was asked for
+	regMark map[string]float64
+
+	// The managers write the checkpoint after each ListAndWatch message
+	// (the kubelet always; dpkit when the devices change) in the stream's
+	// goroutine, after the new capacity is visible. Steps that cause such
+	// a message count it in pendingWrites (from the write count
+	// writesBase); the next expect, or the next checkpoint read, waits
+	// for those writes, so the checkpoint read is the one the list caused.
+	writes        *writeCounter
+	writesBase    int
+	pendingWrites int
+}
+
+// writeCounter counts the checkpoint files moved into place in a
+// directory (both managers write a temporary file and rename it).
+type writeCounter struct {
+	w       *fsnotify.Watcher
+	done    chan struct{}
+	mu      sync.Mutex
+	n       int
+	changed chan struct{}
+}
+
+func newWriteCounter(dir string) (*writeCounter, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Add(dir); err != nil {
+		w.Close()
+		return nil, err
+	}
+	c := &writeCounter{w: w, done: make(chan struct{}), changed: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			select {
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if filepath.Base(ev.Name) == checkpoint.FileName && ev.Has(fsnotify.Create) {
+					c.mu.Lock()
+					c.n++
+					close(c.changed)
+					c.changed = make(chan struct{})
+					c.mu.Unlock()
+				}
+			case _, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+			}
+		}
+	}()
+	return c, nil
+}
+
+func (c *writeCounter) count() (int, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.changed
+}
+
+// waitFor waits until at least n writes were counted, or timeout.
+func (c *writeCounter) waitFor(n int, timeout time.Duration) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		got, changed := c.count()
+		if got >= n {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+func (c *writeCounter) close() {
+	_ = c.w.Close()
+	<-c.done
+}
+
+// expectWrite notes that the step about to run makes a plugin send a
+// ListAndWatch message, after which the managers write the checkpoint.
+func (s *side) expectWrite() {
+	if s.pendingWrites == 0 {
+		s.writesBase, _ = s.writes.count()
+	}
+	s.pendingWrites++
+}
+
+// awaitWrites waits for the checkpoint writes of the device lists sent
+// since the last wait; it observes nothing when they all happened.
+func (s *side) awaitWrites() []string {
+	if s.pendingWrites == 0 {
+		return nil
+	}
+	ok := s.writes.waitFor(s.writesBase+s.pendingWrites, waitTimeout)
+	s.pendingWrites = 0
+	if !ok {
+		return []string{notWritten}
+	}
+	return nil
+}
+
+// notWritten is observed when a device list sent to the manager was not
+// followed by a checkpoint write.
+const notWritten = "checkpoint not written after the device list"
+
+// unexpectWrite takes back an expectWrite whose step sent no list.
+func (s *side) unexpectWrite() {
+	if s.pendingWrites > 0 {
+		s.pendingWrites--
+	}
+}
+
+// reregistering counts the running plugins that register again by
+// themselves after a kubelet restart: SDK plugins, and plugins in
+// plugins_registry (their sockets stay, the watcher finds them).
+func (s *side) reregistering() int {
+	n := 0
+	for name, p := range s.plugins {
+		if s.stopped[name] {
+			continue
+		}
+		switch p := p.(type) {
+		case *sdkPlugin:
+			n++
+		case *rawPlugin:
+			if p.def.via == viaRegistry {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func newSide(name, bin, root string) (*side, error) {
+	s := &side{
+		name: name, bin: bin, root: root,
+		pluginDir:   filepath.Join(root, "device-plugins"),
+		registryDir: filepath.Join(root, "plugins_registry"),
+		plugins:     map[string]plugin{},
+		stopped:     map[string]bool{},
+		regMark:     map[string]float64{},
+	}
+	s.kubeletSock = filepath.Join(s.pluginDir, "kubelet.sock")
+	for _, d := range []string{s.pluginDir, s.registryDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	w, err := newWriteCounter(s.pluginDir)
+	if err != nil {
+		return nil, err
+	}
+	s.writes = w
+	f, err := os.Create(filepath.Join(root, "plugins.log"))
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	s.logFile = f
+	s.log = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return s, nil
+}
+
+// close stops every plugin and the manager.
+func (s *side) close() {
+	for _, n := range s.order {
+		s.plugins[n].stop()
+	}
+	if s.mgr != nil {
+		select {
+		case <-s.mgr.done:
+		default:
+			_ = s.mgr.stop(syscall.SIGTERM)
+		}
+	}
+	s.writes.close()
+	_ = s.logFile.Close()
+}
+
+func (s *side) startManager() error {
+	if s.gen > 0 {
+		// The plugins that register again by themselves each send their
+		// list, and the new manager writes the checkpoint for it.
+		s.writesBase, _ = s.writes.count()
+		s.pendingWrites = s.reregistering()
+	}
+	args := []string{"--plugin-dir", s.pluginDir, "--registry-dir", s.registryDir, "-v", "4"}
+	if len(s.live) > 0 {
+		data, err := json.Marshal(s.live)
+		if err != nil {
+			return err
+		}
+		p := filepath.Join(s.root, "pods.json")
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			return err
+		}
+		args = append(args, "--pods", p)
+	}
+	m, err := startManager(s.bin, filepath.Join(s.root, fmt.Sprintf("manager-%d.log", s.gen)), args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.name, err)
+	}
+	s.gen++
+	s.mgr = m
+	return nil
+}
+
+// stopManager stops the manager with sig and checks that it exited
+// cleanly (SIGTERM) and without a data race report.
+func (s *side) stopManager(sig syscall.Signal) error {
+	err := s.mgr.stop(sig)
+	if s.mgr.raced() {
+		return fmt.Errorf("%s: the race detector reported a data race; see %s", s.name, s.mgr.logPath)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: stopped with %v: %w; see %s", s.name, sig, err, s.mgr.logPath)
+	}
+	return nil
+}
+
+// normalise replaces the side's directory, the only thing that must
+// differ between the sides, with <root>.
+func (s *side) normalise(lines []string) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = strings.ReplaceAll(l, s.root, "<root>")
+	}
+	return out
+}
+
+// drainCalls renders the calls every plugin saw since the last drain.
+func (s *side) drainCalls() []string {
+	var out []string
+	for _, n := range slices.Sorted(maps.Keys(s.plugins)) {
+		for _, c := range s.plugins[n].calls() {
+			out = append(out, n+": "+c)
+		}
+	}
+	return out
+}
+
+func (s *side) setLive(spec podSpec, live bool) {
+	s.live = slices.DeleteFunc(s.live, func(p podSpec) bool { return p.Name == spec.Name })
+	if live {
+		s.live = append(s.live, spec)
+	}
+}
+
+// checkpointLines renders the side's checkpoint file: registered
+// resources and pod entries, sorted (the kubelet writes both from Go
+// maps), with Allocate answers decoded. Call awaitWrites first while the
+// manager runs.
+func (s *side) checkpointLines() []string {
+	cp, err := checkpoint.Read(filepath.Join(s.pluginDir, checkpoint.FileName))
+	if errors.Is(err, checkpoint.ErrNotFound) {
+		return []string{"checkpoint: none"}
+	}
+	if err != nil {
+		return []string{"checkpoint: unreadable: " + err.Error()}
+	}
+	var out []string
+	for _, r := range slices.Sorted(maps.Keys(cp.Registered)) {
+		out = append(out, fmt.Sprintf("checkpoint registered %s=%s", r, sortedList(cp.Registered[r])))
+	}
+	var entries []string
+	for _, e := range cp.Entries {
+		var numa []string
+		for _, n := range slices.Sorted(maps.Keys(e.DeviceIDs)) {
+			numa = append(numa, fmt.Sprintf("%d=%s", n, sortedList(e.DeviceIDs[n])))
+		}
+		resp := &pluginapi.ContainerAllocateResponse{}
+		answer := ""
+		if err := proto.Unmarshal(e.AllocResp, resp); err != nil {
+			answer = "undecodable: " + err.Error()
+		} else {
+			answer = renderResponse(resp)
+		}
+		entries = append(entries, fmt.Sprintf("checkpoint entry %s/%s %s %s %s", e.PodUID, e.ContainerName, e.ResourceName, strings.Join(numa, " "), answer))
+	}
+	slices.Sort(entries)
+	return append(out, entries...)
+}
+
+func renderResponse(r *pluginapi.ContainerAllocateResponse) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(r.Envs)) {
+		parts = append(parts, "env "+k+"="+r.Envs[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Annotations)) {
+		parts = append(parts, "annotation "+k+"="+r.Annotations[k])
+	}
+	var ms, ds, cs []string
+	for _, m := range r.Mounts {
+		ms = append(ms, fmt.Sprintf("mount %s<-%s ro=%v", m.ContainerPath, m.HostPath, m.ReadOnly))
+	}
+	for _, d := range r.Devices {
+		ds = append(ds, fmt.Sprintf("device %s<-%s %s", d.ContainerPath, d.HostPath, d.Permissions))
+	}
+	for _, c := range r.CdiDevices {
+		cs = append(cs, "cdi "+c.Name)
+	}
+	slices.Sort(ms)
+	slices.Sort(ds)
+	slices.Sort(cs)
+	parts = append(append(append(parts, ms...), ds...), cs...)
+	return "{" + strings.Join(parts, "; ") + "}"
+}
+
+// runScenario runs sc on both sides, step by step, and compares what
+// they observe after each step.
+func runScenario(t *testing.T, sc scenario, upstreamBin, dpkitBin string) {
+	dir := shortTempDir(t)
+	var sides [2]*side
+	for i, def := range []struct{ name, bin, sub string }{{"upstream", upstreamBin, "u"}, {"dpkit", dpkitBin, "d"}} {
+		s, err := newSide(def.name, def.bin, filepath.Join(dir, def.sub))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sides[i] = s
+	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, s := range sides {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.close() }()
+		}
+		wg.Wait()
+		if t.Failed() {
+			for _, s := range sides {
+				logTails(t, s)
+			}
+		}
+	})
+
+	steps := append(append([]step{kubeletStarts()}, sc.steps...), kubeletStops())
+	expected := deliberateFor(sc.name)
+	for i, st := range steps {
+		var obs [2][]string
+		var errs [2]error
+		var wg sync.WaitGroup
+		for j, s := range sides {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lines, err := st.do(s)
+				obs[j], errs[j] = s.normalise(lines), err
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs[0], errs[1]); err != nil {
+			t.Fatalf("step %d (%s): %v", i, st.what, err)
+		}
+		up, dp := obs[0], obs[1]
+		for _, l := range up {
+			if strings.HasPrefix(l, timedOut) {
+				t.Errorf("step %d (%s): the kubelet's device manager never reached the state the scenario expects; fix the scenario:\n%s", i, st.what, strings.Join(up, "\n"))
+				return
+			}
+		}
+		d, listed := expected[st.what]
+		switch {
+		case slices.Equal(up, dp) && listed:
+			t.Errorf("step %d (%s): deliberate difference %s (%s) is no longer seen: both sides observe\n  %s\nRemove it from the deliberate table and docs/device-manager.md.",
+				i, st.what, d.issue, d.summary, strings.Join(up, "\n  "))
+		case slices.Equal(up, dp):
+			t.Logf("step %d (%s): same%s", i, st.what, indent(up))
+		case listed && slices.Equal(up, d.upstream) && slices.Equal(dp, d.dpkit):
+			t.Logf("step %d (%s): deliberate difference %s (%s)\nkubelet v1.37:%s\ndpkit:%s", i, st.what, d.issue, d.summary, indent(up), indent(dp))
+		default:
+			t.Errorf("step %d (%s): the device managers differ\nkubelet v1.37:%s\ndpkit:%s", i, st.what, indent(up), indent(dp))
+			return
+		}
+	}
+}
+
+func indent(lines []string) string {
+	if len(lines) == 0 {
+		return " (nothing)"
+	}
+	return "\n  " + strings.Join(lines, "\n  ")
+}
+
+// shortTempDir returns a temporary directory short enough for the unix
+// sockets below it (at most 108 bytes with their names).
+func shortTempDir(t *testing.T) string {
+	dir := t.TempDir()
+	if len(dir) <= 60 {
+		return dir
+	}
+	dir, err := os.MkdirTemp("", "diff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+func logTails(t *testing.T, s *side) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(s.root, "*.log"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		const max = 6 << 10
+		if len(data) > max {
+			data = data[len(data)-max:]
+		}
+		t.Logf("%s %s (tail):\n%s", s.name, filepath.Base(f), data)
+	}
+}
