@@ -312,7 +312,8 @@ func TestAdmit(t *testing.T) {
 				}
 			}
 			waitFor(t, m, "devices", func() bool {
-				return m.Resources()[0].Capacity == int64(len(tc.devices)) && allocatable(m, res) == int64(healthy)
+				c, a := m.Capacity()
+				return c[res] == int64(len(tc.devices)) && a[res] == int64(healthy)
 			})
 			for i, s := range tc.steps {
 				before := len(p.Calls())
