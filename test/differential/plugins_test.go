@@ -67,7 +67,7 @@ type pluginDef struct {
 	version       string // registration API version; default v1beta1
 	holdList      bool   // ListAndWatch sends nothing until releaseList
 	allocateError string // Allocate fails with codes.Internal and this text
-	emptyAllocate bool   // Allocate answers no container responses
+	emptyAllocate bool   // the first Allocate answers no container responses
 }
 
 func (d pluginDef) socketName() string {
@@ -309,6 +309,8 @@ type rawPlugin struct {
 	released chan struct{} // closed when ListAndWatch may send
 	srv      *grpc.Server
 	statuses chan string // NotifyRegistrationStatus, rendered
+
+	answeredEmpty bool // Allocate calls are serial: the managers admit one pod at a time
 }
 
 func newRawPlugin(s *side, def pluginDef) *rawPlugin {
@@ -474,7 +476,8 @@ func (p *rawPlugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) 
 	switch {
 	case p.def.allocateError != "":
 		return nil, status.Error(codes.Internal, p.def.allocateError)
-	case p.def.emptyAllocate:
+	case p.def.emptyAllocate && !p.answeredEmpty:
+		p.answeredEmpty = true
 		return &pluginapi.AllocateResponse{}, nil
 	}
 	return resp, nil

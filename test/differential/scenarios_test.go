@@ -1,7 +1,9 @@
 package differential
 
 import (
+	"maps"
 	"slices"
+	"strings"
 	"syscall"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -41,6 +43,24 @@ func (d pluginDef) withInstance(id string) pluginDef {
 
 func unhealthyDev(id string) dev { return dev{id: id, health: pluginapi.Unhealthy} }
 func healthyDev(id string) dev   { return dev{id: id, health: pluginapi.Healthy} }
+
+// numa returns the flags of a two-NUMA-node machine with a topology
+// policy and scope.
+func numa(policy, scope string) []string {
+	return []string{"--numa-nodes", "0,1", "--topology-policy", policy, "--topology-scope", scope}
+}
+
+// onNUMA returns healthy devices attached to NUMA nodes, in ID order.
+func onNUMA(perNode map[int64][]string) []dev {
+	var out []dev
+	for _, n := range slices.Sorted(maps.Keys(perNode)) {
+		for _, id := range perNode[n] {
+			out = append(out, dev{id: id, health: pluginapi.Healthy, numa: []int64{n}})
+		}
+	}
+	slices.SortFunc(out, func(a, b dev) int { return strings.Compare(a.id, b.id) })
+	return out
+}
 
 // forget drops a pod from what the restarted manager will know, as when
 // a pod is deleted while the kubelet is down.
@@ -98,12 +118,24 @@ func scenarios() []scenario {
 			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaRegistry, version: "v1alpha1"}),
 			capacityNow(),
 		}},
+		{name: "reg-unreachable", steps: []step{
+			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaKubelet}),
+			removeSocket("p"),
+			register("p"),
+			capacityNow(),
+		}},
 		{name: "reg-list-held", steps: []step{
 			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaKubelet, holdList: true}),
 			capacityNow(),
 			admit(pod("p1", ctr("main", resA, 1))),
 			releaseList("p"),
 			expect(resA + "=4/4"),
+		}},
+		{name: "reg-list-held-stop", steps: []step{
+			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaKubelet, holdList: true}),
+			stopPlugin("p"),
+			expect(resA + "=0/0"),
+			admit(pod("p1", ctr("main", resA, 1))),
 		}},
 		{name: "reg-same-socket", steps: []step{
 			startPlugin(rawDef("p", resA, fourA)),
@@ -133,6 +165,7 @@ func scenarios() []scenario {
 			startPlugin(rawDef("new", resA, healthy("a0", "a1"))),
 			expect(resA + "=2/2"),
 			list("old", healthy("a0", "a1", "a2")...),
+			expect(resA + "=3/3"),
 			list("new", healthy("a0")...),
 			expect(resA + "=1/1"),
 		}},
@@ -177,6 +210,11 @@ func scenarios() []scenario {
 			expect(resA + "=4/2"),
 			admit(pod("p1", ctr("main", resA, 2))),
 		}},
+		{name: "acct-duplicate-ids", steps: []step{
+			startPlugin(rawDef("p", resA, []dev{healthyDev("a0"), healthyDev("a1"), healthyDev("a1"), healthyDev("a2")})),
+			expect(resA + "=3/3"),
+			admit(pod("p1", ctr("main", resA, 3))),
+		}},
 		{name: "acct-plugin-stop", steps: []step{
 			startPlugin(sdkDef("p", resA, fourA)),
 			expect(resA + "=4/4"),
@@ -196,6 +234,8 @@ func scenarios() []scenario {
 			stopPlugin("p"),
 			stopPlugin("q"),
 			expect(resA + "=4/0 " + resB + "=2/0"),
+			restart(syscall.SIGKILL),
+			expect(resA + "=0/0 " + resB + "=0/0"),
 			graceExpires("none"),
 			admit(pod("p2", ctr("main", resA, 1))),
 			admit(pod("p3", ctr("main", resB, 1))),
@@ -273,6 +313,12 @@ func scenarios() []scenario {
 			admit(pod("p1", ctr("main", resA, 2))),
 			checkpointNow(),
 		}},
+		{name: "adm-empty-answer", steps: []step{
+			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaKubelet, emptyAllocate: true}),
+			expect(resA + "=4/4"),
+			admit(pod("p1", ctr("main", resA, 2))),
+			admit(pod("p2", ctr("main", resA, 4))),
+		}},
 		{name: "adm-no-preferred", steps: []step{
 			startPlugin(sdkDef("p", resA, fourA).withoutPreferred()),
 			expect(resA + "=4/4"),
@@ -280,10 +326,45 @@ func scenarios() []scenario {
 			start("p1", "main"),
 		}},
 		{name: "adm-zero-request", steps: []step{
-			startPlugin(sdkDef("p", resA, fourA)),
+			startPlugin(sdkDef("p", resA, fourA).withPreStart()),
 			expect(resA + "=4/4"),
 			admit(pod("p1", ctr("main", resA, 0))),
 			start("p1", "main"),
+		}},
+		{name: "adm-zero-plugin-gone", steps: []step{
+			startPlugin(sdkDef("p", resA, fourA)),
+			expect(resA + "=4/4"),
+			stopPlugin("p"),
+			expect(resA + "=4/0"),
+			admit(pod("p1", ctr("main", resA, 0))),
+		}},
+
+		// Topology (NUMA nodes 0 and 1).
+		{name: "topo-best-effort", args: numa("best-effort", "container"), steps: []step{
+			startPlugin(sdkDef("p", resA, onNUMA(map[int64][]string{0: {"a0", "a1"}, 1: {"a2", "a3", "a4"}}))),
+			expect(resA + "=5/5"),
+			admit(pod("p1", ctr("main", resA, 2))),
+			admit(pod("p2", ctr("main", resA, 1))),
+			admit(pod("p3", ctr("main", resA, 2))),
+			admit(pod("p4", ctr("main", resA, 1))),
+			start("p1", "main"),
+		}},
+		{name: "topo-single-numa", args: numa("single-numa-node", "container"), steps: []step{
+			startPlugin(sdkDef("p", resA, onNUMA(map[int64][]string{0: {"a0", "a1"}, 1: {"a2", "a3"}}))),
+			expect(resA + "=4/4"),
+			admit(pod("p1", ctr("main", resA, 3))),
+			admit(pod("p2", ctr("main", resA, 1))),
+			admit(pod("p3", ctr("main", resA, 2))),
+			admit(pod("p4", ctr("main", resA, 1))),
+		}},
+		{name: "topo-pod-scope", args: numa("restricted", "pod"), steps: []step{
+			startPlugin(sdkDef("p", resA, onNUMA(map[int64][]string{0: {"a0", "a1", "a2"}, 1: {"a3", "a4", "a5"}}))),
+			expect(resA + "=6/6"),
+			// The kubelet reuses init devices in Go map order: the app
+			// containers take all of them, or none, to stay comparable.
+			admit(pod("p1", ctr("c1", resA, 2), ctr("c2", resA, 1)).withInit(ctr("init", resA, 2))),
+			admit(pod("p2", ctr("c1", resA, 2), ctr("c2", resA, 2))),
+			admit(pod("p3", ctr("c1", resA, 1), ctr("c2", resA, 1))),
 		}},
 
 		// PreStartContainer.
@@ -296,6 +377,15 @@ func scenarios() []scenario {
 		}},
 		{name: "prestart-plugin-gone", steps: []step{
 			startPlugin(sdkDef("p", resA, fourA)),
+			expect(resA + "=4/4"),
+			admit(a2),
+			stopPlugin("p"),
+			expect(resA + "=4/0"),
+			start("p1", "main"),
+		}},
+
+		{name: "prestart-req-gone", steps: []step{
+			startPlugin(sdkDef("p", resA, fourA).withPreStart()),
 			expect(resA + "=4/4"),
 			admit(a2),
 			stopPlugin("p"),
@@ -364,6 +454,19 @@ func scenarios() []scenario {
 			expect(resA + "=4/4"),
 			start("p1", "main"),
 			admit(pod("p2", ctr("main", resA, 3))),
+		}},
+		{name: "restart-readmit", steps: []step{
+			startPlugin(sdkDef("p", resA, fourA)),
+			expect(resA + "=4/4"),
+			admit(a2),
+			admit(pod("p2", ctr("main", resA, 1))),
+			restart(syscall.SIGKILL),
+			expect(resA + "=4/4"),
+			list("p", healthyDev("a0"), unhealthyDev("a1"), healthyDev("a2"), healthyDev("a3")),
+			expect(resA + "=4/3"),
+			admit(a2),
+			admit(pod("p2", ctr("main", resA, 3))),
+			admit(pod("p3", ctr("main", resA, 2))),
 		}},
 		{name: "restart-health-flip", steps: []step{
 			startPlugin(sdkDef("p", resA, fourA)),

@@ -305,6 +305,9 @@ func expect(want string) step {
 	return step{what: "capacity becomes " + want, do: func(s *side) ([]string, error) {
 		got, ok := s.mgr.waitCapacity(want, waitTimeout)
 		if !ok {
+			// The lists were not applied as expected; their writes are
+			// not waited for either.
+			s.pendingWrites = 0
 			return []string{fmt.Sprintf("%s: capacity did not become %s within %v; last: %s", timedOut, want, waitTimeout, got.rendered)}, nil
 		}
 		return append([]string{"capacity " + got.rendered}, s.awaitWrites()...), nil
