@@ -63,6 +63,11 @@ func TestScenarioTable(t *testing.T) {
 	if want := fmt.Sprintf("%d scenarios", len(scs)); !strings.Contains(section, want) {
 		t.Errorf("the Differential suite section does not say %q", want)
 	}
+	for _, sc := range scs {
+		if !strings.Contains(section, "`"+sc.name+"`") {
+			t.Errorf("the Differential suite section does not list scenario `%s`", sc.name)
+		}
+	}
 	for _, d := range deliberate {
 		if !strings.Contains(section, d.issue) || !strings.Contains(section, "`"+d.scenario+"`") {
 			t.Errorf("the Differential suite section does not list %s (`%s`)", d.issue, d.scenario)
