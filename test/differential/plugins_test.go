@@ -306,6 +306,7 @@ type rawPlugin struct {
 	mu       sync.Mutex
 	devs     []*pluginapi.Device
 	changed  chan struct{} // closed and replaced when devs change
+	ended    chan struct{} // closed and replaced to end the open streams
 	released chan struct{} // closed when ListAndWatch may send
 	srv      *grpc.Server
 	statuses chan string // NotifyRegistrationStatus, rendered
@@ -319,7 +320,7 @@ func newRawPlugin(s *side, def pluginDef) *rawPlugin {
 		dir = s.registryDir
 	}
 	p := &rawPlugin{def: def, s: s, socket: filepath.Join(dir, def.socketName()+".sock"),
-		changed: make(chan struct{}), released: make(chan struct{}), statuses: make(chan string, 16)}
+		changed: make(chan struct{}), ended: make(chan struct{}), released: make(chan struct{}), statuses: make(chan string, 16)}
 	p.devs = rawDevices(def.devices)
 	if !def.holdList {
 		close(p.released)
@@ -436,10 +437,15 @@ func (p *rawPlugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*
 }
 
 func (p *rawPlugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
+	p.mu.Lock()
+	ended := p.ended
+	p.mu.Unlock()
 	select {
 	case <-p.released:
 	case <-stream.Context().Done():
 		return nil
+	case <-ended:
+		return status.Error(codes.Unavailable, "stream ended by the plugin")
 	}
 	for {
 		p.mu.Lock()
@@ -452,8 +458,19 @@ func (p *rawPlugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlug
 		case <-changed:
 		case <-stream.Context().Done():
 			return nil
+		case <-ended:
+			return status.Error(codes.Unavailable, "stream ended by the plugin")
 		}
 	}
+}
+
+// endStreams ends the open ListAndWatch streams; the plugin keeps
+// serving.
+func (p *rawPlugin) endStreams() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.ended)
+	p.ended = make(chan struct{})
 }
 
 func (p *rawPlugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {

@@ -2,11 +2,15 @@ package differential
 
 import (
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 )
 
 const (
@@ -83,6 +87,13 @@ func stopManagerOnly(sig syscall.Signal) step {
 	}}
 }
 
+// corruptCheckpoint overwrites the checkpoint while the manager is down.
+func corruptCheckpoint() step {
+	return step{what: "the checkpoint is corrupted while the device manager is down", do: func(s *side) ([]string, error) {
+		return nil, os.WriteFile(filepath.Join(s.pluginDir, checkpoint.FileName), []byte(`{"Data":{"PodDeviceEntries":[`), 0o600)
+	}}
+}
+
 // scenarios is the differential suite. Names are short: they become
 // temporary directory names, and socket paths must stay below 108 bytes.
 func scenarios() []scenario {
@@ -117,6 +128,20 @@ func scenarios() []scenario {
 		{name: "reg-registry-bad-ver", steps: []step{
 			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaRegistry, version: "v1alpha1"}),
 			capacityNow(),
+		}},
+		{name: "reg-registry-bad-name", steps: []step{
+			startPlugin(rawDef("p", "nodomain", fourA).viaRegistry()),
+			capacityNow(),
+		}},
+		{name: "reg-stream-ends", steps: []step{
+			startPlugin(rawDef("p", resA, fourA)),
+			expect(resA + "=4/4"),
+			admit(pod("p1", ctr("main", resA, 1))),
+			endStreams("p"),
+			expect(resA + "=4/0"),
+			register("p"),
+			expect(resA + "=4/4"),
+			admit(pod("p2", ctr("main", resA, 3))),
 		}},
 		{name: "reg-unreachable", steps: []step{
 			startPlugin(pluginDef{name: "p", resource: resA, devices: fourA, via: viaKubelet}),
@@ -187,6 +212,7 @@ func scenarios() []scenario {
 			admit(pod("p1", ctr("main", resA, 1))),
 			list("p", healthy("a2", "a3")...),
 			expect(resA + "=2/2"),
+			admit(pod("p1", ctr("main", resA, 1))),
 			admit(pod("p2", ctr("main", resA, 2))),
 			list("p", healthy("a0", "a1", "a2", "a3", "a4", "a5")...),
 			expect(resA + "=6/6"),
@@ -349,6 +375,11 @@ func scenarios() []scenario {
 			admit(pod("p4", ctr("main", resA, 1))),
 			start("p1", "main"),
 		}},
+		{name: "topo-multi-numa-dev", steps: []step{
+			startPlugin(rawDef("p", resA, []dev{{id: "a0", health: pluginapi.Healthy, numa: []int64{0}}, {id: "a1", health: pluginapi.Healthy, numa: []int64{0, 1}}, healthyDev("a2")})),
+			expect(resA + "=3/3"),
+			admit(pod("p1", ctr("main", resA, 3))),
+		}},
 		{name: "topo-single-numa", args: numa("single-numa-node", "container"), steps: []step{
 			startPlugin(sdkDef("p", resA, onNUMA(map[int64][]string{0: {"a0", "a1"}, 1: {"a2", "a3"}}))),
 			expect(resA + "=4/4"),
@@ -446,6 +477,17 @@ func scenarios() []scenario {
 			expect(resA + "=4/4"),
 			admit(pod("p2", ctr("main", resA, 4))),
 		}},
+		{name: "restart-corrupt-cp", steps: []step{
+			startPlugin(sdkDef("p", resA, fourA)),
+			expect(resA + "=4/4"),
+			admit(a2),
+			stopManagerOnly(syscall.SIGTERM),
+			corruptCheckpoint(),
+			kubeletStarts(),
+			expect(resA + "=4/4"),
+			admit(a2),
+			admit(pod("p2", ctr("main", resA, 2))),
+		}},
 		{name: "restart-start-restored", steps: []step{
 			startPlugin(sdkDef("p", resA, fourA).withPreStart()),
 			expect(resA + "=4/4"),
@@ -514,6 +556,9 @@ func scenarios() []scenario {
 			removeSocket("p"),
 			expect(resA + "=4/0"),
 			admit(pod("p2", ctr("main", resA, 1))),
+			serveAgain("p"),
+			expect(resA + "=4/4"),
+			admit(pod("p3", ctr("main", resA, 3))),
 		}},
 	}
 }

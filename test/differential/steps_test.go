@@ -256,6 +256,19 @@ func stopPlugin(name string) step {
 	}}
 }
 
+// endStreams makes a raw plugin end its ListAndWatch streams while it
+// keeps serving.
+func endStreams(name string) step {
+	return step{what: "plugin " + name + " ends its ListAndWatch stream", do: func(s *side) ([]string, error) {
+		p, err := rawOf(s, name)
+		if err != nil {
+			return nil, err
+		}
+		p.endStreams()
+		return nil, nil
+	}}
+}
+
 // removeSocket deletes a plugin's socket file behind its back.
 func removeSocket(name string) step {
 	return step{what: "the socket of plugin " + name + " is deleted", do: func(s *side) ([]string, error) {
