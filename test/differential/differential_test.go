@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/dpkit/dpkit/test/upstream"
 )
 
@@ -38,3 +40,7 @@ func buildDpkitManager(t *testing.T) string {
 	}
 	return bin
 }
+
+// TestMain checks that no scenario leaves a goroutine behind: every
+// plugin, watcher and process reader is stopped.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

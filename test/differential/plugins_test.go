@@ -308,7 +308,7 @@ type rawPlugin struct {
 	changed  chan struct{} // closed and replaced when devs change
 	ended    chan struct{} // closed and replaced to end the open streams
 	released chan struct{} // closed when ListAndWatch may send
-	srv      *grpc.Server
+	servers  []*grpc.Server
 	statuses chan string // NotifyRegistrationStatus, rendered
 
 	answeredEmpty bool // Allocate calls are serial: the managers admit one pod at a time
@@ -358,14 +358,11 @@ func (p *rawPlugin) serve() error {
 	if p.def.via == viaRegistry {
 		registerapi.RegisterRegistrationServer(srv, p)
 	}
+	// An earlier server keeps serving the connections it has, as a
+	// plugin process would; stop ends them all.
 	p.mu.Lock()
-	old := p.srv
-	p.srv = srv
+	p.servers = append(p.servers, srv)
 	p.mu.Unlock()
-	if old != nil {
-		// Stop accepting on the old socket, keep its connections.
-		go old.GracefulStop()
-	}
 	go func() { _ = srv.Serve(ln) }()
 	return nil
 }
@@ -421,10 +418,10 @@ func (p *rawPlugin) setDevices(devs []dev) {
 // stop ends every stream and connection and removes the socket.
 func (p *rawPlugin) stop() {
 	p.mu.Lock()
-	srv := p.srv
-	p.srv = nil
+	servers := p.servers
+	p.servers = nil
 	p.mu.Unlock()
-	if srv != nil {
+	for _, srv := range servers {
 		srv.Stop()
 	}
 	_ = os.Remove(p.socket)

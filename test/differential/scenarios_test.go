@@ -20,7 +20,7 @@ const (
 
 var fourA = healthy("a0", "a1", "a2", "a3")
 
-// sdkPlugin returns an SDK plugin serving devs of res through kubelet.sock
+// sdkDef returns an SDK plugin serving devs of res through kubelet.sock
 // with GetPreferredAllocation (which makes both managers' device choice
 // deterministic: without it the kubelet picks from a Go map).
 func sdkDef(name, res string, devs []dev) pluginDef {
