@@ -33,6 +33,17 @@ var deliberate = []deliberateDiff{
 		diverges: true,
 	},
 	{
+		scenario: "adm-partial-failure",
+		step:     "checkpoint",
+		issue:    "kubernetes#56307",
+		summary:  "a pod rejected at its second container keeps its first container's devices in the kubelet (and its checkpoint) until the next admission collects inactive pods; dpkit rolls the whole admission back",
+		upstream: []string{
+			"checkpoint registered example.com/a=[a0 a1 a2 a3]",
+			"checkpoint entry uid-p1/c1 example.com/a -1=[a0] {env DEVICES_A=a0; annotation example.com/a-devices=a0; mount /run/a<-/var/run/fake/a ro=true; device /dev/a/a0<-/dev/fake-a-a0 rw; cdi example.com/a=a0}",
+		},
+		dpkit: []string{"checkpoint registered example.com/a=[a0 a1 a2 a3]"},
+	},
+	{
 		scenario: "adm-zero-plugin-gone",
 		step:     "admit p1 (main example.com/a=0)",
 		issue:    "kubernetes#128854",

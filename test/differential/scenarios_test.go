@@ -326,6 +326,13 @@ func scenarios() []scenario {
 			start("p1", "c3"),
 			admit(pod("p2", ctr("c1", resB, 2))),
 		}},
+		{name: "adm-partial-failure", steps: []step{
+			startPlugin(sdkDef("p", resA, fourA)),
+			expect(resA + "=4/4"),
+			admit(pod("p1", ctr("c1", resA, 1), ctr("c2", resA, 4))),
+			checkpointNow(),
+			admit(pod("p2", ctr("main", resA, 4))),
+		}},
 		{name: "adm-delete-readmit", steps: []step{
 			startPlugin(sdkDef("p", resA, fourA)),
 			expect(resA + "=4/4"),
