@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -150,19 +151,20 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 	api := pluginapi.NewDevicePluginClient(conn)
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
 	// The kubelet dials with a blocking dial bounded by 10 s and fails
-	// with its own text before it asks for options; both errors are plain
-	// (gRPC code Unknown to the registering plugin), not the plugin's
-	// status.
+	// with its own text before it asks for options. Both errors are plain
+	// (the kubelet formats them with %v): the registering plugin sees
+	// code Unknown, not the options call's status nor DeadlineExceeded,
+	// which gRPC would find in a wrapped error.
 	if err := waitConnected(dctx, conn); err != nil {
 		cancel()
 		_ = conn.Close()
-		return fmt.Errorf("failed to dial device plugin: %v", err)
+		return errors.New("failed to dial device plugin: " + err.Error())
 	}
 	opts, err := api.GetDevicePluginOptions(dctx, &pluginapi.Empty{})
 	cancel()
 	if err != nil {
 		_ = conn.Close()
-		return fmt.Errorf("failed to get device plugin options: %v", err)
+		return errors.New("failed to get device plugin options: " + err.Error())
 	}
 
 	sctx, scancel := context.WithCancel(m.ctx)

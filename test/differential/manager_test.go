@@ -179,7 +179,7 @@ func (m *manager) reply(what string, timeout time.Duration) (event, error) {
 	case e, ok := <-m.replies:
 		if !ok {
 			<-m.done
-			return event{}, fmt.Errorf("device manager exited (%v) before %s; it printed:\n%s", m.err, what, m.output())
+			return event{}, fmt.Errorf("device manager exited (%w) before %s; it printed:\n%s", m.err, what, m.output())
 		}
 		if e.Event == "error" || e.Event == "unparsed" {
 			return e, fmt.Errorf("%s: protocol error: %s", what, e.Error)
@@ -235,7 +235,7 @@ func (m *manager) waitCapacity(want string, timeout time.Duration) (capSample, b
 func (m *manager) stop(sig syscall.Signal) error {
 	select {
 	case <-m.done:
-		return fmt.Errorf("device manager had already exited: %v", m.err)
+		return fmt.Errorf("device manager had already exited: %w", m.err)
 	default:
 	}
 	_ = m.cmd.Process.Signal(sig)
