@@ -59,9 +59,10 @@
 // The exported constructor NewManagerImpl hard-codes the socket to
 // /var/lib/kubelet/device-plugins/kubelet.sock; it is a one-line wrapper of
 // newManagerImpl(logger, socketPath, ...), which the upstream unit tests
-// call with a temporary socket. This program calls that same function by
-// go:linkname so the socket can live in a test's directory; nothing else of
-// the manager is bypassed. See docs/upstream-interop.md.
+// call with a temporary socket. This program calls that same function
+// through a linkname directive so the socket can live in a test's
+// directory; nothing else of the manager is bypassed. See
+// docs/upstream-interop.md.
 package main
 
 import (
