@@ -170,7 +170,7 @@ func (m *Manager) containerRequestsLocked(c *corev1.Container) map[string]int {
 }
 
 func (m *Manager) isDevicePluginResourceLocked(rn string) bool {
-	if _, ok := m.resources[rn]; ok {
+	if r, ok := m.resources[rn]; ok && r.listed {
 		return true
 	}
 	_, ok := m.owner[rn]

@@ -2,11 +2,13 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -148,11 +150,21 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 	}
 	api := pluginapi.NewDevicePluginClient(conn)
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
-	opts, err := api.GetDevicePluginOptions(dctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+	// The kubelet dials with a blocking dial bounded by 10 s and fails
+	// with its own text before it asks for options. Both errors are plain
+	// (the kubelet formats them with %v): the registering plugin sees
+	// code Unknown, not the options call's status nor DeadlineExceeded,
+	// which gRPC would find in a wrapped error.
+	if err := waitConnected(dctx, conn); err != nil {
+		cancel()
+		_ = conn.Close()
+		return errors.New("failed to dial device plugin: " + err.Error())
+	}
+	opts, err := api.GetDevicePluginOptions(dctx, &pluginapi.Empty{})
 	cancel()
 	if err != nil {
 		_ = conn.Close()
-		return fmt.Errorf("failed to get device plugin options: %w", err)
+		return errors.New("failed to get device plugin options: " + err.Error())
 	}
 
 	sctx, scancel := context.WithCancel(m.ctx)
@@ -189,6 +201,20 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 		m.disconnect(e)
 	}()
 	return nil
+}
+
+// waitConnected connects conn and waits until it is ready or ctx ends.
+func waitConnected(ctx context.Context, conn *grpc.ClientConn) error {
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		if s == connectivity.Ready {
+			return nil
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return ctx.Err()
+		}
+	}
 }
 
 // run consumes the plugin's ListAndWatch stream until it ends.

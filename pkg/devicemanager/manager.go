@@ -92,6 +92,12 @@ type resourceState struct {
 	// ListAndWatch message was applied since the resource last lost all
 	// its plugins (see AllocatedResourcesStatus).
 	reported bool
+	// listed is set once the resource has had device information: a
+	// ListAndWatch message arrived, or it was restored from the checkpoint
+	// (the kubelet's healthyDevices entry). Until then a connected plugin's
+	// resource is not reported, not checkpointed, and not the device
+	// manager's to admit, as in the kubelet.
+	listed bool
 }
 
 type podState struct {

@@ -85,7 +85,7 @@ func TestRegistrationValidation(t *testing.T) {
 			`requested API version "v1alpha1" is not supported by kubelet. Supported version is ["v1beta1"]`},
 		{"native resource", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "dev.sock", ResourceName: "cpu"}, `the ResourceName "cpu" is invalid`},
 		{"kubernetes.io", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "dev.sock", ResourceName: "kubernetes.io/x"}, `the ResourceName "kubernetes.io/x" is invalid`},
-		{"no socket", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "missing.sock", ResourceName: res}, "failed to get device plugin options"},
+		{"no socket", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "missing.sock", ResourceName: res}, "failed to dial device plugin: context deadline exceeded"},
 		{"ok", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "dev.sock", ResourceName: res,
 			Options: &pluginapi.DevicePluginOptions{PreStartRequired: true}}, ""},
 	}
@@ -97,8 +97,9 @@ func TestRegistrationValidation(t *testing.T) {
 			}
 			continue
 		}
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Fatalf("%s: error %v, want %q", tc.name, err, tc.want)
+		// The kubelet's errors are plain: the plugin sees code Unknown.
+		if st := status.Convert(err); err == nil || st.Message() != tc.want || st.Code() != codes.Unknown {
+			t.Fatalf("%s: error %v, want code Unknown and %q", tc.name, err, tc.want)
 		}
 	}
 	waitFor(t, m, "device", func() bool { return allocatable(m, res) == 1 })
@@ -312,7 +313,8 @@ func TestAdmit(t *testing.T) {
 				}
 			}
 			waitFor(t, m, "devices", func() bool {
-				return m.Resources()[0].Capacity == int64(len(tc.devices)) && allocatable(m, res) == int64(healthy)
+				c, a := m.Capacity()
+				return c[res] == int64(len(tc.devices)) && a[res] == int64(healthy)
 			})
 			for i, s := range tc.steps {
 				before := len(p.Calls())

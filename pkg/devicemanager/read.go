@@ -18,6 +18,12 @@ func (m *Manager) Resources() []ResourceStatus {
 	out := make([]ResourceStatus, 0, len(m.resources))
 	for _, name := range sortedKeys(m.resources) {
 		r := m.resources[name]
+		if !r.listed && len(r.endpoints) > 0 {
+			// Connected, no list yet: the kubelet reports nothing. (A
+			// plugin gone before its first list leaves the resource
+			// at zero until the grace period ends, as in the kubelet.)
+			continue
+		}
 		out = append(out, ResourceStatus{
 			Name:        name,
 			Capacity:    int64(len(r.devices)),

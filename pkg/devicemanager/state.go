@@ -59,6 +59,7 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 	}
 	owned := m.owner[r.name]
 	r.gen++
+	r.listed = true
 	gen := r.gen
 	groups := make(topology.DeviceGroups, len(r.groups))
 	healthy, kept := 0, 0
@@ -252,6 +253,9 @@ func (m *Manager) snapshotLocked() checkpoint.Checkpoint {
 	}
 	registered := make(map[string][]string, len(m.resources))
 	for name, r := range m.resources {
+		if !r.listed {
+			continue
+		}
 		ids := make([]string, 0, r.healthy)
 		for id, d := range r.devices {
 			if d.healthy {
@@ -365,6 +369,7 @@ func (m *Manager) restoreCheckpoint() {
 		// Capacity stays zero until the plugin registers again; the
 		// resource goes away after the grace period if it does not.
 		r.stopTime = now
+		r.listed = true
 		m.resources[name] = r
 	}
 	m.log.Info("restored device manager checkpoint", "entries", restored, "resources", len(cp.Registered))

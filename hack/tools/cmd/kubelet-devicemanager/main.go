@@ -15,7 +15,9 @@
 // plugins_registry.
 //
 // Protocol: one JSON object per line on stdout; commands one per line on
-// stdin. Logs (klog) go to stderr.
+// stdin. Logs (klog) go to stderr. test/differential/cmd/dpkit-devicemanager
+// speaks the same protocol over dpkit's device manager, so one client
+// drives both (test/differential); change the two together.
 //
 //	{"event":"ready","socket":...,"processStart":NS,"serverStart":NS,"time":NS}
 //	{"event":"capacity","capacity":{R:N},"allocatable":{R:N},"deleted":[R],"time":NS}
@@ -25,8 +27,31 @@
 //	                               "deviceIDs":{R:[ids]},"envs":{..},"mounts":[..],
 //	                               "devices":[..],"annotations":{..},"cdiDevices":[..]}
 //	                              or {"event":"allocation","pod":..,"error":"..."}
+//	admit POD-JSON             -> {"event":"admission","pod":..,"uid":..,"admitted":true,
+//	                               "containers":[{"name":..,"deviceIDs":{R:[ids]}}]}
+//	                              or {"event":"admission","pod":..,"uid":..,"admitted":false,
+//	                               "reason":..,"error":..}
+//	start POD CONTAINER        -> {"event":"start","pod":..,"container":..,"options":{"envs":..,
+//	                               "mounts":..,"devices":..,"annotations":..,"cdiDevices":..}}
+//	                              (options null when the container has no devices)
+//	                              or {"event":"start","pod":..,"container":..,"error":"..."}
 //	delete POD                 -> {"event":"deleted","pod":..}
 //	capacity                   -> {"event":"capacity",...} now, changed or not
+//
+// POD-JSON is {"name":..,"uid":..,"initContainers":[C..],"containers":[C..]}
+// with C = {"name":..,"restartable":bool,"limits":{R:N}} (requests equal
+// limits; restartable makes an init container a sidecar). admit runs the
+// kubelet's admission (the topology manager's admit handler, which calls
+// the device manager's Allocate for every init and app container); a pod
+// of the same name and UID that is already known (from --pods) is admitted
+// again, as a restarted kubelet admits the pods it finds. start is what the
+// kubelet does before starting a container: GetDeviceRunContainerOptions,
+// which calls PreStartContainer on plugins that asked for it. deviceIDs and
+// the options' lists are sorted (the manager's own order is random).
+//
+// --pods FILE names a JSON array of POD-JSON: the pods a restarted kubelet
+// knows from the start. They are active from the start (their devices are
+// not released) but are not admitted until an admit command says so.
 //
 // Times are Unix nanoseconds. SIGINT or SIGTERM stops the manager; SIGKILL
 // stands for a kubelet crash.
@@ -34,9 +59,10 @@
 // The exported constructor NewManagerImpl hard-codes the socket to
 // /var/lib/kubelet/device-plugins/kubelet.sock; it is a one-line wrapper of
 // newManagerImpl(logger, socketPath, ...), which the upstream unit tests
-// call with a temporary socket. This program calls that same function by
-// go:linkname so the socket can live in a test's directory; nothing else of
-// the manager is bypassed. See docs/upstream-interop.md.
+// call with a temporary socket. This program calls that same function
+// through a linkname directive so the socket can live in a test's
+// directory; nothing else of the manager is bypassed. See
+// docs/upstream-interop.md.
 package main
 
 import (
@@ -93,6 +119,7 @@ type options struct {
 	policy      string
 	scope       string
 	numaNodes   string
+	pods        string
 	poll        time.Duration
 }
 
@@ -104,6 +131,7 @@ func run(processStart time.Time) error {
 	fs.StringVar(&o.policy, "topology-policy", topologymanager.PolicyNone, "topology manager policy: none, best-effort, restricted, single-numa-node")
 	fs.StringVar(&o.scope, "topology-scope", topologymanager.ContainerTopologyScope, "topology manager scope: container or pod")
 	fs.StringVar(&o.numaNodes, "numa-nodes", "", "NUMA node IDs of the machine, e.g. 0,1")
+	fs.StringVar(&o.pods, "pods", "", "JSON file listing the pods known at start (a restarted kubelet's pods); see the protocol")
 	fs.DurationVar(&o.poll, "poll", 5*time.Millisecond, "how often GetCapacity is polled for changes")
 	showVersion := fs.Bool("version", false, "print the Kubernetes version and exit")
 	klog.InitFlags(fs)
@@ -151,6 +179,15 @@ func run(processStart time.Time) error {
 
 	out := &printer{enc: json.NewEncoder(os.Stdout)}
 	pods := &activePods{byName: map[string]*v1.Pod{}}
+	if o.pods != "" {
+		known, err := readPods(o.pods)
+		if err != nil {
+			return err
+		}
+		for _, p := range known {
+			pods.byName[p.Name] = p
+		}
+	}
 	serverStart := time.Now()
 	// sourcesReady says all sources are seen, as a kubelet's does once it
 	// has listed its pods: inactive pods' devices are then released.
@@ -293,6 +330,15 @@ func (a *admitter) command(line string) {
 			name = f[3]
 		}
 		a.allocate(name, f[1], n)
+	case f[0] == "admit" && len(f) >= 2:
+		var spec podSpec
+		if err := json.Unmarshal([]byte(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "admit"))), &spec); err != nil {
+			a.out.print(map[string]any{"event": "error", "error": fmt.Sprintf("admit: %v", err)})
+			return
+		}
+		a.admit(spec)
+	case f[0] == "start" && len(f) == 3:
+		a.start(f[1], f[2])
 	case f[0] == "delete" && len(f) == 2:
 		a.pods.mu.Lock()
 		_, ok := a.pods.byName[f[1]]
@@ -307,12 +353,69 @@ func (a *admitter) command(line string) {
 		a.m.UpdateAllocatedDevices(klog.FromContext(a.ctx))
 		a.out.print(map[string]any{"event": "deleted", "pod": f[1]})
 	default:
-		a.out.print(map[string]any{"event": "error", "error": fmt.Sprintf("unknown command %q; want: allocate RESOURCE N [POD] | delete POD | capacity", line)})
+		a.out.print(map[string]any{"event": "error", "error": fmt.Sprintf("unknown command %q; want: allocate RESOURCE N [POD] | admit POD-JSON | start POD CONTAINER | delete POD | capacity", line)})
 	}
 }
 
+// podSpec is the protocol's description of a pod.
+type podSpec struct {
+	Name           string          `json:"name"`
+	UID            string          `json:"uid"`
+	InitContainers []containerSpec `json:"initContainers,omitempty"`
+	Containers     []containerSpec `json:"containers"`
+}
+
+type containerSpec struct {
+	Name        string           `json:"name"`
+	Restartable bool             `json:"restartable,omitempty"`
+	Limits      map[string]int64 `json:"limits,omitempty"`
+}
+
+func (s podSpec) pod() *v1.Pod {
+	container := func(c containerSpec) v1.Container {
+		rl := v1.ResourceList{}
+		for r, n := range c.Limits {
+			rl[v1.ResourceName(r)] = *resource.NewQuantity(n, resource.DecimalSI)
+		}
+		out := v1.Container{Name: c.Name, Resources: v1.ResourceRequirements{Limits: rl, Requests: rl.DeepCopy()}}
+		if c.Restartable {
+			always := v1.ContainerRestartPolicyAlways
+			out.RestartPolicy = &always
+		}
+		return out
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: "default", UID: types.UID(s.UID)}}
+	for _, c := range s.InitContainers {
+		pod.Spec.InitContainers = append(pod.Spec.InitContainers, container(c))
+	}
+	for _, c := range s.Containers {
+		pod.Spec.Containers = append(pod.Spec.Containers, container(c))
+	}
+	return pod
+}
+
+func readPods(path string) ([]*v1.Pod, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--pods: %w", err)
+	}
+	var specs []podSpec
+	if err := json.Unmarshal(data, &specs); err != nil {
+		return nil, fmt.Errorf("--pods %s: %w", path, err)
+	}
+	pods := make([]*v1.Pod, 0, len(specs))
+	for _, s := range specs {
+		if s.Name == "" || s.UID == "" {
+			return nil, fmt.Errorf("--pods %s: every pod needs a name and a uid", path)
+		}
+		pods = append(pods, s.pod())
+	}
+	return pods, nil
+}
+
 // allocate admits a pod with one container asking for n of resource
-// through the topology manager's admit handler, the kubelet's path.
+// through the topology manager's admit handler, the kubelet's path, and
+// prints the container's devices and runtime options.
 func (a *admitter) allocate(name, res string, n int) {
 	a.pods.mu.Lock()
 	_, dup := a.pods.byName[name]
@@ -321,25 +424,13 @@ func (a *admitter) allocate(name, res string, n int) {
 		a.out.print(map[string]any{"event": "allocation", "pod": name, "error": fmt.Sprintf("pod %q exists; delete it first", name)})
 		return
 	}
-	q := *resource.NewQuantity(int64(n), resource.DecimalSI)
-	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(fmt.Sprintf("uid-%s-%d", name, time.Now().UnixNano()))},
-		Spec: v1.PodSpec{Containers: []v1.Container{{
-			Name:      "main",
-			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceName(res): q}, Requests: v1.ResourceList{v1.ResourceName(res): q}},
-		}}},
-	}
-	// The pod is active while it is being admitted, as in the kubelet,
-	// where the pod manager knows the pod before admission.
-	a.pods.mu.Lock()
-	a.pods.byName[name] = pod
-	a.pods.mu.Unlock()
-	result := a.tm.Admit(a.ctx, &lifecycle.PodAdmitAttributes{Pod: pod, Operation: lifecycle.AddOperation})
+	pod := podSpec{
+		Name:       name,
+		UID:        fmt.Sprintf("uid-%s-%d", name, time.Now().UnixNano()),
+		Containers: []containerSpec{{Name: "main", Limits: map[string]int64{res: int64(n)}}},
+	}.pod()
 	ev := map[string]any{"event": "allocation", "pod": name, "uid": string(pod.UID), "container": "main"}
-	if !result.Admit {
-		a.pods.mu.Lock()
-		delete(a.pods.byName, name)
-		a.pods.mu.Unlock()
+	if result := a.admitPod(pod); !result.Admit {
 		ev["reason"] = result.Reason
 		ev["error"] = result.Message
 		a.out.print(ev)
@@ -352,32 +443,134 @@ func (a *admitter) allocate(name, res string, n int) {
 		a.out.print(ev)
 		return
 	}
-	ids := map[string][]string{}
-	for r, devs := range a.m.GetDevices(string(pod.UID), c.Name) {
-		ids[r] = slices.Sorted(maps.Keys(devs))
-	}
-	ev["deviceIDs"] = ids
+	ev["deviceIDs"] = a.deviceIDs(pod, c.Name)
 	if opts != nil {
-		envs := map[string]string{}
-		for _, e := range opts.Envs {
-			envs[e.Name] = e.Value
-		}
-		ann := map[string]string{}
-		for _, e := range opts.Annotations {
-			ann[e.Name] = e.Value
-		}
-		var mounts, devices []map[string]any
-		for _, mt := range opts.Mounts {
-			mounts = append(mounts, map[string]any{"containerPath": mt.ContainerPath, "hostPath": mt.HostPath, "readOnly": mt.ReadOnly})
-		}
-		for _, d := range opts.Devices {
-			devices = append(devices, map[string]any{"containerPath": d.PathInContainer, "hostPath": d.PathOnHost, "permissions": d.Permissions})
-		}
-		var cdi []string
-		for _, d := range opts.CDIDevices {
-			cdi = append(cdi, d.Name)
-		}
-		ev["envs"], ev["annotations"], ev["mounts"], ev["devices"], ev["cdiDevices"] = envs, ann, mounts, devices, cdi
+		maps.Copy(ev, runOptions(opts))
 	}
 	a.out.print(ev)
+}
+
+// admitPod runs the kubelet's admission for pod. The pod is active while
+// it is being admitted, as in the kubelet, where the pod manager knows the
+// pod before admission; a rejected pod is no longer active.
+func (a *admitter) admitPod(pod *v1.Pod) lifecycle.PodAdmitResult {
+	a.pods.mu.Lock()
+	a.pods.byName[pod.Name] = pod
+	a.pods.mu.Unlock()
+	result := a.tm.Admit(a.ctx, &lifecycle.PodAdmitAttributes{Pod: pod, Operation: lifecycle.AddOperation})
+	if !result.Admit {
+		a.pods.mu.Lock()
+		delete(a.pods.byName, pod.Name)
+		a.pods.mu.Unlock()
+	}
+	return result
+}
+
+// admit admits a pod described by the protocol; a known pod (same name
+// and UID) is admitted again.
+func (a *admitter) admit(spec podSpec) {
+	ev := map[string]any{"event": "admission", "pod": spec.Name, "uid": spec.UID}
+	if spec.Name == "" || spec.UID == "" {
+		ev["admitted"], ev["error"] = false, "admit: the pod needs a name and a uid"
+		a.out.print(ev)
+		return
+	}
+	a.pods.mu.Lock()
+	known, dup := a.pods.byName[spec.Name]
+	a.pods.mu.Unlock()
+	if dup && string(known.UID) != spec.UID {
+		ev["admitted"], ev["error"] = false, fmt.Sprintf("pod %q exists with another uid; delete it first", spec.Name)
+		a.out.print(ev)
+		return
+	}
+	pod := spec.pod()
+	if result := a.admitPod(pod); !result.Admit {
+		ev["admitted"], ev["reason"], ev["error"] = false, result.Reason, result.Message
+		a.out.print(ev)
+		return
+	}
+	var containers []map[string]any
+	for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
+		containers = append(containers, map[string]any{"name": c.Name, "deviceIDs": a.deviceIDs(pod, c.Name)})
+	}
+	ev["admitted"], ev["containers"] = true, containers
+	a.out.print(ev)
+}
+
+// start does what the kubelet does before it starts a container: ask the
+// device manager for the container's runtime options, which calls
+// PreStartContainer on the plugins that asked for it.
+func (a *admitter) start(name, container string) {
+	ev := map[string]any{"event": "start", "pod": name, "container": container}
+	a.pods.mu.Lock()
+	pod := a.pods.byName[name]
+	a.pods.mu.Unlock()
+	var c *v1.Container
+	if pod != nil {
+		for i := range pod.Spec.InitContainers {
+			if pod.Spec.InitContainers[i].Name == container {
+				c = &pod.Spec.InitContainers[i]
+			}
+		}
+		for i := range pod.Spec.Containers {
+			if pod.Spec.Containers[i].Name == container {
+				c = &pod.Spec.Containers[i]
+			}
+		}
+	}
+	if c == nil {
+		ev["error"] = fmt.Sprintf("start: no pod %q with a container %q", name, container)
+		a.out.print(ev)
+		return
+	}
+	opts, err := a.m.GetDeviceRunContainerOptions(a.ctx, pod, c)
+	switch {
+	case err != nil:
+		ev["error"] = err.Error()
+	case opts == nil:
+		ev["options"] = nil
+	default:
+		ev["options"] = runOptions(opts)
+	}
+	a.out.print(ev)
+}
+
+func (a *admitter) deviceIDs(pod *v1.Pod, container string) map[string][]string {
+	ids := map[string][]string{}
+	for r, devs := range a.m.GetDevices(string(pod.UID), container) {
+		ids[r] = slices.Sorted(maps.Keys(devs))
+	}
+	return ids
+}
+
+// runOptions is what the container runtime would receive, in the
+// protocol's form: lists sorted by container path (or name), since the
+// manager builds them from Go maps.
+func runOptions(opts *devicemanager.DeviceRunContainerOptions) map[string]any {
+	envs := map[string]string{}
+	for _, e := range opts.Envs {
+		envs[e.Name] = e.Value
+	}
+	ann := map[string]string{}
+	for _, e := range opts.Annotations {
+		ann[e.Name] = e.Value
+	}
+	var mounts, devices []map[string]any
+	for _, mt := range opts.Mounts {
+		mounts = append(mounts, map[string]any{"containerPath": mt.ContainerPath, "hostPath": mt.HostPath, "readOnly": mt.ReadOnly})
+	}
+	for _, d := range opts.Devices {
+		devices = append(devices, map[string]any{"containerPath": d.PathInContainer, "hostPath": d.PathOnHost, "permissions": d.Permissions})
+	}
+	byPath := func(x, y map[string]any) int {
+		return strings.Compare(x["containerPath"].(string), y["containerPath"].(string))
+	}
+	slices.SortFunc(mounts, byPath)
+	slices.SortFunc(devices, byPath)
+	var cdi []string
+	for _, d := range opts.CDIDevices {
+		cdi = append(cdi, d.Name)
+	}
+	slices.Sort(cdi)
+	return map[string]any{"envs": envs, "annotations": ann, "mounts": mounts, "devices": devices, "cdiDevices": cdi}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package differential
+
+const raceEnabled = false
