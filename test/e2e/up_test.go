@@ -102,7 +102,7 @@ func TestUpProcess(t *testing.T) {
 			`(?m)^pod default/demo admitted`,
 			`(?m)^setup +init +example\.com/foo: dev-\d +env DPKIT_FAKE_DEVICES=dev-\d$`,
 			`(?m)^main +app +example\.com/foo: dev-\d,dev-\d +env DPKIT_FAKE_DEVICES=dev-\d,dev-\d$`}},
-		{"get pods --root R", 0, []string{`(?m)^default +demo +main +example\.com/foo +dev-\d,dev-\d +-$`}},
+		{"get pods --root R", 0, []string{`(?m)^default +demo +main +example\.com/foo +dev-\d,dev-\d +Healthy,Healthy +-$`}},
 		{"get devices --root R", 0, []string{`(?m)^example\.com/foo +dev-\d +true +- +[0-9a-f-]{36}$`}},
 		{"admit --root R -f examples/pod-too-many.yaml", 1, []string{
 			`pod default/too-many rejected by the kubelet: UnexpectedAdmissionError: Allocate failed due to requested number of devices unavailable for example\.com/foo\. Requested: 9, Available: 6, which is unexpected`}},
