@@ -360,43 +360,13 @@ func TestShutdownRemovesOnlyOwnSocketsAndFinishesAllocate(t *testing.T) {
 }
 
 func TestRegistryMode(t *testing.T) {
-	dir, err := os.MkdirTemp("", "dpr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	registry := filepath.Join(dir, "plugins_registry")
-	if err := os.Mkdir(registry, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: filepath.Join(dir, "dp"), RegistryDir: registry},
-		deviceplugin.Resource{Name: res, Plugin: newTestPlugin(2)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, conn, ctx := runRegistryServer(t, deviceplugin.Config{}, newTestPlugin(2))
 	if srv.Mode() != deviceplugin.RegistrationRegistry {
 		t.Fatalf("auto mode chose %s with a registry directory present", srv.Mode())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-
-	// Act as the kubelet's plugin watcher: find the socket, GetInfo, then
-	// dial the endpoint and notify.
-	// Run listens before it starts anything else; the socket appears
-	// within Run's first steps.
-	sock := waitForSocket(t, registry)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	// Act as the kubelet's plugin watcher: GetInfo, then dial the endpoint
+	// and notify.
+	sock := strings.TrimPrefix(conn.Target(), "unix://")
 	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatal(err)
@@ -481,37 +451,8 @@ func (p gatedPlugin) Scan(ctx context.Context, notify func([]deviceplugin.Device
 // socket is served first. The plugin must stay registered and ready once
 // its devices arrive.
 func TestRegistryModeNotifiedBeforeFirstScan(t *testing.T) {
-	dir, err := os.MkdirTemp("", "dpr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	registry := filepath.Join(dir, "plugins_registry")
-	if err := os.Mkdir(registry, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	p := gatedPlugin{testPlugin: newTestPlugin(2), release: make(chan struct{})}
-	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: filepath.Join(dir, "dp"), RegistryDir: registry, Registration: deviceplugin.RegistrationRegistry},
-		deviceplugin.Resource{Name: res, Plugin: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-
-	sock := waitForSocket(t, registry)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	srv, conn, ctx := runRegistryServer(t, deviceplugin.Config{Registration: deviceplugin.RegistrationRegistry}, p)
 	reg := registerapi.NewRegistrationClient(conn)
 	if _, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
@@ -612,4 +553,44 @@ func TestStartRemovesStaleSocketsOfEarlierInstances(t *testing.T) {
 	if socks, _ := filepath.Glob(filepath.Join(dir, "example_com_foo-*.sock")); len(socks) != 2 {
 		t.Errorf("sockets of %s: %v, want the live instance's and the new one", res, socks)
 	}
+}
+
+// runRegistryServer runs a server for plugin in registry mode (a temporary
+// plugins_registry directory) until the test ends, and returns it with a
+// connection to its socket, as the kubelet's plugin watcher would make,
+// and the context the server runs under.
+func runRegistryServer(t *testing.T, cfg deviceplugin.Config, plugin deviceplugin.Plugin) (*deviceplugin.Server, *grpc.ClientConn, context.Context) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dpr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	registry := filepath.Join(dir, "plugins_registry")
+	if err := os.Mkdir(registry, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg.PluginDir, cfg.RegistryDir = filepath.Join(dir, "dp"), registry
+	srv, err := deviceplugin.NewServer(cfg, deviceplugin.Resource{Name: res, Plugin: plugin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	// Run listens before it starts anything else; the socket appears
+	// within Run's first steps.
+	sock := waitForSocket(t, registry)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return srv, conn, ctx
 }
