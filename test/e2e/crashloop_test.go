@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"runtime"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,7 +63,10 @@ func TestPluginCrashLoopLeavesNothingBehind(t *testing.T) {
 	}
 
 	p := run(0)
-	baseline := settledGoroutines(t, 0)
+	baseline := settledGoroutines(t)
+	if baseline == 0 {
+		t.Fatal("no goroutine of the emulator found in the goroutine profile")
+	}
 	t.Logf("emulator goroutines with one live plugin: %d", baseline)
 	const crashes = 50
 	for i := 1; i <= crashes; i++ {
@@ -84,32 +87,32 @@ func TestPluginCrashLoopLeavesNothingBehind(t *testing.T) {
 	if len(ours) != 1 {
 		t.Errorf("sockets of %s in plugins_registry after %d crashes: %v; want the live instance's only", fooResource, crashes, ours)
 	}
-	after := settledGoroutines(t, baseline)
+	after := settledGoroutines(t)
 	t.Logf("emulator goroutines after %d crashes, one live plugin: %d (before: %d)", crashes, after, baseline)
 	if after > baseline+2 {
 		t.Errorf("goroutines %d after %d crashes, %d before", after, crashes, baseline)
 	}
 }
 
-// settledGoroutines returns this process's goroutine count once it stops
-// falling (connections being torn down end their goroutines), or as soon
-// as it is at most want.
-func settledGoroutines(t *testing.T, want int) int {
+// settledGoroutines returns the number of goroutines of the emulator in
+// this process once it has not changed for a second (connections being
+// torn down end their goroutines). Other tests of the
+// package share the process, so only goroutines whose stack runs through
+// the emulator's packages or gRPC (which only the emulator and its
+// plugins' connections use here) are counted.
+func settledGoroutines(t *testing.T) int {
 	t.Helper()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.After(30 * time.Second)
-	last, same := runtime.NumGoroutine(), 0
+	last, same := emulatorGoroutines(), 0
 	for {
 		select {
 		case <-tick.C:
 		case <-deadline:
 			return last
 		}
-		n := runtime.NumGoroutine()
-		if want > 0 && n <= want {
-			return n
-		}
+		n := emulatorGoroutines()
 		if n == last {
 			if same++; same >= 20 { // a second without change
 				return n
@@ -118,6 +121,24 @@ func settledGoroutines(t *testing.T, want int) int {
 			last, same = n, 0
 		}
 	}
+}
+
+// emulatorGoroutines counts the goroutines whose stack (with the frame
+// that created it) mentions the emulator's packages or gRPC.
+func emulatorGoroutines() int {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	n := 0
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		for _, pkg := range []string{"google.golang.org/grpc", "dpkit/pkg/pluginwatcher", "dpkit/pkg/devicemanager",
+			"dpkit/pkg/devicehost", "dpkit/pkg/podresources", "dpkit/internal/cli/kubelet", "dpkit/internal/emulator"} {
+			if strings.Contains(g, pkg) {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 // waitManager waits until cond holds, re-checking on every change of the
