@@ -11,11 +11,13 @@ package virtualnode
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -39,6 +41,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
@@ -422,11 +425,28 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 	})
 	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
 	g.Go(func() error {
-		return nodeapi.Serve(ctx, addr, tlsCfg, auth.Wrap(h), func(a net.Addr) {
+		return serveNodeAPI(ctx, addr, tlsCfg, auth.Wrap(h), func(a net.Addr) {
 			n.apiAddr = a
 			close(n.apiReady)
 		})
 	})
+	return nil
+}
+
+// serveNodeAPI serves h over TLS on addr until ctx is done. ready, when not nil,
+// receives the listener's address once it listens.
+func serveNodeAPI(ctx context.Context, addr string, tlsCfg *tls.Config, h http.Handler, ready func(net.Addr)) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("node API: %w", err)
+	}
+	if ready != nil {
+		ready(l.Addr())
+	}
+	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 30 * time.Second}
+	if err := httpserve.Serve(ctx, srv, tls.NewListener(l, tlsCfg)); err != nil {
+		return fmt.Errorf("node API: %w", err)
+	}
 	return nil
 }
 

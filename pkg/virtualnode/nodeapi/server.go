@@ -21,7 +21,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
-	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -155,21 +154,4 @@ func Handler(src Source) http.Handler {
 		}
 	}
 	return vkapi.PodHandler(cfg, false)
-}
-
-// Serve serves h over TLS on addr until ctx is done. ready, when not nil,
-// receives the listener's address once it listens.
-func Serve(ctx context.Context, addr string, tlsCfg *tls.Config, h http.Handler, ready func(net.Addr)) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("node API: %w", err)
-	}
-	if ready != nil {
-		ready(l.Addr())
-	}
-	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 30 * time.Second}
-	if err := httpserve.Serve(ctx, srv, tls.NewListener(l, tlsCfg)); err != nil {
-		return fmt.Errorf("node API: %w", err)
-	}
-	return nil
 }
