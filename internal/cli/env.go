@@ -19,6 +19,10 @@ type Env struct {
 	Logger *slog.Logger
 }
 
+// ExitInterrupted is the exit code of a run interrupted by Ctrl-C or
+// SIGTERM, the shell's 128 + SIGINT.
+const ExitInterrupted = 130
+
 // ExitError is an error that asks for a particular process exit code.
 type ExitError struct {
 	Code int

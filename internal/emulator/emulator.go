@@ -1,4 +1,9 @@
-package kubelet
+// Package emulator is the emulated kubelet behind "dpkit kubelet" and
+// "dpkit up": a devicehost.Host rooted at one directory, the pods it
+// admitted (kept under <root>/dpkit/pods), and an admin API on a unix
+// socket that "dpkit admit", "dpkit get" and "dpkit delete" use through
+// Client.
+package emulator
 
 import (
 	"bufio"
@@ -37,6 +42,10 @@ import (
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 )
+
+// DefaultRoot is the kubelet's root directory, where unmodified plugins
+// look for kubelet.sock.
+const DefaultRoot = "/var/lib/kubelet"
 
 // Options configure an emulated kubelet.
 type Options struct {

@@ -1,4 +1,4 @@
-package node
+package noderun
 
 import (
 	"strings"
@@ -47,7 +47,7 @@ func TestParseTaints(t *testing.T) {
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second}
-	err := o.validate()
+	err := o.Validate()
 	if err == nil {
 		t.Fatal("no error")
 	}

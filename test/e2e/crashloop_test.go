@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 )
 
@@ -33,10 +33,10 @@ func TestPluginCrashLoopLeavesNothingBehind(t *testing.T) {
 	}
 	root := upstreamTempDir(t)
 	ctx, cancel := context.WithCancel(testContext(t))
-	started := make(chan *kubelet.Emulator, 1)
+	started := make(chan *emulator.Emulator, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(e *kubelet.Emulator) { started <- e })
+		done <- emulator.Run(ctx, emulator.Options{Root: root}, func(e *emulator.Emulator) { started <- e })
 	}()
 	defer func() {
 		cancel()
@@ -44,7 +44,7 @@ func TestPluginCrashLoopLeavesNothingBehind(t *testing.T) {
 			t.Errorf("emulator: %v", err)
 		}
 	}()
-	var e *kubelet.Emulator
+	var e *emulator.Emulator
 	select {
 	case e = <-started:
 	case err := <-done:

@@ -22,7 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	nodecmd "github.com/dpkit/dpkit/internal/cli/node"
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/nodeapi"
 )
@@ -248,7 +248,7 @@ func runPodToSuccess(t *testing.T, ctx context.Context, ns, node string) time.Du
 
 // runQuietNode runs "dpkit node" in-process like runNode, logging at Info:
 // a flood makes the debug log as large as the flood.
-func runQuietNode(t *testing.T, ctx context.Context, o nodecmd.Options) *virtualnode.Node {
+func runQuietNode(t *testing.T, ctx context.Context, o noderun.Options) *virtualnode.Node {
 	t.Helper()
 	nctx, cancel := context.WithCancel(ctx)
 	started := make(chan *virtualnode.Node, 1)
@@ -256,7 +256,7 @@ func runQuietNode(t *testing.T, ctx context.Context, o nodecmd.Options) *virtual
 	log := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	env := &cli.Env{In: strings.NewReader(""), Out: tWriter{t}, Err: tWriter{t}, Logger: log}
 	go func() {
-		done <- nodecmd.Run(nctx, env, o, func(ns []*virtualnode.Node) { started <- ns[0] })
+		done <- noderun.Run(nctx, env.Logger, o, func(ns []*virtualnode.Node) { started <- ns[0] })
 	}()
 	t.Cleanup(func() {
 		cancel()

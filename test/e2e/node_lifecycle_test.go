@@ -31,7 +31,7 @@ import (
 	"k8s.io/streaming/pkg/httpstream"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
-	nodecmd "github.com/dpkit/dpkit/internal/cli/node"
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
@@ -163,7 +163,7 @@ func TestVirtualNodeStats(t *testing.T) {
 	root := shortTempDir(t)
 	name := unique("vn-stats")
 	access := newNodeAccess(t, cp)
-	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *nodecmd.Options) { o.NodeIP = access.ip })
+	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *noderun.Options) { o.NodeIP = access.ip })
 	startFakePlugin(t, ctx, c, name, root)
 	ns := createNamespace(t, c, "vn-stats")
 

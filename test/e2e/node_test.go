@@ -27,7 +27,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/app"
-	nodecmd "github.com/dpkit/dpkit/internal/cli/node"
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
@@ -36,7 +36,7 @@ const foo = corev1.ResourceName("example.com/foo")
 
 // startVirtualNode runs "dpkit node" in-process with the process backend
 // against the shared control plane and waits until it is registered.
-func startVirtualNode(t *testing.T, ctx context.Context, kubeconfig, clientCA, name, root string, extra func(*nodecmd.Options)) (*virtualnode.Node, int) {
+func startVirtualNode(t *testing.T, ctx context.Context, kubeconfig, clientCA, name, root string, extra func(*noderun.Options)) (*virtualnode.Node, int) {
 	t.Helper()
 	o := nodeOptions(kubeconfig, clientCA, name, root, "127.0.0.1", freePort(t))
 	if extra != nil {
@@ -48,8 +48,8 @@ func startVirtualNode(t *testing.T, ctx context.Context, kubeconfig, clientCA, n
 
 // nodeOptions are the options of "dpkit node" the e2e tests use: the
 // process backend, the default taint, a small declared capacity.
-func nodeOptions(kubeconfig, clientCA, name, root, nodeIP string, port int) nodecmd.Options {
-	return nodecmd.Options{
+func nodeOptions(kubeconfig, clientCA, name, root, nodeIP string, port int) noderun.Options {
+	return noderun.Options{
 		Kubeconfig: kubeconfig, Name: name, Root: root, Backend: "process", ClientCAFile: clientCA,
 		Port: port, NodeIP: nodeIP, Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"},
 		CPU: "4", Memory: "8Gi", Pods: "110", Count: 1, QPS: 50, Burst: 100, BackoffStart: time.Second,
@@ -59,14 +59,14 @@ func nodeOptions(kubeconfig, clientCA, name, root, nodeIP string, port int) node
 // runNode runs "dpkit node" in-process until it has registered, and
 // returns the node and a function that stops it and waits until it has
 // returned; the test's cleanup stops it too.
-func runNode(t *testing.T, ctx context.Context, o nodecmd.Options) (*virtualnode.Node, func()) {
+func runNode(t *testing.T, ctx context.Context, o noderun.Options) (*virtualnode.Node, func()) {
 	t.Helper()
 	nctx, cancel := context.WithCancel(ctx)
 	started := make(chan *virtualnode.Node, 1)
 	done := make(chan error, 1)
 	env := &cli.Env{In: strings.NewReader(""), Out: tWriter{t}, Err: tWriter{t}, Logger: testLogger(t)}
 	go func() {
-		done <- nodecmd.Run(nctx, env, o, func(ns []*virtualnode.Node) { started <- ns[0] })
+		done <- noderun.Run(nctx, env.Logger, o, func(ns []*virtualnode.Node) { started <- ns[0] })
 	}()
 	var once sync.Once
 	stop := func() {
@@ -365,7 +365,7 @@ func BenchmarkVirtualNodeSim(b *testing.B) {
 			}
 			defer os.RemoveAll(root)
 			prefix := unique("sim")
-			o := nodecmd.Options{
+			o := noderun.Options{
 				Kubeconfig: cp.Kubeconfig, Name: prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",
 				Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, CPU: "1000", Memory: "1Ti", Pods: "1000",
 				Count: benchNodes, QPS: 500, Burst: 1000,
@@ -374,7 +374,7 @@ func BenchmarkVirtualNodeSim(b *testing.B) {
 			started := make(chan struct{})
 			ndone := make(chan error, 1)
 			env := &cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
-			go func() { ndone <- nodecmd.Run(nctx, env, o, func([]*virtualnode.Node) { close(started) }) }()
+			go func() { ndone <- noderun.Run(nctx, env.Logger, o, func([]*virtualnode.Node) { close(started) }) }()
 			defer func() { ncancel(); <-ndone }()
 			select {
 			case <-started:

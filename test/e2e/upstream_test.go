@@ -30,7 +30,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/test/upstream"
 )
 
@@ -201,22 +201,22 @@ func checkSampleWithDpkitKubelet(t *testing.T, dpkit string, registry bool, star
 		return json.Unmarshal(out, into)
 	}
 	poll(t, ctx, "dpkit kubelet to answer", func(ctx context.Context) (bool, string, error) {
-		var rs []kubelet.Resource
+		var rs []emulator.Resource
 		err := getJSON(ctx, "resources", &rs)
 		return err == nil, fmt.Sprint(err), nil
 	})
 
 	startPlugin(t, dir, root)
 
-	want := kubelet.Resource{Name: upstream.SampleResource, Capacity: 2, Allocatable: 2, Connected: true}
+	want := emulator.Resource{Name: upstream.SampleResource, Capacity: 2, Allocatable: 2, Connected: true}
 	poll(t, ctx, "dpkit get resources to show "+upstream.SampleResource, func(ctx context.Context) (bool, string, error) {
-		var rs []kubelet.Resource
+		var rs []emulator.Resource
 		if err := getJSON(ctx, "resources", &rs); err != nil {
 			return false, "", err
 		}
 		return slices.Contains(rs, want), fmt.Sprintf("%+v", rs), nil
 	})
-	var devs []kubelet.Device
+	var devs []emulator.Device
 	if err := getJSON(ctx, "devices", &devs); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func checkSampleWithDpkitKubelet(t *testing.T, dpkit string, registry bool, star
 	}
 	// The registration path is the one meant: the plugin watcher lists
 	// the plugin only when it came through plugins_registry.
-	var plugins kubelet.Plugins
+	var plugins emulator.Plugins
 	if err := getJSON(ctx, "plugins", &plugins); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func checkSampleWithDpkitKubelet(t *testing.T, dpkit string, registry bool, star
 		t.Errorf("plugin watcher lists %d plugins (%+v); want %d", got, plugins.Registered, map[bool]int{true: 1, false: 0}[registry])
 	}
 
-	admit := func(name string, wantCode int) (*kubelet.Pod, string) {
+	admit := func(name string, wantCode int) (*emulator.Pod, string) {
 		t.Helper()
 		manifest := filepath.Join(dir, name+".yaml")
 		writeFile(t, manifest, fmt.Sprintf(`apiVersion: v1
@@ -273,7 +273,7 @@ spec:
 		if code != 0 {
 			return nil, stderr.String()
 		}
-		var pod kubelet.Pod
+		var pod emulator.Pod
 		if err := json.Unmarshal(stdout.Bytes(), &pod); err != nil {
 			t.Fatalf("dpkit admit -o json: %v\n%s", err, stdout.String())
 		}
@@ -321,7 +321,7 @@ func TestSamplePluginRegistersWithUpstreamKubelet(t *testing.T) {
 
 // checkSampleAllocation checks that pod's one container got one sample
 // device and the sample plugin's mount for it, and returns the device.
-func checkSampleAllocation(t *testing.T, pod *kubelet.Pod) string {
+func checkSampleAllocation(t *testing.T, pod *emulator.Pod) string {
 	t.Helper()
 	if len(pod.Containers) != 1 || len(pod.Containers[0].Devices) != 1 {
 		t.Fatalf("admitted pod %+v: want one container with one resource", pod)
@@ -332,7 +332,7 @@ func checkSampleAllocation(t *testing.T, pod *kubelet.Pod) string {
 		t.Fatalf("pod %s devices %+v, want one of %v of %s", pod.Name, c.Devices, upstream.SampleDevices(), upstream.SampleResource)
 	}
 	id := d.DeviceIDs[0]
-	if c.Options == nil || !slices.ContainsFunc(c.Options.Mounts, func(m kubelet.Mount) bool {
+	if c.Options == nil || !slices.ContainsFunc(c.Options.Mounts, func(m emulator.Mount) bool {
 		return m.HostPath == upstream.SampleMount(id) && m.ContainerPath == upstream.SampleMount(id)
 	}) {
 		t.Fatalf("pod %s runtime options %+v, want the sample plugin's Allocate answer: a mount of %s", pod.Name, c.Options, upstream.SampleMount(id))

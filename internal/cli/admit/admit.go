@@ -15,17 +15,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
 	"github.com/dpkit/dpkit/internal/cli/output"
+	"github.com/dpkit/dpkit/internal/emulator"
 )
 
 // Exit codes of "dpkit admit" besides 0 (admitted).
 const (
-	// ExitRejected: the kubelet rejected the pod (its devices cannot be
+	// exitRejected: the kubelet rejected the pod (its devices cannot be
 	// allocated, the pod exists already) or could not be reached.
-	ExitRejected = 1
-	// ExitInvalid: bad flags or a manifest that is not a valid pod.
-	ExitInvalid = 2
+	exitRejected = 1
+	// exitInvalid: bad flags or a manifest that is not a valid pod.
+	exitInvalid = 2
 )
 
 // maxManifest bounds what is read from the manifest file, like the admin
@@ -60,23 +60,23 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := output.Check(format); err != nil {
-				return cli.Exit(ExitInvalid, err)
+				return cli.Exit(exitInvalid, err)
 			}
 			manifest, err := readManifest(env.In, file)
 			if err != nil {
-				return cli.Exit(ExitInvalid, err)
+				return cli.Exit(exitInvalid, err)
 			}
 			if socket == "" {
-				socket = kubelet.AdminSocket(root)
+				socket = emulator.AdminSocket(root)
 			}
-			c := kubelet.NewClient(socket)
+			c := emulator.NewClient(socket)
 			defer c.Close()
-			return Run(cmd.Context(), env.Out, c, manifest, format)
+			return admitManifest(cmd.Context(), env.Out, c, manifest, format)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&file, "filename", "f", "", `pod manifest file, or "-" for standard input (required)`)
-	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet")
+	fl.StringVar(&root, "root", emulator.DefaultRoot, "root directory of the dpkit kubelet")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
 	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
 	return cmd
@@ -117,34 +117,34 @@ func readManifest(in io.Reader, path string) ([]byte, error) {
 	return data, nil
 }
 
-// Run checks manifest, admits it through c and writes the admitted pod to
-// w in format ("table", "json" or "yaml"). The error of a rejected pod
-// exits with ExitRejected and names the kubelet's reason; that of an
-// invalid manifest exits with ExitInvalid.
-func Run(ctx context.Context, w io.Writer, c *kubelet.Client, manifest []byte, format string) error {
-	local, err := kubelet.DecodePod(manifest)
+// admitManifest checks manifest, admits it through c and writes the
+// admitted pod to w in format ("table", "json" or "yaml"). The error of a
+// rejected pod exits with exitRejected and names the kubelet's reason; that
+// of an invalid manifest exits with exitInvalid.
+func admitManifest(ctx context.Context, w io.Writer, c *emulator.Client, manifest []byte, format string) error {
+	local, err := emulator.DecodePod(manifest)
 	if err != nil {
-		return cli.Exit(ExitInvalid, err)
+		return cli.Exit(exitInvalid, err)
 	}
 	pod, err := c.AdmitPod(ctx, manifest)
 	if err != nil {
-		var ae *kubelet.APIError
+		var ae *emulator.APIError
 		switch {
 		case errors.As(err, &ae) && ae.Reason != "":
-			return cli.Exit(ExitRejected, fmt.Errorf("pod %s/%s rejected by the kubelet: %s: %s", local.Namespace, local.Name, ae.Reason, ae.Message))
+			return cli.Exit(exitRejected, fmt.Errorf("pod %s/%s rejected by the kubelet: %s: %s", local.Namespace, local.Name, ae.Reason, ae.Message))
 		case errors.As(err, &ae) && ae.StatusCode == http.StatusBadRequest:
-			return cli.Exit(ExitInvalid, err)
+			return cli.Exit(exitInvalid, err)
 		case errors.As(err, &ae):
-			return cli.Exit(ExitRejected, fmt.Errorf("pod %s/%s: %w", local.Namespace, local.Name, err))
+			return cli.Exit(exitRejected, fmt.Errorf("pod %s/%s: %w", local.Namespace, local.Name, err))
 		}
-		return cli.Exit(ExitRejected, err)
+		return cli.Exit(exitRejected, err)
 	}
-	return Print(w, pod, format)
+	return printPod(w, pod, format)
 }
 
-// Print writes an admitted pod in format: "json", "yaml", or a table of
+// printPod writes an admitted pod in format: "json", "yaml", or a table of
 // its containers with their devices and runtime options.
-func Print(w io.Writer, pod *kubelet.Pod, format string) error {
+func printPod(w io.Writer, pod *emulator.Pod, format string) error {
 	if format == output.Table {
 		if _, err := fmt.Fprintf(w, "pod %s/%s admitted (uid %s)\n\n", pod.Namespace, pod.Name, pod.UID); err != nil {
 			return err
@@ -181,7 +181,7 @@ func line(lines []string, i int) string {
 // deviceLines lists a container's devices per resource; IDs are shown as
 // output.ID does, quoted when they have control characters or path
 // separators.
-func deviceLines(as []kubelet.Allocation) []string {
+func deviceLines(as []emulator.Allocation) []string {
 	out := make([]string, 0, len(as))
 	for _, a := range as {
 		out = append(out, a.Resource+": "+output.IDs(a.DeviceIDs))
@@ -192,7 +192,7 @@ func deviceLines(as []kubelet.Allocation) []string {
 // optionLines renders runtime options in the container runtimes' own
 // notation: env NAME=VALUE, device HOST:CONTAINER:PERMISSIONS,
 // mount HOST:CONTAINER[:ro], annotation KEY=VALUE, cdi VENDOR/CLASS=NAME.
-func optionLines(o *kubelet.RuntimeOptions) []string {
+func optionLines(o *emulator.RuntimeOptions) []string {
 	if o == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package admit_test
+package admit
 
 import (
 	"bytes"
@@ -15,10 +15,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/admit"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
-	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/config"
+	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -57,10 +56,10 @@ func startNode(t *testing.T) string {
 	cfg.PluginDir = filepath.Join(root, "device-plugins")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *kubelet.Emulator, 1)
+	started := make(chan *emulator.Emulator, 1)
 	kubeletDone, pluginDone := make(chan error, 1), make(chan error, 1)
 	go func() {
-		kubeletDone <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(e *kubelet.Emulator) { started <- e })
+		kubeletDone <- emulator.Run(ctx, emulator.Options{Root: root}, func(e *emulator.Emulator) { started <- e })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -70,15 +69,14 @@ func startNode(t *testing.T) string {
 			}
 		}
 	})
-	var e *kubelet.Emulator
+	var e *emulator.Emulator
 	select {
 	case e = <-started:
 	case err := <-kubeletDone:
 		pluginDone <- nil
-		t.Fatalf("kubelet.Run: %v", err)
+		t.Fatalf("emulator.Run: %v", err)
 	}
-	env := &cli.Env{Logger: slog.New(slog.DiscardHandler)}
-	go func() { pluginDone <- plugin.Run(ctx, env, cfg, nil) }()
+	go func() { pluginDone <- pluginrun.Run(ctx, slog.New(slog.DiscardHandler), cfg, nil) }()
 
 	updates, unsub := e.Manager().Subscribe()
 	defer unsub()
@@ -106,7 +104,7 @@ func run(t *testing.T, stdin string, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	env := &cli.Env{In: strings.NewReader(stdin), Out: &out, Err: &out, Logger: slog.New(slog.DiscardHandler)}
-	cmd := admit.NewCommand(env)
+	cmd := NewCommand(env)
 	cmd.SetArgs(args)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
@@ -125,7 +123,7 @@ func podYAML(name string, n int) string {
 func TestAdmit(t *testing.T) {
 	root := startNode(t)
 	example := filepath.Join("..", "..", "..", "examples")
-	c := kubelet.NewClient(kubelet.AdminSocket(root))
+	c := emulator.NewClient(emulator.AdminSocket(root))
 	defer c.Close()
 
 	tests := []struct {
@@ -136,7 +134,7 @@ func TestAdmit(t *testing.T) {
 		// want are regular expressions the output (or the error) matches.
 		want []string
 		// check inspects the JSON output.
-		check func(t *testing.T, p *kubelet.Pod)
+		check func(t *testing.T, p *emulator.Pod)
 		// remove is the pod to delete after the case.
 		remove string
 	}{
@@ -155,7 +153,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{
 			name: "json with a sidecar", args: []string{"-f", filepath.Join(example, "pod-sidecar.yaml"), "-o", "json"}, remove: "with-sidecar",
-			check: func(t *testing.T, p *kubelet.Pod) {
+			check: func(t *testing.T, p *emulator.Pod) {
 				if p.Namespace != "default" || p.Name != "with-sidecar" || len(p.Containers) != 2 {
 					t.Fatalf("pod %+v, want default/with-sidecar with 2 containers", p)
 				}
@@ -163,7 +161,7 @@ func TestAdmit(t *testing.T) {
 				for i, want := range []struct {
 					name, typ string
 					n         int
-				}{{"proxy", kubelet.ContainerTypeSidecar, 1}, {"main", kubelet.ContainerTypeApp, 2}} {
+				}{{"proxy", emulator.ContainerTypeSidecar, 1}, {"main", emulator.ContainerTypeApp, 2}} {
 					c := p.Containers[i]
 					if c.Name != want.name || c.Type != want.typ || len(c.Devices) != 1 || len(c.Devices[0].DeviceIDs) != want.n || c.Options == nil {
 						t.Fatalf("container %d = %+v, want %s (%s) with %d devices and options", i, c, want.name, want.typ, want.n)
@@ -189,27 +187,27 @@ func TestAdmit(t *testing.T) {
 			want: []string{`(?m)^name: from-stdin$`, `(?m)^  type: app$`, `(?m)^    - dev-\d$`, `(?m)^    - name: DPKIT_FAKE_DEVICES$`},
 		},
 		{
-			name: "more devices than there are", args: []string{"-f", filepath.Join(example, "pod-too-many.yaml")}, code: admit.ExitRejected,
+			name: "more devices than there are", args: []string{"-f", filepath.Join(example, "pod-too-many.yaml")}, code: exitRejected,
 			want: []string{`^pod default/too-many rejected by the kubelet: UnexpectedAdmissionError: Allocate failed due to requested number of devices unavailable for example\.com/foo\. Requested: 9, Available: 8, which is unexpected$`},
 		},
 		{
 			name: "invalid manifest", stdin: "metadata: {name: Bad_Name}\nspec: {containers: [{name: a, resources: {limits: {example.com/foo: 500m}}}, {name: a}]}\n",
-			args: []string{"-f", "-"}, code: admit.ExitInvalid,
+			args: []string{"-f", "-"}, code: exitInvalid,
 			want: []string{`metadata\.name: Invalid value: "Bad_Name"`, `spec\.containers\[0\]\.resources\.limits\[example\.com/foo\]: Invalid value: "500m"`, `spec\.containers\[1\]\.name: Duplicate value: "a"`},
 		},
 		{
-			name: "unknown field", stdin: "metadata: {name: a}\nspec: {containers: [{name: a, resourcez: {}}]}\n", args: []string{"-f", "-"}, code: admit.ExitInvalid,
+			name: "unknown field", stdin: "metadata: {name: a}\nspec: {containers: [{name: a, resourcez: {}}]}\n", args: []string{"-f", "-"}, code: exitInvalid,
 			want: []string{`^decoding pod manifest: unknown field "spec\.containers\[0\]\.resourcez"$`},
 		},
 		{
-			name: "not a pod", stdin: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: a}\n", args: []string{"-f", "-"}, code: admit.ExitInvalid,
+			name: "not a pod", stdin: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: a}\n", args: []string{"-f", "-"}, code: exitInvalid,
 			want: []string{`kind: "Deployment" is not Pod`},
 		},
-		{name: "no -f", code: admit.ExitInvalid, want: []string{`-f is required`}},
-		{name: "missing file", args: []string{"-f", "nope.yaml"}, code: admit.ExitInvalid, want: []string{`-f nope\.yaml: the file does not exist`}},
-		{name: "bad output", args: []string{"-f", "-", "-o", "wide"}, code: admit.ExitInvalid, want: []string{`--output: "wide" is not a format`}},
+		{name: "no -f", code: exitInvalid, want: []string{`-f is required`}},
+		{name: "missing file", args: []string{"-f", "nope.yaml"}, code: exitInvalid, want: []string{`-f nope\.yaml: the file does not exist`}},
+		{name: "bad output", args: []string{"-f", "-", "-o", "wide"}, code: exitInvalid, want: []string{`--output: "wide" is not a format`}},
 		{
-			name: "no kubelet", stdin: podYAML("x", 1), args: []string{"-f", "-", "--admin-socket", filepath.Join(root, "nothing.sock")}, code: admit.ExitRejected,
+			name: "no kubelet", stdin: podYAML("x", 1), args: []string{"-f", "-", "--admin-socket", filepath.Join(root, "nothing.sock")}, code: exitRejected,
 			want: []string{`admin API at .*nothing\.sock: .*is "dpkit kubelet" or "dpkit up" running with this root\?`},
 		},
 	}
@@ -229,7 +227,7 @@ func TestAdmit(t *testing.T) {
 				}
 			}
 			if tc.check != nil {
-				var p kubelet.Pod
+				var p emulator.Pod
 				if err := json.Unmarshal([]byte(out), &p); err != nil {
 					t.Fatalf("output is not JSON: %v\n%s", err, out)
 				}
@@ -248,8 +246,8 @@ func TestAdmit(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := run(t, "", "--root", root, "-f", filepath.Join(example, "pod.yaml"))
-	if code := cli.ExitCode(err); code != admit.ExitRejected || !strings.Contains(err.Error(), "pod default/demo already exists; delete it first") {
-		t.Errorf("second admission: exit code %d, error %v, output %s; want %d and already exists", code, err, out, admit.ExitRejected)
+	if code := cli.ExitCode(err); code != exitRejected || !strings.Contains(err.Error(), "pod default/demo already exists; delete it first") {
+		t.Errorf("second admission: exit code %d, error %v, output %s; want %d and already exists", code, err, out, exitRejected)
 	}
 }
 
@@ -257,14 +255,14 @@ func TestAdmit(t *testing.T) {
 // options outnumber its devices.
 func TestPrint(t *testing.T) {
 	t.Parallel()
-	pod := &kubelet.Pod{Namespace: "ml", Name: "p", UID: "u", Containers: []kubelet.Container{
-		{Name: "plain", Type: kubelet.ContainerTypeApp},
-		{Name: "gpu", Type: kubelet.ContainerTypeApp,
-			Devices: []kubelet.Allocation{{Resource: "example.com/a", DeviceIDs: []string{"a0"}}, {Resource: "example.com/b", DeviceIDs: []string{"b0", "b1"}}},
-			Options: &kubelet.RuntimeOptions{Envs: []kubelet.KeyValue{{Name: "A", Value: "a0"}}, Mounts: []kubelet.Mount{{ContainerPath: "/c", HostPath: "/h"}}, CDIDevices: []string{"example.com/b=b0"}}},
+	pod := &emulator.Pod{Namespace: "ml", Name: "p", UID: "u", Containers: []emulator.Container{
+		{Name: "plain", Type: emulator.ContainerTypeApp},
+		{Name: "gpu", Type: emulator.ContainerTypeApp,
+			Devices: []emulator.Allocation{{Resource: "example.com/a", DeviceIDs: []string{"a0"}}, {Resource: "example.com/b", DeviceIDs: []string{"b0", "b1"}}},
+			Options: &emulator.RuntimeOptions{Envs: []emulator.KeyValue{{Name: "A", Value: "a0"}}, Mounts: []emulator.Mount{{ContainerPath: "/c", HostPath: "/h"}}, CDIDevices: []string{"example.com/b=b0"}}},
 	}}
 	var out bytes.Buffer
-	if err := admit.Print(&out, pod, "table"); err != nil {
+	if err := printPod(&out, pod, "table"); err != nil {
 		t.Fatal(err)
 	}
 	want := `pod ml/p admitted (uid u)
@@ -284,19 +282,19 @@ gpu        app   example.com/a: a0     env A=a0
 // a path separator are shown quoted, so that they cannot garble the table.
 func TestPrintQuotesOddIDs(t *testing.T) {
 	t.Parallel()
-	pod := &kubelet.Pod{Namespace: "ml", Name: "p", UID: "u", Containers: []kubelet.Container{
-		{Name: "gpu", Type: kubelet.ContainerTypeApp,
-			Devices: []kubelet.Allocation{{Resource: "example.com/a", DeviceIDs: []string{"a0", "a1\n", "MIG-1/0"}}}},
+	pod := &emulator.Pod{Namespace: "ml", Name: "p", UID: "u", Containers: []emulator.Container{
+		{Name: "gpu", Type: emulator.ContainerTypeApp,
+			Devices: []emulator.Allocation{{Resource: "example.com/a", DeviceIDs: []string{"a0", "a1\n", "MIG-1/0"}}}},
 	}}
 	var out bytes.Buffer
-	if err := admit.Print(&out, pod, "table"); err != nil {
+	if err := printPod(&out, pod, "table"); err != nil {
 		t.Fatal(err)
 	}
 	if want := `gpu        app   example.com/a: a0,"a1\n","MIG-1/0"  -`; !strings.Contains(out.String(), want) {
 		t.Errorf("table:\n%s\nlacks %q", out.String(), want)
 	}
 	out.Reset()
-	if err := admit.Print(&out, pod, "json"); err != nil {
+	if err := printPod(&out, pod, "json"); err != nil {
 		t.Fatal(err)
 	}
 	if want := `"a1\n"`; !strings.Contains(out.String(), want) {

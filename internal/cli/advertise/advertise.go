@@ -21,9 +21,9 @@ import (
 	"github.com/dpkit/dpkit/pkg/extresource"
 )
 
-// EnvNodeName is read for --node when the flag is not given, so a DaemonSet
+// envNodeName is read for --node when the flag is not given, so a DaemonSet
 // can pass spec.nodeName through the downward API.
-const EnvNodeName = "NODE_NAME"
+const envNodeName = "NODE_NAME"
 
 type options struct {
 	kubeconfig      string
@@ -67,7 +67,7 @@ See docs/extended-resources.md.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
-	f.StringVar(&o.node, "node", "", "node to advertise on (default: $"+EnvNodeName+")")
+	f.StringVar(&o.node, "node", "", "node to advertise on (default: $"+envNodeName+")")
 	f.StringArrayVar(&o.remove, "remove", nil, "extended resource to remove from the node (repeatable)")
 	f.StringVarP(&o.file, "file", "f", "", "resources file (apiVersion: dpkit.io/v1alpha1, kind: ExtendedResources)")
 	f.BoolVar(&o.watch, "watch", false, "keep the resources on the node until stopped, following the node and the file")
@@ -83,7 +83,7 @@ func usageError(err error) error { return cli.Exit(2, err) }
 
 func run(cmd *cobra.Command, env *cli.Env, o *options, args []string) error {
 	if o.node == "" {
-		o.node = os.Getenv(EnvNodeName)
+		o.node = os.Getenv(envNodeName)
 	}
 	set, err := extresource.ParseAssignments(args, field.NewPath("args"))
 	if err != nil {
@@ -94,7 +94,7 @@ func run(cmd *cobra.Command, env *cli.Env, o *options, args []string) error {
 	}
 	var problems []string
 	if o.node == "" {
-		problems = append(problems, "--node is required (or set $"+EnvNodeName+")")
+		problems = append(problems, "--node is required (or set $"+envNodeName+")")
 	}
 	if len(set) == 0 && len(o.remove) == 0 && o.file == "" {
 		problems = append(problems, "nothing to do: give NAME=QUANTITY arguments, --remove NAME or -f FILE")

@@ -19,13 +19,13 @@ func TestUsageErrors(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("apiVersion: dpkit.io/v1alpha1\nkind: ExtendedResources\nresources:\n- name: dongle\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(EnvNodeName, "")
+	t.Setenv(envNodeName, "")
 	tests := []struct {
 		name string
 		args []string
 		want []string
 	}{
-		{"no node", []string{"example.com/dongle=1"}, []string{"--node is required", EnvNodeName}},
+		{"no node", []string{"example.com/dongle=1"}, []string{"--node is required", envNodeName}},
 		{"nothing to do", []string{"--node", "n"}, []string{"nothing to do"}},
 		{"bad name", []string{"--node", "n", "dongle=1"}, []string{"args[0].name", "domain-qualified"}},
 		{"reserved name", []string{"--node", "n", "kubernetes.io/x=1"}, []string{"reserved"}},

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/emulator"
 )
 
 // NewCommand returns the "delete" command.
@@ -26,9 +26,9 @@ func NewCommand(env *cli.Env) *cobra.Command {
 				return cli.Exit(2, fmt.Errorf("unknown kind %q; only pods can be deleted", args[0]))
 			}
 			if socket == "" {
-				socket = kubelet.AdminSocket(root)
+				socket = emulator.AdminSocket(root)
 			}
-			c := kubelet.NewClient(socket)
+			c := emulator.NewClient(socket)
 			defer c.Close()
 			if _, err := c.DeletePod(cmd.Context(), namespace, args[1]); err != nil {
 				return err
@@ -39,7 +39,7 @@ func NewCommand(env *cli.Env) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&namespace, "namespace", "n", "default", "namespace of the pod")
-	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet")
+	fl.StringVar(&root, "root", emulator.DefaultRoot, "root directory of the dpkit kubelet")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
 	return cmd
 }

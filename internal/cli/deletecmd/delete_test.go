@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/emulator"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,7 +28,7 @@ func TestDelete(t *testing.T) {
 	started := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(*kubelet.Emulator) { close(started) })
+		done <- emulator.Run(ctx, emulator.Options{Root: root}, func(*emulator.Emulator) { close(started) })
 	}()
 	defer func() {
 		cancel()
@@ -43,7 +43,7 @@ func TestDelete(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("kubelet did not start")
 	}
-	c := kubelet.NewClient(kubelet.AdminSocket(root))
+	c := emulator.NewClient(emulator.AdminSocket(root))
 	defer c.Close()
 	if _, err := c.AdmitPod(ctx, []byte("metadata: {name: web, namespace: shop}\nspec: {containers: [{name: nginx}]}\n")); err != nil {
 		t.Fatal(err)

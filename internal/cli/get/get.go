@@ -23,8 +23,8 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
 	"github.com/dpkit/dpkit/internal/cli/output"
+	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/pkg/podresources"
 )
 
@@ -68,13 +68,13 @@ one; "-" where neither knows.`,
 				return cli.Exit(2, err)
 			}
 			if socket == "" {
-				socket = kubelet.AdminSocket(root)
+				socket = emulator.AdminSocket(root)
 			}
 			if kind == "pods" {
 				if prSocket == "" {
 					prSocket = podresources.SocketPath(root)
 				}
-				var health Health
+				var health healthSource
 				switch {
 				case kubeconfig != "":
 					rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
@@ -85,23 +85,23 @@ one; "-" where neither knows.`,
 					if err != nil {
 						return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
 					}
-					health = StatusHealth(client)
+					health = statusHealth(client)
 				default:
 					if _, err := os.Stat(socket); err == nil {
-						c := kubelet.NewClient(socket)
+						c := emulator.NewClient(socket)
 						defer c.Close()
-						health = AdminHealth(c)
+						health = adminHealth(c)
 					}
 				}
-				return RunPods(cmd.Context(), env.Out, prSocket, format, health)
+				return runPods(cmd.Context(), env.Out, prSocket, format, health)
 			}
-			c := kubelet.NewClient(socket)
+			c := emulator.NewClient(socket)
 			defer c.Close()
-			return Run(cmd.Context(), env.Out, c, kind, format)
+			return runKind(cmd.Context(), env.Out, c, kind, format)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&root, "root", kubelet.DefaultRoot, "root directory of the dpkit kubelet, dpkit node or kubelet")
+	fl.StringVar(&root, "root", emulator.DefaultRoot, "root directory of the dpkit kubelet, dpkit node or kubelet")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket, for resources, devices and plugins (default <root>/dpkit/admin.sock)")
 	fl.StringVar(&prSocket, "pod-resources-socket", "", "PodResources API socket, for pods (default <root>/pod-resources/kubelet.sock)")
 	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
@@ -109,9 +109,9 @@ one; "-" where neither knows.`,
 	return cmd
 }
 
-// Run fetches kind ("resources", "devices" or "plugins") from the admin
+// runKind fetches kind ("resources", "devices" or "plugins") from the admin
 // API and writes it to w in format ("table", "json" or "yaml").
-func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format string) error {
+func runKind(ctx context.Context, w io.Writer, c *emulator.Client, kind, format string) error {
 	var (
 		v   any
 		tab func(*tabwriter.Writer)
@@ -162,25 +162,25 @@ func Run(ctx context.Context, w io.Writer, c *kubelet.Client, kind, format strin
 
 // writeDevices writes the table of devices. IDs are shown as output.ID
 // does: quoted when they have control characters or path separators.
-func writeDevices(t io.Writer, ds []kubelet.Device) {
+func writeDevices(t io.Writer, ds []emulator.Device) {
 	fmt.Fprintln(t, "RESOURCE\tID\tHEALTHY\tNUMA\tPOD UID")
 	for _, d := range ds {
 		fmt.Fprintf(t, "%s\t%s\t%t\t%s\t%s\n", d.Resource, output.ID(d.ID), d.Healthy, joinInts(d.NUMANodes), orDash(d.PodUID))
 	}
 }
 
-// PodsTimeout bounds connecting to the PodResources API and listing.
-const PodsTimeout = 10 * time.Second
+// podsTimeout bounds connecting to the PodResources API and listing.
+const podsTimeout = 10 * time.Second
 
-// RunPods lists the pods and their devices from the PodResources API at
+// runPods lists the pods and their devices from the PodResources API at
 // socket and writes them to w in format. Containers list their devices
 // grouped by resource, IDs sorted, with the NUMA nodes they sit on and,
 // when health is not nil, their health.
-func RunPods(ctx context.Context, w io.Writer, socket string, format string, health Health) error {
+func runPods(ctx context.Context, w io.Writer, socket string, format string, health healthSource) error {
 	if _, err := os.Stat(socket); err != nil {
 		return fmt.Errorf("PodResources API at %s: %w (is dpkit kubelet, dpkit up, dpkit node or a kubelet running with this --root?)", socket, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, PodsTimeout)
+	ctx, cancel := context.WithTimeout(ctx, podsTimeout)
 	defer cancel()
 	client, closer, err := podresources.Dial(ctx, socket)
 	if err != nil {
@@ -191,7 +191,7 @@ func RunPods(ctx context.Context, w io.Writer, socket string, format string, hea
 	if err != nil {
 		return fmt.Errorf("PodResources List at %s: %w", socket, err)
 	}
-	pods := PodsFromList(resp)
+	pods := podsFromList(resp)
 	if health != nil {
 		if err := health(ctx, pods); err != nil {
 			return fmt.Errorf("device health: %w", err)
@@ -205,7 +205,7 @@ func RunPods(ctx context.Context, w io.Writer, socket string, format string, hea
 
 // writePods writes the table of pods. Device IDs are shown as output.ID
 // does: quoted when they have control characters or path separators.
-func writePods(t io.Writer, pods []Pod) {
+func writePods(t io.Writer, pods []podRow) {
 	fmt.Fprintln(t, "NAMESPACE\tNAME\tCONTAINER\tRESOURCE\tDEVICES\tHEALTH\tNUMA")
 	for _, p := range pods {
 		for _, c := range p.Containers {
@@ -221,7 +221,7 @@ func writePods(t io.Writer, pods []Pod) {
 
 // healthColumn lists the devices' health in DeviceIDs order, "-" for a
 // device whose health is not known, or "-" alone when none is.
-func (d Devices) healthColumn() string {
+func (d deviceGroup) healthColumn() string {
 	if len(d.Health) == 0 {
 		return "-"
 	}
@@ -232,13 +232,14 @@ func (d Devices) healthColumn() string {
 	return strings.Join(out, ",")
 }
 
-// Health fills in the Health of pods' devices from a source that knows it.
-type Health func(ctx context.Context, pods []Pod) error
+// healthSource fills in the Health of pods' devices from a source that
+// knows it.
+type healthSource func(ctx context.Context, pods []podRow) error
 
-// AdminHealth reads device health from the admin API of a dpkit kubelet:
+// adminHealth reads device health from the admin API of a dpkit kubelet:
 // the health its pods' status would report.
-func AdminHealth(c *kubelet.Client) Health {
-	return func(ctx context.Context, pods []Pod) error {
+func adminHealth(c *emulator.Client) healthSource {
+	return func(ctx context.Context, pods []podRow) error {
 		admitted, err := c.Pods(ctx)
 		if err != nil {
 			return err
@@ -264,11 +265,11 @@ func AdminHealth(c *kubelet.Client) Health {
 	}
 }
 
-// StatusHealth reads device health from the pods' status in the API
+// statusHealth reads device health from the pods' status in the API
 // server (allocatedResourcesStatus of containers and init containers). A
 // pod the API server does not have is left without health.
-func StatusHealth(client kubernetes.Interface) Health {
-	return func(ctx context.Context, pods []Pod) error {
+func statusHealth(client kubernetes.Interface) healthSource {
+	return func(ctx context.Context, pods []podRow) error {
 		for _, p := range pods {
 			api, err := client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
@@ -311,21 +312,21 @@ func pick(health map[string]string, ids []string) map[string]string {
 	return out
 }
 
-// Pod is one pod as the PodResources API lists it.
-type Pod struct {
-	Namespace  string      `json:"namespace"`
-	Name       string      `json:"name"`
-	Containers []Container `json:"containers,omitempty"`
+// podRow is one pod as the PodResources API lists it.
+type podRow struct {
+	Namespace  string         `json:"namespace"`
+	Name       string         `json:"name"`
+	Containers []containerRow `json:"containers,omitempty"`
 }
 
-// Container is one container of a Pod and its devices.
-type Container struct {
-	Name    string    `json:"name"`
-	Devices []Devices `json:"devices,omitempty"`
+// containerRow is one container of a podRow and its devices.
+type containerRow struct {
+	Name    string        `json:"name"`
+	Devices []deviceGroup `json:"devices,omitempty"`
 }
 
-// Devices are a container's devices of one resource.
-type Devices struct {
+// deviceGroup is a container's devices of one resource.
+type deviceGroup struct {
 	Resource  string   `json:"resource"`
 	DeviceIDs []string `json:"deviceIDs"`
 	NUMANodes []int64  `json:"numaNodes,omitempty"`
@@ -334,22 +335,22 @@ type Devices struct {
 	Health map[string]string `json:"health,omitempty"`
 }
 
-// PodsFromList turns a List answer into Pods sorted by namespace and name.
+// podsFromList turns a List answer into Pods sorted by namespace and name.
 // The kubelet lists a container's devices one entry per device and NUMA
 // node; they are grouped by resource here.
-func PodsFromList(resp *podresourcesv1.ListPodResourcesResponse) []Pod {
-	pods := []Pod{}
+func podsFromList(resp *podresourcesv1.ListPodResourcesResponse) []podRow {
+	pods := []podRow{}
 	for _, p := range resp.GetPodResources() {
-		pod := Pod{Namespace: p.GetNamespace(), Name: p.GetName()}
+		pod := podRow{Namespace: p.GetNamespace(), Name: p.GetName()}
 		for _, c := range p.GetContainers() {
-			ctr := Container{Name: c.GetName()}
-			byRes := map[string]*Devices{}
+			ctr := containerRow{Name: c.GetName()}
+			byRes := map[string]*deviceGroup{}
 			var order []string
 			for _, d := range c.GetDevices() {
 				r := d.GetResourceName()
 				g := byRes[r]
 				if g == nil {
-					g = &Devices{Resource: r}
+					g = &deviceGroup{Resource: r}
 					byRes[r] = g
 					order = append(order, r)
 				}
@@ -371,7 +372,7 @@ func PodsFromList(resp *podresourcesv1.ListPodResourcesResponse) []Pod {
 		}
 		pods = append(pods, pod)
 	}
-	slices.SortFunc(pods, func(a, b Pod) int {
+	slices.SortFunc(pods, func(a, b podRow) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	})
 	return pods

@@ -21,7 +21,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -37,7 +37,7 @@ func runKubelet(t *testing.T) string {
 }
 
 // runEmulator is runKubelet that also returns the emulator.
-func runEmulator(t *testing.T) (string, *kubelet.Emulator) {
+func runEmulator(t *testing.T) (string, *emulator.Emulator) {
 	t.Helper()
 	root, err := os.MkdirTemp("", "kg")
 	if err != nil {
@@ -45,10 +45,10 @@ func runEmulator(t *testing.T) (string, *kubelet.Emulator) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *kubelet.Emulator, 1)
+	started := make(chan *emulator.Emulator, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- kubelet.Run(ctx, kubelet.Options{Root: root}, func(e *kubelet.Emulator) { started <- e })
+		done <- emulator.Run(ctx, emulator.Options{Root: root}, func(e *emulator.Emulator) { started <- e })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -81,7 +81,7 @@ func run(t *testing.T, args ...string) (string, error) {
 
 func TestGet(t *testing.T) {
 	root := runKubelet(t)
-	c := kubelet.NewClient(kubelet.AdminSocket(root))
+	c := emulator.NewClient(emulator.AdminSocket(root))
 	defer c.Close()
 	if _, err := c.AdmitPod(context.Background(), []byte("metadata: {name: web, namespace: shop}\nspec: {containers: [{name: nginx}]}\n")); err != nil {
 		t.Fatal(err)
@@ -118,7 +118,7 @@ func TestGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pods []Pod
+	var pods []podRow
 	if err := json.Unmarshal([]byte(out), &pods); err != nil || len(pods) != 1 || pods[0].Name != "web" || len(pods[0].Containers) != 1 {
 		t.Errorf("get pods -o json = %s (%v), want the web pod", out, err)
 	}
@@ -144,13 +144,13 @@ func TestPodsFromList(t *testing.T) {
 			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-3"}, Topology: numa(0)},
 		}}}},
 	}}
-	got := PodsFromList(resp)
-	want := []Pod{
-		{Namespace: "a", Name: "y", Containers: []Container{{Name: "app", Devices: []Devices{
+	got := podsFromList(resp)
+	want := []podRow{
+		{Namespace: "a", Name: "y", Containers: []containerRow{{Name: "app", Devices: []deviceGroup{
 			{Resource: "example.com/bar", DeviceIDs: []string{"b0"}},
 			{Resource: "example.com/foo", DeviceIDs: []string{"dev-1", "dev-3"}, NUMANodes: []int64{0, 1}},
 		}}}},
-		{Namespace: "b", Name: "z", Containers: []Container{{Name: "c"}}},
+		{Namespace: "b", Name: "z", Containers: []containerRow{{Name: "c"}}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("PodsFromList =\n%+v\nwant\n%+v", got, want)
@@ -165,7 +165,7 @@ func TestTablesQuoteOddIDs(t *testing.T) {
 	odd := "dev-1\nexample.com/fake  dev-9  true"
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	writeDevices(tw, []kubelet.Device{
+	writeDevices(tw, []emulator.Device{
 		{Resource: "example.com/foo", ID: "dev-0", Healthy: true},
 		{Resource: "example.com/foo", ID: odd, Healthy: true},
 		{Resource: "example.com/foo", ID: "MIG-GPU-1/0/0", Healthy: false},
@@ -182,7 +182,7 @@ example.com/foo  "MIG-GPU-1/0/0"                         false    -     -
 
 	b.Reset()
 	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	writePods(tw, []Pod{{Namespace: "ml", Name: "p", Containers: []Container{{Name: "c", Devices: []Devices{
+	writePods(tw, []podRow{{Namespace: "ml", Name: "p", Containers: []containerRow{{Name: "c", Devices: []deviceGroup{
 		{Resource: "example.com/foo", DeviceIDs: []string{"dev-0", "dev\x1b[2J"}},
 	}}}}})
 	_ = tw.Flush()
@@ -230,7 +230,7 @@ func TestPodsHealthFromAdmin(t *testing.T) {
 		}
 	}
 	waitFor("3 devices", func() bool { _, a := mgr.Capacity(); return a["example.com/foo"] == 3 })
-	c := kubelet.NewClient(kubelet.AdminSocket(root))
+	c := emulator.NewClient(emulator.AdminSocket(root))
 	defer c.Close()
 	pod, err := c.AdmitPod(context.Background(), []byte("metadata: {name: train, namespace: ml}\nspec: {containers: [{name: app, resources: {limits: {example.com/foo: 2}}}]}\n"))
 	if err != nil {
@@ -247,7 +247,7 @@ func TestPodsHealthFromAdmin(t *testing.T) {
 			t.Errorf("get pods (%v):\n%s\nwant a row starting %q", err, out, wantRow)
 		}
 		out, err = run(t, "pods", "--root", root, "-o", "json")
-		var pods []Pod
+		var pods []podRow
 		if err == nil {
 			err = json.Unmarshal([]byte(out), &pods)
 		}
@@ -282,21 +282,21 @@ func TestStatusHealth(t *testing.T) {
 			}}},
 		},
 	})
-	pods := []Pod{
-		{Namespace: "ns", Name: "p", Containers: []Container{
-			{Name: "side", Devices: []Devices{{Resource: "example.com/foo", DeviceIDs: []string{"s0"}}}},
-			{Name: "app", Devices: []Devices{
+	pods := []podRow{
+		{Namespace: "ns", Name: "p", Containers: []containerRow{
+			{Name: "side", Devices: []deviceGroup{{Resource: "example.com/foo", DeviceIDs: []string{"s0"}}}},
+			{Name: "app", Devices: []deviceGroup{
 				{Resource: "example.com/bar", DeviceIDs: []string{"b0"}},
 				{Resource: "example.com/foo", DeviceIDs: []string{"d0", "d1", "d2"}},
 			}},
 		}},
-		{Namespace: "ns", Name: "gone", Containers: []Container{{Name: "app", Devices: []Devices{{Resource: "example.com/foo", DeviceIDs: []string{"x"}}}}}},
+		{Namespace: "ns", Name: "gone", Containers: []containerRow{{Name: "app", Devices: []deviceGroup{{Resource: "example.com/foo", DeviceIDs: []string{"x"}}}}}},
 	}
-	if err := StatusHealth(client)(context.Background(), pods); err != nil {
+	if err := statusHealth(client)(context.Background(), pods); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		d          Devices
+		d          deviceGroup
 		want       map[string]string
 		wantColumn string
 	}{

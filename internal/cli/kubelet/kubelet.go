@@ -2,22 +2,20 @@
 // manager that real device plugins register with, without a cluster. It
 // serves the registration socket (device-plugins/kubelet.sock), watches
 // plugins_registry, serves the PodResources API and an admin API that
-// "dpkit get" and "dpkit delete" use.
+// "dpkit get" and "dpkit delete" use. The emulator itself is
+// internal/emulator.
 package kubelet
 
 import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/emulator"
 )
-
-// DefaultRoot is the kubelet's root directory, where unmodified plugins
-// look for kubelet.sock.
-const DefaultRoot = "/var/lib/kubelet"
 
 // NewCommand returns the "kubelet" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var o Options
+	var o emulator.Options
 	cmd := &cobra.Command{
 		Use:   "kubelet [--root DIR]",
 		Short: "Run an emulated kubelet device manager that device plugins register with",
@@ -39,11 +37,11 @@ the device manager's checkpoint. Stop with SIGINT/SIGTERM.`,
 			if o.Root == "" {
 				return cli.Exit(2, errRootRequired)
 			}
-			return Run(cmd.Context(), o, nil)
+			return emulator.Run(cmd.Context(), o, nil)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&o.Root, "root", DefaultRoot, "directory standing for the kubelet's root directory")
+	fl.StringVar(&o.Root, "root", emulator.DefaultRoot, "directory standing for the kubelet's root directory")
 	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
 	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
 	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")

@@ -1,68 +1,25 @@
 // Package node implements "dpkit node": one or more virtual nodes
 // (pkg/virtualnode) registered with a real API server, with device plugins
-// registering under --root and pods run by the process or sim backend.
+// registering under --root and pods run by the process or sim backend. What
+// it runs is internal/noderun.
 package node
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
-
-// Options are the command's flags.
-type Options struct {
-	Kubeconfig   string
-	Name         string
-	Root         string
-	Backend      string
-	ClientCAFile string
-	TLSCertFile  string
-	TLSKeyFile   string
-	Port         int
-	NodeIP       string
-	Taints       []string
-	CPU, Memory  string
-	Pods         string
-	Resources    []string
-	Count        int
-	QPS          float64
-	Burst        int
-	SimStart     time.Duration
-	SimRun       time.Duration
-	BackoffStart time.Duration
-	// LogMaxSize and LogMaxFiles rotate the process backend's container
-	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
-	LogMaxSize  resource.Quantity
-	LogMaxFiles int
-	// DeviceGracePeriod is how long a resource whose device plugins are
-	// all gone keeps its capacity; 0 means the kubelet's 5m.
-	DeviceGracePeriod time.Duration
-}
 
 // NewCommand returns the "node" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	o := Options{}
+	o := noderun.Options{}
 	cmd := &cobra.Command{
 		Use:   "node --name NAME --root DIR [--kubeconfig FILE] [--backend process|sim]",
 		Short: "Run a virtual node: registers with the API server, embeds a device manager and runs pods",
@@ -91,10 +48,10 @@ informers, each under <root>/NAME-i on port --port+i.`,
   dpkit node --kubeconfig k.conf --name sim --count 10 --root /tmp/sim --backend sim --port 11250`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.validate(); err != nil {
+			if err := o.Validate(); err != nil {
 				return cli.Exit(2, err)
 			}
-			return Run(cmd.Context(), env, o, nil)
+			return noderun.Run(cmd.Context(), env.Logger, o, nil)
 		},
 	}
 	f := cmd.Flags()
@@ -123,182 +80,6 @@ informers, each under <root>/NAME-i on port --port+i.`,
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
 	f.DurationVar(&o.DeviceGracePeriod, "device-grace-period", devicemanager.DefaultGracePeriod, "how long a resource whose device plugins are all gone keeps its capacity (with 0 allocatable) before it drops to 0; the kubelet's is 5m")
 	return cmd
-}
-
-func (o *Options) validate() error {
-	var errs field.ErrorList
-	if o.Name == "" {
-		errs = append(errs, field.Required(field.NewPath("--name"), "name the node"))
-	}
-	if o.Root == "" {
-		errs = append(errs, field.Required(field.NewPath("--root"), "give the node's root directory"))
-	}
-	if o.Backend != "process" && o.Backend != "sim" {
-		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim"}))
-	}
-	if o.DeviceGracePeriod < 0 {
-		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
-	}
-	if o.Count < 1 {
-		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
-	}
-	if o.QPS <= 0 {
-		errs = append(errs, field.Invalid(field.NewPath("--qps"), o.QPS, "must be positive"))
-	}
-	if o.Burst < 1 {
-		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.Burst, "must be at least 1"))
-	}
-	if _, err := o.resources(); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("--resource"), o.Resources, err.Error()))
-	}
-	if _, err := ParseTaints(o.Taints); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("--taint"), o.Taints, err.Error()))
-	}
-	return errs.ToAggregate()
-}
-
-func (o *Options) resources() (corev1.ResourceList, error) {
-	rl := corev1.ResourceList{}
-	var errs []error
-	add := func(name, q string) {
-		v, err := resource.ParseQuantity(q)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, q, err))
-			return
-		}
-		rl[corev1.ResourceName(name)] = v
-	}
-	add("cpu", o.CPU)
-	add("memory", o.Memory)
-	add("pods", o.Pods)
-	for _, r := range o.Resources {
-		name, q, ok := strings.Cut(r, "=")
-		if !ok || name == "" {
-			errs = append(errs, fmt.Errorf("%q: want NAME=QUANTITY", r))
-			continue
-		}
-		add(name, q)
-	}
-	return rl, errors.Join(errs...)
-}
-
-// ParseTaints parses key[=value]:Effect taints; an empty string is
-// skipped.
-func ParseTaints(specs []string) ([]corev1.Taint, error) {
-	out := []corev1.Taint{}
-	var errs []error
-	for _, s := range specs {
-		if s == "" {
-			continue
-		}
-		kv, effect, ok := strings.Cut(s, ":")
-		if !ok {
-			errs = append(errs, fmt.Errorf("%q: want key[=value]:Effect", s))
-			continue
-		}
-		k, v, _ := strings.Cut(kv, "=")
-		e := corev1.TaintEffect(effect)
-		if e != corev1.TaintEffectNoSchedule && e != corev1.TaintEffectPreferNoSchedule && e != corev1.TaintEffectNoExecute {
-			errs = append(errs, fmt.Errorf("%q: effect must be NoSchedule, PreferNoSchedule or NoExecute", s))
-			continue
-		}
-		if k == "" {
-			errs = append(errs, fmt.Errorf("%q: empty key", s))
-			continue
-		}
-		out = append(out, corev1.Taint{Key: k, Value: v, Effect: e})
-	}
-	return out, errors.Join(errs...)
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		return rest.InClusterConfig()
-	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
-}
-
-// Run runs the nodes until ctx is done. started, when not nil, is called
-// once every node runs.
-func Run(ctx context.Context, env *cli.Env, o Options, started func([]*virtualnode.Node)) error {
-	rc, err := restConfig(o.Kubeconfig)
-	if err != nil {
-		return cli.Exit(2, fmt.Errorf("API client: %w", err))
-	}
-	rc.UserAgent = "dpkit-node"
-	clients, err := virtualnode.NewClients(rc, float32(o.QPS), o.Burst)
-	if err != nil {
-		return cli.Exit(2, err)
-	}
-	client := clients.Client
-	res, _ := o.resources()
-	taints, _ := ParseTaints(o.Taints)
-	root, err := filepath.Abs(o.Root)
-	if err != nil {
-		return err
-	}
-	var newBackend virtualnode.NewBackend
-	switch o.Backend {
-	case "sim":
-		newBackend = func(_, _ string, c backend.Config) (backend.Backend, error) {
-			return sim.New(sim.Config{Config: c, StartDelay: o.SimStart, RunDuration: o.SimRun}), nil
-		}
-	default:
-		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {
-			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
-				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles})
-		}
-	}
-	var shared informers.SharedInformerFactory
-	if o.Count > 1 {
-		shared = informers.NewSharedInformerFactory(client, 0)
-		defer shared.Shutdown()
-	}
-	var (
-		mu    sync.Mutex
-		nodes []*virtualnode.Node
-	)
-	g, gctx := errgroup.WithContext(ctx)
-	for i := range o.Count {
-		cfg := virtualnode.Config{
-			Name:         o.Name,
-			Root:         root,
-			Client:       client,
-			Informers:    shared,
-			NewBackend:   newBackend,
-			Resources:    res,
-			Taints:       taints,
-			NodeIP:       o.NodeIP,
-			Port:         o.Port,
-			ClientCAFile: o.ClientCAFile,
-			TLSCertFile:  o.TLSCertFile,
-			TLSKeyFile:   o.TLSKeyFile,
-			Logger:       env.Logger,
-
-			DeviceGracePeriod: o.DeviceGracePeriod,
-		}
-		cfg.HeartbeatClient = clients.Heartbeat
-		cfg.TokenReviewClient, cfg.SubjectAccessReviewClient = clients.TokenReviews, clients.SubjectAccessReviews
-		if o.Count > 1 {
-			cfg.Name = o.Name + "-" + strconv.Itoa(i)
-			cfg.Root = filepath.Join(root, cfg.Name)
-			if o.Port > 0 {
-				cfg.Port = o.Port + i
-			}
-		}
-		g.Go(func() error {
-			return virtualnode.Run(gctx, cfg, func(n *virtualnode.Node) {
-				mu.Lock()
-				nodes = append(nodes, n)
-				all := len(nodes) == o.Count
-				mu.Unlock()
-				if all && started != nil {
-					started(nodes)
-				}
-			})
-		})
-	}
-	return g.Wait()
 }
 
 // quantityFlag is a pflag.Value for a resource.Quantity ("10Mi").

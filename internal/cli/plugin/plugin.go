@@ -3,22 +3,17 @@
 package plugin
 
 import (
-	"context"
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/config"
-	"github.com/dpkit/dpkit/internal/probes"
-	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 )
 
-// Flags are the options of "dpkit plugin"; set ones override the file.
-type Flags struct {
+// flags are the options of "dpkit plugin"; set ones override the file.
+type flags struct {
 	Config         string
 	PluginDir      string
 	Registration   string
@@ -31,7 +26,7 @@ type Flags struct {
 
 // NewCommand returns the "plugin" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var f Flags
+	var f flags
 	cmd := &cobra.Command{
 		Use:   "plugin --config FILE",
 		Short: "Run the device plugins a config file describes",
@@ -43,11 +38,11 @@ removes its sockets when it stops (SIGINT/SIGTERM).`,
   dpkit plugin --config gpu.yaml --metrics-address :9400`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := Load(cmd, f)
+			cfg, err := load(cmd, f)
 			if err != nil {
 				return cli.Exit(2, err)
 			}
-			return Run(cmd.Context(), env, cfg, nil)
+			return pluginrun.Run(cmd.Context(), env.Logger, cfg, nil)
 		},
 	}
 	fl := cmd.Flags()
@@ -62,8 +57,8 @@ removes its sockets when it stops (SIGINT/SIGTERM).`,
 	return cmd
 }
 
-// Load reads the config file and applies the flags that were set.
-func Load(cmd *cobra.Command, f Flags) (*config.PluginConfig, error) {
+// load reads the config file and applies the flags that were set.
+func load(cmd *cobra.Command, f flags) (*config.PluginConfig, error) {
 	cfg, err := config.LoadPluginConfig(f.Config, "--config")
 	if err != nil {
 		return nil, err
@@ -84,52 +79,4 @@ func Load(cmd *cobra.Command, f Flags) (*config.PluginConfig, error) {
 		return nil, fmt.Errorf("--config %s with flags: %w", f.Config, err)
 	}
 	return cfg, nil
-}
-
-// Started is told the server and the probe address (empty when off) once
-// both are set up, before registration.
-type Started func(srv *deviceplugin.Server, metricsAddr string)
-
-// Run serves cfg's plugins until ctx ends. started may be nil.
-func Run(ctx context.Context, env *cli.Env, cfg *config.PluginConfig, started Started) error {
-	opts := cfg.HostOptions()
-	opts.Logger = env.Logger
-	resources, err := cfg.Resources(opts)
-	if err != nil {
-		return err
-	}
-	var reg *prometheus.Registry
-	if cfg.MetricsAddress != "" {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
-	dpCfg := deviceplugin.Config{
-		PluginDir:    cfg.PluginDir,
-		Registration: deviceplugin.RegistrationMode(cfg.Registration),
-		RegistryDir:  cfg.RegistryDir,
-		Logger:       env.Logger,
-	}
-	if reg != nil {
-		dpCfg.Registerer = reg
-	}
-	srv, err := deviceplugin.NewServer(dpCfg, resources...)
-	if err != nil {
-		return err
-	}
-	g, ctx := errgroup.WithContext(ctx)
-	addr := ""
-	if reg != nil {
-		ps, err := probes.Listen(cfg.MetricsAddress, reg, srv.Ready, env.Logger)
-		if err != nil {
-			return err
-		}
-		addr = ps.Addr()
-		env.Logger.Info("Serving metrics and probes", "address", addr)
-		g.Go(func() error { return ps.Serve(ctx) })
-	}
-	if started != nil {
-		started(srv, addr)
-	}
-	g.Go(func() error { return srv.Run(ctx) })
-	return g.Wait()
 }

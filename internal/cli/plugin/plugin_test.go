@@ -13,8 +13,8 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/app"
-	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/config"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
@@ -36,7 +36,7 @@ func TestPluginCommandServesExample(t *testing.T) {
 	done := make(chan error, 1)
 	env := &cli.Env{Out: io.Discard, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
 	go func() {
-		done <- plugin.Run(ctx, env, cfg, func(srv *deviceplugin.Server, addr string) { startc <- started{srv, addr} })
+		done <- pluginrun.Run(ctx, env.Logger, cfg, func(srv *deviceplugin.Server, addr string) { startc <- started{srv, addr} })
 	}()
 	st := <-startc
 	k.WaitForDevices(t, "example.com/foo", dptest.Healthy(8))

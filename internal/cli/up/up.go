@@ -21,9 +21,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
-	"github.com/dpkit/dpkit/internal/cli/plugin"
 	"github.com/dpkit/dpkit/internal/config"
+	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -40,12 +40,12 @@ var defaultConfig []byte
 //go:embed pod.yaml
 var examplePod []byte
 
-// ReadyPrefix starts the line "dpkit up" prints once every plugin is
+// readyPrefix starts the line "dpkit up" prints once every plugin is
 // registered and its devices are allocatable.
-const ReadyPrefix = "ready:"
+const readyPrefix = "ready:"
 
-// Options configure Run.
-type Options struct {
+// options configure runUp.
+type options struct {
 	// Root is the kubelet root directory. Empty: a fresh temporary
 	// directory, removed on exit unless Keep is set.
 	Root string
@@ -73,7 +73,7 @@ type Options struct {
 
 // NewCommand returns the "up" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var o Options
+	var o options
 	cmd := &cobra.Command{
 		Use:   "up [--config FILE] [--root DIR]",
 		Short: "Run an emulated kubelet and the fake device plugin in one process, to try dpkit without a cluster",
@@ -114,7 +114,7 @@ sockets.`,
 				// only on request.
 				log = slog.New(minLevel{log.Handler(), slog.LevelWarn})
 			}
-			return Run(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log}, o)
+			return runUp(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log}, o)
 		},
 	}
 	fl := cmd.Flags()
@@ -128,12 +128,12 @@ sockets.`,
 	return cmd
 }
 
-// Run runs the emulated kubelet and the plugins until ctx ends, printing
+// runUp runs the emulated kubelet and the plugins until ctx ends, printing
 // to env.Out where they listen and, once every plugin is registered, a
 // line starting with ReadyPrefix and what to try next. It returns nil when
 // ctx ends, after the sockets are removed (and a temporary root with
 // them).
-func Run(ctx context.Context, env *cli.Env, o Options) (err error) {
+func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 	log := env.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -190,19 +190,19 @@ func Run(ctx context.Context, env *cli.Env, o Options) (err error) {
 	// see them vanish (and log it as a failure) on a clean stop.
 	pctx, stopPlugins := context.WithCancel(context.WithoutCancel(gctx))
 	defer stopPlugins()
-	kubeletStarted := make(chan *kubelet.Emulator, 1)
+	kubeletStarted := make(chan *emulator.Emulator, 1)
 	g.Go(func() error {
 		defer stopPlugins()
-		return kubelet.Run(gctx, kubelet.Options{
+		return emulator.Run(gctx, emulator.Options{
 			Root:           root,
 			TopologyPolicy: o.TopologyPolicy,
 			TopologyScope:  o.TopologyScope,
 			NUMANodes:      o.NUMANodes,
 			Logger:         log.With("component", "kubelet"),
-		}, func(e *kubelet.Emulator) { kubeletStarted <- e })
+		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})
 	g.Go(func() error {
-		var e *kubelet.Emulator
+		var e *emulator.Emulator
 		select {
 		case e = <-kubeletStarted:
 		case <-gctx.Done():
@@ -212,13 +212,12 @@ func Run(ctx context.Context, env *cli.Env, o Options) (err error) {
 		w.printf("registration        %s\n", mgr.SocketPath())
 		w.printf("plugins_registry    %s\n", cfg.RegistryDir)
 		w.printf("PodResources API    %s\n", podresources.SocketPath(root))
-		w.printf("admin API           %s\n", kubelet.AdminSocket(root))
+		w.printf("admin API           %s\n", emulator.AdminSocket(root))
 		w.printf("checkpoint          %s\n\n", mgr.CheckpointPath())
 
 		servers := make(chan *deviceplugin.Server, 1)
-		penv := &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log.With("component", "plugin")}
 		g.Go(func() error {
-			return plugin.Run(pctx, penv, cfg, func(s *deviceplugin.Server, _ string) { servers <- s })
+			return pluginrun.Run(pctx, log.With("component", "plugin"), cfg, func(s *deviceplugin.Server, _ string) { servers <- s })
 		})
 		var srv *deviceplugin.Server
 		select {
@@ -375,7 +374,7 @@ func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resour
 			st.Name, st.Healthy+st.Unhealthy, st.Healthy, how, st.Socket)
 		counts = append(counts, fmt.Sprintf("%s=%d", st.Name, n))
 	}
-	p.printf("\n%s %s allocatable\n\n", ReadyPrefix, strings.Join(counts, " "))
+	p.printf("\n%s %s allocatable\n\n", readyPrefix, strings.Join(counts, " "))
 	r := quote(root)
 	p.printf("Try, in another terminal:\n")
 	p.printf("  %s get resources --root %s\n", self, r)

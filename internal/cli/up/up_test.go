@@ -18,8 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dpkit/dpkit/internal/cli"
-	"github.com/dpkit/dpkit/internal/cli/admit"
-	"github.com/dpkit/dpkit/internal/cli/kubelet"
+	"github.com/dpkit/dpkit/internal/emulator"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -198,7 +197,7 @@ func TestUp(t *testing.T) {
 			for _, l := range tc.lines {
 				u.waitLine(l)
 			}
-			if got, want := u.waitLine(ReadyPrefix), "ready: "+tc.resource+"="+strconv.FormatInt(tc.devices, 10)+" allocatable"; got != want {
+			if got, want := u.waitLine(readyPrefix), "ready: "+tc.resource+"="+strconv.FormatInt(tc.devices, 10)+" allocatable"; got != want {
 				t.Errorf("ready line %q, want %q", got, want)
 			}
 			var suggested []string
@@ -213,7 +212,7 @@ func TestUp(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			c := kubelet.NewClient(kubelet.AdminSocket(root))
+			c := emulator.NewClient(emulator.AdminSocket(root))
 			defer c.Close()
 			rs, err := c.Resources(ctx)
 			if err != nil || len(rs) != 1 || rs[0].Name != tc.resource || rs[0].Allocatable != tc.devices || !rs[0].Connected {
@@ -229,8 +228,7 @@ func TestUp(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var out bytes.Buffer
-				if err := admit.Run(ctx, &out, c, manifest, "table"); err != nil {
+				if _, err := c.AdmitPod(ctx, manifest); err != nil {
 					t.Fatalf("admitting %s: %v", file, err)
 				}
 			}
@@ -265,7 +263,7 @@ func TestUpKeep(t *testing.T) {
 	u := startUp(t, "--keep")
 	root := strings.Fields(u.waitLine("root "))[1]
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	u.waitLine(ReadyPrefix)
+	u.waitLine(readyPrefix)
 	rest, err := u.stop()
 	if err != nil {
 		t.Fatal(err)

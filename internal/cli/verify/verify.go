@@ -14,10 +14,6 @@ import (
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
-// ExitInterrupted is the exit code of a run interrupted by Ctrl-C or
-// SIGTERM, the shell's 128 + SIGINT.
-const ExitInterrupted = 130
-
 // NewCommand returns the "verify" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
@@ -86,7 +82,7 @@ plugins_registry directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 			}
 			switch {
 			case rep.Interrupted:
-				return cli.Exit(ExitInterrupted, errors.New("interrupted"))
+				return cli.Exit(cli.ExitInterrupted, errors.New("interrupted"))
 			case rep.Failed():
 				return cli.Exit(1, fmt.Errorf("%d of %d checks failed", rep.Summary.Failed, len(rep.Results)))
 			}

@@ -196,8 +196,8 @@ func TestInterrupted(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("verify did not return within 30s of being interrupted")
 	}
-	if code := cli.ExitCode(res.err); code != verifycmd.ExitInterrupted || res.err.Error() != "interrupted" {
-		t.Errorf("exit code %d (%v), want %d and \"interrupted\"", code, res.err, verifycmd.ExitInterrupted)
+	if code := cli.ExitCode(res.err); code != cli.ExitInterrupted || res.err.Error() != "interrupted" {
+		t.Errorf("exit code %d (%v), want %d and \"interrupted\"", code, res.err, cli.ExitInterrupted)
 	}
 	if !strings.Contains(res.out, "interrupted: 0 passed, 0 failed") || strings.Contains(res.out, "FAIL") {
 		t.Errorf("table does not say interrupted without failures:\n%s", res.out)

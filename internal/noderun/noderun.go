@@ -1,0 +1,241 @@
+// Package noderun runs what "dpkit node" runs: one or more virtual nodes
+// (pkg/virtualnode) sharing API clients and informers, with the pod
+// backend the options name.
+package noderun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
+)
+
+// Options are the flags of "dpkit node".
+type Options struct {
+	Kubeconfig   string
+	Name         string
+	Root         string
+	Backend      string
+	ClientCAFile string
+	TLSCertFile  string
+	TLSKeyFile   string
+	Port         int
+	NodeIP       string
+	Taints       []string
+	CPU, Memory  string
+	Pods         string
+	Resources    []string
+	Count        int
+	QPS          float64
+	Burst        int
+	SimStart     time.Duration
+	SimRun       time.Duration
+	BackoffStart time.Duration
+	// LogMaxSize and LogMaxFiles rotate the process backend's container
+	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
+	LogMaxSize  resource.Quantity
+	LogMaxFiles int
+	// DeviceGracePeriod is how long a resource whose device plugins are
+	// all gone keeps its capacity; 0 means the kubelet's 5m.
+	DeviceGracePeriod time.Duration
+}
+
+// Validate reports every problem of the options at once, each named by
+// its flag.
+func (o *Options) Validate() error {
+	var errs field.ErrorList
+	if o.Name == "" {
+		errs = append(errs, field.Required(field.NewPath("--name"), "name the node"))
+	}
+	if o.Root == "" {
+		errs = append(errs, field.Required(field.NewPath("--root"), "give the node's root directory"))
+	}
+	if o.Backend != "process" && o.Backend != "sim" {
+		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim"}))
+	}
+	if o.DeviceGracePeriod < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
+	}
+	if o.Count < 1 {
+		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
+	}
+	if o.QPS <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--qps"), o.QPS, "must be positive"))
+	}
+	if o.Burst < 1 {
+		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.Burst, "must be at least 1"))
+	}
+	if _, err := o.resources(); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("--resource"), o.Resources, err.Error()))
+	}
+	if _, err := ParseTaints(o.Taints); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("--taint"), o.Taints, err.Error()))
+	}
+	return errs.ToAggregate()
+}
+
+func (o *Options) resources() (corev1.ResourceList, error) {
+	rl := corev1.ResourceList{}
+	var errs []error
+	add := func(name, q string) {
+		v, err := resource.ParseQuantity(q)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, q, err))
+			return
+		}
+		rl[corev1.ResourceName(name)] = v
+	}
+	add("cpu", o.CPU)
+	add("memory", o.Memory)
+	add("pods", o.Pods)
+	for _, r := range o.Resources {
+		name, q, ok := strings.Cut(r, "=")
+		if !ok || name == "" {
+			errs = append(errs, fmt.Errorf("%q: want NAME=QUANTITY", r))
+			continue
+		}
+		add(name, q)
+	}
+	return rl, errors.Join(errs...)
+}
+
+// ParseTaints parses key[=value]:Effect taints; an empty string is
+// skipped.
+func ParseTaints(specs []string) ([]corev1.Taint, error) {
+	out := []corev1.Taint{}
+	var errs []error
+	for _, s := range specs {
+		if s == "" {
+			continue
+		}
+		kv, effect, ok := strings.Cut(s, ":")
+		if !ok {
+			errs = append(errs, fmt.Errorf("%q: want key[=value]:Effect", s))
+			continue
+		}
+		k, v, _ := strings.Cut(kv, "=")
+		e := corev1.TaintEffect(effect)
+		if e != corev1.TaintEffectNoSchedule && e != corev1.TaintEffectPreferNoSchedule && e != corev1.TaintEffectNoExecute {
+			errs = append(errs, fmt.Errorf("%q: effect must be NoSchedule, PreferNoSchedule or NoExecute", s))
+			continue
+		}
+		if k == "" {
+			errs = append(errs, fmt.Errorf("%q: empty key", s))
+			continue
+		}
+		out = append(out, corev1.Taint{Key: k, Value: v, Effect: e})
+	}
+	return out, errors.Join(errs...)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+// Run runs the nodes until ctx is done; log may be nil. started, when not nil, is called
+// once every node runs.
+func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtualnode.Node)) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	rc, err := restConfig(o.Kubeconfig)
+	if err != nil {
+		return cli.Exit(2, fmt.Errorf("API client: %w", err))
+	}
+	rc.UserAgent = "dpkit-node"
+	clients, err := virtualnode.NewClients(rc, float32(o.QPS), o.Burst)
+	if err != nil {
+		return cli.Exit(2, err)
+	}
+	client := clients.Client
+	res, _ := o.resources()
+	taints, _ := ParseTaints(o.Taints)
+	root, err := filepath.Abs(o.Root)
+	if err != nil {
+		return err
+	}
+	var newBackend virtualnode.NewBackend
+	switch o.Backend {
+	case "sim":
+		newBackend = func(_, _ string, c backend.Config) (backend.Backend, error) {
+			return sim.New(sim.Config{Config: c, StartDelay: o.SimStart, RunDuration: o.SimRun}), nil
+		}
+	default:
+		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {
+			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
+				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles})
+		}
+	}
+	var shared informers.SharedInformerFactory
+	if o.Count > 1 {
+		shared = informers.NewSharedInformerFactory(client, 0)
+		defer shared.Shutdown()
+	}
+	var (
+		mu    sync.Mutex
+		nodes []*virtualnode.Node
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range o.Count {
+		cfg := virtualnode.Config{
+			Name:         o.Name,
+			Root:         root,
+			Client:       client,
+			Informers:    shared,
+			NewBackend:   newBackend,
+			Resources:    res,
+			Taints:       taints,
+			NodeIP:       o.NodeIP,
+			Port:         o.Port,
+			ClientCAFile: o.ClientCAFile,
+			TLSCertFile:  o.TLSCertFile,
+			TLSKeyFile:   o.TLSKeyFile,
+			Logger:       log,
+
+			DeviceGracePeriod: o.DeviceGracePeriod,
+		}
+		cfg.HeartbeatClient = clients.Heartbeat
+		cfg.TokenReviewClient, cfg.SubjectAccessReviewClient = clients.TokenReviews, clients.SubjectAccessReviews
+		if o.Count > 1 {
+			cfg.Name = o.Name + "-" + strconv.Itoa(i)
+			cfg.Root = filepath.Join(root, cfg.Name)
+			if o.Port > 0 {
+				cfg.Port = o.Port + i
+			}
+		}
+		g.Go(func() error {
+			return virtualnode.Run(gctx, cfg, func(n *virtualnode.Node) {
+				mu.Lock()
+				nodes = append(nodes, n)
+				all := len(nodes) == o.Count
+				mu.Unlock()
+				if all && started != nil {
+					started(nodes)
+				}
+			})
+		})
+	}
+	return g.Wait()
+}
