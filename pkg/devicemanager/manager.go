@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
@@ -161,7 +161,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.cleanupSockets(); err != nil {
 		m.log.Error("failed to clean up the device plugin directory", "dir", m.socketDir, "err", err)
 	}
-	ln, err := net.Listen("unix", m.SocketPath())
+	ln, err := unixsock.Listen(m.SocketPath())
 	if err != nil {
 		m.cancel()
 		return fmt.Errorf("listen on the registration socket: %w", err)

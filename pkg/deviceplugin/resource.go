@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // serverMaxRecvMsgSize is how large a request the plugin accepts. The gRPC
@@ -208,13 +210,7 @@ func (r *resource) listenLocked() (unregistered bool, _ error) {
 	if r.listens > 0 {
 		path = fmt.Sprintf("%s-%d.sock", r.sockBase, r.listens)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return false, fmt.Errorf("create socket directory: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return false, fmt.Errorf("remove stale socket: %w", err)
-	}
-	ln, err := net.Listen("unix", path)
+	ln, err := unixsock.Listen(path)
 	if err != nil {
 		return false, fmt.Errorf("listen on %s: %w", path, err)
 	}

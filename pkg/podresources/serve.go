@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 
 	"google.golang.org/grpc"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // SocketPath returns where the kubelet serves the PodResources API below
@@ -66,21 +66,7 @@ func (s *Server) ServeListener(ctx context.Context, l net.Listener) error {
 }
 
 func listen(socket string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
-		return nil, fmt.Errorf("podresources: creating socket directory: %w", err)
-	}
-	switch fi, err := os.Lstat(socket); {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return nil, fmt.Errorf("podresources: %w", err)
-	case fi.Mode()&fs.ModeSocket == 0:
-		return nil, fmt.Errorf("podresources: %s exists and is not a socket; remove it or choose another path", socket)
-	default:
-		if err := os.Remove(socket); err != nil {
-			return nil, fmt.Errorf("podresources: removing stale socket: %w", err)
-		}
-	}
-	l, err := net.Listen("unix", socket)
+	l, err := unixsock.Listen(socket)
 	if err != nil {
 		return nil, fmt.Errorf("podresources: %w", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/internal/kubeletreg"
+	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
@@ -147,10 +147,7 @@ func newEmulator(dir string, dialTimeout time.Duration, log *slog.Logger) *emula
 
 // start serves kubelet.sock (a stale socket is replaced).
 func (e *emulator) start() (time.Time, error) {
-	if err := os.Remove(e.sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return time.Time{}, fmt.Errorf("remove stale %s: %w", e.sock, err)
-	}
-	ln, err := net.Listen("unix", e.sock)
+	ln, err := unixsock.Listen(e.sock)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("listen on %s: %w", e.sock, err)
 	}

@@ -34,6 +34,8 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // modes returns the modes, each a deliberate bug aimed at one verify
@@ -256,8 +258,7 @@ func (p *plugin) listen(fresh bool) error {
 	}
 	path := p.socket
 	p.mu.Unlock()
-	_ = os.Remove(path)
-	ln, err := net.Listen("unix", path)
+	ln, err := unixsock.Listen(path)
 	if err != nil {
 		return err
 	}

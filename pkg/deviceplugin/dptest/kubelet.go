@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,6 +30,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/internal/kubeletreg"
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // DefaultTimeout bounds every Wait* call unless Kubelet.Timeout is set.
@@ -101,7 +101,7 @@ func (k *Kubelet) PluginDir() string { return k.dir }
 func (k *Kubelet) SocketPath() string { return k.sock }
 
 func (k *Kubelet) start() error {
-	ln, err := net.Listen("unix", k.sock)
+	ln, err := unixsock.Listen(k.sock)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", k.sock, err)
 	}

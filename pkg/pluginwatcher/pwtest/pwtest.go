@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // notifier lets goroutines wait for a change of the state it guards.
@@ -65,7 +67,7 @@ type Plugin struct {
 // StartPlugin serves a fake plugin at socket. Close stops it and removes
 // the socket.
 func StartPlugin(socket string, info *registerapi.PluginInfo) (*Plugin, error) {
-	l, err := net.Listen("unix", socket)
+	l, err := unixsock.Listen(socket)
 	if err != nil {
 		return nil, fmt.Errorf("pwtest: listening on %s: %w", socket, err)
 	}
