@@ -36,6 +36,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/internal/httpserve"
+	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
@@ -106,37 +107,28 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return err
 	}
 	mgr := host.Manager
-	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: podresources.NewPodStore(), podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
+	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
 	if err := e.loadPods(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The host stops with the first of its components or the admin API to
+	// fail, and with ctx.
+	g, gctx := errgroup.WithContext(ctx)
 	// Allocations restored from the checkpoint for pods this emulator no
 	// longer knows are dropped, as the kubelet does for inactive pods.
-	if err := host.Start(ctx, e.pods, e.pods.UIDs()); err != nil {
+	if err := host.Start(gctx, nil); err != nil {
 		return err
 	}
 	defer host.Stop()
-	defer cancel()
 	e.watcher = host.Watcher
-	prs := host.PodResources
-	prsListener, err := listenUnix(podresources.SocketPath(opts.Root), "PodResources socket", "choose another --root")
-	if err != nil {
-		return err
-	}
 	admin, err := listenUnix(opts.AdminSocket, "admin socket", "choose another --admin-socket")
 	if err != nil {
-		_ = prsListener.Close()
 		return err
 	}
-
-	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		<-e.watcher.Done()
-		return nil
+		<-host.Done()
+		return host.Err()
 	})
-	g.Go(func() error { return prs.ServeListener(gctx, prsListener) })
 	g.Go(func() error { return e.serveAdmin(gctx, admin) })
 	log.Info("emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
 		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket)
@@ -149,16 +141,10 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 // listenUnix listens on socket, replacing a stale socket there. what
 // names the socket and fix says how to choose another, for errors.
 func listenUnix(socket, what, fix string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(socket), 0o750); err != nil {
-		return nil, fmt.Errorf("%s directory: %w", what, err)
+	l, err := unixsock.Listen(socket)
+	if errors.Is(err, unixsock.ErrNotSocket) {
+		return nil, fmt.Errorf("%s %s exists and is not a socket; remove it or %s", what, socket, fix)
 	}
-	if fi, err := os.Lstat(socket); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s %s exists and is not a socket; remove it or %s", what, socket, fix)
-		}
-		_ = os.Remove(socket)
-	}
-	l, err := net.Listen("unix", socket)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

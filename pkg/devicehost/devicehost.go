@@ -1,20 +1,48 @@
-// Package devicehost runs what a kubelet runs for device plugins, rooted at
-// one directory: the device manager (registration on
+// Package devicehost is the kubelet side of one node, assembled once and
+// rooted at one directory: the device manager (registration on
 // <root>/device-plugins/kubelet.sock, accounting, admission, checkpoint),
-// the plugin watcher on <root>/plugins_registry, and the PodResources API
-// server. The emulated kubelet (dpkit kubelet, dpkit up) and the virtual
-// node (dpkit node) are both built on it.
+// the plugin watcher on <root>/plugins_registry with the handlers of the
+// managers, the PodResources API served on
+// <root>/pod-resources/kubelet.sock, and the pods the node runs. The
+// emulated kubelet (internal/emulator: dpkit kubelet, dpkit up) and the
+// virtual node (pkg/virtualnode: dpkit node) are thin users of it.
+//
+// # Pods
+//
+// Host.Pods is the host's pod store. A user that tracks its pods itself
+// (the virtual node's provider, which follows the API server) passes its
+// own podresources.PodsProvider to Start instead.
+//
+// # A second resource manager
+//
+// The kubelet runs the device manager beside the DRA manager, and so will
+// the host: each manager is a field set up by New, started by Start in the
+// kubelet's order and stopped by Stop in reverse. A manager plugs into the
+// three places the device manager uses and that already have room for it:
+// its plugin handler goes in the watcher's Handlers map under its plugin
+// type (pluginwatcher.DRAPlugin beside pluginwatcher.DevicePlugin), its
+// view of allocations is a provider of the PodResources server
+// (podresources.Providers.DynamicResources beside Devices), and its
+// admission step runs after the device manager's when a user admits a
+// pod. Nothing of the device manager changes for it.
+//
+// The package keeps its name: its users and the differential tests know
+// it, and a DRA manager is a device resource manager too.
 package devicehost
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
 	"path/filepath"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -38,23 +66,33 @@ type Config struct {
 	GracePeriod time.Duration
 }
 
-// Host is a started device manager, plugin watcher and PodResources
-// server. Create it with New, Start it, and Stop it when done.
+// Host is the kubelet side of a node. Create it with New, Start it, and
+// Stop it when done.
 type Host struct {
 	// Manager is the device manager; admit pods through it.
 	Manager *devicemanager.Manager
+	// Pods is the host's pod store, what the PodResources API lists unless
+	// Start is given another provider.
+	Pods *podresources.PodStore
 	// Watcher is the plugin watcher, set by Start.
 	Watcher *pluginwatcher.Watcher
-	// PodResources is the PodResources server, set by Start; serve it
-	// with Serve or ServeListener on podresources.SocketPath(Root).
+	// PodResources is the PodResources server, set by Start, which serves
+	// it on PodResourcesSocket.
 	PodResources *podresources.Server
 
 	cfg Config
 	log *slog.Logger
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc // ends what Start started; nil before
+	done    chan struct{}      // closed once the watcher and the server ended
+	err     error              // the PodResources server's, set before done closes
+	stopped bool
 }
 
-// New validates cfg and creates the device manager, which callers may
-// need before Start (a pods provider that admits through it, say).
+// New validates cfg and creates the device manager and the pod store,
+// which callers may need before Start (a pods provider that admits
+// through the manager, say).
 func New(cfg Config) (*Host, error) {
 	log := cfg.Logger
 	if log == nil {
@@ -71,54 +109,86 @@ func New(cfg Config) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Host{Manager: mgr, cfg: cfg, log: log}, nil
+	return &Host{Manager: mgr, Pods: podresources.NewPodStore(), cfg: cfg, log: log}, nil
 }
 
-// Start starts the device manager, drops restored allocations of pods not
-// in active (as the kubelet does for pods it no longer runs), and starts
-// the plugin watcher. pods answers the PodResources API's questions about
-// pods. The components run until ctx ends or Stop is called.
-func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider, active []types.UID) error {
-	if err := h.Manager.Start(ctx); err != nil {
+// Start starts the device manager, drops restored allocations of pods
+// pods does not list as active (as the kubelet does for pods it no longer
+// runs), starts the plugin watcher and serves the PodResources API on
+// PodResourcesSocket. pods answers the PodResources API's questions about
+// pods; nil means h.Pods. Everything runs until ctx ends, Stop is called
+// or serving the PodResources API fails; Done tells when it has ended.
+// Start may be called once; on error, everything it started is stopped.
+func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider) error {
+	if pods == nil {
+		pods = h.Pods
+	}
+	h.mu.Lock()
+	if h.cancel != nil || h.stopped {
+		h.mu.Unlock()
+		return errors.New("devicehost: already started or stopped")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	h.cancel, h.done = cancel, make(chan struct{})
+	h.mu.Unlock()
+
+	fail := func(err error) error {
+		cancel()
+		h.Manager.Stop()
+		close(h.done)
 		return err
 	}
-	h.Manager.RetainPods(active)
+	if err := h.Manager.Start(ctx); err != nil {
+		return fail(err)
+	}
+	active := pods.GetActivePods()
+	h.Manager.RetainPods(podUIDs(active))
 	// With an unreadable checkpoint, the devices of the pods still running
 	// are unknown: hold their resources back until they are gone.
-	h.Manager.HoldUnknown(podsIn(pods.GetActivePods(), active))
+	h.Manager.HoldUnknown(active)
+	prs, err := podresources.NewServer(podresources.Config{
+		Providers: podresources.Providers{Pods: pods, Devices: h.Manager},
+		Logger:    h.log.With("component", "podresources"),
+	})
+	if err != nil {
+		return fail(err)
+	}
+	l, err := unixsock.Listen(h.PodResourcesSocket())
+	if err != nil {
+		return fail(err)
+	}
 	w, err := pluginwatcher.New(pluginwatcher.Config{
 		Dir:      filepath.Join(h.cfg.Root, "plugins_registry"),
 		Logger:   h.log.With("component", "pluginwatcher"),
 		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: h.Manager.PluginHandler()},
 	})
 	if err == nil {
-		h.PodResources, err = podresources.NewServer(podresources.Config{
-			Providers: podresources.Providers{Pods: pods, Devices: h.Manager},
-			Logger:    h.log.With("component", "podresources"),
-		})
-	}
-	if err == nil {
 		err = w.Start(ctx)
 	}
 	if err != nil {
-		h.Manager.Stop()
-		return err
+		_ = l.Close()
+		return fail(err)
 	}
-	h.Watcher = w
+	h.Watcher, h.PodResources = w, prs
+	go h.serve(ctx, cancel, l)
 	return nil
 }
 
-// podsIn returns the pods whose UID is in uids.
-func podsIn(pods []*corev1.Pod, uids []types.UID) []*corev1.Pod {
-	keep := make(map[types.UID]bool, len(uids))
-	for _, u := range uids {
-		keep[u] = true
-	}
-	var out []*corev1.Pod
+// serve serves the PodResources API on l until ctx ends, ending the rest
+// of the host when serving fails, then waits for the watcher.
+func (h *Host) serve(ctx context.Context, cancel context.CancelFunc, l net.Listener) {
+	err := h.PodResources.ServeListener(ctx, l)
+	cancel()
+	<-h.Watcher.Done()
+	h.err = err
+	close(h.done)
+}
+
+// podUIDs returns the UIDs of pods.
+func podUIDs(pods []*corev1.Pod) []types.UID {
+	out := make([]types.UID, 0, len(pods))
 	for _, p := range pods {
-		if keep[p.UID] {
-			out = append(out, p)
-		}
+		out = append(out, p.UID)
 	}
 	return out
 }
@@ -126,11 +196,44 @@ func podsIn(pods []*corev1.Pod, uids []types.UID) []*corev1.Pod {
 // PodResourcesSocket is where the PodResources API is served.
 func (h *Host) PodResourcesSocket() string { return podresources.SocketPath(h.cfg.Root) }
 
-// Stop waits for the plugin watcher, which ends with the context given to
-// Start, and stops the device manager. Cancel that context first.
+// Done is closed once what Start started has ended (its context ended,
+// Stop was called, or serving the PodResources API failed); the device
+// manager is stopped by Stop alone. Done is nil before Start.
+func (h *Host) Done() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.done
+}
+
+// Err returns why serving the PodResources API failed, once Done is
+// closed; nil when it stopped because the host was stopped.
+func (h *Host) Err() error {
+	h.mu.Lock()
+	done := h.done
+	h.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return h.err
+	default:
+		return nil
+	}
+}
+
+// Stop stops everything the host runs and waits for it: the PodResources
+// server (its socket removed), the plugin watcher and the device manager.
+// It may be called whatever happened before (no Start, a failed Start, a
+// context already ended), from any goroutine, any number of times.
 func (h *Host) Stop() {
-	if h.Watcher != nil {
-		<-h.Watcher.Done()
+	h.mu.Lock()
+	h.stopped = true
+	cancel, done := h.cancel, h.done
+	h.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
 	}
 	h.Manager.Stop()
 }

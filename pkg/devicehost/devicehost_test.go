@@ -2,8 +2,11 @@ package devicehost_test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,11 +37,9 @@ func TestHostServesPluginsAndPodResources(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
-			if err := host.Start(ctx, podresources.NewPodStore(), nil); err != nil {
+			if err := host.Start(ctx, nil); err != nil {
 				t.Fatal(err)
 			}
-			served := make(chan error, 1)
-			go func() { served <- host.PodResources.Serve(ctx, host.PodResourcesSocket()) }()
 
 			changes, unsubscribe := host.Manager.Subscribe()
 			defer unsubscribe()
@@ -96,7 +97,8 @@ func TestHostServesPluginsAndPodResources(t *testing.T) {
 				t.Fatal(err)
 			}
 			cancel()
-			if err := <-served; err != nil {
+			<-host.Done()
+			if err := host.Err(); err != nil {
 				t.Fatal(err)
 			}
 			host.Stop()
@@ -123,7 +125,7 @@ func TestRegistryModeLargePluginReady(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); host.Stop() }()
-	if err := host.Start(ctx, podresources.NewPodStore(), nil); err != nil {
+	if err := host.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	const devices = 100000
@@ -184,4 +186,61 @@ func waitAllocatable(t *testing.T, host *devicehost.Host, resource string, n int
 			t.Fatalf("%s never reached %d allocatable: %v", resource, n, host.Manager.Resources())
 		}
 	}
+}
+
+// TestStop: Stop works whatever the caller did first (nothing, a Start, a
+// context already ended, another Stop), from several goroutines, and
+// removes the PodResources socket.
+func TestStop(t *testing.T) {
+	t.Parallel()
+	newHost := func(t *testing.T) *devicehost.Host {
+		t.Helper()
+		host, err := devicehost.New(devicehost.Config{Root: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return host
+	}
+	t.Run("before Start", func(t *testing.T) {
+		t.Parallel()
+		host := newHost(t)
+		host.Stop()
+		host.Stop()
+		if err := host.Start(context.Background(), nil); err == nil {
+			t.Fatal("Start after Stop succeeded")
+		}
+	})
+	t.Run("after the context ended", func(t *testing.T) {
+		t.Parallel()
+		host := newHost(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := host.Start(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		<-host.Done()
+		host.Stop()
+		host.Stop()
+		if err := host.Err(); err != nil {
+			t.Errorf("Err() = %v after the context ended", err)
+		}
+	})
+	t.Run("concurrently", func(t *testing.T) {
+		t.Parallel()
+		host := newHost(t)
+		if err := host.Start(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := host.Start(context.Background(), nil); err == nil {
+			t.Error("second Start succeeded")
+		}
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(host.Stop)
+		}
+		wg.Wait()
+		if _, err := os.Lstat(host.PodResourcesSocket()); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("PodResources socket after Stop: %v, want it removed", err)
+		}
+	})
 }

@@ -272,13 +272,12 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := host.Start(ctx, n.prov, n.prov.activeUIDs()); err != nil {
+	if err := host.Start(ctx, n.prov); err != nil {
 		return err
 	}
 	defer host.Stop()
 	defer cancel()
 	n.watcher = host.Watcher
-	prs := host.PodResources
 
 	factory := cfg.Informers
 	if factory == nil {
@@ -289,12 +288,12 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 			}))
 		defer podFactory.Shutdown()
 		defer factory.Shutdown()
-		return n.run(ctx, cancel, prs, podFactory, factory, started)
+		return n.run(ctx, cancel, host, podFactory, factory, started)
 	}
-	return n.run(ctx, cancel, prs, factory, factory, started)
+	return n.run(ctx, cancel, host, factory, factory, started)
 }
 
-func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresources.Server, podFactory, factory informers.SharedInformerFactory, started func(*Node)) error {
+func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *devicehost.Host, podFactory, factory informers.SharedInformerFactory, started func(*Node)) error {
 	cfg := n.cfg
 	recorder := cfg.EventRecorder
 	if recorder == nil {
@@ -355,7 +354,16 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, prs *podresou
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return prs.Serve(gctx, podresources.SocketPath(cfg.Root)) })
+	g.Go(func() error {
+		// The host serves the PodResources API; a failure there ends the
+		// node.
+		select {
+		case <-host.Done():
+			return host.Err()
+		case <-gctx.Done():
+			return nil
+		}
+	})
 	g.Go(func() error {
 		if err := nc.Run(gctx); err != nil && gctx.Err() == nil {
 			return fmt.Errorf("node controller: %w", err)

@@ -391,14 +391,6 @@ func (p *provider) GetPodByName(namespace, name string) (*corev1.Pod, bool) {
 	return pod, ok
 }
 
-func (p *provider) activeUIDs() []types.UID {
-	var uids []types.UID
-	for _, pod := range p.GetActivePods() {
-		uids = append(uids, pod.UID)
-	}
-	return uids
-}
-
 // containerEnv returns a container's resolved environment, waiting for it
 // after a restart, then the device plugins' variables.
 func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container string) ([]corev1.EnvVar, error) {
