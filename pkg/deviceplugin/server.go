@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/dpkit/dpkit/internal/broadcast"
 )
 
 // Server serves a set of resources to the kubelet. Create it with
@@ -22,7 +24,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	running bool
-	changed chan struct{} // closed and replaced when a registration changes
+	changed broadcast.Change // a registration changed
 }
 
 // NewServer validates cfg and resources and returns a Server ready to Run.
@@ -36,7 +38,7 @@ func NewServer(cfg Config, resources ...Resource) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, mode: cfg.registryMode(), metrics: m, changed: make(chan struct{})}
+	s := &Server{cfg: cfg, mode: cfg.registryMode(), metrics: m}
 	for _, res := range resources {
 		r := newResource(res, cfg, s.mode, m)
 		r.onRegister = s.registrationChanged
@@ -262,20 +264,13 @@ func (s *Server) Ready() error {
 	return errors.Join(errs...)
 }
 
-func (s *Server) registrationChanged() {
-	s.mu.Lock()
-	close(s.changed)
-	s.changed = make(chan struct{})
-	s.mu.Unlock()
-}
+func (s *Server) registrationChanged() { s.changed.Broadcast() }
 
 // WaitReady waits until every resource is registered with the kubelet, or
 // ctx ends.
 func (s *Server) WaitReady(ctx context.Context) error {
 	for {
-		s.mu.Lock()
-		ch := s.changed
-		s.mu.Unlock()
+		ch := s.changed.C()
 		err := s.Ready()
 		if err == nil {
 			return nil

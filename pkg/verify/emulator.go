@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/internal/kubeletreg"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/resourcename"
@@ -128,7 +129,7 @@ type emulator struct {
 	latest   map[string]*conn // resource -> latest accepted registration
 	conns    []*conn
 	history  []*conn // every accepted connection of the run
-	changed  chan struct{}
+	changed  broadcast.Change
 	inflight int // registrations being handled, not yet recorded
 	stopped  bool
 	restarts []time.Time // when kubelet.sock was created again
@@ -141,7 +142,6 @@ func newEmulator(dir string, dialTimeout time.Duration, log *slog.Logger) *emula
 		dialTimeout: dialTimeout,
 		log:         log,
 		latest:      make(map[string]*conn),
-		changed:     make(chan struct{}),
 	}
 }
 
@@ -210,12 +210,7 @@ func (e *emulator) restart() (time.Time, error) {
 	return at, nil
 }
 
-func (e *emulator) broadcast() {
-	e.mu.Lock()
-	close(e.changed)
-	e.changed = make(chan struct{})
-	e.mu.Unlock()
-}
+func (e *emulator) broadcast() { e.changed.Broadcast() }
 
 // waitFor calls cond under the lock after every change until it is true,
 // ctx ends or timeout passes; it reports whether cond became true.
@@ -223,9 +218,9 @@ func (e *emulator) waitFor(ctx context.Context, timeout time.Duration, cond func
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	for {
+		ch := e.changed.C()
 		e.mu.Lock()
 		ok := cond()
-		ch := e.changed
 		e.mu.Unlock()
 		if ok {
 			return true

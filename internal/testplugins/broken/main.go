@@ -35,6 +35,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
@@ -121,7 +122,7 @@ type plugin struct {
 	listens  int
 	devs     []*pluginapi.Device
 	version  int
-	changed  chan struct{}
+	changed  broadcast.Change
 	ln       net.Listener
 	regSock  os.FileInfo // kubelet.sock at the last registration
 	attempts int
@@ -134,7 +135,7 @@ type plugin struct {
 }
 
 func newPlugin(mode, dir string, flipAfter time.Duration) *plugin {
-	p := &plugin{mode: mode, dir: dir, kubeletSock: filepath.Join(dir, "kubelet.sock"), flipAfter: flipAfter, changed: make(chan struct{})}
+	p := &plugin{mode: mode, dir: dir, kubeletSock: filepath.Join(dir, "kubelet.sock"), flipAfter: flipAfter}
 	p.socket = filepath.Join(dir, fmt.Sprintf("broken-%d.sock", os.Getpid()))
 	n := 8
 	if mode == "oversize" {
@@ -364,17 +365,17 @@ func (p *plugin) flip() {
 				p.devs[6] = &pluginapi.Device{ID: p.devs[6].ID, Health: pluginapi.Unhealthy}
 			}
 			p.version++
-			close(p.changed)
-			p.changed = make(chan struct{})
 			p.mu.Unlock()
+			p.changed.Broadcast()
 		})
 	})
 }
 
-func (p *plugin) snapshot() ([]*pluginapi.Device, int, chan struct{}) {
+func (p *plugin) snapshot() ([]*pluginapi.Device, int, <-chan struct{}) {
+	ch := p.changed.C()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.devs, p.version, p.changed
+	return p.devs, p.version, ch
 }
 
 func (p *plugin) device(id string) *pluginapi.Device {

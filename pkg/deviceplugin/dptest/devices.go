@@ -8,6 +8,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 )
 
@@ -25,12 +26,12 @@ const EnvDevices = "DPTEST_DEVICES"
 type Devices struct {
 	mu      sync.Mutex
 	devs    []deviceplugin.Device
-	changed chan struct{} // closed and replaced on every change
+	changed broadcast.Change
 }
 
 // NewDevices returns a plugin with healthy devices of the given IDs.
 func NewDevices(ids ...string) *Devices {
-	d := &Devices{changed: make(chan struct{})}
+	d := &Devices{}
 	for _, id := range ids {
 		d.devs = append(d.devs, deviceplugin.Device{ID: id, Healthy: true})
 	}
@@ -48,16 +49,16 @@ func (d *Devices) SetHealth(id string, healthy bool) bool {
 	}
 	d.devs = slices.Clone(d.devs)
 	d.devs[i].Healthy = healthy
-	close(d.changed)
-	d.changed = make(chan struct{})
+	d.changed.Broadcast()
 	return true
 }
 
 // Scan implements deviceplugin.Plugin.
 func (d *Devices) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
 	for {
+		changed := d.changed.C()
 		d.mu.Lock()
-		devs, changed := d.devs, d.changed
+		devs := d.devs
 		d.mu.Unlock()
 		notify(devs)
 		select {

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/internal/kubeletreg"
 	"github.com/dpkit/dpkit/internal/unixsock"
 )
@@ -50,7 +51,7 @@ type Kubelet struct {
 	bySocket map[string]*Plugin // socket path -> latest registration
 	conns    []*grpc.ClientConn // every plugin connection since the last restart
 	regs     map[string]int
-	changed  chan struct{} // closed and replaced on every change
+	changed  broadcast.Change
 	restarts int
 	closed   bool
 }
@@ -81,7 +82,6 @@ func NewKubelet(t testing.TB) *Kubelet {
 		plugins:  make(map[string]*Plugin),
 		bySocket: make(map[string]*Plugin),
 		regs:     make(map[string]int),
-		changed:  make(chan struct{}),
 	}
 	if err := k.start(); err != nil {
 		_ = os.RemoveAll(dir)
@@ -185,12 +185,7 @@ func (k *Kubelet) Plugin(resource string) *Plugin {
 	return k.plugins[resource]
 }
 
-func (k *Kubelet) broadcast() {
-	k.mu.Lock()
-	close(k.changed)
-	k.changed = make(chan struct{})
-	k.mu.Unlock()
-}
+func (k *Kubelet) broadcast() { k.changed.Broadcast() }
 
 // waitFor calls cond under the lock after every change until it returns
 // true or the timeout passes.
@@ -202,9 +197,9 @@ func (k *Kubelet) waitFor(what string, cond func() bool) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
+		ch := k.changed.C()
 		k.mu.Lock()
 		ok := cond()
-		ch := k.changed
 		k.mu.Unlock()
 		if ok {
 			return nil

@@ -18,34 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/internal/unixsock"
 )
-
-// notifier lets goroutines wait for a change of the state it guards.
-type notifier struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-// changed returns a channel closed at the next broadcast. Call it before
-// reading the state, so that no change can slip in between.
-func (n *notifier) changed() <-chan struct{} {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.ch == nil {
-		n.ch = make(chan struct{})
-	}
-	return n.ch
-}
-
-func (n *notifier) broadcast() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.ch != nil {
-		close(n.ch)
-		n.ch = nil
-	}
-}
 
 // Plugin is a fake plugin: a pluginregistration v1 server on a unix
 // socket that answers GetInfo with a fixed PluginInfo and records every
@@ -61,7 +36,7 @@ type Plugin struct {
 	failing  bool
 	getInfos int
 	statuses []*registerapi.RegistrationStatus
-	n        notifier
+	n        broadcast.Change
 }
 
 // StartPlugin serves a fake plugin at socket. Close stops it and removes
@@ -143,7 +118,7 @@ func (p *Plugin) Statuses() []*registerapi.RegistrationStatus {
 // them all, or returns an error when ctx is done first.
 func (p *Plugin) WaitStatuses(ctx context.Context, n int) ([]*registerapi.RegistrationStatus, error) {
 	for {
-		ch := p.n.changed()
+		ch := p.n.C()
 		if s := p.Statuses(); len(s) >= n {
 			return s, nil
 		}
@@ -165,7 +140,7 @@ func (s *registrationServer) GetInfo(context.Context, *registerapi.InfoRequest) 
 	s.p.getInfos++
 	failing := s.p.failing
 	s.p.mu.Unlock()
-	s.p.n.broadcast()
+	s.p.n.Broadcast()
 	if failing {
 		return nil, status.Error(codes.Unavailable, "pwtest: plugin set to fail")
 	}
@@ -176,7 +151,7 @@ func (s *registrationServer) NotifyRegistrationStatus(_ context.Context, st *reg
 	s.p.mu.Lock()
 	s.p.statuses = append(s.p.statuses, st)
 	s.p.mu.Unlock()
-	s.p.n.broadcast()
+	s.p.n.Broadcast()
 	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
@@ -200,14 +175,14 @@ type Handler struct {
 
 	mu    sync.Mutex
 	calls []Call
-	n     notifier
+	n     broadcast.Change
 }
 
 func (h *Handler) record(op, name, endpoint string, versions []string) {
 	h.mu.Lock()
 	h.calls = append(h.calls, Call{Op: op, Name: name, Endpoint: endpoint, Versions: slices.Clone(versions), Time: time.Now()})
 	h.mu.Unlock()
-	h.n.broadcast()
+	h.n.Broadcast()
 }
 
 // ValidatePlugin implements pluginwatcher.Handler.
@@ -255,7 +230,7 @@ func (h *Handler) Ops() []string {
 // all, or returns an error when ctx is done first.
 func (h *Handler) WaitCalls(ctx context.Context, n int) ([]Call, error) {
 	for {
-		ch := h.n.changed()
+		ch := h.n.C()
 		if c := h.Calls(); len(c) >= n {
 			return c, nil
 		}
