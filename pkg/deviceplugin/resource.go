@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/dpkit/dpkit/internal/backoff"
 	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
@@ -158,7 +158,7 @@ func (r *resource) snapshotChanged(s *snapshot) {
 // scan runs the plugin's Scan until ctx ends, restarting it with back-off
 // when it fails.
 func (r *resource) scan(ctx context.Context) {
-	b := backoff{min: r.cfg.RetryMin, max: r.cfg.RetryMax}
+	b := backoff.Retry{Exponential: backoff.Exponential{Initial: r.cfg.RetryMin, Max: r.cfg.RetryMax}, Jitter: true}
 	for {
 		err := r.plugin.Scan(ctx, r.notify)
 		if ctx.Err() != nil {
@@ -168,7 +168,7 @@ func (r *resource) scan(ctx context.Context) {
 			r.log.Debug("Scan finished; the device set is final")
 			return
 		}
-		wait := b.next()
+		wait := b.Next()
 		r.log.Error("Scan failed; retrying", "error", err, "retryIn", wait)
 		if !r.sleep(ctx, wait) {
 			return
@@ -469,7 +469,7 @@ func (r *resource) registerLoop(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	b := backoff{min: r.cfg.RetryMin, max: r.cfg.RetryMax}
+	b := backoff.Retry{Exponential: backoff.Exponential{Initial: r.cfg.RetryMin, Max: r.cfg.RetryMax}, Jitter: true}
 	for {
 		select {
 		case <-ctx.Done():
@@ -485,7 +485,7 @@ func (r *resource) registerLoop(ctx context.Context) {
 			r.log.Info("Registering again", "reason", reason)
 		}
 		r.setRegistered(false, nil)
-		b.reset()
+		b.Reset()
 		for {
 			err := r.registerOnce(ctx)
 			if ctx.Err() != nil {
@@ -494,7 +494,7 @@ func (r *resource) registerLoop(ctx context.Context) {
 			if err == nil {
 				break
 			}
-			wait := b.next()
+			wait := b.Next()
 			r.mu.Lock()
 			repeated := r.lastErr != nil && r.lastErr.Error() == err.Error()
 			r.lastErr = err
@@ -514,7 +514,7 @@ func (r *resource) registerLoop(ctx context.Context) {
 				// Something changed (the kubelet socket appeared, say):
 				// try again at once.
 				r.takeReasons()
-				b.reset()
+				b.Reset()
 			}
 		}
 	}
@@ -569,24 +569,6 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	// The kubelet now uses the new endpoint; end the old connections.
 	r.stopRetired()
 	return nil
-}
-
-// backoff is a jittered exponential back-off.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(b.cur*2, b.max)
-	}
-	// Full jitter in [cur/2, cur).
-	half := b.cur / 2
-	return half + time.Duration(rand.Int64N(int64(half)+1))
 }
 
 // sleep waits d on the configured clock, or until ctx ends (false).

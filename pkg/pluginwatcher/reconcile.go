@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/dpkit/dpkit/internal/backoff"
 )
 
 // Timeouts of the calls to a plugin, as in the kubelet.
@@ -136,14 +138,7 @@ func (w *Watcher) startDeregister(ctx context.Context, path string, r registered
 
 // backoff returns the wait after the n-th consecutive failure (n >= 1).
 func (w *Watcher) backoff(n int) time.Duration {
-	d := w.initialBackoff
-	for i := 1; i < n; i++ {
-		d *= 2
-		if d >= w.maxBackoff {
-			return w.maxBackoff
-		}
-	}
-	return min(d, w.maxBackoff)
+	return backoff.Exponential{Initial: w.initialBackoff, Max: w.maxBackoff}.Delay(n)
 }
 
 func (w *Watcher) register(ctx context.Context, path string, d desired) {
