@@ -1,0 +1,177 @@
+package archtest
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/dpkit/dpkit/internal/repopath"
+)
+
+const module = "github.com/dpkit/dpkit"
+
+// imports returns every package of the module (by path relative to the
+// module root) with the module packages its non-test files import,
+// whatever their build tags.
+func imports(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "vendor") {
+				return filepath.SkipDir
+			}
+			if path != root {
+				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+					return filepath.SkipDir // another module (hack/tools, ...)
+				}
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		pkg := filepath.ToSlash(rel)
+		if _, ok := out[pkg]; !ok {
+			out[pkg] = nil
+		}
+		for _, is := range f.Imports {
+			p, err := strconv.Unquote(is.Path.Value)
+			if err != nil {
+				return err
+			}
+			if rest, ok := strings.CutPrefix(p, module+"/"); ok && !slices.Contains(out[pkg], rest) {
+				out[pkg] = append(out[pkg], rest)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, dir+"/") }
+
+// verb reports whether pkg is a subcommand package: below internal/cli,
+// not the shared machinery (internal/cli, internal/cli/output) and not
+// internal/cli/app, which wires the verbs.
+func verb(pkg string) bool {
+	if !under(pkg, "internal/cli") {
+		return false
+	}
+	switch pkg {
+	case "internal/cli", "internal/cli/output", "internal/cli/app":
+		return false
+	}
+	return true
+}
+
+// rules are the import rules of docs/architecture.md: each returns why
+// pkg may not import imp, or "" when it may.
+var rules = []func(pkg, imp string) string{
+	func(pkg, imp string) string {
+		if verb(imp) && pkg != "internal/cli/app" && !under(pkg, verb0(imp)) {
+			return "only internal/cli/app imports a verb package; move what is shared out of the verb (kind's rule)"
+		}
+		return ""
+	},
+	func(pkg, imp string) string {
+		if under(pkg, "pkg") && under(imp, "internal/cli") {
+			return "pkg/ never imports the CLI"
+		}
+		return ""
+	},
+	func(pkg, imp string) string {
+		if under(pkg, "pkg/discovery") && under(imp, "pkg/deviceplugin") {
+			return "device discovery does not depend on the plugin SDK"
+		}
+		return ""
+	},
+	func(pkg, imp string) string {
+		if under(pkg, "pkg/virtualnode/nodeapi") && under(imp, "internal") {
+			return "the node API package stands alone, without internal packages"
+		}
+		return ""
+	},
+}
+
+// verb0 returns the verb package that pkg, a verb or a package below
+// one, belongs to: internal/cli/<verb>.
+func verb0(pkg string) string {
+	parts := strings.SplitN(pkg, "/", 4)
+	return strings.Join(parts[:min(len(parts), 3)], "/")
+}
+
+func TestImportRules(t *testing.T) {
+	t.Parallel()
+	gomod := repopath.Find("go.mod")
+	if !filepath.IsAbs(gomod) {
+		t.Fatal("go.mod of the module not found above the working directory")
+	}
+	root := filepath.Dir(gomod)
+	graph := imports(t, root)
+	if len(graph["internal/cli/app"]) == 0 || len(graph["pkg/devicehost"]) == 0 {
+		t.Fatalf("the import graph of %s looks empty: %v", root, graph)
+	}
+	for pkg, imps := range graph {
+		for _, imp := range imps {
+			for _, rule := range rules {
+				if why := rule(pkg, imp); why != "" {
+					t.Errorf("%s imports %s: %s", pkg, imp, why)
+				}
+			}
+		}
+	}
+}
+
+// TestRulesCatch checks that each rule fires on an import it forbids.
+func TestRulesCatch(t *testing.T) {
+	t.Parallel()
+	for _, bad := range [][2]string{
+		{"internal/cli/up", "internal/cli/kubelet"},
+		{"internal/emulator", "internal/cli/get"},
+		{"pkg/devicehost", "internal/cli"},
+		{"pkg/discovery/devfs", "pkg/deviceplugin"},
+		{"pkg/virtualnode/nodeapi", "internal/httpserve"},
+	} {
+		caught := false
+		for _, rule := range rules {
+			caught = caught || rule(bad[0], bad[1]) != ""
+		}
+		if !caught {
+			t.Errorf("%s importing %s is not caught", bad[0], bad[1])
+		}
+	}
+	for _, ok := range [][2]string{
+		{"internal/cli/app", "internal/cli/up"},
+		{"internal/cli/up", "internal/cli/output"},
+		{"internal/cli/up", "internal/emulator"},
+		{"internal/noderun", "internal/cli"},
+	} {
+		for _, rule := range rules {
+			if why := rule(ok[0], ok[1]); why != "" {
+				t.Errorf("%s importing %s is refused: %s", ok[0], ok[1], why)
+			}
+		}
+	}
+}
