@@ -112,14 +112,14 @@ func New(cfg Config) (*Host, error) {
 	return &Host{Manager: mgr, Pods: podresources.NewPodStore(), cfg: cfg, log: log}, nil
 }
 
-// Start starts the device manager, drops restored allocations of pods
-// pods does not list as active (as the kubelet does for pods it no longer
-// runs), starts the plugin watcher and serves the PodResources API on
-// PodResourcesSocket. pods answers the PodResources API's questions about
-// pods; nil means h.Pods. Everything runs until ctx ends, Stop is called
+// Start starts the device manager, drops restored allocations of pods not
+// in active (as the kubelet does for pods it no longer runs), starts the
+// plugin watcher and serves the PodResources API on PodResourcesSocket.
+// pods answers the PodResources API's questions about pods; nil means
+// h.Pods. Everything runs until ctx ends, Stop is called
 // or serving the PodResources API fails; Done tells when it has ended.
 // Start may be called once; on error, everything it started is stopped.
-func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider) error {
+func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider, active []types.UID) error {
 	if pods == nil {
 		pods = h.Pods
 	}
@@ -141,11 +141,10 @@ func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider) error 
 	if err := h.Manager.Start(ctx); err != nil {
 		return fail(err)
 	}
-	active := pods.GetActivePods()
-	h.Manager.RetainPods(podUIDs(active))
+	h.Manager.RetainPods(active)
 	// With an unreadable checkpoint, the devices of the pods still running
 	// are unknown: hold their resources back until they are gone.
-	h.Manager.HoldUnknown(active)
+	h.Manager.HoldUnknown(podsIn(pods.GetActivePods(), active))
 	prs, err := podresources.NewServer(podresources.Config{
 		Providers: podresources.Providers{Pods: pods, Devices: h.Manager},
 		Logger:    h.log.With("component", "podresources"),
@@ -184,8 +183,23 @@ func (h *Host) serve(ctx context.Context, cancel context.CancelFunc, l net.Liste
 	close(h.done)
 }
 
-// podUIDs returns the UIDs of pods.
-func podUIDs(pods []*corev1.Pod) []types.UID {
+// podsIn returns the pods whose UID is in uids.
+func podsIn(pods []*corev1.Pod, uids []types.UID) []*corev1.Pod {
+	keep := make(map[types.UID]bool, len(uids))
+	for _, u := range uids {
+		keep[u] = true
+	}
+	var out []*corev1.Pod
+	for _, p := range pods {
+		if keep[p.UID] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// UIDs returns the UIDs of pods, for Start's active pods.
+func UIDs(pods []*corev1.Pod) []types.UID {
 	out := make([]types.UID, 0, len(pods))
 	for _, p := range pods {
 		out = append(out, p.UID)

@@ -37,7 +37,7 @@ func TestHostServesPluginsAndPodResources(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
-			if err := host.Start(ctx, nil); err != nil {
+			if err := host.Start(ctx, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 
@@ -125,7 +125,7 @@ func TestRegistryModeLargePluginReady(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); host.Stop() }()
-	if err := host.Start(ctx, nil); err != nil {
+	if err := host.Start(ctx, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	const devices = 100000
@@ -206,7 +206,7 @@ func TestStop(t *testing.T) {
 		host := newHost(t)
 		host.Stop()
 		host.Stop()
-		if err := host.Start(context.Background(), nil); err == nil {
+		if err := host.Start(context.Background(), nil, nil); err == nil {
 			t.Fatal("Start after Stop succeeded")
 		}
 	})
@@ -214,7 +214,7 @@ func TestStop(t *testing.T) {
 		t.Parallel()
 		host := newHost(t)
 		ctx, cancel := context.WithCancel(context.Background())
-		if err := host.Start(ctx, nil); err != nil {
+		if err := host.Start(ctx, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
@@ -228,10 +228,10 @@ func TestStop(t *testing.T) {
 	t.Run("concurrently", func(t *testing.T) {
 		t.Parallel()
 		host := newHost(t)
-		if err := host.Start(context.Background(), nil); err != nil {
+		if err := host.Start(context.Background(), nil, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := host.Start(context.Background(), nil); err == nil {
+		if err := host.Start(context.Background(), nil, nil); err == nil {
 			t.Error("second Start succeeded")
 		}
 		var wg sync.WaitGroup

@@ -272,7 +272,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := host.Start(ctx, n.prov); err != nil {
+	if err := host.Start(ctx, n.prov, devicehost.UIDs(n.prov.GetActivePods())); err != nil {
 		return err
 	}
 	defer host.Stop()

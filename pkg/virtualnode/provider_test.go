@@ -44,7 +44,7 @@ func startProvider(t *testing.T, root string) (context.Context, *devicehost.Host
 	}
 	p := newProvider(slog.New(slog.DiscardHandler), host.Manager)
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := host.Start(ctx, p); err != nil {
+	if err := host.Start(ctx, p, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); host.Stop() })

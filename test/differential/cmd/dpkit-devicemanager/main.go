@@ -1,7 +1,8 @@
 // Command dpkit-devicemanager runs dpkit's device manager the way dpkit
 // kubelet and dpkit node run it (pkg/devicehost: the device manager on
-// <root>/device-plugins/kubelet.sock and the plugin watcher on
-// <root>/plugins_registry), speaking the line protocol of
+// <root>/device-plugins/kubelet.sock, the plugin watcher on
+// <root>/plugins_registry and the PodResources API on
+// <root>/pod-resources/kubelet.sock), speaking the line protocol of
 // hack/tools/cmd/kubelet-devicemanager, which runs the kubelet's own device
 // manager. The differential tests (test/differential) drive both programs
 // with one client and compare what they print; change the two protocols
