@@ -1,6 +1,8 @@
-// Package config reads dpkit's versioned configuration files
-// (apiVersion dpkit.io/v1alpha1): strict decoding, defaults, then
-// validation that reports every problem at once with its field path.
+// Package config reads the PluginConfig file (apiVersion
+// dpkit.io/v1alpha1) with the pipeline every dpkit configuration file
+// shares (pkg/configfile): TypeMeta checked first, strict decoding,
+// Default, then Validate, which reports every problem at once with its
+// field path.
 package config
 
 import (
@@ -10,17 +12,9 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/yaml"
+
+	"github.com/dpkit/dpkit/pkg/configfile"
 )
-
-// APIVersion is the version of every dpkit configuration file.
-const APIVersion = "dpkit.io/v1alpha1"
-
-// TypeMeta identifies a configuration file's schema.
-type TypeMeta struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-}
 
 // readFile reads path with an error that says what to do when it fails.
 func readFile(path, flag string) ([]byte, error) {
@@ -40,13 +34,13 @@ func readFile(path, flag string) ([]byte, error) {
 // decodeStrict decodes YAML or JSON into out, refusing unknown fields and
 // any apiVersion/kind but the expected ones.
 func decodeStrict(data []byte, kind string, out any) error {
-	var tm TypeMeta
-	if err := yaml.Unmarshal(data, &tm); err != nil {
-		return fmt.Errorf("not valid YAML: %w", cleanYAMLError(err))
+	tm, err := configfile.ReadTypeMeta(data)
+	if err != nil {
+		return fmt.Errorf("not valid YAML: %w", err)
 	}
 	var errs []error
-	if tm.APIVersion != APIVersion {
-		errs = append(errs, fmt.Errorf("apiVersion: %q is not supported; set apiVersion: %s", tm.APIVersion, APIVersion))
+	if tm.APIVersion != configfile.APIVersion {
+		errs = append(errs, fmt.Errorf("apiVersion: %q is not supported; set apiVersion: %s", tm.APIVersion, configfile.APIVersion))
 	}
 	if tm.Kind != kind {
 		errs = append(errs, fmt.Errorf("kind: %q is not supported here; set kind: %s", tm.Kind, kind))
@@ -54,8 +48,8 @@ func decodeStrict(data []byte, kind string, out any) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if err := yaml.UnmarshalStrict(data, out); err != nil {
-		return cleanYAMLError(err)
+	if err := configfile.DecodeStrict(data, out); err != nil {
+		return withHint(err)
 	}
 	return nil
 }
@@ -72,16 +66,10 @@ func fieldErrors(errs field.ErrorList) error {
 	return fmt.Errorf("%d problem(s):\n%s", len(errs), strings.Join(lines, "\n"))
 }
 
-// cleanYAMLError drops the decoder's layered prefixes so the message starts
-// with what is wrong, e.g. `json: unknown field "cout"` becomes
-// `unknown field "cout"`.
-func cleanYAMLError(err error) error {
-	msg := err.Error()
-	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
-		msg = strings.ReplaceAll(msg, p, "")
+// withHint points an unknown field at the config reference.
+func withHint(err error) error {
+	if strings.HasPrefix(err.Error(), "unknown field") {
+		return fmt.Errorf("%w (check the spelling against the config reference in the README)", err)
 	}
-	if strings.HasPrefix(msg, "unknown field") {
-		msg += " (check the spelling against the config reference in the README)"
-	}
-	return errors.New(msg)
+	return err
 }

@@ -5,6 +5,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
@@ -19,7 +20,7 @@ const PluginConfigKind = "PluginConfig"
 // PluginConfig describes the plugins one "dpkit plugin" process serves.
 // Command-line flags override the fields they name.
 type PluginConfig struct {
-	TypeMeta `json:",inline"`
+	configfile.TypeMeta `json:",inline"`
 	// PluginDir is the kubelet's device plugin directory
 	// (--plugin-dir). Default /var/lib/kubelet/device-plugins.
 	PluginDir string `json:"pluginDir,omitempty"`

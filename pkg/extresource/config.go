@@ -7,16 +7,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/yaml"
+
+	"github.com/dpkit/dpkit/pkg/configfile"
 )
 
-// APIVersion and Kind identify a resources file.
-const (
-	APIVersion = "dpkit.io/v1alpha1"
-	Kind       = "ExtendedResources"
-)
+// Kind identifies a resources file; its apiVersion is
+// configfile.APIVersion.
+const Kind = "ExtendedResources"
 
 // DefaultResyncPeriod is how often a controller re-checks its node when no
 // event arrives.
@@ -30,15 +28,14 @@ const DefaultResyncPeriod = 10 * time.Minute
 //	- name: example.com/dongle
 //	  quantity: 4
 type ExtendedResources struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
+	configfile.TypeMeta `json:",inline"`
 	// Resources to advertise on the node.
 	Resources []Resource `json:"resources"`
 	// Allocatable also writes status.allocatable. Defaults to true.
 	Allocatable *bool `json:"allocatable,omitempty"`
 	// ResyncPeriod is how often the controller re-checks the node without
 	// an event. Defaults to 10m; 0s turns it off.
-	ResyncPeriod *metav1.Duration `json:"resyncPeriod,omitempty"`
+	ResyncPeriod *configfile.Duration `json:"resyncPeriod,omitempty"`
 }
 
 // Resource is one extended resource and its amount.
@@ -53,7 +50,7 @@ type Resource struct {
 // errors. It neither defaults nor validates; Load does both.
 func Decode(data []byte) (*ExtendedResources, error) {
 	var er ExtendedResources
-	if err := yaml.UnmarshalStrict(data, &er); err != nil {
+	if err := configfile.DecodeStrict(data, &er); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", Kind, err)
 	}
 	return &er, nil
@@ -70,7 +67,7 @@ func Load(path string) (*ExtendedResources, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	er.Default()
-	if err := er.Validate(); err != nil {
+	if err := er.Validate().ToAggregate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return er, nil
@@ -83,7 +80,7 @@ func (er *ExtendedResources) Default() {
 		er.Allocatable = &t
 	}
 	if er.ResyncPeriod == nil {
-		er.ResyncPeriod = &metav1.Duration{Duration: DefaultResyncPeriod}
+		er.ResyncPeriod = &configfile.Duration{Duration: DefaultResyncPeriod}
 	}
 	for i := range er.Resources {
 		if er.Resources[i].Quantity == nil {
@@ -95,10 +92,10 @@ func (er *ExtendedResources) Default() {
 
 // Validate reports every problem in the file at once, each with its field
 // path. Call Default first: a missing quantity is an error here.
-func (er *ExtendedResources) Validate() error {
+func (er *ExtendedResources) Validate() field.ErrorList {
 	var errs field.ErrorList
-	if er.APIVersion != APIVersion {
-		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), er.APIVersion, "must be "+APIVersion))
+	if er.APIVersion != configfile.APIVersion {
+		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), er.APIVersion, "must be "+configfile.APIVersion))
 	}
 	if er.Kind != Kind {
 		errs = append(errs, field.Invalid(field.NewPath("kind"), er.Kind, "must be "+Kind))
@@ -120,7 +117,7 @@ func (er *ExtendedResources) Validate() error {
 		}
 		seen[r.Name] = true
 	}
-	return errs.ToAggregate()
+	return errs
 }
 
 // List returns the resources as a resource list.

@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/dpkit/dpkit/pkg/configfile"
 )
 
 // ControllerConfig configures NewController.
@@ -90,7 +92,7 @@ func (c *Controller) load() (*ExtendedResources, error) {
 		cp.Resources = append([]Resource(nil), c.cfg.Resources.Resources...)
 		spec = &cp
 	} else {
-		spec = &ExtendedResources{APIVersion: APIVersion, Kind: Kind}
+		spec = &ExtendedResources{TypeMeta: configfile.TypeMeta{APIVersion: configfile.APIVersion, Kind: Kind}}
 	}
 	for _, n := range sortedNames(c.cfg.Overrides) {
 		q := c.cfg.Overrides[n]
@@ -106,7 +108,7 @@ func (c *Controller) load() (*ExtendedResources, error) {
 		}
 	}
 	spec.Default()
-	if err := spec.Validate(); err != nil {
+	if err := spec.Validate().ToAggregate(); err != nil {
 		return nil, err
 	}
 	return spec, nil

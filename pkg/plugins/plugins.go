@@ -9,10 +9,9 @@
 package plugins
 
 import (
-	"encoding/json"
-	"fmt"
 	"log/slog"
-	"time"
+
+	"github.com/dpkit/dpkit/pkg/configfile"
 )
 
 // Options are the host dependencies handed to every plugin. Plugins read
@@ -45,28 +44,6 @@ func (o Options) Defaults() Options {
 	return o
 }
 
-// Duration is a time.Duration written in config files as a string such as
-// "5s" or "1m30s". Plugins use it instead of apimachinery's plugins.Duration
-// to keep the plugin binary free of the Kubernetes object machinery.
-type Duration struct {
-	time.Duration
-}
-
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) {
-	return json.Marshal(d.String())
-}
-
-// UnmarshalJSON reads a string such as "5s".
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("a duration must be a string such as \"5s\" or \"1m30s\": %w", err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("%q is not a duration; use a string such as \"5s\" or \"1m30s\"", s)
-	}
-	d.Duration = v
-	return nil
-}
+// Duration is the duration type of every dpkit configuration file, a
+// string such as "5s" or "1m30s" (configfile.Duration).
+type Duration = configfile.Duration

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/extresource"
 )
 
@@ -145,7 +146,7 @@ func run(cmd *cobra.Command, env *cli.Env, o *options, args []string) error {
 	if o.watch {
 		var spec *extresource.ExtendedResources
 		if o.file == "" {
-			spec = &extresource.ExtendedResources{APIVersion: extresource.APIVersion, Kind: extresource.Kind, Allocatable: &allocatable}
+			spec = &extresource.ExtendedResources{TypeMeta: configfile.TypeMeta{APIVersion: configfile.APIVersion, Kind: extresource.Kind}, Allocatable: &allocatable}
 		}
 		ctrl, err := extresource.NewController(extresource.ControllerConfig{
 			Client:       client,
