@@ -10,6 +10,8 @@ package plugins
 
 import (
 	"log/slog"
+	"strconv"
+	"strings"
 
 	"github.com/dpkit/dpkit/pkg/configfile"
 )
@@ -47,3 +49,39 @@ func (o Options) Defaults() Options {
 // Duration is the duration type of every dpkit configuration file, a
 // string such as "5s" or "1m30s" (configfile.Duration).
 type Duration = configfile.Duration
+
+// Sharing names the IDs a plugin advertises for a device that N
+// containers may share: <id><Sep>0 ... <id><Sep>(N-1). With N of 0 or 1 the
+// device is not shared and is advertised as id alone. The generic plugin
+// shares with "-" (count), the nvidia plugin with "::" (replicas).
+type Sharing struct {
+	N   int
+	Sep string
+}
+
+// Shared reports whether devices are advertised as several IDs.
+func (s Sharing) Shared() bool { return s.N > 1 }
+
+// IDs returns the IDs advertised for device id.
+func (s Sharing) IDs(id string) []string {
+	if !s.Shared() {
+		return []string{id}
+	}
+	out := make([]string, s.N)
+	for i := range out {
+		out[i] = id + s.Sep + strconv.Itoa(i)
+	}
+	return out
+}
+
+// Device returns the device behind an advertised ID: the ID up to its
+// last separator when devices are shared, the ID itself otherwise.
+func (s Sharing) Device(id string) string {
+	if !s.Shared() {
+		return id
+	}
+	if i := strings.LastIndex(id, s.Sep); i > 0 {
+		return id[:i]
+	}
+	return id
+}

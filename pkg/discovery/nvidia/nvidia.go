@@ -26,12 +26,15 @@ const GPUsDir = "driver/nvidia/gpus"
 
 // Control nodes every container using NVIDIA GPUs needs (the UVM nodes and
 // modeset exist only when their modules are loaded).
-var (
-	ControlNode  = "/dev/nvidiactl"
-	UVMNodes     = []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
-	ModesetNode  = "/dev/nvidia-modeset"
-	minorUnknown = -1
+const (
+	ControlNode = "/dev/nvidiactl"
+	ModesetNode = "/dev/nvidia-modeset"
 )
+
+// UVMNodes returns the unified memory nodes, a new slice on every call.
+func UVMNodes() []string { return []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} }
+
+const minorUnknown = -1
 
 // GPU is one NVIDIA GPU.
 type GPU struct {

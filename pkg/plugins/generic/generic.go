@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -268,36 +267,16 @@ func (p *Plugin) snapshot(devs map[string]*device) []deviceplugin.Device {
 		if !d.healthy {
 			p.log.Debug("Device unhealthy", "device", id, "reason", d.reason)
 		}
-		for _, sid := range p.shareIDs(id) {
+		for _, sid := range p.sharing().IDs(id) {
 			out = append(out, deviceplugin.Device{ID: sid, Healthy: d.healthy, NUMANodes: numa.Nodes(d.numa)})
 		}
 	}
 	return out
 }
 
-// shareIDs returns the IDs advertised for device id: id itself, or
-// id-0 ... id-(Count-1) when the device is shared.
-func (p *Plugin) shareIDs(id string) []string {
-	if p.group.Count == 1 {
-		return []string{id}
-	}
-	out := make([]string, p.group.Count)
-	for i := range out {
-		out[i] = id + "-" + strconv.Itoa(i)
-	}
-	return out
-}
-
-// baseID maps an advertised ID back to its device.
-func (p *Plugin) baseID(id string) string {
-	if p.group.Count == 1 {
-		return id
-	}
-	if i := strings.LastIndexByte(id, '-'); i > 0 {
-		return id[:i]
-	}
-	return id
-}
+// sharing names the IDs advertised for shared devices: id-0 ...
+// id-(Count-1).
+func (p *Plugin) sharing() plugins.Sharing { return plugins.Sharing{N: p.group.Count, Sep: "-"} }
 
 // Allocate gives the container the nodes of the devices behind ids (each
 // once, however many shares it got), the group's mounts and environment,
@@ -309,7 +288,7 @@ func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.Container
 	seenDev := make(map[string]bool)
 	seenNode := make(map[string]bool)
 	for _, id := range ids {
-		base := p.baseID(id)
+		base := p.sharing().Device(id)
 		d, ok := p.devices[base]
 		if !ok {
 			return nil, fmt.Errorf("device %s is no longer present", id)
@@ -358,5 +337,5 @@ func (p *Plugin) PreferredAllocation(_ context.Context, req deviceplugin.Preferr
 	// Shared devices: spread a request over physical devices.
 	req.Available = slices.Clone(req.Available)
 	slices.SortStableFunc(req.Available, func(a, b deviceplugin.Device) int { return deviceplugin.CompareIDs(a.ID, b.ID) })
-	return deviceplugin.PackNUMAGroups(req, p.baseID), nil
+	return deviceplugin.PackNUMAGroups(req, p.sharing().Device), nil
 }

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -202,18 +201,15 @@ func (p *Plugin) snapshot() []deviceplugin.Device {
 	return out
 }
 
+// ids returns the IDs advertised for a GPU: its UUID, or its replicas
+// <UUID>::0 ... when time-sliced.
 func (p *Plugin) ids(uuid string) []string {
-	if p.cfg.Replicas == 1 {
-		return []string{uuid}
-	}
-	out := make([]string, p.cfg.Replicas)
-	for i := range out {
-		out[i] = uuid + ReplicaSeparator + strconv.Itoa(i)
-	}
-	return out
+	return plugins.Sharing{N: p.cfg.Replicas, Sep: ReplicaSeparator}.IDs(uuid)
 }
 
-// GPUOf returns the UUID behind a device or replica ID.
+// GPUOf returns the UUID behind a device or replica ID. Unlike
+// plugins.Sharing.Device it needs no replica count: a GPU UUID never holds
+// "::".
 func GPUOf(id string) string {
 	uuid, _, _ := strings.Cut(id, ReplicaSeparator)
 	return uuid
@@ -255,7 +251,7 @@ func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.Container
 			resp.Envs = map[string]string{EnvVisibleDevices: strings.Join(uuids, ",")}
 		case StrategyDeviceSpecs:
 			nodes := []string{nv.ControlNode}
-			for _, n := range append(slices.Clone(nv.UVMNodes), nv.ModesetNode) {
+			for _, n := range append(nv.UVMNodes(), nv.ModesetNode) {
 				if devfs.Stat(p.opts.DevRoot, n).Exists {
 					nodes = append(nodes, n)
 				}
