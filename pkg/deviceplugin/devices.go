@@ -103,7 +103,7 @@ func buildSnapshot(version uint64, devs []Device) *snapshot {
 	}
 	for _, d := range devs {
 		if _, dup := s.byID[d.ID]; dup {
-			continue // the first report of an ID wins; Validate catches this for authors
+			continue // the first report of an ID wins; the later ones are dropped
 		}
 		d.NUMANodes = slices.Clone(d.NUMANodes)
 		s.byID[d.ID] = d

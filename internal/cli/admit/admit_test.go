@@ -91,7 +91,7 @@ func startNode(t *testing.T) string {
 		case <-updates:
 		case err := <-pluginDone:
 			pluginDone <- err
-			t.Fatalf("plugin.Run ended: %v", err)
+			t.Fatalf("pluginrun.Run ended: %v", err)
 		case <-deadline:
 			t.Fatalf("example.com/foo never had 8 allocatable devices: %+v", e.Manager().Resources())
 		}
