@@ -101,7 +101,7 @@ func (er *ExtendedResources) Validate() field.ErrorList {
 		errs = append(errs, field.Invalid(field.NewPath("kind"), er.Kind, "must be "+Kind))
 	}
 	if er.ResyncPeriod != nil && er.ResyncPeriod.Duration < 0 {
-		errs = append(errs, field.Invalid(field.NewPath("resyncPeriod"), er.ResyncPeriod.Duration.String(), "must be 0s (off) or more"))
+		errs = append(errs, field.Invalid(field.NewPath("resyncPeriod"), er.ResyncPeriod.String(), "must be 0s (off) or more"))
 	}
 	seen := map[corev1.ResourceName]bool{}
 	for i, r := range er.Resources {
