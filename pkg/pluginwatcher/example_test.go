@@ -74,9 +74,11 @@ func Example() {
 	for _, pl := range w.Plugins() {
 		fmt.Println("listed:", pl.Type, pl.Name)
 	}
-	p.Close()
+	// Stop the watcher before the plugin goes: a socket removed while it
+	// runs would be deregistered, racing the shutdown.
 	cancel()
 	<-w.Done()
+	p.Close()
 	// Output:
 	// validate example.com/gpu [v1beta1]
 	// register example.com/gpu
