@@ -131,7 +131,7 @@ func emulatorGoroutines() int {
 	n := 0
 	for _, g := range strings.Split(b.String(), "\n\n") {
 		for _, pkg := range []string{"google.golang.org/grpc", "dpkit/pkg/pluginwatcher", "dpkit/pkg/devicemanager",
-			"dpkit/pkg/devicehost", "dpkit/pkg/podresources", "dpkit/internal/cli/kubelet", "dpkit/internal/emulator"} {
+			"dpkit/pkg/devicehost", "dpkit/pkg/podresources", "dpkit/internal/emulator"} {
 			if strings.Contains(g, pkg) {
 				n++
 				break
