@@ -102,6 +102,11 @@ func TestReRegistration(t *testing.T) {
 			socket := filepath.Join(dir, "a.sock")
 			p := startPlugin(t, socket, devicePluginInfo("example.com/a", "v1.sock"))
 			wantOps(t, h, "validate", "register")
+			// The plugin hears it is registered once the watcher has
+			// recorded it (the handler's call comes just before).
+			if _, err := p.WaitStatuses(waitCtx(t), 1); err != nil {
+				t.Fatal(err)
+			}
 			first := w.Plugins()
 
 			tc.recreate(t, dir, socket, p)
