@@ -27,19 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestHostServesPluginsAndPodResources(t *testing.T) {
 	for _, mode := range []deviceplugin.RegistrationMode{deviceplugin.RegistrationKubelet, deviceplugin.RegistrationRegistry} {
 		t.Run(string(mode), func(t *testing.T) {
-			root, err := os.MkdirTemp("", "dh")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(root) })
-			host, err := devicehost.New(devicehost.Config{Root: root})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			if err := host.Start(ctx, nil, nil); err != nil {
-				t.Fatal(err)
-			}
+			root, host, ctx, cancel := startHost(t)
 
 			changes, unsubscribe := host.Manager.Subscribe()
 			defer unsubscribe()
@@ -114,20 +102,8 @@ func TestRegistryModeLargePluginReady(t *testing.T) {
 	if testing.Short() {
 		t.Skip("100,000 devices ten times; skipped under -short")
 	}
-	root, err := os.MkdirTemp("", "dh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	host, err := devicehost.New(devicehost.Config{Root: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	root, host, ctx, cancel := startHost(t)
 	defer func() { cancel(); host.Stop() }()
-	if err := host.Start(ctx, nil, nil); err != nil {
-		t.Fatal(err)
-	}
 	const devices = 100000
 	for run := range 10 {
 		cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/many", Count: devices}}}
@@ -243,4 +219,25 @@ func TestStop(t *testing.T) {
 			t.Errorf("PodResources socket after Stop: %v, want it removed", err)
 		}
 	})
+}
+
+// startHost starts a host on a new short root (sockets need short paths).
+// The caller cancels the context and stops the host.
+func startHost(t *testing.T) (string, *devicehost.Host, context.Context, context.CancelFunc) {
+	t.Helper()
+	root, err := os.MkdirTemp("", "dh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	host, err := devicehost.New(devicehost.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := host.Start(ctx, nil, nil); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return root, host, ctx, cancel
 }

@@ -67,17 +67,7 @@ func (p *stubPlugin) stop() {
 
 func (p *stubPlugin) register(t testing.TB, kubeletSock string) {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+kubeletSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
-		Version: pluginapi.Version, Endpoint: filepath.Base(p.socket), ResourceName: p.resource,
-	})
-	if err != nil {
+	if err := p.registerErr(t, kubeletSock); err != nil {
 		t.Fatalf("Register: %v", err)
 	}
 }
