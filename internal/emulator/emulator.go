@@ -116,7 +116,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	g, gctx := errgroup.WithContext(ctx)
 	// Allocations restored from the checkpoint for pods this emulator no
 	// longer knows are dropped, as the kubelet does for inactive pods.
-	if err := host.Start(gctx, nil, host.Pods.UIDs()); err != nil {
+	if err := host.Start(gctx, host.Pods.UIDs()); err != nil {
 		return err
 	}
 	defer host.Stop()

@@ -9,9 +9,11 @@
 //
 // # Pods
 //
-// Host.Pods is the host's pod store. A user that tracks its pods itself
-// (the virtual node's provider, which follows the API server) passes its
-// own podresources.PodsProvider to Start instead.
+// Host.Pods is the host's one pod store, as the kubelet's pod manager: one
+// pod per namespace and name, terminated pods kept until removed. The
+// PodResources API answers from it, the emulated kubelet adds the pods it
+// admits and the virtual node's provider keeps there the last state of
+// every pod the API server gave it.
 //
 // # A second resource manager
 //
@@ -71,8 +73,7 @@ type Config struct {
 type Host struct {
 	// Manager is the device manager; admit pods through it.
 	Manager *devicemanager.Manager
-	// Pods is the host's pod store, what the PodResources API lists unless
-	// Start is given another provider.
+	// Pods is the host's pod store, what the PodResources API lists.
 	Pods *podresources.PodStore
 	// Watcher is the plugin watcher, set by Start.
 	Watcher *pluginwatcher.Watcher
@@ -114,15 +115,13 @@ func New(cfg Config) (*Host, error) {
 
 // Start starts the device manager, drops restored allocations of pods not
 // in active (as the kubelet does for pods it no longer runs), starts the
-// plugin watcher and serves the PodResources API on PodResourcesSocket.
-// pods answers the PodResources API's questions about pods; nil means
-// h.Pods. Everything runs until ctx ends, Stop is called
-// or serving the PodResources API fails; Done tells when it has ended.
-// Start may be called once; on error, everything it started is stopped.
-func (h *Host) Start(ctx context.Context, pods podresources.PodsProvider, active []types.UID) error {
-	if pods == nil {
-		pods = h.Pods
-	}
+// plugin watcher and serves the PodResources API on PodResourcesSocket,
+// answering its questions about pods from h.Pods. Everything runs until
+// ctx ends, Stop is called or serving the PodResources API fails; Done
+// tells when it has ended. Start may be called once; on error, everything
+// it started is stopped.
+func (h *Host) Start(ctx context.Context, active []types.UID) error {
+	pods := h.Pods
 	h.mu.Lock()
 	if h.cancel != nil || h.stopped {
 		h.mu.Unlock()

@@ -182,7 +182,7 @@ func TestStop(t *testing.T) {
 		host := newHost(t)
 		host.Stop()
 		host.Stop()
-		if err := host.Start(context.Background(), nil, nil); err == nil {
+		if err := host.Start(context.Background(), nil); err == nil {
 			t.Fatal("Start after Stop succeeded")
 		}
 	})
@@ -190,7 +190,7 @@ func TestStop(t *testing.T) {
 		t.Parallel()
 		host := newHost(t)
 		ctx, cancel := context.WithCancel(context.Background())
-		if err := host.Start(ctx, nil, nil); err != nil {
+		if err := host.Start(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
@@ -204,10 +204,10 @@ func TestStop(t *testing.T) {
 	t.Run("concurrently", func(t *testing.T) {
 		t.Parallel()
 		host := newHost(t)
-		if err := host.Start(context.Background(), nil, nil); err != nil {
+		if err := host.Start(context.Background(), nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := host.Start(context.Background(), nil, nil); err == nil {
+		if err := host.Start(context.Background(), nil); err == nil {
 			t.Error("second Start succeeded")
 		}
 		var wg sync.WaitGroup
@@ -235,7 +235,7 @@ func startHost(t *testing.T) (string, *devicehost.Host, context.Context, context
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := host.Start(ctx, nil, nil); err != nil {
+	if err := host.Start(ctx, nil); err != nil {
 		cancel()
 		t.Fatal(err)
 	}

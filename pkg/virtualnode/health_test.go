@@ -236,7 +236,7 @@ func TestPodStatusDeviceHealth(t *testing.T) {
 	if err := p.be.DeletePod(ctx, deleting); err != nil {
 		t.Fatal(err)
 	}
-	if again, _ := p.GetPodByName("ns", "health"); again == final || !reflect.DeepEqual(deviceHealth(again), unknown) {
+	if again, _ := p.pods.GetPodByName("ns", "health"); again == final || !reflect.DeepEqual(deviceHealth(again), unknown) {
 		t.Errorf("after another backend report: health %v, want the last known %v", deviceHealth(again), unknown)
 	}
 }
@@ -285,7 +285,7 @@ func TestPublishKeepsLastState(t *testing.T) {
 	spinUntil("the first hand-over", func() bool { mu.Lock(); defer mu.Unlock(); return calls == 1 })
 	second := report("second")
 	spinUntil("the second report stored", func() bool {
-		pod, _ := p.GetPodByName("ns", "p")
+		pod, _ := p.pods.GetPodByName("ns", "p")
 		return pod.Status.Message == "second"
 	})
 	close(release)

@@ -255,7 +255,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	mgr := host.Manager
 	n := &Node{cfg: cfg, log: log, mgr: mgr, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
-	n.prov = newProvider(log.With("component", "pods"), mgr)
+	n.prov = newProvider(log.With("component", "pods"), host)
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
 		Notify:       n.prov.backendNotify,
 		ContainerEnv: n.prov.containerEnv,
@@ -272,7 +272,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if err := host.Start(ctx, n.prov, devicehost.UIDs(n.prov.GetActivePods())); err != nil {
+	if err := host.Start(ctx, devicehost.UIDs(host.Pods.GetActivePods())); err != nil {
 		return err
 	}
 	defer host.Stop()

@@ -126,7 +126,7 @@ func TestProviderKeepsResolvedEnvInMemory(t *testing.T) {
 	assertNoSecrets(t, "a pod missing from the API server", be.given[1])
 
 	// Restart: a fresh provider adopts the stored pods.
-	p2 := newProvider(slog.New(slog.DiscardHandler), host.Manager)
+	p2 := newProvider(slog.New(slog.DiscardHandler), host)
 	p2.be = be
 	p2.adopt(pods)
 	got := make(chan []corev1.EnvVar, 1)

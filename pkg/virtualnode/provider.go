@@ -5,7 +5,6 @@ import (
 	"errors"
 	"hash/fnv"
 	"log/slog"
-	"sort"
 	"sync"
 
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
@@ -14,7 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -39,10 +40,12 @@ type provider struct {
 	// (Secrets' values included), in memory only: see podenv.go.
 	envs podEnvs
 
-	// mu guards pods and notify. A stored pod is never modified: changes
-	// store a new copy, so a stored pointer may be handed out.
+	// pods is the node's pod store (the host's), which the PodResources
+	// API serves too: the last known state of every pod, terminated ones
+	// included, one per namespace and name.
+	pods *podresources.PodStore
+	// mu guards notify.
 	mu     sync.Mutex
-	pods   map[string]*corev1.Pod // namespace/name
 	notify func(*corev1.Pod)
 	// publishing serialises the hand-overs of one pod to the pod
 	// controller (striped by key), so that the last one carries the last
@@ -51,48 +54,50 @@ type provider struct {
 	publishing [32]sync.Mutex
 }
 
-func newProvider(log *slog.Logger, mgr *devicemanager.Manager) *provider {
-	return &provider{log: log, mgr: mgr, pods: map[string]*corev1.Pod{}}
+// newProvider returns a provider admitting through host's device manager
+// and keeping its pods in host's pod store.
+func newProvider(log *slog.Logger, host *devicehost.Host) *provider {
+	return &provider{log: log, mgr: host.Manager, pods: host.Pods}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
 
-func terminal(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-}
+func terminal(p *corev1.Pod) bool { return podresources.Terminated(p) }
 
 // backendNotify receives the backend's status changes; they are
 // reported with the health of the pod's devices.
 func (p *provider) backendNotify(pod *corev1.Pod) {
-	p.mu.Lock()
-	k := key(pod.Namespace, pod.Name)
-	cur, ok := p.pods[k]
-	if ok && cur.UID != pod.UID {
-		p.mu.Unlock()
-		return // a stale report about a replaced pod
+	stale := false
+	p.pods.Update(pod.Namespace, pod.Name, func(cur *corev1.Pod) *corev1.Pod {
+		if cur != nil && cur.UID != pod.UID {
+			stale = true // a report about a replaced pod
+			return nil
+		}
+		setResourcesStatus(pod, p.mgr.AllocatedResourcesStatus(pod.UID), cur)
+		return pod
+	})
+	if stale {
+		return
 	}
-	setResourcesStatus(pod, p.mgr.AllocatedResourcesStatus(pod.UID), cur)
-	p.pods[k] = pod
-	p.mu.Unlock()
 	if terminal(pod) {
 		// The kubelet frees the devices of pods that are no longer
 		// active; a terminated pod is not.
 		p.mgr.RemovePod(pod.UID)
 	}
-	p.publish(k)
+	p.publish(pod.Namespace, pod.Name)
 }
 
-// publish hands the pod stored under k to the pod controller.
-func (p *provider) publish(k string) {
+// publish hands the pod stored as namespace/name to the pod controller.
+func (p *provider) publish(namespace, name string) {
 	h := fnv.New32a()
-	_, _ = h.Write([]byte(k))
+	_, _ = h.Write([]byte(key(namespace, name)))
 	l := &p.publishing[h.Sum32()%uint32(len(p.publishing))]
 	l.Lock()
 	defer l.Unlock()
 	p.mu.Lock()
-	pod, cb := p.pods[k], p.notify
+	cb := p.notify
 	p.mu.Unlock()
-	if pod != nil && cb != nil {
+	if pod, ok := p.pods.Get(namespace, name); ok && cb != nil {
 		cb(pod)
 	}
 }
@@ -148,8 +153,8 @@ func (p *provider) watchHealth(ctx context.Context) {
 	ch, cancel := p.mgr.Subscribe()
 	defer cancel()
 	for {
-		for _, k := range p.refreshHealth() {
-			p.publish(k)
+		for _, pod := range p.refreshHealth() {
+			p.publish(pod.Namespace, pod.Name)
 		}
 		select {
 		case <-ctx.Done():
@@ -163,34 +168,36 @@ func (p *provider) watchHealth(ctx context.Context) {
 }
 
 // refreshHealth stores a new state for every active pod whose devices'
-// health differs from what its status says, and returns their keys.
-func (p *provider) refreshHealth() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var changed []string
-	for k, pod := range p.pods {
-		if terminal(pod) {
-			continue
+// health differs from what its status says, and returns them, sorted by
+// namespace and name.
+func (p *provider) refreshHealth() []*corev1.Pod {
+	var changed []*corev1.Pod
+	for _, pod := range p.pods.GetActivePods() {
+		updated := false
+		p.pods.Update(pod.Namespace, pod.Name, func(cur *corev1.Pod) *corev1.Pod {
+			if cur == nil || cur.UID != pod.UID || terminal(cur) {
+				return nil // changed since listed
+			}
+			st := p.mgr.AllocatedResourcesStatus(cur.UID)
+			if st == nil || !resourcesStatusDiffers(cur, st) {
+				return nil
+			}
+			upd := cur.DeepCopy()
+			setResourcesStatus(upd, st, cur)
+			updated = true
+			return upd
+		})
+		if updated {
+			changed = append(changed, pod)
 		}
-		st := p.mgr.AllocatedResourcesStatus(pod.UID)
-		if st == nil || !resourcesStatusDiffers(pod, st) {
-			continue
-		}
-		upd := pod.DeepCopy()
-		setResourcesStatus(upd, st, pod)
-		p.pods[k] = upd
-		changed = append(changed, k)
 	}
-	sort.Strings(changed)
 	return changed
 }
 
 // adopt seeds the store with the backend's pods after a restart.
 func (p *provider) adopt(pods []*corev1.Pod) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	for _, pod := range pods {
-		p.pods[key(pod.Namespace, pod.Name)] = pod
+		p.pods.Add(pod)
 	}
 }
 
@@ -224,9 +231,7 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		p.backendNotify(failed)
 		return nil
 	}
-	p.mu.Lock()
-	p.pods[key(pod.Namespace, pod.Name)] = pod.DeepCopy()
-	p.mu.Unlock()
+	p.pods.Add(pod)
 	if err := p.be.CreatePod(ctx, pod); err != nil {
 		p.mgr.RemovePod(pod.UID)
 		return err
@@ -239,11 +244,8 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 // replaced one of the same name (deleted and created again before the
 // node saw the deletion) is created.
 func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
-	p.mu.Lock()
-	cur, ok := p.pods[key(pod.Namespace, pod.Name)]
-	replaced := ok && cur.UID != pod.UID
-	p.mu.Unlock()
-	if replaced {
+	cur, ok := p.pods.Get(pod.Namespace, pod.Name)
+	if ok && cur.UID != pod.UID {
 		return p.CreatePod(ctx, pod)
 	}
 	if ok {
@@ -267,16 +269,11 @@ func (p *provider) withoutResolvedEnv(pod *corev1.Pod) *corev1.Pod {
 // dropReplaced forgets the pod of pod's namespace and name when it has
 // another UID: it was deleted from the API server and pod took its name.
 func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
-	k := key(pod.Namespace, pod.Name)
-	p.mu.Lock()
-	cur, ok := p.pods[k]
-	if !ok || cur.UID == pod.UID {
-		p.mu.Unlock()
+	cur, ok := p.pods.Get(pod.Namespace, pod.Name)
+	if !ok || cur.UID == pod.UID || !p.pods.Delete(cur.Namespace, cur.Name, cur.UID) {
 		return nil
 	}
-	delete(p.pods, k)
-	p.mu.Unlock()
-	p.log.Info("forgetting a pod replaced by one of the same name", "pod", k, "uid", cur.UID, "new", pod.UID)
+	p.log.Info("forgetting a pod replaced by one of the same name", "pod", key(pod.Namespace, pod.Name), "uid", cur.UID, "new", pod.UID)
 	p.mgr.RemovePod(cur.UID)
 	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)
@@ -285,10 +282,7 @@ func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
 // DeletePod stops a pod that is being deleted (deletionTimestamp set) and
 // forgets a pod that is gone from the API server.
 func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
-	p.mu.Lock()
-	k := key(pod.Namespace, pod.Name)
-	cur, ok := p.pods[k]
-	p.mu.Unlock()
+	cur, ok := p.pods.Get(pod.Namespace, pod.Name)
 	if !ok {
 		return errdefs.NotFound("pod not found")
 	}
@@ -305,11 +299,7 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		p.backendNotify(cur.DeepCopy())
 		return nil
 	}
-	p.mu.Lock()
-	if c, ok := p.pods[k]; ok && c.UID == cur.UID {
-		delete(p.pods, k)
-	}
-	p.mu.Unlock()
+	p.pods.Delete(cur.Namespace, cur.Name, cur.UID)
 	p.mgr.RemovePod(cur.UID)
 	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)
@@ -317,9 +307,7 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 
 // GetPod implements node.PodLifecycleHandler.
 func (p *provider) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pod, ok := p.pods[key(namespace, name)]
+	pod, ok := p.pods.Get(namespace, name)
 	if !ok {
 		return nil, errdefs.NotFoundf("pod %s/%s not found", namespace, name)
 	}
@@ -337,15 +325,11 @@ func (p *provider) GetPodStatus(ctx context.Context, namespace, name string) (*c
 
 // GetPods implements node.PodLifecycleHandler.
 func (p *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([]*corev1.Pod, 0, len(p.pods))
-	for _, pod := range p.pods {
-		out = append(out, pod.DeepCopy())
+	pods := p.pods.List()
+	out := make([]*corev1.Pod, len(pods))
+	for i, pod := range pods {
+		out[i] = pod.DeepCopy()
 	}
-	sort.Slice(out, func(i, j int) bool {
-		return key(out[i].Namespace, out[i].Name) < key(out[j].Namespace, out[j].Name)
-	})
 	return out, nil
 }
 
@@ -354,41 +338,13 @@ func (p *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 func (p *provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
 	p.mu.Lock()
 	p.notify = cb
-	keys := make([]string, 0, len(p.pods))
-	for k := range p.pods {
-		keys = append(keys, k)
-	}
 	p.mu.Unlock()
+	known := p.pods.List()
 	go func() {
-		for _, k := range keys {
-			p.publish(k)
+		for _, pod := range known {
+			p.publish(pod.Namespace, pod.Name)
 		}
 	}()
-}
-
-// GetActivePods implements podresources.PodsProvider: admitted pods that
-// have not terminated.
-func (p *provider) GetActivePods() []*corev1.Pod {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([]*corev1.Pod, 0, len(p.pods))
-	for _, pod := range p.pods {
-		if !terminal(pod) {
-			out = append(out, pod)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		return key(out[i].Namespace, out[i].Name) < key(out[j].Namespace, out[j].Name)
-	})
-	return out
-}
-
-// GetPodByName implements podresources.PodsProvider.
-func (p *provider) GetPodByName(namespace, name string) (*corev1.Pod, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pod, ok := p.pods[key(namespace, name)]
-	return pod, ok
 }
 
 // containerEnv returns a container's resolved environment, waiting for it

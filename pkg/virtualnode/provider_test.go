@@ -34,17 +34,17 @@ func shortRoot(t *testing.T) string {
 	return root
 }
 
-// startProvider runs a device host on root with a provider (no backend) as
-// its source of pods, until the test ends.
+// startProvider runs a device host on root and a provider (no backend)
+// keeping its pods in the host's store, until the test ends.
 func startProvider(t *testing.T, root string) (context.Context, *devicehost.Host, *provider) {
 	t.Helper()
 	host, err := devicehost.New(devicehost.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newProvider(slog.New(slog.DiscardHandler), host.Manager)
+	p := newProvider(slog.New(slog.DiscardHandler), host)
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := host.Start(ctx, p, nil); err != nil {
+	if err := host.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); host.Stop() })
@@ -119,10 +119,10 @@ func TestCreatePodRejected(t *testing.T) {
 	default:
 		t.Error("no event recorded for the rejected pod")
 	}
-	if got, ok := p.GetPodByName("ns", "too-many"); !ok || got.Status.Phase != corev1.PodFailed {
+	if got, ok := p.pods.GetPodByName("ns", "too-many"); !ok || got.Status.Phase != corev1.PodFailed {
 		t.Errorf("provider's pod %v (known %v), want it Failed", got, ok)
 	}
-	if active := p.GetActivePods(); len(active) != 0 {
+	if active := p.pods.GetActivePods(); len(active) != 0 {
 		t.Errorf("active pods %v, want none", active)
 	}
 }

@@ -64,7 +64,6 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
-	"github.com/dpkit/dpkit/pkg/podresources"
 )
 
 func main() {
@@ -155,7 +154,7 @@ func run(processStart time.Time) error {
 	}
 	serverStart := time.Now()
 	hostCtx, cancelHost := context.WithCancel(ctx)
-	if err := host.Start(hostCtx, podresources.NewPodStore(), pods.uids()); err != nil {
+	if err := host.Start(hostCtx, pods.uids()); err != nil {
 		cancelHost()
 		return fmt.Errorf("start device manager: %w", err)
 	}
