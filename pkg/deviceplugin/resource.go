@@ -64,6 +64,12 @@ type resource struct {
 	scanned  chan struct{} // closed on the first snapshot
 	scanOnce sync.Once
 
+	// relistenMu makes relisten's "is the socket still ours? if not,
+	// listen again" one step: the fsnotify handler, the registration loop
+	// and the resync all ask, and two of them listening for one removal
+	// would close the socket the other has just registered.
+	relistenMu sync.Mutex
+
 	mu      sync.Mutex
 	pending map[string]bool // reasons to register that the loop has not seen
 	// socketPath is the socket served now, and srv the gRPC server on it.
@@ -201,6 +207,21 @@ func (r *resource) listen() error {
 		r.registrationChanged()
 	}
 	return err
+}
+
+// relisten serves the resource on a fresh socket unless the socket file
+// on disk is still the one this instance serves, and reports whether it
+// did. Without it, two callers that saw the same removal would both listen:
+// the second listen closes the first's socket, which one of them may be
+// registering at that moment, and the kubelet's dial inside Register then
+// finds nobody there ("connection refused") for its whole 10s.
+func (r *resource) relisten() (bool, error) {
+	r.relistenMu.Lock()
+	defer r.relistenMu.Unlock()
+	if r.ownsSocket() {
+		return false, nil
+	}
+	return true, r.listen()
 }
 
 // listenLocked does listen's work with r.mu held and reports whether it
@@ -523,10 +544,8 @@ func (r *resource) registerLoop(ctx context.Context) {
 // registerOnce makes one registration attempt through kubelet.sock
 // (kubelet mode; in registry mode the plugin watcher finds the socket).
 func (r *resource) registerOnce(ctx context.Context) error {
-	if !r.ownsSocket() {
-		if err := r.listen(); err != nil {
-			return err
-		}
+	if _, err := r.relisten(); err != nil {
+		return err
 	}
 	// Confirm the kubelet accepts connections before asking anything.
 	fi, err := os.Stat(r.cfg.KubeletSocket)
