@@ -87,10 +87,12 @@ type resource struct {
 	// to, so a creation event for that same socket is not a restart.
 	kubeletSock os.FileInfo
 	streams     int
-	// registeredAt is when the last registration succeeded.
-	registeredAt time.Time
-	lastErr      error
-	onRegister   func() // called after every registration state change
+	// registeredAt is when the last registration succeeded, and
+	// registeredListen the listen whose socket it registered.
+	registeredAt     time.Time
+	registeredListen int
+	lastErr          error
+	onRegister       func() // called after every registration state change
 }
 
 func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *resource {
@@ -313,6 +315,10 @@ func (r *resource) stopRetired() {
 func (r *resource) ownsSocket() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.ownsSocketLocked()
+}
+
+func (r *resource) ownsSocketLocked() bool {
 	if r.socketInfo == nil {
 		return false
 	}
@@ -473,6 +479,12 @@ func (r *resource) needsRegistration(reason string) bool {
 		return !r.registered || !same
 	case reasonRetry:
 		return !r.registered
+	case reasonSocketRemoved:
+		// The socket served again after the removal may already be
+		// registered: the loop, woken for another reason (the kubelet's
+		// stream ended), registered it before taking this one. Registering
+		// it again would be refused as "already connected".
+		return !r.registered || r.registeredListen != r.listens || !r.ownsSocketLocked()
 	default:
 		return true
 	}
@@ -568,7 +580,9 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	defer cc.Close()
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RegisterTimeout)
 	defer cancel()
-	endpoint := filepath.Base(r.socket())
+	r.mu.Lock()
+	endpoint, listen := filepath.Base(r.socketPath), r.listens
+	r.mu.Unlock()
 	_, err = pluginapi.NewRegistrationClient(cc).Register(rctx, &pluginapi.RegisterRequest{
 		Version:      pluginapi.Version,
 		Endpoint:     endpoint,
@@ -582,6 +596,7 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	r.mu.Lock()
 	r.kubeletSock = fi
 	r.registeredAt = r.cfg.Clock.Now()
+	r.registeredListen = listen
 	r.mu.Unlock()
 	r.log.Info("Registered with the kubelet", "endpoint", endpoint)
 	r.setRegistered(true, nil)

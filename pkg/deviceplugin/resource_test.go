@@ -74,3 +74,55 @@ func TestRelistenOncePerRemoval(t *testing.T) {
 		_ = c.Close()
 	}
 }
+
+// A socket-removed reason the registration loop takes after it already
+// registered the socket served since (woken first for another reason)
+// asks for no registration: the kubelet would refuse the same socket as
+// "already connected". A socket served after that registration, or a
+// registration that is not in place, still asks for one.
+func TestSocketRemovedNeedsRegistration(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "dpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{PluginDir: dir, Registration: RegistrationKubelet}.withDefaults()
+	r := newResource(Resource{Name: "example.com/foo", Plugin: noDevices{}}, cfg, RegistrationKubelet, m)
+	if err := r.listen(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.shutdown)
+	registered := func() { // what registerOnce records
+		r.mu.Lock()
+		r.registeredListen = r.listens
+		r.mu.Unlock()
+		r.setRegistered(true, nil)
+	}
+	relisten := func() {
+		if err := os.Remove(r.socket()); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.relisten(); !ok || err != nil {
+			t.Fatalf("relisten: %v, %v", ok, err)
+		}
+	}
+	relisten()
+	registered()
+	if r.needsRegistration(reasonSocketRemoved) {
+		t.Error("the socket served again is registered, yet socket-removed asks for a registration")
+	}
+	relisten()
+	if !r.needsRegistration(reasonSocketRemoved) {
+		t.Error("a socket served after the last registration does not ask for one")
+	}
+	registered()
+	r.setRegistered(false, nil)
+	if !r.needsRegistration(reasonSocketRemoved) {
+		t.Error("an unregistered resource does not ask for a registration")
+	}
+}
