@@ -32,6 +32,17 @@ const (
 // DefaultRegistryDir is where the kubelet's plugin watcher looks for sockets.
 const DefaultRegistryDir = "/var/lib/kubelet/plugins_registry"
 
+// Environment variables that hand a plugin its directories when its author
+// set none in Config. dpkit verify sets them for the plugin it runs, so that
+// a plugin written with the zero Config serves in verify's emulated kubelet
+// directory instead of the node's. A directory set in Config always wins.
+const (
+	// EnvPluginDir is the default of Config.PluginDir.
+	EnvPluginDir = "DPKIT_PLUGIN_DIR"
+	// EnvRegistryDir is the default of Config.RegistryDir.
+	EnvRegistryDir = "DPKIT_REGISTRY_DIR"
+)
+
 // KubeletMaxMessageSize is the largest message the kubelet accepts on a
 // ListAndWatch stream (the gRPC default receive limit, 4 MiB).
 const KubeletMaxMessageSize = 4 << 20
@@ -41,6 +52,7 @@ const KubeletMaxMessageSize = 4 << 20
 type Config struct {
 	// PluginDir is the kubelet's device plugin directory: where plugin
 	// sockets are created and kubelet.sock is found. Default
+	// $DPKIT_PLUGIN_DIR when set (dpkit verify sets it), else
 	// /var/lib/kubelet/device-plugins/.
 	PluginDir string
 	// KubeletSocket is the kubelet's registration socket. Default
@@ -48,8 +60,9 @@ type Config struct {
 	KubeletSocket string
 	// Registration selects the registration path. Default auto.
 	Registration RegistrationMode
-	// RegistryDir is the kubelet's plugin watcher directory. Default: the
-	// plugins_registry directory beside PluginDir, which is
+	// RegistryDir is the kubelet's plugin watcher directory. Default
+	// $DPKIT_REGISTRY_DIR when set (dpkit verify --plugin-watcher sets
+	// it), else the plugins_registry directory beside PluginDir, which is
 	// /var/lib/kubelet/plugins_registry for the default PluginDir.
 	RegistryDir string
 	// InstanceID distinguishes this process's sockets from those of other
@@ -85,11 +98,19 @@ type Config struct {
 	// Clock times everything above. Default the real clock; tests pass a
 	// fake one (k8s.io/utils/clock/testing).
 	Clock clock.WithTicker
+
+	// pluginDirFrom names the environment variable PluginDir was taken
+	// from, for validation errors.
+	pluginDirFrom string
 }
 
 func (c Config) withDefaults() Config {
 	if c.PluginDir == "" {
-		c.PluginDir = pluginapi.DevicePluginPath
+		if dir := os.Getenv(EnvPluginDir); dir != "" {
+			c.PluginDir, c.pluginDirFrom = dir, EnvPluginDir
+		} else {
+			c.PluginDir = pluginapi.DevicePluginPath
+		}
 	}
 	if c.KubeletSocket == "" {
 		c.KubeletSocket = filepath.Join(c.PluginDir, filepath.Base(pluginapi.KubeletSocket))
@@ -98,8 +119,12 @@ func (c Config) withDefaults() Config {
 		c.Registration = RegistrationAuto
 	}
 	if c.RegistryDir == "" {
-		// The kubelet keeps both directories under its root directory.
-		c.RegistryDir = filepath.Join(filepath.Dir(filepath.Clean(c.PluginDir)), filepath.Base(DefaultRegistryDir))
+		if dir := os.Getenv(EnvRegistryDir); dir != "" {
+			c.RegistryDir = dir
+		} else {
+			// The kubelet keeps both directories under its root directory.
+			c.RegistryDir = filepath.Join(filepath.Dir(filepath.Clean(c.PluginDir)), filepath.Base(DefaultRegistryDir))
+		}
 	}
 	if c.InstanceID == "" {
 		var b [4]byte
@@ -139,7 +164,7 @@ func (c Config) withDefaults() Config {
 func (c Config) validate(resources []Resource) error {
 	var errs []error
 	if !filepath.IsAbs(c.PluginDir) {
-		errs = append(errs, fmt.Errorf("PluginDir: %q must be an absolute path", c.PluginDir))
+		errs = append(errs, fmt.Errorf("PluginDir: %q%s must be an absolute path", c.PluginDir, from(c.pluginDirFrom)))
 	}
 	switch c.Registration {
 	case RegistrationAuto, RegistrationKubelet, RegistrationRegistry:
@@ -166,6 +191,14 @@ func (c Config) validate(resources []Resource) error {
 		seen[r.Name] = true
 	}
 	return errors.Join(errs...)
+}
+
+// from says which environment variable a value came from, if any.
+func from(env string) string {
+	if env == "" {
+		return ""
+	}
+	return " (from $" + env + ")"
 }
 
 // registryMode resolves auto to the mode actually used.

@@ -46,3 +46,30 @@ func TestRegistryDirDefaultsBesidePluginDir(t *testing.T) {
 		}
 	}
 }
+
+// $DPKIT_PLUGIN_DIR and $DPKIT_REGISTRY_DIR are the defaults of the
+// directories the author left empty, and only of those. Not parallel: it
+// sets the environment.
+func TestDirectoriesFromEnvironment(t *testing.T) {
+	t.Setenv(EnvPluginDir, "/run/verify/device-plugins")
+	t.Setenv(EnvRegistryDir, "/run/verify/plugins_registry")
+	for _, tc := range []struct {
+		name             string
+		cfg              Config
+		plugin, registry string
+	}{
+		{"zero", Config{}, "/run/verify/device-plugins", "/run/verify/plugins_registry"},
+		{"plugin dir set", Config{PluginDir: "/k/device-plugins"}, "/k/device-plugins", "/run/verify/plugins_registry"},
+		{"both set", Config{PluginDir: "/k/device-plugins", RegistryDir: "/k/reg"}, "/k/device-plugins", "/k/reg"},
+	} {
+		got := tc.cfg.withDefaults()
+		if got.PluginDir != tc.plugin || got.RegistryDir != tc.registry {
+			t.Errorf("%s: PluginDir %q, RegistryDir %q; want %q, %q", tc.name, got.PluginDir, got.RegistryDir, tc.plugin, tc.registry)
+		}
+	}
+	t.Setenv(EnvPluginDir, "relative/dir")
+	err := Config{}.withDefaults().validate([]Resource{{Name: "example.com/foo", Plugin: nil}})
+	if err == nil || !strings.Contains(err.Error(), `PluginDir: "relative/dir" (from $DPKIT_PLUGIN_DIR) must be an absolute path`) {
+		t.Errorf("relative $%s: error %v, want one naming the variable", EnvPluginDir, err)
+	}
+}

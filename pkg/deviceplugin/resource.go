@@ -64,6 +64,12 @@ type resource struct {
 	scanned  chan struct{} // closed on the first snapshot
 	scanOnce sync.Once
 
+	// relistenMu makes relisten's "is the socket still ours? if not,
+	// listen again" one step: the fsnotify handler, the registration loop
+	// and the resync all ask, and two of them listening for one removal
+	// would close the socket the other has just registered.
+	relistenMu sync.Mutex
+
 	mu      sync.Mutex
 	pending map[string]bool // reasons to register that the loop has not seen
 	// socketPath is the socket served now, and srv the gRPC server on it.
@@ -81,10 +87,12 @@ type resource struct {
 	// to, so a creation event for that same socket is not a restart.
 	kubeletSock os.FileInfo
 	streams     int
-	// registeredAt is when the last registration succeeded.
-	registeredAt time.Time
-	lastErr      error
-	onRegister   func() // called after every registration state change
+	// registeredAt is when the last registration succeeded, and
+	// registeredListen the listen whose socket it registered.
+	registeredAt     time.Time
+	registeredListen int
+	lastErr          error
+	onRegister       func() // called after every registration state change
 }
 
 func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *resource {
@@ -203,6 +211,21 @@ func (r *resource) listen() error {
 	return err
 }
 
+// relisten serves the resource on a fresh socket unless the socket file
+// on disk is still the one this instance serves, and reports whether it
+// did. Without it, two callers that saw the same removal would both listen:
+// the second listen closes the first's socket, which one of them may be
+// registering at that moment, and the kubelet's dial inside Register then
+// finds nobody there ("connection refused") for its whole 10s.
+func (r *resource) relisten() (bool, error) {
+	r.relistenMu.Lock()
+	defer r.relistenMu.Unlock()
+	if r.ownsSocket() {
+		return false, nil
+	}
+	return true, r.listen()
+}
+
 // listenLocked does listen's work with r.mu held and reports whether it
 // cleared the registered state.
 func (r *resource) listenLocked() (unregistered bool, _ error) {
@@ -292,6 +315,10 @@ func (r *resource) stopRetired() {
 func (r *resource) ownsSocket() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.ownsSocketLocked()
+}
+
+func (r *resource) ownsSocketLocked() bool {
 	if r.socketInfo == nil {
 		return false
 	}
@@ -452,6 +479,12 @@ func (r *resource) needsRegistration(reason string) bool {
 		return !r.registered || !same
 	case reasonRetry:
 		return !r.registered
+	case reasonSocketRemoved:
+		// The socket served again after the removal may already be
+		// registered: the loop, woken for another reason (the kubelet's
+		// stream ended), registered it before taking this one. Registering
+		// it again would be refused as "already connected".
+		return !r.registered || r.registeredListen != r.listens || !r.ownsSocketLocked()
 	default:
 		return true
 	}
@@ -523,10 +556,8 @@ func (r *resource) registerLoop(ctx context.Context) {
 // registerOnce makes one registration attempt through kubelet.sock
 // (kubelet mode; in registry mode the plugin watcher finds the socket).
 func (r *resource) registerOnce(ctx context.Context) error {
-	if !r.ownsSocket() {
-		if err := r.listen(); err != nil {
-			return err
-		}
+	if _, err := r.relisten(); err != nil {
+		return err
 	}
 	// Confirm the kubelet accepts connections before asking anything.
 	fi, err := os.Stat(r.cfg.KubeletSocket)
@@ -549,7 +580,9 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	defer cc.Close()
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RegisterTimeout)
 	defer cancel()
-	endpoint := filepath.Base(r.socket())
+	r.mu.Lock()
+	endpoint, listen := filepath.Base(r.socketPath), r.listens
+	r.mu.Unlock()
 	_, err = pluginapi.NewRegistrationClient(cc).Register(rctx, &pluginapi.RegisterRequest{
 		Version:      pluginapi.Version,
 		Endpoint:     endpoint,
@@ -563,6 +596,7 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	r.mu.Lock()
 	r.kubeletSock = fi
 	r.registeredAt = r.cfg.Clock.Now()
+	r.registeredListen = listen
 	r.mu.Unlock()
 	r.log.Info("Registered with the kubelet", "endpoint", endpoint)
 	r.setRegistered(true, nil)

@@ -161,11 +161,15 @@ func (s *Server) handleEvent(ev fsnotify.Event) {
 		}
 	case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
 		for _, r := range s.resources {
-			if ev.Name == r.socket() && !r.ownsSocket() {
+			if ev.Name != r.socket() {
+				continue
+			}
+			switch relistened, err := r.relisten(); {
+			case err != nil:
+				r.log.Error("Could not serve the socket again; will retry", "error", err)
+				s.registerAgain(r, reasonSocketRemoved)
+			case relistened:
 				r.log.Info("Plugin socket was removed; serving it again")
-				if err := r.listen(); err != nil {
-					r.log.Error("Could not serve the socket again; will retry", "error", err)
-				}
 				s.registerAgain(r, reasonSocketRemoved)
 			}
 		}
@@ -176,8 +180,8 @@ func (s *Server) handleEvent(ev fsnotify.Event) {
 // removal was missed and retries registrations that are not in place.
 func (s *Server) resync() {
 	for _, r := range s.resources {
-		if !r.ownsSocket() {
-			if err := r.listen(); err == nil {
+		if relistened, err := r.relisten(); relistened {
+			if err == nil {
 				s.registerAgain(r, reasonSocketRemoved)
 			}
 			continue

@@ -594,3 +594,39 @@ func runRegistryServer(t *testing.T, cfg deviceplugin.Config, plugin deviceplugi
 	t.Cleanup(func() { _ = conn.Close() })
 	return srv, conn, ctx
 }
+
+// A plugin whose author set no PluginDir serves and registers in the
+// directory $DPKIT_PLUGIN_DIR names (dpkit verify sets it); a PluginDir set
+// in Config wins over it. Not parallel: it sets the environment.
+func TestPluginDirFromEnvironment(t *testing.T) {
+	t.Run("zero config", func(t *testing.T) {
+		k := dptest.NewKubelet(t)
+		t.Setenv(deviceplugin.EnvPluginDir, k.PluginDir())
+		serveUntilDone(t, deviceplugin.Config{})
+		k.WaitForRegistration(t, res)
+	})
+	t.Run("config wins", func(t *testing.T) {
+		k := dptest.NewKubelet(t)
+		t.Setenv(deviceplugin.EnvPluginDir, t.TempDir()) // no kubelet there
+		serveUntilDone(t, deviceplugin.Config{PluginDir: k.PluginDir()})
+		k.WaitForRegistration(t, res)
+	})
+}
+
+// serveUntilDone runs a server of res with cfg until the test ends.
+func serveUntilDone(t *testing.T, cfg deviceplugin.Config) {
+	t.Helper()
+	srv, err := deviceplugin.NewServer(cfg, deviceplugin.Resource{Name: res, Plugin: dptest.NewDevices("a", "b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}

@@ -10,13 +10,15 @@ import (
 	"time"
 )
 
-// WriteTable writes a readable table: one line per check, the details of
-// everything that did not pass, and the summary line.
+// WriteTable writes a readable table: one line per check with its whole
+// detail, then what failed or warned with its fix and a link to its
+// section in docs/verify.md, the end of the plugin's output when a check
+// failed, and the summary line.
 func (r *Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tRESULT\tDETAIL")
 	for _, res := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", res.ID, strings.ToUpper(string(res.Verdict)), oneLine(res.Detail, 100))
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", res.ID, strings.ToUpper(string(res.Verdict)), oneLine(res.Detail))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -25,8 +27,21 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, res := range r.Results {
 		if res.Verdict == Fail || res.Verdict == Warn {
 			fmt.Fprintf(&b, "\n%s %s: %s\n  %s\n  based on: %s\n", strings.ToUpper(string(res.Verdict)), res.ID, res.Description, res.Detail, res.Basis)
+			if res.Fix != "" {
+				fmt.Fprintf(&b, "  fix: %s\n  see: %s\n", res.Fix, res.Docs)
+			}
 		}
 	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	return r.WriteEnd(w)
+}
+
+// WriteEnd writes how a report ends: the last lines of the plugin's output
+// when a check failed, and the summary line.
+func (r *Report) WriteEnd(w io.Writer) error {
+	var b strings.Builder
 	if r.PluginOutput != "" {
 		fmt.Fprintf(&b, "\nLast output of the plugin:\n%s\n", indent(lastLines(r.PluginOutput, 20)))
 	}
@@ -39,13 +54,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 	return err
 }
 
-func oneLine(s string, n int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > n {
-		return s[:n-3] + "..."
-	}
-	return s
-}
+// oneLine keeps a detail on its table line.
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
@@ -57,7 +67,7 @@ func lastLines(s string, n int) string {
 
 func indent(s string) string { return "  " + strings.ReplaceAll(s, "\n", "\n  ") }
 
-// WriteJSON writes the report as indented JSON.
+// WriteJSON writes the report as indented JSON (durations in seconds).
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -105,7 +115,7 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 		c := junitCase{Name: res.ID, Classname: "dpkit.verify"}
 		switch res.Verdict {
 		case Fail:
-			c.Failure = &junitMessage{Message: res.Detail, Text: res.Description + "\nbased on: " + res.Basis}
+			c.Failure = &junitMessage{Message: res.Detail, Text: res.Description + "\nbased on: " + res.Basis + "\nfix: " + res.Fix + "\nsee: " + res.Docs}
 		case Skip:
 			c.Skipped = &junitMessage{Message: res.Detail}
 		default:

@@ -11,15 +11,19 @@ import (
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 )
 
 // Environment variables set for the plugin command.
 const (
 	// EnvPluginDir names the emulated kubelet's device plugin directory.
-	EnvPluginDir = "DPKIT_PLUGIN_DIR"
+	// The dpkit SDK serves there when its Config sets no PluginDir.
+	EnvPluginDir = deviceplugin.EnvPluginDir
 	// EnvRegistryDir names the emulated plugins_registry directory
-	// (plugin-watcher mode only).
-	EnvRegistryDir = "DPKIT_REGISTRY_DIR"
+	// (plugin-watcher mode only). The dpkit SDK uses it when its Config
+	// sets no RegistryDir.
+	EnvRegistryDir = deviceplugin.EnvRegistryDir
 	// EnvSampleSockDir is read by the upstream sample device plugin.
 	EnvSampleSockDir = "PLUGIN_SOCK_DIR"
 )

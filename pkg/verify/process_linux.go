@@ -4,7 +4,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"sort"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -39,4 +43,73 @@ func startInPrivateMount(cmd *exec.Cmd, src, dst string) error {
 		}()
 	}()
 	return <-errc
+}
+
+// listeningSockets returns the paths of the unix sockets that the
+// processes of process group pgid listen on, from /proc: the socket inodes
+// among their file descriptors, looked up in /proc/net/unix. Abstract
+// sockets are left out. ok is false when /proc could not be read.
+func listeningSockets(pgid int) (paths []string, ok bool) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, false
+	}
+	inodes := map[string]bool{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || processGroup(pid) != pgid {
+			continue
+		}
+		fds, err := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			link, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name()))
+			if inode, found := strings.CutPrefix(link, "socket:["); err == nil && found {
+				inodes[strings.TrimSuffix(inode, "]")] = true
+			}
+		}
+	}
+	data, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		return nil, false
+	}
+	// Num RefCount Protocol Flags Type St Inode Path
+	lines := strings.Split(string(data), "\n")
+	for _, line := range lines[min(1, len(lines)):] {
+		f := strings.Fields(line)
+		if len(f) < 8 || !inodes[f[6]] || strings.HasPrefix(f[7], "@") {
+			continue
+		}
+		const acceptCon = 0x10000 // __SO_ACCEPTCON: a listening socket
+		if flags, err := strconv.ParseUint(f[3], 16, 32); err == nil && flags&acceptCon != 0 {
+			paths = append(paths, strings.Join(f[7:], " "))
+		}
+	}
+	sort.Strings(paths)
+	return dedupe(paths), true
+}
+
+// processGroup returns the process group of pid from /proc/<pid>/stat, or
+// -1.
+func processGroup(pid int) int {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return -1
+	}
+	// pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 3 {
+		return -1
+	}
+	pgrp, err := strconv.Atoi(f[2])
+	if err != nil {
+		return -1
+	}
+	return pgrp
 }

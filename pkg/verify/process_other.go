@@ -10,3 +10,6 @@ import (
 func startInPrivateMount(*exec.Cmd, string, string) error {
 	return errors.New("--private-mount needs Linux mount namespaces")
 }
+
+// listeningSockets is known only on Linux.
+func listeningSockets(int) ([]string, bool) { return nil, false }

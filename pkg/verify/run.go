@@ -24,10 +24,14 @@ import (
 type runner struct {
 	cfg     Config
 	log     *slog.Logger
+	checks  map[string]CheckInfo
 	results map[string]*Result
+	// reported are the checks whose final result went to Config.Progress.
+	reported map[string]bool
 
 	root        string // temporary directory we created; "" with SocketDir
 	pluginDir   string
+	seenDir     string // pluginDir as the plugin sees it (--private-mount)
 	registryDir string
 	command     []string
 	emu         *emulator
@@ -114,6 +118,7 @@ func (r *runner) setup() error {
 	if cfg.PrivateMount {
 		seen = filepath.Clean(pluginapi.DevicePluginPath)
 	}
+	r.seenDir = seen
 	r.command = expandArgs(cfg.Command, seen, r.registryDir)
 	sockDir := seen
 	env := append(append([]string(nil), cfg.Env...), EnvPluginDir+"="+seen)
@@ -158,6 +163,33 @@ func (r *runner) set(id string, v Verdict, format string, args ...any) {
 	res.Verdict = v
 	res.Detail = fmt.Sprintf(format, args...)
 	r.log.Debug("Check done", "check", id, "verdict", v, "detail", res.Detail)
+}
+
+// final returns the result of check id as the report gives it: with the
+// fix and the link to the docs when it failed or warned.
+func (r *runner) final(id string) Result {
+	res := *r.results[id]
+	if res.Verdict == Fail || res.Verdict == Warn {
+		c := r.checks[id]
+		res.Fix, res.Docs = c.Fix, c.DocsURL()
+	}
+	return res
+}
+
+// report hands every decided check not reported yet to Config.Progress,
+// in the order of Checks. It is called only where the verdicts decided so
+// far are final: between steps (step turns what a failed or interrupted
+// step decided into skips before it returns) and at the end.
+func (r *runner) report() {
+	for _, c := range Checks() {
+		if r.results[c.ID].Verdict == "" || r.reported[c.ID] {
+			continue
+		}
+		r.reported[c.ID] = true
+		if r.cfg.Progress != nil {
+			r.cfg.Progress(r.final(c.ID))
+		}
+	}
 }
 
 // skipAll skips every check not decided yet.
@@ -237,7 +269,9 @@ func (r *runner) run(ctx context.Context) {
 		{"the ListAndWatch message checks", r.checkMessages},
 	}
 	for _, s := range steps {
-		if !r.step(ctx, s.name, s.fn) {
+		ok := r.step(ctx, s.name, s.fn)
+		r.report()
+		if !ok {
 			break
 		}
 	}
@@ -245,6 +279,7 @@ func (r *runner) run(ctx context.Context) {
 		return
 	}
 	r.checkRegistrations("")
+	r.report()
 	r.checkShutdown(ctx)
 }
 
@@ -337,7 +372,7 @@ func (r *runner) notRegistered(ctx context.Context) {
 	case r.exited():
 		reason = fmt.Sprintf("the plugin %s before a registration was accepted; see registration.*", exitDescription(r.proc.err))
 	default:
-		detail = fmt.Sprintf("none within %s", r.cfg.RegisterTimeout)
+		detail = fmt.Sprintf("none within %s; %s", r.cfg.RegisterTimeout, r.whereServed())
 	}
 	r.checkRegistrations(detail)
 	r.skipAll(reason, CheckOptions, CheckFirstMessage, CheckFullList, CheckDeviceIDs, CheckStreams, CheckHealth, CheckMessageSize,
@@ -347,7 +382,69 @@ func (r *runner) notRegistered(ctx context.Context) {
 		r.skipAll(reason, CheckExit, CheckSocketRemoved)
 		return
 	}
+	r.report()
 	r.checkShutdown(ctx)
+}
+
+// whereServed says, for a plugin that has not registered, where it serves
+// and how to make it register: the unix sockets its processes listen on
+// (or, where those cannot be found out, the sockets in the emulated
+// directories), and whether they are where verify's kubelet looks.
+func (r *runner) whereServed() string {
+	if r.proc == nil {
+		return fmt.Sprintf("nothing called Register on %s. Fix: give the running plugin %s as its device plugin directory",
+			r.emu.sock, r.pluginDir)
+	}
+	dir, how := r.seenDir, PlaceholderPluginDir+" in its arguments or $"+EnvPluginDir
+	sdk := "$" + EnvPluginDir + " when Config.PluginDir is empty"
+	if r.registry() {
+		dir, how = r.registryDir, PlaceholderRegistryDir+" in its arguments or $"+EnvRegistryDir
+		sdk = "$" + EnvRegistryDir + " when Config.RegistryDir is empty"
+	}
+	sockets, known := listeningSockets(r.proc.cmd.Process.Pid)
+	if !known {
+		sockets = r.socketsIn(r.pluginDir, r.registryDir)
+	}
+	var inside []string
+	for _, s := range sockets {
+		if filepath.Dir(s) == dir {
+			inside = append(inside, s)
+		}
+	}
+	switch {
+	case len(inside) > 0 && r.registry():
+		return fmt.Sprintf("the plugin listens on %s, but the plugin watcher got no answer there it could accept (run with --log-level debug to see its calls). Fix: serve the registration service (GetInfo: type DevicePlugin, your resource name, v1beta1) on that socket",
+			strings.Join(inside, ", "))
+	case len(inside) > 0:
+		return fmt.Sprintf("the plugin listens on %s but did not call Register on %s. Fix: once the socket serves, call Register on kubelet.sock in the same directory",
+			strings.Join(inside, ", "), filepath.Join(dir, filepath.Base(pluginapi.KubeletSocket)))
+	case len(sockets) > 0:
+		return fmt.Sprintf("the plugin listens on %s, outside the directory verify's kubelet serves, %s. Fix: take the directory from verify: %s (the dpkit SDK uses %s); as root, --private-mount runs a plugin that only knows %s",
+			strings.Join(sockets, ", "), dir, how, sdk, filepath.Clean(pluginapi.DevicePluginPath))
+	}
+	what := "on no unix socket"
+	if !known {
+		what = "on no socket in " + dir
+	}
+	return fmt.Sprintf("the plugin listens %s. Fix: serve the device plugin API on a socket in the directory verify hands down (%s), then register",
+		what, how)
+}
+
+// socketsIn returns the sockets in dirs but kubelet.sock.
+func (r *runner) socketsIn(dirs ...string) []string {
+	var out []string
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if e.Type()&os.ModeSocket != 0 && filepath.Join(d, e.Name()) != r.emu.sock {
+				out = append(out, filepath.Join(d, e.Name()))
+			}
+		}
+	}
+	return out
 }
 
 // waitRegistered waits for the first accepted registration, then for

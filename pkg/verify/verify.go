@@ -13,6 +13,7 @@ package verify
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,10 @@ type Result struct {
 	// Detail says what was seen: the measured figure, the failure, or why
 	// the check was skipped.
 	Detail string `json:"detail,omitempty"`
+	// Fix and Docs, set when the check failed or warned, say how to fix
+	// the plugin and link to the check's section in docs/verify.md.
+	Fix  string `json:"fix,omitempty"`
+	Docs string `json:"docs,omitempty"`
 }
 
 // Summary counts verdicts.
@@ -72,7 +77,7 @@ type Report struct {
 	PluginDir string `json:"pluginDir"`
 	// Resources are the resources that registered.
 	Resources []string `json:"resources"`
-	// Duration is how long the run took.
+	// Duration is how long the run took; in seconds in JSON and YAML.
 	Duration time.Duration `json:"duration"`
 	Results  []Result      `json:"results"`
 	Summary  Summary       `json:"summary"`
@@ -83,6 +88,29 @@ type Report struct {
 	// was done (Ctrl-C, SIGTERM): the unfinished checks are skipped with
 	// the detail "interrupted".
 	Interrupted bool `json:"interrupted,omitempty"`
+}
+
+// MarshalJSON gives Duration in seconds, as every duration dpkit prints.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report
+	return json.Marshal(struct {
+		plain
+		Duration float64 `json:"duration"`
+	}{plain(r), r.Duration.Seconds()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *Report) UnmarshalJSON(data []byte) error {
+	type plain Report
+	aux := struct {
+		*plain
+		Duration float64 `json:"duration"`
+	}{plain: (*plain)(r)}
+	if err := json.Unmarshal(data, &aux); err != nil {
+		return err
+	}
+	r.Duration = time.Duration(aux.Duration * float64(time.Second))
+	return nil
 }
 
 // Failed reports whether any check failed.
@@ -156,6 +184,12 @@ type Config struct {
 	DialTimeout time.Duration
 	// Logger receives debug logs of the run. Default: discard.
 	Logger *slog.Logger
+	// Progress, when set, is called with each check's result as soon as
+	// its verdict is final, in the order checks are decided (registration.*
+	// come last: they are judged from every registration of the run), from
+	// the goroutine that called Run. Every check is reported once, the last
+	// ones before Run returns.
+	Progress func(Result)
 }
 
 func (c Config) withDefaults() Config {
@@ -193,7 +227,12 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate reports every problem in c with its field path.
-func (c Config) Validate() error {
+func (c Config) Validate() error { return c.Problems().ToAggregate() }
+
+// Problems lists every problem in c with its field path (the name of the
+// Config field, in lower camel case), for callers that report them in
+// their own terms (dpkit verify names its flags).
+func (c Config) Problems() field.ErrorList {
 	var errs field.ErrorList
 	switch {
 	case len(c.Command) == 0 && c.SocketDir == "":
@@ -225,7 +264,7 @@ func (c Config) Validate() error {
 	if c.Restarts < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("restarts"), c.Restarts, "must not be negative; 0 means the default, 3"))
 	}
-	return errs.ToAggregate()
+	return errs
 }
 
 // Run verifies the plugin cfg describes. The error is non-nil only when
@@ -239,8 +278,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	cfg = cfg.withDefaults()
 	start := time.Now()
-	r := &runner{cfg: cfg, log: cfg.Logger, results: make(map[string]*Result)}
+	r := &runner{cfg: cfg, log: cfg.Logger, results: make(map[string]*Result), checks: make(map[string]CheckInfo), reported: make(map[string]bool)}
 	for _, c := range Checks() {
+		r.checks[c.ID] = c
 		r.results[c.ID] = &Result{ID: c.ID, Description: c.Description, Basis: c.Basis}
 	}
 	if err := r.setup(); err != nil {
@@ -262,11 +302,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	case r.stopped != "":
 		notReached = r.stopped
 	}
-	for _, c := range Checks() {
-		res := *r.results[c.ID]
+	for _, res := range r.results {
 		if res.Verdict == "" {
 			res.Verdict, res.Detail = Skip, notReached
 		}
+	}
+	r.report()
+	for _, c := range Checks() {
+		res := r.final(c.ID)
 		switch res.Verdict {
 		case Pass:
 			rep.Summary.Passed++

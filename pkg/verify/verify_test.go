@@ -2,6 +2,7 @@ package verify_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -361,25 +363,182 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// Every check has a description, a basis and a fix, and a section of
+// docs/verify.md under the heading "### `<id>`" whose *Fix* is the
+// check's fix word for word (the check definitions are the one source of
+// the fixes; reflowing the docs is fine). The link a failure prints leads
+// to that section: its fragment is the one GitHub makes of the heading.
 func TestChecksCatalogue(t *testing.T) {
 	t.Parallel()
+	data, err := os.ReadFile("../../docs/verify.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{} // heading -> body
+	for _, part := range strings.Split(string(data), "\n### ")[1:] {
+		heading, body, _ := strings.Cut(part, "\n")
+		body, _, _ = strings.Cut(body, "\n## ")
+		sections[heading] = body
+	}
+	words := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	seen := map[string]bool{}
 	for _, c := range verify.Checks() {
 		if seen[c.ID] {
 			t.Errorf("duplicate check ID %s", c.ID)
 		}
 		seen[c.ID] = true
-		if c.Description == "" || c.Basis == "" {
-			t.Errorf("%s: description and basis are required", c.ID)
+		if c.Description == "" || c.Basis == "" || c.Fix == "" {
+			t.Errorf("%s: description, basis and fix are required", c.ID)
+		}
+		heading := "`" + c.ID + "`"
+		body, ok := sections[heading]
+		if !ok {
+			t.Errorf("docs/verify.md has no section \"### %s\"", heading)
+			continue
+		}
+		_, fix, ok := strings.Cut(body, "*Fix*: ")
+		fix, _, _ = strings.Cut(fix, "\n\n")
+		if !ok || words(fix) != words(c.Fix) {
+			t.Errorf("docs/verify.md, section %s: *Fix* is\n\t%q\nwant the check's fix\n\t%q", heading, words(fix), c.Fix)
+		}
+		if want := verify.DocsURL + "#" + githubAnchor(heading); c.DocsURL() != want {
+			t.Errorf("%s: DocsURL %s, want %s", c.ID, c.DocsURL(), want)
 		}
 	}
-	doc, err := os.ReadFile("../../docs/verify.md")
+}
+
+// githubAnchor is the fragment GitHub gives a heading: lower case, spaces
+// as '-', every other character but letters, digits, '-' and '_' dropped.
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
+}
+
+// When nothing registers, registration.serving says where the plugin
+// listens and how to fix it: outside the emulated directory (it does not
+// take its directory from verify), inside it (it never calls Register), or
+// on no socket at all.
+func TestNoRegistrationSaysWhereThePluginServes(t *testing.T) {
+	t.Parallel()
+	elsewhere := t.TempDir()
+	fake := func(extra ...string) []string {
+		return append([]string{bins.dpkit, "plugin", "--config", "../../examples/fake.yaml"}, extra...)
+	}
+	tests := []struct {
+		name    string
+		command []string
+		want    []string
+	}{
+		{"outside", fake("--plugin-dir", elsewhere, "--registration", "kubelet"),
+			[]string{"the plugin listens on " + elsewhere + "/example_com_foo-", "outside the directory verify's kubelet serves", "Fix: take the directory from verify: {plugin-dir} in its arguments or $DPKIT_PLUGIN_DIR", "--private-mount"}},
+		{"inside", fake("--plugin-dir", "{plugin-dir}", "--registration", "registry", "--registry-dir", "{plugin-dir}"),
+			[]string{"/device-plugins/example_com_foo-", "but did not call Register on ", "/device-plugins/kubelet.sock. Fix: once the socket serves, call Register"}},
+		{"none", []string{"sleep", "60"},
+			[]string{"the plugin listens on no unix socket. Fix: serve the device plugin API on a socket in the directory verify hands down ({plugin-dir} in its arguments or $DPKIT_PLUGIN_DIR)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(tt.command...)
+			cfg.RegisterTimeout = 5 * time.Second
+			rep := run(t, cfg)
+			if got := failed(rep); !slices.Equal(got, []string{verify.CheckServing}) {
+				t.Fatalf("failed checks %v, want [%s]", got, verify.CheckServing)
+			}
+			d := rep.Result(verify.CheckServing).Detail
+			for _, w := range append([]string{"no Register call arrived: none within 5s; "}, tt.want...) {
+				if !strings.Contains(d, w) {
+					t.Errorf("%s detail lacks %q:\n%s", verify.CheckServing, w, d)
+				}
+			}
+		})
+	}
+}
+
+// Config.Progress gets every check once, with the result the report
+// gives, and gets the first ones while the plugin still runs: the results
+// come as they are decided, not all at the end.
+func TestProgress(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cfg := testConfig("sh", "-c", `echo $$ > `+pidFile+`; exec "$0" "$@"`,
+		bins.dpkit, "plugin", "--config", "../../examples/fake.yaml", "--plugin-dir", "{plugin-dir}", "--registration", "kubelet")
+	var got []verify.Result
+	runningAtFirst := false
+	cfg.Progress = func(res verify.Result) {
+		if len(got) == 0 {
+			pid, err := os.ReadFile(pidFile)
+			if err != nil {
+				t.Errorf("first result: %v", err)
+			}
+			_, err = os.Stat(filepath.Join("/proc", strings.TrimSpace(string(pid))))
+			runningAtFirst = err == nil
+		}
+		got = append(got, res)
+	}
+	rep := run(t, cfg)
+	if !runningAtFirst {
+		t.Errorf("the first result (%s) came after the plugin had exited", got[0].ID)
+	}
+	if len(got) != len(rep.Results) {
+		t.Fatalf("Progress got %d results, want one per check (%d)", len(got), len(rep.Results))
+	}
+	byID := map[string]verify.Result{}
+	for _, res := range got {
+		if _, dup := byID[res.ID]; dup {
+			t.Errorf("Progress got %s twice", res.ID)
+		}
+		byID[res.ID] = res
+	}
+	for _, want := range rep.Results {
+		if byID[want.ID] != want {
+			t.Errorf("Progress got %+v, the report has %+v", byID[want.ID], want)
+		}
+	}
+}
+
+// The JSON report gives the duration in seconds and, for a check that
+// failed, its fix and the link to its section; it reads back the same.
+func TestReportJSON(t *testing.T) {
+	t.Parallel()
+	rep := run(t, testConfig("sh", "-c", "exit 3"))
+	rep.Duration = 1500 * time.Millisecond
+	data, err := json.Marshal(rep)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for id := range seen {
-		if !strings.Contains(string(doc), "`"+id+"`") {
-			t.Errorf("docs/verify.md does not document %s", id)
-		}
+	var raw struct {
+		Duration any `json:"duration"`
+		Results  []struct {
+			ID, Fix, Docs string
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if raw.Duration != 1.5 {
+		t.Errorf("duration %v in JSON, want 1.5 (seconds)", raw.Duration)
+	}
+	serving := verify.Checks()[0]
+	if r := raw.Results[0]; r.ID != serving.ID || r.Fix != serving.Fix || r.Docs != serving.DocsURL() {
+		t.Errorf("failed check in JSON: %+v, want the fix %q and the link %s", r, serving.Fix, serving.DocsURL())
+	}
+	if r := raw.Results[1]; r.Fix != "" || r.Docs != "" {
+		t.Errorf("skipped check %s has a fix or link in JSON: %+v", r.ID, r)
+	}
+	var back verify.Report
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Duration != rep.Duration || !slices.Equal(back.Results, rep.Results) {
+		t.Errorf("read back: duration %s, results %+v; want %s, %+v", back.Duration, back.Results, rep.Duration, rep.Results)
 	}
 }

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
@@ -18,7 +22,7 @@ import (
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
 		cfg    verify.Config
-		output string
+		format string
 		junit  string
 	)
 	cmd := &cobra.Command{
@@ -28,41 +32,40 @@ func NewCommand(env *cli.Env) *cobra.Command {
 the kubelet relies on: registration, ListAndWatch, Allocate, preferred
 allocation, PreStartContainer, re-registration after kubelet restarts, message
 sizes, the plugin watcher path and SIGTERM. Every check has an ID, a verdict
-(pass, fail, warn, skip) and a detail; docs/verify.md explains each one and
-how to fix a failure. The exit code is 1 when any check fails, 2 for usage
-errors, and 130 when verify is interrupted (Ctrl-C, SIGTERM): the plugin is
-stopped and the checks not finished are reported as skipped.
+(pass, fail, warn, skip) and a detail; a check that fails or warns also says
+how to fix it and links to its section of docs/verify.md. On a terminal each
+check is printed as soon as it is decided. The exit code is 1 when any check
+fails, 2 for usage errors, and 130 when verify is interrupted (Ctrl-C,
+SIGTERM): the plugin is stopped and the checks not finished are reported as
+skipped.
 
-In ARGS, {plugin-dir} is replaced with the emulated device plugin directory
-(also in $DPKIT_PLUGIN_DIR and $PLUGIN_SOCK_DIR) and {registry-dir} with the
-plugins_registry directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
-		Example: `  dpkit verify -- dpkit plugin --config examples/fake.yaml --plugin-dir {plugin-dir}
+The plugin is told where the emulated kubelet serves: {plugin-dir} in ARGS is
+replaced with the emulated device plugin directory, also in $DPKIT_PLUGIN_DIR
+(a plugin written with the dpkit SDK serves there when its Config sets no
+PluginDir) and $PLUGIN_SOCK_DIR; {registry-dir} with the plugins_registry
+directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
+		Example: `  dpkit verify -- ./myplugin                             # a plugin written with the dpkit SDK
+  dpkit verify -- dpkit plugin --config examples/fake.yaml --plugin-dir {plugin-dir}
   dpkit verify --private-mount -- ./my-plugin            # plugin knows only /var/lib/kubelet/device-plugins
   dpkit verify --plugin-watcher -- dpkit plugin -c examples/fake.yaml --plugin-dir {plugin-dir} --registration registry --registry-dir {registry-dir}
   dpkit verify --socket-dir /run/dp -o json               # a plugin already running, registering in /run/dp
   dpkit verify --junit verify.xml -- ./my-plugin --dir {plugin-dir}`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if output != "table" && output != "json" {
-				return cli.Exit(2, fmt.Errorf("-o: %q is not a format; use table or json", output))
-			}
 			if cmd.ArgsLenAtDash() < 0 && len(args) > 0 {
-				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- my-plugin --flag"))
+				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"))
 			}
 			cfg.Command = args
-			if cfg.SocketDir != "" {
-				abs, err := filepath.Abs(cfg.SocketDir)
-				if err != nil {
-					return cli.Exit(2, fmt.Errorf("--socket-dir: %w", err))
-				}
-				cfg.SocketDir = abs
-			}
-			if cfg.PrivateMount && os.Geteuid() != 0 {
-				return cli.Exit(2, verify.ErrNotRoot)
-			}
-			if err := cfg.Validate(); err != nil {
+			if err := usageProblems(&cfg, format, junit); err != nil {
 				return cli.Exit(2, err)
 			}
 			cfg.Logger = env.Logger
+			live := format == output.Table && isTerminal(env.Out)
+			var lv *liveWriter
+			if live {
+				lv = newLiveWriter(env.Out)
+				cfg.Progress = lv.result
+				lv.start(cfg)
+			}
 			rep, err := verify.Run(cmd.Context(), cfg)
 			if err != nil {
 				return err
@@ -72,10 +75,13 @@ plugins_registry directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 					return err
 				}
 			}
-			if output == "json" {
-				err = rep.WriteJSON(env.Out)
-			} else {
+			switch {
+			case live:
+				err = rep.WriteEnd(env.Out)
+			case format == output.Table:
 				err = rep.WriteTable(env.Out)
+			default:
+				err = output.Write(env.Out, format, rep, nil)
 			}
 			if err != nil {
 				return err
@@ -93,17 +99,114 @@ plugins_registry directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 	fl.StringVar(&cfg.SocketDir, "socket-dir", "", "verify a plugin that is already running and registers through DIR/kubelet.sock (the checks that stop it are skipped)")
 	fl.BoolVar(&cfg.PrivateMount, "private-mount", false, "run the plugin in its own mount namespace where /var/lib/kubelet/device-plugins is the emulated directory (needs root)")
 	fl.BoolVar(&cfg.PluginWatcher, "plugin-watcher", false, "register through a plugins_registry directory ({registry-dir}) instead of kubelet.sock")
-	fl.StringVarP(&output, "output", "o", "table", "output format: table or json")
-	fl.StringVar(&junit, "junit", "", "also write the results as JUnit XML to FILE")
+	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	fl.StringVar(&junit, "junit", "", "also write the results as JUnit XML to FILE (its directory must exist)")
 	fl.DurationVar(&cfg.RegisterTimeout, "register-timeout", verify.DefaultRegisterTimeout, "how long to wait for the plugin's first registration")
 	fl.DurationVar(&cfg.ReregisterThreshold, "reregister-threshold", verify.DefaultReregisterThreshold, "longest acceptable time to register again after a kubelet restart or socket deletion")
 	fl.DurationVar(&cfg.ReregisterWarn, "reregister-warn", verify.DefaultReregisterWarn, "warn when registering again takes longer than this")
-	fl.IntVar(&cfg.Restarts, "restarts", verify.DefaultRestarts, "kubelet restarts to emulate in a row")
+	fl.IntVar(&cfg.Restarts, "restarts", verify.DefaultRestarts, "kubelet restarts to emulate in a row (1 or more)")
 	fl.DurationVar(&cfg.TermTimeout, "term-timeout", verify.DefaultTermTimeout, "how long the plugin may take to exit after SIGTERM")
 	fl.DurationVar(&cfg.QuietPeriod, "quiet-period", verify.DefaultQuietPeriod, "how long to watch for further registrations after one (registration storms)")
 	fl.DurationVar(&cfg.HealthWait, "health-wait", 0, "wait up to this long for a device to change health, to check health updates")
 	fl.DurationVar(&cfg.CallTimeout, "call-timeout", verify.DefaultCallTimeout, "timeout of each RPC and ListAndWatch wait")
 	return cmd
+}
+
+// flagOf names the flag behind each field of verify.Config's problems.
+var flagOf = map[string]string{
+	"command": "COMMAND", "socketDir": "--socket-dir", "privateMount": "--private-mount", "pluginWatcher": "--plugin-watcher",
+	"registerTimeout": "--register-timeout", "reregisterThreshold": "--reregister-threshold", "reregisterWarn": "--reregister-warn",
+	"termTimeout": "--term-timeout", "quietPeriod": "--quiet-period", "healthWait": "--health-wait", "callTimeout": "--call-timeout",
+	"restarts": "--restarts",
+}
+
+// usageProblems checks everything about the command line that can be
+// checked before the run, and reports every problem at once, each with the
+// flag it is about and the fix. It makes --socket-dir absolute.
+func usageProblems(cfg *verify.Config, format, junit string) error {
+	var problems []string
+	seen := map[string]bool{}
+	add := func(flag, msg string) {
+		seen[flag] = true
+		problems = append(problems, flag+": "+msg)
+	}
+	if err := output.Check(format); err != nil {
+		problems = append(problems, err.Error())
+	}
+	// Zero would mean verify's default, not what was asked for.
+	for _, d := range []struct {
+		flag     string
+		v, byDef time.Duration
+	}{
+		{"--register-timeout", cfg.RegisterTimeout, verify.DefaultRegisterTimeout},
+		{"--reregister-threshold", cfg.ReregisterThreshold, verify.DefaultReregisterThreshold},
+		{"--reregister-warn", cfg.ReregisterWarn, verify.DefaultReregisterWarn},
+		{"--term-timeout", cfg.TermTimeout, verify.DefaultTermTimeout},
+		{"--quiet-period", cfg.QuietPeriod, verify.DefaultQuietPeriod},
+		{"--call-timeout", cfg.CallTimeout, verify.DefaultCallTimeout},
+	} {
+		if d.v <= 0 {
+			add(d.flag, fmt.Sprintf("%s: must be above 0 (default %s)", d.v, d.byDef))
+		}
+	}
+	if cfg.HealthWait < 0 {
+		add("--health-wait", fmt.Sprintf("%s: must not be negative; 0 observes only what happens during the other checks", cfg.HealthWait))
+	}
+	if cfg.Restarts < 1 {
+		add("--restarts", fmt.Sprintf("%d: give 1 or more (default %d); the restart checks need at least one kubelet restart", cfg.Restarts, verify.DefaultRestarts))
+	}
+	if junit != "" {
+		if msg := junitProblem(junit); msg != "" {
+			add("--junit", msg)
+		}
+	}
+	if cfg.SocketDir != "" {
+		if abs, err := filepath.Abs(cfg.SocketDir); err == nil {
+			cfg.SocketDir = abs
+		}
+	}
+	if cfg.PrivateMount && os.Geteuid() != 0 {
+		add("--private-mount", strings.TrimPrefix(verify.ErrNotRoot.Error(), "--private-mount "))
+	}
+	for _, e := range cfg.Problems() {
+		flag := flagOf[e.Field]
+		if flag == "" {
+			flag = e.Field
+		}
+		if seen[flag] {
+			continue
+		}
+		if e.Type == field.ErrorTypeRequired {
+			add(flag, e.Detail+"; see dpkit verify --help")
+			continue
+		}
+		add(flag, e.ErrorBody())
+	}
+	switch len(problems) {
+	case 0:
+		return nil
+	case 1:
+		return errors.New(problems[0])
+	}
+	return fmt.Errorf("%d problem(s):\n  - %s", len(problems), strings.Join(problems, "\n  - "))
+}
+
+// junitProblem says what is wrong with the JUnit file path, or "".
+func junitProblem(path string) string {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Sprintf("%s is a directory; give a file path, e.g. %s", path, filepath.Join(path, "verify.xml"))
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Sprintf("directory %s does not exist; create it first (mkdir -p %s) or give a path in an existing directory", dir, dir)
+	case err != nil:
+		return err.Error()
+	case !fi.IsDir():
+		return fmt.Sprintf("%s is not a directory; give a path in an existing directory", dir)
+	}
+	return ""
 }
 
 func writeJUnit(path string, rep *verify.Report) error {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/dpkit/dpkit/internal/cli"
 	verifycmd "github.com/dpkit/dpkit/internal/cli/verify"
 	"github.com/dpkit/dpkit/pkg/verify"
@@ -44,20 +46,37 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no command", nil, "command: Required"},
-		{"no dash", []string{"my-plugin"}, "after --"},
-		{"bad output", []string{"-o", "yaml", "--", "x"}, "table or json"},
-		{"both", []string{"--socket-dir", "/run/dp", "--", "x"}, "not both"},
+		{"no command", nil, "COMMAND: give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir); see dpkit verify --help"},
+		{"no dash", []string{"my-plugin"}, "put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"},
+		{"bad output", []string{"-o", "xml"}, `--output: "xml" is not a format; use table, json or yaml`},
+		{"both", []string{"--socket-dir", "/run/dp"}, "--socket-dir: Invalid value: \"/run/dp\": give either a command to run or --socket-dir of a running plugin, not both"},
+		{"no restarts", []string{"--restarts", "0"}, "--restarts: 0: give 1 or more (default 3); the restart checks need at least one kubelet restart"},
+		{"zero timeout", []string{"--register-timeout", "0s"}, "--register-timeout: 0s: must be above 0 (default 10s)"},
+		{"negative health wait", []string{"--health-wait", "-1s"}, "--health-wait: -1s: must not be negative"},
+		{"junit in a missing directory", []string{"--junit", "/nonexistent/reports/verify.xml"},
+			"--junit: directory /nonexistent/reports does not exist; create it first (mkdir -p /nonexistent/reports) or give a path in an existing directory"},
+		{"junit is a directory", []string{"--junit", "/"}, "--junit: / is a directory; give a file path, e.g. /verify.xml"},
+		{"several", []string{"--restarts", "0", "-o", "xml"}, "2 problem(s):\n  - --output: \"xml\" is not a format; use table, json or yaml\n  - --restarts: 0: give 1 or more"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := run(t, tt.args...)
+			// The plugin command, when there is one, leaves a mark: a
+			// usage error is reported before anything runs.
+			mark := filepath.Join(t.TempDir(), "ran")
+			args := tt.args
+			if tt.name != "no command" && tt.name != "no dash" {
+				args = append(append([]string(nil), args...), "--", "touch", mark)
+			}
+			_, err := run(t, args...)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want one containing %q", err, tt.want)
 			}
 			if code := cli.ExitCode(err); code != 2 {
 				t.Errorf("exit code %d, want 2", code)
+			}
+			if _, err := os.Stat(mark); err == nil {
+				t.Errorf("the plugin command ran despite the usage error")
 			}
 		})
 	}
@@ -78,6 +97,12 @@ func TestFailingPluginOutputs(t *testing.T) {
 	}
 	if rep.Summary.Failed == 0 || rep.Result(verify.CheckServing).Verdict != verify.Fail {
 		t.Errorf("report %+v: want %s failed", rep.Summary, verify.CheckServing)
+	}
+	if r := rep.Result(verify.CheckServing); r.Fix == "" || !strings.HasPrefix(r.Docs, verify.DocsURL+"#") {
+		t.Errorf("%s in JSON has no fix or link: %+v", verify.CheckServing, r)
+	}
+	if !strings.Contains(out, `"duration": 0.`) {
+		t.Errorf("JSON duration is not in seconds:\n%s", out)
 	}
 	if !strings.Contains(rep.PluginOutput, "plugin says bye") {
 		t.Errorf("pluginOutput %q lacks the plugin's output", rep.PluginOutput)
@@ -109,16 +134,51 @@ func TestFailingPluginOutputs(t *testing.T) {
 	}
 }
 
+// Piped, the table comes at the end with every detail whole (the one of
+// registration.serving here is over 200 characters) and no colour, and
+// each failure has its fix and the link to its section of docs/verify.md.
 func TestTableOutput(t *testing.T) {
 	t.Parallel()
-	out, err := run(t, "--", "sh", "-c", "exit 3")
+	out, err := run(t, "--register-timeout", "1s", "--", "sleep", "60")
 	if cli.ExitCode(err) != 1 {
 		t.Fatalf("exit code %d (%v), want 1", cli.ExitCode(err), err)
 	}
-	for _, want := range []string{"CHECK", "RESULT", verify.CheckServing, "FAIL " + verify.CheckServing, "failed", "skipped"} {
+	serving := verify.Checks()[0]
+	detail := "no Register call arrived: none within 1s; the plugin listens on no unix socket. Fix: serve the device plugin API on a socket in the directory verify hands down ({plugin-dir} in its arguments or $DPKIT_PLUGIN_DIR), then register"
+	for _, want := range []string{"CHECK", "RESULT", "\n" + serving.ID + " ", " FAIL    " + detail + "\n", "FAIL " + serving.ID + ": " + serving.Description,
+		"  fix: " + serving.Fix + "\n", "  see: " + serving.DocsURL() + "\n", " 1 failed, "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "\x1b[") || strings.Contains(out, "...") {
+		t.Errorf("piped table has colour or a cut detail:\n%s", out)
+	}
+}
+
+// -o yaml: the report with the duration in seconds and the failed check's
+// fix and link.
+func TestYAMLOutput(t *testing.T) {
+	t.Parallel()
+	out, err := run(t, "-o", "yaml", "--", "sh", "-c", "exit 3")
+	if code := cli.ExitCode(err); code != 1 {
+		t.Fatalf("exit code %d (%v), want 1", code, err)
+	}
+	var raw struct {
+		Duration any `json:"duration"`
+		Results  []struct {
+			ID, Verdict, Fix, Docs string
+		} `json:"results"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &raw); err != nil {
+		t.Fatalf("YAML output: %v\n%s", err, out)
+	}
+	if _, ok := raw.Duration.(float64); !ok || !strings.Contains(out, "\nduration: 0.") {
+		t.Errorf("duration %#v, want seconds (a number below 1 here)\n%s", raw.Duration, out)
+	}
+	serving := verify.Checks()[0]
+	if r := raw.Results[0]; r.ID != serving.ID || r.Verdict != "fail" || r.Fix != serving.Fix || r.Docs != serving.DocsURL() {
+		t.Errorf("first result %+v, want %s failed with its fix and link", r, serving.ID)
 	}
 }
 
