@@ -19,6 +19,25 @@ type Env struct {
 	Logger *slog.Logger
 }
 
+// ExitUsage is the exit code of a usage error: an unknown command or
+// flag, a wrong number of arguments, a bad flag value.
+const ExitUsage = 2
+
+// UsageError wraps err so that the process exits with ExitUsage.
+func UsageError(err error) error { return Exit(ExitUsage, err) }
+
+// UsageErrorf formats a usage error.
+func UsageErrorf(format string, args ...any) error {
+	return UsageError(fmt.Errorf(format, args...))
+}
+
+// ServerAnnotation marks a command that serves until it is stopped
+// (dpkit up, kubelet, plugin, node): a signal is how it is meant to end,
+// so it exits 0 after a clean stop rather than ExitInterrupted. Its value
+// is "true", or the name of the boolean flag that makes the command a
+// server ("--watch").
+const ServerAnnotation = "dpkit.io/server"
+
 // ExitInterrupted is the exit code of a run interrupted by Ctrl-C or
 // SIGTERM, the shell's 128 + SIGINT.
 const ExitInterrupted = 130
