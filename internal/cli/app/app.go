@@ -149,9 +149,9 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch strings.ToLower(format) {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(&componentHandler{next: slog.NewTextHandler(w, opts)}), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(&componentHandler{next: slog.NewJSONHandler(w, opts)}), nil
 	default:
 		return nil, fmt.Errorf("--log-format: %q is not a format; use text or json", format)
 	}

@@ -209,3 +209,31 @@ func TestInterrupt(t *testing.T) {
 		t.Errorf("dpkit get interrupted: exit %d, stderr %q; want 130", code, stderr)
 	}
 }
+
+// TestLogComponents checks that nested components make one attribute, a
+// path, and that the other attributes stay where they were.
+func TestLogComponents(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	log, err := newLogger(&buf, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.With("component", "kubelet", "root", "/r").With("component", "devicemanager").Info("Started", "socket", "s")
+	log.Info("Plain")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("got %d lines, want 2: %s", len(lines), buf.String())
+	}
+	for _, want := range []string{`"root":"/r"`, `"socket":"s"`, `"component":"kubelet/devicemanager"`} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("line %s lacks %s", lines[0], want)
+		}
+	}
+	if n := strings.Count(lines[0], `"component"`); n != 1 {
+		t.Errorf("line %s has the component key %d times, want once", lines[0], n)
+	}
+	if strings.Contains(lines[1], "component") {
+		t.Errorf("line %s has a component it was not given", lines[1])
+	}
+}
