@@ -42,6 +42,11 @@ const ServerAnnotation = "dpkit.io/server"
 // SIGTERM, the shell's 128 + SIGINT.
 const ExitInterrupted = 130
 
+// ExitBrokenPipe is the exit code of a command whose output's reader went
+// away before it finished ("dpkit get pods | head -1"), the shell's 128 +
+// SIGPIPE. Nothing is printed for it.
+const ExitBrokenPipe = 141
+
 // ExitError is an error that asks for a particular process exit code.
 type ExitError struct {
 	Code int

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -16,6 +17,10 @@ import (
 
 // ExitCode returns the process exit code for an error returned by Run.
 func ExitCode(err error) int { return cli.ExitCode(err) }
+
+// ExitBrokenPipe is the exit code of a run whose output's reader went
+// away; main prints no error for it.
+const ExitBrokenPipe = cli.ExitBrokenPipe
 
 // Run executes the dpkit command line args. It is the whole program but for
 // signal handling and os.Exit, which stay in main.
@@ -49,6 +54,11 @@ func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 
 // contractError gives err the exit code the command contract asks for.
 func contractError(ctx context.Context, cmd *cobra.Command, started bool, err error) error {
+	if errors.Is(err, syscall.EPIPE) && cli.ExitCode(err) == 1 && !(ctx.Err() != nil && cmd != nil && isServer(cmd)) {
+		// The reader of the output went away (dpkit get pods | head):
+		// exit as a process killed by SIGPIPE would, without a message.
+		return cli.Exit(cli.ExitBrokenPipe, err)
+	}
 	if err != nil && !started && cli.ExitCode(err) == 1 {
 		// Cobra rejected the command line before the command ran.
 		where := "dpkit"
@@ -61,7 +71,9 @@ func contractError(ctx context.Context, cmd *cobra.Command, started bool, err er
 		return err
 	}
 	if cmd != nil && isServer(cmd) {
-		if errors.Is(err, context.Canceled) {
+		// Stopped by a signal, a server's farewell to a reader that went
+		// away (dpkit up | head) is no failure.
+		if errors.Is(err, context.Canceled) || errors.Is(err, syscall.EPIPE) {
 			return nil
 		}
 		return err

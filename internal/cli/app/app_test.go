@@ -169,7 +169,7 @@ func checkUsageErrors(t *testing.T, cmd *cobra.Command, r contractRow) {
 			t.Errorf("dpkit %s -o bogus: exit %d, stderr %q; want exit 2 listing %v", r.command, code, stderr, r.formats)
 		}
 	}
-	if cmd.Args != nil && cmd.Args(cmd, []string{"a", "b", "c", "d", "e", "f"}) != nil {
+	if cmd.Runnable() && cmd.Args != nil && cmd.Args(cmd, []string{"a", "b", "c", "d", "e", "f"}) != nil {
 		// Commands whose arguments are not a free-form list reject a
 		// surplus of them as a usage error.
 		_, stderr, code := run(ctx, r.command, "a", "b", "c", "d", "e", "f")
