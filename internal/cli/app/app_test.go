@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -236,4 +239,86 @@ func TestLogComponents(t *testing.T) {
 	if strings.Contains(lines[1], "component") {
 		t.Errorf("line %s has a component it was not given", lines[1])
 	}
+}
+
+// TestCleanStopLogs runs dpkit up with JSON logs at debug level until it
+// is ready, stops it as Ctrl-C does, and reads every log line: each is
+// one JSON object without a repeated key, with the error under "err",
+// and a clean stop logs no warning or error.
+func TestCleanStopLogs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	var logs bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, []string{"up", "--root", t.TempDir(), "--log-format", "json", "--log-level", "debug"}, strings.NewReader(""), pw, &lockedWriter{w: &logs})
+		_ = pw.Close()
+	}()
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "ready:") {
+			cancel()
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("dpkit up stopped with %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("only %d log lines at debug level:\n%s", len(lines), logs.String())
+	}
+	for _, line := range lines {
+		keys, err := jsonKeys(line)
+		if err != nil {
+			t.Errorf("log line %q: %v", line, err)
+			continue
+		}
+		seen := map[string]bool{}
+		for _, k := range keys {
+			if seen[k] {
+				t.Errorf("log line repeats %q: %s", k, line)
+			}
+			seen[k] = true
+		}
+		if seen["error"] {
+			t.Errorf("log line carries its error under \"error\", not \"err\": %s", line)
+		}
+		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+			t.Errorf("a clean stop logged: %s", line)
+		}
+	}
+}
+
+// jsonKeys returns the top-level keys of a JSON object, repeats included.
+func jsonKeys(line string) ([]string, error) {
+	dec := json.NewDecoder(strings.NewReader(line))
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	var keys []string
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k.(string))
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+	}
+	return keys, nil
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
