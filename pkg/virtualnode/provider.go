@@ -210,7 +210,7 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		if !errors.As(err, &ae) {
 			return err
 		}
-		p.log.Info("pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
+		p.log.Info("Pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
 		if p.recorder != nil {
 			p.recorder.Event(pod, corev1.EventTypeWarning, ae.Reason, ae.PodMessage())
 		}
@@ -276,7 +276,7 @@ func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
 	}
 	delete(p.pods, k)
 	p.mu.Unlock()
-	p.log.Info("forgetting a pod replaced by one of the same name", "pod", k, "uid", cur.UID, "new", pod.UID)
+	p.log.Info("Forgetting a pod replaced by one of the same name", "pod", k, "uid", cur.UID, "new", pod.UID)
 	p.mgr.RemovePod(cur.UID)
 	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)

@@ -54,7 +54,8 @@ func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 
 // contractError gives err the exit code the command contract asks for.
 func contractError(ctx context.Context, cmd *cobra.Command, started bool, err error) error {
-	if errors.Is(err, syscall.EPIPE) && cli.ExitCode(err) == 1 && !(ctx.Err() != nil && cmd != nil && isServer(cmd)) {
+	stoppedServer := ctx.Err() != nil && cmd != nil && isServer(cmd)
+	if errors.Is(err, syscall.EPIPE) && cli.ExitCode(err) == 1 && !stoppedServer {
 		// The reader of the output went away (dpkit get pods | head):
 		// exit as a process killed by SIGPIPE would, without a message.
 		return cli.Exit(cli.ExitBrokenPipe, err)
@@ -65,12 +66,12 @@ func contractError(ctx context.Context, cmd *cobra.Command, started bool, err er
 		if cmd != nil {
 			where = cmd.CommandPath()
 		}
-		return cli.UsageError(fmt.Errorf("%w\nSee '%s --help'.", err, where))
+		return cli.UsageError(withHelp(err, where))
 	}
 	if ctx.Err() == nil || !started || cli.ExitCode(err) == cli.ExitUsage {
 		return err
 	}
-	if cmd != nil && isServer(cmd) {
+	if stoppedServer {
 		// Stopped by a signal, a server's farewell to a reader that went
 		// away (dpkit up | head) is no failure.
 		if errors.Is(err, context.Canceled) || errors.Is(err, syscall.EPIPE) {
@@ -86,6 +87,18 @@ func contractError(ctx context.Context, cmd *cobra.Command, started bool, err er
 	}
 	return cli.Exit(cli.ExitInterrupted, err)
 }
+
+// helpHint is a usage error followed by where to read the usage.
+type helpHint struct {
+	err     error
+	command string
+}
+
+func withHelp(err error, command string) error { return &helpHint{err: err, command: command} }
+
+func (h *helpHint) Error() string { return h.err.Error() + "\nSee '" + h.command + " --help'." }
+
+func (h *helpHint) Unwrap() error { return h.err }
 
 // servers are the commands that serve until they are stopped: "true", or
 // the flag that makes them serve.
@@ -135,7 +148,7 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return cli.UsageError(fmt.Errorf("%w\nSee '%s --help'.", err, cmd.CommandPath()))
+		return cli.UsageError(withHelp(err, cmd.CommandPath()))
 	})
 	for _, sub := range subcommands {
 		cmd := sub(env)
