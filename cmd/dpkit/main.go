@@ -13,11 +13,18 @@ import (
 )
 
 func main() {
+	// A closed output pipe ("dpkit up | head") makes writes fail with
+	// EPIPE instead of killing the process, which would leave a temporary
+	// root and running plugins behind. Children keep the default.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := app.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(app.ExitCode(err))
+		code := app.ExitCode(err)
+		if code != app.ExitBrokenPipe {
+			fmt.Fprintln(os.Stderr, "error:", err)
+		}
+		os.Exit(code)
 	}
 }

@@ -19,9 +19,33 @@ type Env struct {
 	Logger *slog.Logger
 }
 
+// ExitUsage is the exit code of a usage error: an unknown command or
+// flag, a wrong number of arguments, a bad flag value.
+const ExitUsage = 2
+
+// UsageError wraps err so that the process exits with ExitUsage.
+func UsageError(err error) error { return Exit(ExitUsage, err) }
+
+// UsageErrorf formats a usage error.
+func UsageErrorf(format string, args ...any) error {
+	return UsageError(fmt.Errorf(format, args...))
+}
+
+// ServerAnnotation marks a command that serves until it is stopped
+// (dpkit up, kubelet, plugin, node): a signal is how it is meant to end,
+// so it exits 0 after a clean stop rather than ExitInterrupted. Its value
+// is "true", or the name of the boolean flag that makes the command a
+// server ("--watch").
+const ServerAnnotation = "dpkit.io/server"
+
 // ExitInterrupted is the exit code of a run interrupted by Ctrl-C or
 // SIGTERM, the shell's 128 + SIGINT.
 const ExitInterrupted = 130
+
+// ExitBrokenPipe is the exit code of a command whose output's reader went
+// away before it finished ("dpkit get pods | head -1"), the shell's 128 +
+// SIGPIPE. Nothing is printed for it.
+const ExitBrokenPipe = 141
 
 // ExitError is an error that asks for a particular process exit code.
 type ExitError struct {

@@ -41,13 +41,13 @@ type registrationServer struct {
 // the request are ignored: GetDevicePluginOptions is asked instead.
 func (s *registrationServer) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	m := s.m
-	m.log.Info("registration request from device plugin", "resource", r.ResourceName, "endpoint", r.Endpoint, "version", r.Version)
+	m.log.Info("Registration request from device plugin", "resource", r.ResourceName, "endpoint", r.Endpoint, "version", r.Version)
 	if err := kubeletreg.CheckRequest(r.Version, r.ResourceName); err != nil {
-		m.log.Error("bad registration request", "resource", r.ResourceName, "err", err)
+		m.log.Error("Bad registration request", "resource", r.ResourceName, "err", err)
 		return &pluginapi.Empty{}, err
 	}
 	if err := m.connect(ctx, r.ResourceName, filepath.Join(m.socketDir, r.Endpoint)); err != nil {
-		m.log.Error("failed to connect to device plugin", "resource", r.ResourceName, "err", err)
+		m.log.Error("Failed to connect to device plugin", "resource", r.ResourceName, "err", err)
 		return &pluginapi.Empty{}, err
 	}
 	return &pluginapi.Empty{}, nil
@@ -100,7 +100,7 @@ func (h watcherHandler) DeRegisterPlugin(_ context.Context, name, socket string)
 	}
 	h.m.mu.Unlock()
 	if e != nil {
-		h.m.log.Info("deregistering device plugin", "resource", name, "endpoint", socket)
+		h.m.log.Info("Deregistering device plugin", "resource", name, "endpoint", socket)
 		h.m.disconnect(e)
 	}
 }
@@ -192,7 +192,7 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 	m.notifyLocked()
 	m.wg.Add(1)
 	m.mu.Unlock()
-	m.log.Info("device plugin connected", "resource", resource, "endpoint", socket,
+	m.log.Info("Device plugin connected", "resource", resource, "endpoint", socket,
 		"preStartRequired", opts.GetPreStartRequired(), "getPreferredAllocationAvailable", opts.GetGetPreferredAllocationAvailable())
 
 	go func() {
@@ -259,7 +259,7 @@ func (m *Manager) disconnect(e *endpoint) {
 			}
 		}
 		m.notifyLocked()
-		m.log.Info("device plugin instance disconnected; others still serve the resource", "resource", e.resource, "endpoint", e.socket)
+		m.log.Info("Device plugin instance disconnected; others still serve the resource", "resource", e.resource, "endpoint", e.socket)
 		return
 	}
 	r.primary = nil
@@ -267,7 +267,7 @@ func (m *Manager) disconnect(e *endpoint) {
 	m.markUnhealthyLocked(r)
 	m.notifyLocked()
 	m.wakeGC()
-	m.log.Info("last device plugin of the resource disconnected; devices are unhealthy until it returns", "resource", e.resource, "endpoint", e.socket, "gracePeriod", m.cfg.GracePeriod)
+	m.log.Info("Last device plugin of the resource disconnected; devices are unhealthy until it returns", "resource", e.resource, "endpoint", e.socket, "gracePeriod", m.cfg.GracePeriod)
 }
 
 func newResourceState(name string) *resourceState {

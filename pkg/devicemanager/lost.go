@@ -46,7 +46,7 @@ func (m *Manager) HoldUnknown(pods []*corev1.Pod) {
 		}
 	}
 	for rn, holders := range m.unknown {
-		m.log.Error("the device manager checkpoint was unreadable: refusing admissions of this resource until the pods that held its devices are gone",
+		m.log.Error("The device manager checkpoint was unreadable: refusing admissions of this resource until the pods that held its devices are gone",
 			"resource", rn, "pods", sortedValues(holders))
 	}
 }
@@ -82,7 +82,7 @@ func (m *Manager) forgetUnknownLocked(uid string) {
 		delete(holders, uid)
 		if len(holders) == 0 {
 			delete(m.unknown, rn)
-			m.log.Info("admissions of the resource resume: the pods that held its devices before the checkpoint was lost are gone", "resource", rn)
+			m.log.Info("Admissions of the resource resume: the pods that held its devices before the checkpoint was lost are gone", "resource", rn)
 		}
 	}
 }

@@ -159,7 +159,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.restoreCheckpoint()
 	if err := m.cleanupSockets(); err != nil {
-		m.log.Error("failed to clean up the device plugin directory", "dir", m.socketDir, "err", err)
+		m.log.Error("Failed to clean up the device plugin directory", "dir", m.socketDir, "err", err)
 	}
 	ln, err := unixsock.Listen(m.SocketPath())
 	if err != nil {
@@ -178,14 +178,14 @@ func (m *Manager) Start(ctx context.Context) error {
 	go func() {
 		defer m.wg.Done()
 		if err := srv.Serve(ln); err != nil {
-			m.log.Error("registration server stopped", "err", err)
+			m.log.Error("Registration server stopped", "err", err)
 		}
 	}()
 	go func() {
 		defer m.wg.Done()
 		m.gcLoop()
 	}()
-	m.log.Info("device manager started", "socket", m.SocketPath())
+	m.log.Info("Device manager started", "socket", m.SocketPath())
 	return nil
 }
 
@@ -223,7 +223,7 @@ func (m *Manager) Stop() {
 	m.mu.Lock()
 	m.started = false
 	m.mu.Unlock()
-	m.log.Info("device manager stopped")
+	m.log.Info("Device manager stopped")
 }
 
 // cleanupSockets removes every socket in the plugin directory except the
@@ -343,7 +343,7 @@ func (m *Manager) collectExpiredLocked() bool {
 		}
 		delete(m.resources, name)
 		changed = true
-		m.log.Info("resource removed after its plugin stayed away for the grace period", "resource", name, "gracePeriod", m.cfg.GracePeriod)
+		m.log.Info("Resource removed after its plugin stayed away for the grace period", "resource", name, "gracePeriod", m.cfg.GracePeriod)
 	}
 	if changed {
 		m.notifyLocked()

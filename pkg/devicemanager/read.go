@@ -138,21 +138,21 @@ func (m *Manager) ContainerOptions(podUID types.UID, container string) *Containe
 		for _, k := range sortedKeys(resp.GetEnvs()) {
 			v := resp.Envs[k]
 			if keepFirst(envs, k, v, func(old string) {
-				m.log.Error("environment variable has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
+				m.log.Error("Environment variable has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
 			}) {
 				opts.Envs = append(opts.Envs, KeyValue{k, v})
 			}
 		}
 		for _, d := range resp.GetDevices() {
 			if keepFirst(devs, d.ContainerPath, d.HostPath, func(old string) {
-				m.log.Error("container device has conflicting host devices", "resource", names[i], "containerPath", d.ContainerPath, "kept", old, "dropped", d.HostPath)
+				m.log.Error("Container device has conflicting host devices", "resource", names[i], "containerPath", d.ContainerPath, "kept", old, "dropped", d.HostPath)
 			}) {
 				opts.Devices = append(opts.Devices, DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
 			}
 		}
 		for _, mt := range resp.GetMounts() {
 			if keepFirst(mounts, mt.ContainerPath, mt.HostPath, func(old string) {
-				m.log.Error("container mount has conflicting host paths", "resource", names[i], "containerPath", mt.ContainerPath, "kept", old, "dropped", mt.HostPath)
+				m.log.Error("Container mount has conflicting host paths", "resource", names[i], "containerPath", mt.ContainerPath, "kept", old, "dropped", mt.HostPath)
 			}) {
 				opts.Mounts = append(opts.Mounts, Mount{ContainerPath: mt.ContainerPath, HostPath: mt.HostPath, ReadOnly: mt.ReadOnly})
 			}
@@ -160,7 +160,7 @@ func (m *Manager) ContainerOptions(podUID types.UID, container string) *Containe
 		for _, k := range sortedKeys(resp.GetAnnotations()) {
 			v := resp.Annotations[k]
 			if keepFirst(annotations, k, v, func(old string) {
-				m.log.Error("annotation has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
+				m.log.Error("Annotation has conflicting settings", "resource", names[i], "name", k, "kept", old, "dropped", v)
 			}) {
 				opts.Annotations = append(opts.Annotations, KeyValue{k, v})
 			}

@@ -54,7 +54,7 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 	r := m.resources[e.resource]
 	if r == nil || r.primary != e || m.stopping {
 		m.mu.Unlock()
-		m.log.Debug("ignoring ListAndWatch update from a non-primary plugin instance", "resource", e.resource, "endpoint", e.socket)
+		m.log.Debug("Ignoring ListAndWatch update from a non-primary plugin instance", "resource", e.resource, "endpoint", e.socket)
 		return
 	}
 	owned := m.owner[r.name]
@@ -80,7 +80,7 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 			d = &device{id: pd.ID, poolIdx: -1, gen: gen - 1}
 			r.devices[pd.ID] = d
 		} else if d.gen == gen {
-			m.log.Warn("device reported twice in one ListAndWatch message; keeping the first", "resource", r.name, "device", pd.ID)
+			m.log.Warn("Device reported twice in one ListAndWatch message; keeping the first", "resource", r.name, "device", pd.ID)
 			continue
 		}
 		if d.mask != mask {
@@ -118,7 +118,7 @@ func (m *Manager) applyDevices(e *endpoint, devs []*pluginapi.Device) {
 	}
 	r.groups, r.healthy, r.reported = groups, healthy, true
 	m.mu.Unlock()
-	m.log.Debug("processed device update", "resource", r.name, "total", len(devs), "healthy", healthy)
+	m.log.Debug("Processed device update", "resource", r.name, "total", len(devs), "healthy", healthy)
 	// Like the kubelet, every message is checkpointed before the next one
 	// is read: RegisteredDevices follows the latest list, and a resource
 	// whose first list is empty is recorded too. Subscribers hear of the
@@ -289,7 +289,7 @@ func (m *Manager) writeCheckpoint() error {
 	m.mu.Unlock()
 	sortRegistered(cp)
 	if err := checkpoint.Write(m.CheckpointPath(), cp); err != nil {
-		m.log.Error("failed to write checkpoint", "path", m.CheckpointPath(), "err", err)
+		m.log.Error("Failed to write checkpoint", "path", m.CheckpointPath(), "err", err)
 		return err
 	}
 	return nil
@@ -301,11 +301,11 @@ func (m *Manager) writeCheckpoint() error {
 func (m *Manager) restoreCheckpoint() {
 	cp, err := checkpoint.Read(m.CheckpointPath())
 	if errors.Is(err, checkpoint.ErrNotFound) {
-		m.log.Info("no device manager checkpoint; starting empty", "path", m.CheckpointPath())
+		m.log.Info("No device manager checkpoint; starting empty", "path", m.CheckpointPath())
 		return
 	}
 	if err != nil {
-		m.log.Error("ignoring unreadable device manager checkpoint; pods admitted before it are held back (see HoldUnknown)", "path", m.CheckpointPath(), "err", err)
+		m.log.Error("Ignoring unreadable device manager checkpoint; pods admitted before it are held back (see HoldUnknown)", "path", m.CheckpointPath(), "err", err)
 		m.mu.Lock()
 		m.checkpointLost = true
 		m.mu.Unlock()
@@ -318,7 +318,7 @@ func (m *Manager) restoreCheckpoint() {
 	for _, e := range cp.Entries {
 		resp := &pluginapi.ContainerAllocateResponse{}
 		if err := proto.Unmarshal(e.AllocResp, resp); err != nil {
-			m.log.Error("skipping checkpoint entry with an unreadable Allocate response", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName, "err", err)
+			m.log.Error("Skipping checkpoint entry with an unreadable Allocate response", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName, "err", err)
 			continue
 		}
 		ids := e.DeviceIDs.Devices()
@@ -326,7 +326,7 @@ func (m *Manager) restoreCheckpoint() {
 		conflict := false
 		for _, id := range ids {
 			if o, ok := m.owner[e.ResourceName][id]; ok && o != e.PodUID {
-				m.log.Error("skipping checkpoint entry: device already held by another pod", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName, "device", id, "holder", o)
+				m.log.Error("Skipping checkpoint entry: device already held by another pod", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName, "device", id, "holder", o)
 				conflict = true
 				break
 			}
@@ -341,7 +341,7 @@ func (m *Manager) restoreCheckpoint() {
 		if _, dup := p.containers[e.ContainerName][e.ResourceName]; dup {
 			// A hand-edited or damaged checkpoint: keeping both would
 			// leave the first entry's devices held by nobody's record.
-			m.log.Error("skipping duplicate checkpoint entry", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName)
+			m.log.Error("Skipping duplicate checkpoint entry", "pod", e.PodUID, "container", e.ContainerName, "resource", e.ResourceName)
 			continue
 		}
 		p.containers[e.ContainerName][e.ResourceName] = &resAlloc{ids: ids, numa: e.DeviceIDs, resp: resp, raw: e.AllocResp}
@@ -372,7 +372,7 @@ func (m *Manager) restoreCheckpoint() {
 		r.listed = true
 		m.resources[name] = r
 	}
-	m.log.Info("restored device manager checkpoint", "entries", restored, "resources", len(cp.Registered))
+	m.log.Info("Restored device manager checkpoint", "entries", restored, "resources", len(cp.Registered))
 }
 
 func sameNUMA(have []int64, nodes []*pluginapi.NUMANode) bool {

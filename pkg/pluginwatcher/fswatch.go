@@ -26,7 +26,7 @@ func (w *Watcher) startFS() (*fsnotify.Watcher, error) {
 		_ = fsw.Close()
 		return nil, err
 	}
-	w.log.Info("watching plugin directory", "dir", w.dir)
+	w.log.Info("Watching plugin directory", "dir", w.dir)
 	return fsw, nil
 }
 
@@ -43,14 +43,14 @@ func (w *Watcher) traverse(fsw *fsnotify.Watcher, dir string) error {
 			if path == dir {
 				return fmt.Errorf("pluginwatcher: reading %s: %w", path, err)
 			}
-			w.log.Warn("cannot read path in plugin directory", "path", path, "err", err)
+			w.log.Warn("Cannot read path in plugin directory", "path", path, "err", err)
 			return nil
 		}
 		if path == dir {
 			return nil
 		}
 		if ignoredName(path) {
-			w.log.Debug("ignoring file starting with '.'", "path", path)
+			w.log.Debug("Ignoring file starting with '.'", "path", path)
 			if d.IsDir() {
 				return filepath.SkipDir
 			}
@@ -58,17 +58,17 @@ func (w *Watcher) traverse(fsw *fsnotify.Watcher, dir string) error {
 		}
 		if d.IsDir() {
 			if err := fsw.Add(path); err != nil {
-				w.log.Warn("cannot watch subdirectory", "path", path, "err", err)
+				w.log.Warn("Cannot watch subdirectory", "path", path, "err", err)
 			}
 			return nil
 		}
 		if d.Type()&fs.ModeSocket == 0 {
-			w.log.Debug("ignoring non-socket file", "path", path, "mode", d.Type().String())
+			w.log.Debug("Ignoring non-socket file", "path", path, "mode", d.Type().String())
 			return nil
 		}
 		info, err := d.Info()
 		if err != nil {
-			w.log.Debug("socket vanished while scanning", "path", path, "err", err)
+			w.log.Debug("Socket vanished while scanning", "path", path, "err", err)
 			return nil
 		}
 		w.addDesired(path, info)
@@ -98,7 +98,7 @@ func (w *Watcher) watchLoop(ctx context.Context, fsw *fsnotify.Watcher) {
 			if !ok {
 				return
 			}
-			w.log.Error("file system watcher error", "err", err)
+			w.log.Error("File system watcher error", "err", err)
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
 				w.resync(fsw)
 			}
@@ -110,23 +110,23 @@ func (w *Watcher) handleEvent(fsw *fsnotify.Watcher, ev fsnotify.Event) {
 	switch {
 	case ev.Has(fsnotify.Create):
 		if ignoredName(ev.Name) {
-			w.log.Debug("ignoring file starting with '.'", "path", ev.Name)
+			w.log.Debug("Ignoring file starting with '.'", "path", ev.Name)
 			return
 		}
 		info, err := os.Lstat(ev.Name)
 		if err != nil {
-			w.log.Debug("created file vanished", "path", ev.Name, "err", err)
+			w.log.Debug("Created file vanished", "path", ev.Name, "err", err)
 			return
 		}
 		switch {
 		case info.IsDir():
 			if err := w.traverse(fsw, ev.Name); err != nil {
-				w.log.Warn("cannot watch new subdirectory", "path", ev.Name, "err", err)
+				w.log.Warn("Cannot watch new subdirectory", "path", ev.Name, "err", err)
 			}
 		case info.Mode()&fs.ModeSocket != 0:
 			w.addDesired(ev.Name, info)
 		default:
-			w.log.Debug("ignoring non-socket file", "path", ev.Name, "mode", info.Mode().String())
+			w.log.Debug("Ignoring non-socket file", "path", ev.Name, "mode", info.Mode().String())
 		}
 	case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
 		w.removeDesired(ev.Name)
@@ -137,7 +137,7 @@ func (w *Watcher) handleEvent(fsw *fsnotify.Watcher, ev fsnotify.Event) {
 // sockets found are added, sockets gone are removed.
 func (w *Watcher) resync(fsw *fsnotify.Watcher) {
 	if err := w.traverse(fsw, w.dir); err != nil {
-		w.log.Error("rescanning plugin directory", "err", err)
+		w.log.Error("Rescanning plugin directory", "err", err)
 		return
 	}
 	w.mu.Lock()
@@ -167,7 +167,7 @@ func (w *Watcher) addDesired(path string, info os.FileInfo) {
 	w.nextGen++
 	w.desired[path] = desired{seen: w.clock.Now(), gen: w.nextGen, info: info}
 	w.mu.Unlock()
-	w.log.Debug("plugin socket found", "path", path)
+	w.log.Debug("Plugin socket found", "path", path)
 	w.kick()
 }
 
@@ -190,7 +190,7 @@ func (w *Watcher) removeDesired(path string) {
 	}
 	w.mu.Unlock()
 	if n > 0 {
-		w.log.Debug("plugin socket removed", "path", path, "sockets", n)
+		w.log.Debug("Plugin socket removed", "path", path, "sockets", n)
 		w.kick()
 	}
 }

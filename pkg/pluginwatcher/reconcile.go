@@ -170,7 +170,7 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 		p.Registered = w.clock.Now()
 		w.actual[path] = registered{Plugin: p, gen: d.gen, handler: h}
 		w.mu.Unlock()
-		w.log.Info("plugin registered", "path", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions)
+		w.log.Info("Plugin registered", "path", path, "type", p.Type, "name", p.Name, "endpoint", p.Endpoint, "versions", p.Versions)
 	case ctx.Err() != nil:
 		w.mu.Unlock()
 		return
@@ -190,14 +190,14 @@ func (w *Watcher) register(ctx context.Context, path string, d desired) {
 		if r.refused >= RefusedLimit {
 			w.forgetLocked(path, d.gen)
 			w.mu.Unlock()
-			w.log.Info("forgetting a plugin socket nobody listens on; it is watched again when re-created", "path", path, "attempts", r.refused)
+			w.log.Info("Forgetting a plugin socket nobody listens on; it is watched again when re-created", "path", path, "attempts", r.refused)
 			break
 		}
 		n := r.failures
 		wait := w.backoff(n)
 		r.next = w.clock.Now().Add(wait)
 		w.mu.Unlock()
-		w.log.Error("plugin registration failed", "path", path, "failures", n, "retryIn", wait, "err", err)
+		w.log.Error("Plugin registration failed", "path", path, "failures", n, "retryIn", wait, "err", err)
 	}
 	w.kick()
 	if status != nil {
@@ -271,12 +271,12 @@ func (w *Watcher) healthCheck(ctx context.Context, path string, gen uint64) {
 		// re-created, instead of probing it forever.
 		delete(w.health, path)
 		w.forgetLocked(path, gen)
-		w.log.Info("registered plugin's socket refuses connections; deregistering and forgetting it", "path", path, "err", err)
+		w.log.Info("Registered plugin's socket refuses connections; deregistering and forgetting it", "path", path, "err", err)
 		return
 	}
 	w.health[path]++
 	n := w.health[path]
-	w.log.Warn("plugin health check failed", "path", path, "failures", n, "err", err)
+	w.log.Warn("Plugin health check failed", "path", path, "failures", n, "err", err)
 	if n < HealthFailures {
 		return
 	}
@@ -284,7 +284,7 @@ func (w *Watcher) healthCheck(ctx context.Context, path string, gen uint64) {
 	if d, ok := w.desired[path]; ok && d.gen == gen {
 		delete(w.desired, path)
 		w.dead[path] = deadSocket{info: d.info, lastErr: err}
-		w.log.Error("plugin stopped answering; deregistering it until it answers again", "path", path, "err", err)
+		w.log.Error("Plugin stopped answering; deregistering it until it answers again", "path", path, "err", err)
 	}
 }
 
@@ -304,7 +304,7 @@ func (w *Watcher) probeDead(ctx context.Context, path string) {
 	if err != nil {
 		if gone {
 			delete(w.dead, path)
-			w.log.Info("plugin socket refuses connections; forgetting it until it is re-created", "path", path)
+			w.log.Info("Plugin socket refuses connections; forgetting it until it is re-created", "path", path)
 			return
 		}
 		d.lastErr = err
@@ -315,7 +315,7 @@ func (w *Watcher) probeDead(ctx context.Context, path string) {
 	if _, ok := w.desired[path]; !ok {
 		w.nextGen++
 		w.desired[path] = desired{seen: w.clock.Now(), gen: w.nextGen, info: d.info}
-		w.log.Info("plugin answers again", "path", path)
+		w.log.Info("Plugin answers again", "path", path)
 	}
 }
 
@@ -325,7 +325,7 @@ func (w *Watcher) deregister(ctx context.Context, path string, r registered) {
 	delete(w.health, path)
 	w.mu.Unlock()
 	r.handler.DeRegisterPlugin(ctx, r.Name, r.Endpoint)
-	w.log.Info("plugin deregistered", "path", path, "type", r.Type, "name", r.Name, "endpoint", r.Endpoint)
+	w.log.Info("Plugin deregistered", "path", path, "type", r.Type, "name", r.Name, "endpoint", r.Endpoint)
 	w.mu.Lock()
 	delete(w.pending, path)
 	w.mu.Unlock()
@@ -380,7 +380,7 @@ func (w *Watcher) notify(ctx context.Context, client registerapi.RegistrationCli
 	ctx, cancel := context.WithTimeout(ctx, notifyTimeout)
 	defer cancel()
 	if _, err := client.NotifyRegistrationStatus(ctx, st); err != nil {
-		w.log.Warn("cannot send registration status to plugin", "path", path, "registered", st.PluginRegistered, "err", err)
+		w.log.Warn("Cannot send registration status to plugin", "path", path, "registered", st.PluginRegistered, "err", err)
 	}
 }
 

@@ -51,7 +51,7 @@ func (s *Server) ServeListener(ctx context.Context, l net.Listener) error {
 	g := s.GRPCServer()
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(l) }()
-	s.log.Info("serving PodResources API", "address", l.Addr().String())
+	s.log.Info("Serving PodResources API", "address", l.Addr().String())
 	select {
 	case err := <-errc:
 		_ = l.Close()

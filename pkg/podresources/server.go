@@ -146,7 +146,7 @@ func (s *Server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesReq
 	for _, pod := range pods {
 		resp.PodResources = append(resp.PodResources, s.podResources(pod))
 	}
-	s.log.DebugContext(ctx, "podresources List", "pods", len(pods))
+	s.log.DebugContext(ctx, "Podresources List", "pods", len(pods))
 	return resp, nil
 }
 
@@ -158,10 +158,10 @@ func (s *Server) Get(ctx context.Context, req *podresourcesv1.GetPodResourcesReq
 	pod, ok := s.p.Pods.GetPodByName(req.GetPodNamespace(), req.GetPodName())
 	if !ok || pod == nil {
 		s.metrics.errorsGet.Inc()
-		s.log.DebugContext(ctx, "podresources Get: pod not found", "namespace", req.GetPodNamespace(), "name", req.GetPodName())
+		s.log.DebugContext(ctx, "Podresources Get: pod not found", "namespace", req.GetPodNamespace(), "name", req.GetPodName())
 		return nil, status.Errorf(codes.NotFound, "pod %s in namespace %s not found", req.GetPodName(), req.GetPodNamespace())
 	}
-	s.log.DebugContext(ctx, "podresources Get", "namespace", pod.Namespace, "name", pod.Name)
+	s.log.DebugContext(ctx, "Podresources Get", "namespace", pod.Namespace, "name", pod.Name)
 	return &podresourcesv1.GetPodResourcesResponse{PodResources: s.podResources(pod)}, nil
 }
 
@@ -170,7 +170,7 @@ func (s *Server) Get(ctx context.Context, req *podresourcesv1.GetPodResourcesReq
 func (s *Server) GetAllocatableResources(ctx context.Context, _ *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
 	s.metrics.requestsTotal.Inc()
 	s.metrics.requestsGetAllocatable.Inc()
-	s.log.DebugContext(ctx, "podresources GetAllocatableResources")
+	s.log.DebugContext(ctx, "Podresources GetAllocatableResources")
 	return &podresourcesv1.AllocatableResourcesResponse{
 		Devices: s.p.Devices.GetAllocatableDevices(),
 		CpuIds:  s.p.CPUs.GetAllocatableCPUs(),

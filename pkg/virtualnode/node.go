@@ -399,7 +399,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		case <-gctx.Done():
 			return nil
 		}
-		n.log.Info("virtual node running", "root", cfg.Root, "registration", n.mgr.SocketPath(),
+		n.log.Info("Virtual node running", "root", cfg.Root, "registration", n.mgr.SocketPath(),
 			"podResources", podresources.SocketPath(cfg.Root), "api", n.APIAddr())
 		if started != nil {
 			started(n)
@@ -556,7 +556,7 @@ func (n *Node) rememberPluginResources(ctx context.Context) {
 	cur, err := n.cfg.Client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
-			n.log.Warn("reading the node's last status; device-plugin resources removed before this run may leave it", "err", err)
+			n.log.Warn("Reading the node's last status; device-plugin resources removed before this run may leave it", "err", err)
 		}
 		return
 	}
@@ -582,10 +582,10 @@ func (n *Node) finishDeletion(ctx context.Context, pod *corev1.Pod) {
 	err := n.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)
 	switch {
 	case err == nil:
-		n.log.Debug("deleted terminated pod", "pod", key(pod.Namespace, pod.Name))
+		n.log.Debug("Deleted terminated pod", "pod", key(pod.Namespace, pod.Name))
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || ctx.Err() != nil:
 	default:
-		n.log.Warn("deleting terminated pod; it goes when its grace period ends", "pod", key(pod.Namespace, pod.Name), "err", err)
+		n.log.Warn("Deleting terminated pod; it goes when its grace period ends", "pod", key(pod.Namespace, pod.Name), "err", err)
 	}
 }
 
@@ -620,7 +620,7 @@ func (n *Node) watchDevices(ctx context.Context) {
 		node := n.node.DeepCopy()
 		cb := n.notifyCB
 		n.mu.Unlock()
-		n.log.Debug("device resources changed", "allocatable", a)
+		n.log.Debug("Device resources changed", "allocatable", a)
 		if cb != nil {
 			cb(node)
 		}
@@ -643,7 +643,7 @@ func (n *Node) removeStartupTaints(ctx context.Context) {
 	for attempt := 0; attempt < 5; attempt++ {
 		cur, err := nodes.Get(ctx, n.cfg.Name, metav1.GetOptions{})
 		if err != nil {
-			n.log.Warn("reading node to remove start-up taints", "err", err)
+			n.log.Warn("Reading node to remove start-up taints", "err", err)
 			return
 		}
 		var keep []corev1.Taint
@@ -658,11 +658,11 @@ func (n *Node) removeStartupTaints(ctx context.Context) {
 		cur.Spec.Taints = keep
 		_, err = nodes.Update(ctx, cur, metav1.UpdateOptions{})
 		if err == nil {
-			n.log.Info("removed start-up taints")
+			n.log.Info("Removed start-up taints")
 			return
 		}
 		if !isConflict(err) {
-			n.log.Warn("could not remove start-up taints; pods must tolerate node.kubernetes.io/not-ready or kube-controller-manager must run", "err", err)
+			n.log.Warn("Could not remove start-up taints; pods must tolerate node.kubernetes.io/not-ready or kube-controller-manager must run", "err", err)
 			return
 		}
 	}

@@ -217,7 +217,7 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		if !errors.As(err, &ae) {
 			return err
 		}
-		p.log.Info("pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
+		p.log.Info("Pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
 		if p.recorder != nil {
 			p.recorder.Event(pod, corev1.EventTypeWarning, ae.Reason, ae.PodMessage())
 		}
@@ -273,7 +273,7 @@ func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
 	if !ok || cur.UID == pod.UID || !p.pods.Delete(cur.Namespace, cur.Name, cur.UID) {
 		return nil
 	}
-	p.log.Info("forgetting a pod replaced by one of the same name", "pod", key(pod.Namespace, pod.Name), "uid", cur.UID, "new", pod.UID)
+	p.log.Info("Forgetting a pod replaced by one of the same name", "pod", key(pod.Namespace, pod.Name), "uid", cur.UID, "new", pod.UID)
 	p.mgr.RemovePod(cur.UID)
 	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)

@@ -219,7 +219,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	logger.Info("kube-apiserver ready", "host", cp.Host, "after", time.Since(began).Round(time.Millisecond))
+	logger.Info("Kube-apiserver ready", "host", cp.Host, "after", time.Since(began).Round(time.Millisecond))
 
 	if opts.Scheduler {
 		kubeconfig, err := cp.KubeconfigFor("system:kube-scheduler")
@@ -242,7 +242,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 	}
-	logger.Info("control plane ready", "dir", dir, "after", time.Since(began).Round(time.Millisecond))
+	logger.Info("Control plane ready", "dir", dir, "after", time.Since(began).Round(time.Millisecond))
 	return cp, nil
 }
 
@@ -282,7 +282,7 @@ func (cp *ControlPlane) Stop() error {
 		}
 	}
 	if os.Getenv(EnvKeep) != "" {
-		cp.logger.Info("keeping control plane directory", "dir", cp.Dir)
+		cp.logger.Info("Keeping control plane directory", "dir", cp.Dir)
 	} else if err := os.RemoveAll(cp.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("controlplane: remove %s: %w", cp.Dir, err))
 	}
@@ -366,7 +366,7 @@ func (cp *ControlPlane) start(name, path string, args []string) (*process, error
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	cp.procs = append(cp.procs, p)
-	cp.logger.Info("started", "component", name, "pid", p.pid(), "log", p.logPath)
+	cp.logger.Info("Started", "component", name, "pid", p.pid(), "log", p.logPath)
 	return p, nil
 }
 

@@ -3,10 +3,12 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -16,8 +18,20 @@ import (
 // ExitCode returns the process exit code for an error returned by Run.
 func ExitCode(err error) int { return cli.ExitCode(err) }
 
+// ExitBrokenPipe is the exit code of a run whose output's reader went
+// away; main prints no error for it.
+const ExitBrokenPipe = cli.ExitBrokenPipe
+
 // Run executes the dpkit command line args. It is the whole program but for
 // signal handling and os.Exit, which stay in main.
+//
+// Its error carries the exit code of dpkit's command contract
+// (docs/cli.md): 2 for a usage error, anything cobra rejects before the
+// command runs (an unknown command or flag, a bad flag value, a wrong
+// number of arguments) included; 130 when ctx ends (Ctrl-C, SIGTERM)
+// before a command that does a job finished it; 1 for other failures. A
+// command that serves until stopped (ServerAnnotation) returns nil when
+// ctx ends and it stopped cleanly.
 func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) error {
 	env := &cli.Env{In: in, Out: out, Err: errOut, Logger: slog.New(slog.DiscardHandler)}
 	root := NewRootCommand(env)
@@ -25,7 +39,87 @@ func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 	root.SetIn(in)
 	root.SetOut(out)
 	root.SetErr(errOut)
-	return root.ExecuteContext(ctx)
+	started := false
+	hook := root.PersistentPreRunE
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if err := hook(cmd, args); err != nil {
+			return cli.UsageError(err)
+		}
+		started = true
+		return nil
+	}
+	cmd, err := root.ExecuteContextC(ctx)
+	return contractError(ctx, cmd, started, err)
+}
+
+// contractError gives err the exit code the command contract asks for.
+func contractError(ctx context.Context, cmd *cobra.Command, started bool, err error) error {
+	stoppedServer := ctx.Err() != nil && cmd != nil && isServer(cmd)
+	if errors.Is(err, syscall.EPIPE) && cli.ExitCode(err) == 1 && !stoppedServer {
+		// The reader of the output went away (dpkit get pods | head):
+		// exit as a process killed by SIGPIPE would, without a message.
+		return cli.Exit(cli.ExitBrokenPipe, err)
+	}
+	if err != nil && !started && cli.ExitCode(err) == 1 {
+		// Cobra rejected the command line before the command ran.
+		where := "dpkit"
+		if cmd != nil {
+			where = cmd.CommandPath()
+		}
+		return cli.UsageError(withHelp(err, where))
+	}
+	if ctx.Err() == nil || !started || cli.ExitCode(err) == cli.ExitUsage {
+		return err
+	}
+	if stoppedServer {
+		// Stopped by a signal, a server's farewell to a reader that went
+		// away (dpkit up | head) is no failure.
+		if errors.Is(err, context.Canceled) || errors.Is(err, syscall.EPIPE) {
+			return nil
+		}
+		return err
+	}
+	if cli.ExitCode(err) == cli.ExitInterrupted {
+		return err
+	}
+	if err == nil || errors.Is(err, context.Canceled) {
+		err = errors.New("interrupted")
+	}
+	return cli.Exit(cli.ExitInterrupted, err)
+}
+
+// helpHint is a usage error followed by where to read the usage.
+type helpHint struct {
+	err     error
+	command string
+}
+
+func withHelp(err error, command string) error { return &helpHint{err: err, command: command} }
+
+func (h *helpHint) Error() string { return h.err.Error() + "\nSee '" + h.command + " --help'." }
+
+func (h *helpHint) Unwrap() error { return h.err }
+
+// servers are the commands that serve until they are stopped: "true", or
+// the flag that makes them serve.
+var servers = map[string]string{
+	"plugin":    "true",
+	"kubelet":   "true",
+	"up":        "true",
+	"node":      "true",
+	"advertise": "--watch",
+}
+
+// isServer reports whether cmd, as invoked, serves until stopped.
+func isServer(cmd *cobra.Command) bool {
+	switch v := cmd.Annotations[cli.ServerAnnotation]; {
+	case v == "true":
+		return true
+	case strings.HasPrefix(v, "--"):
+		f := cmd.Flags().Lookup(strings.TrimPrefix(v, "--"))
+		return f != nil && f.Value.String() == "true"
+	}
+	return false
 }
 
 // NewRootCommand returns the dpkit root command with every subcommand.
@@ -53,9 +147,22 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return cli.UsageError(withHelp(err, cmd.CommandPath()))
+	})
 	for _, sub := range subcommands {
-		root.AddCommand(sub(env))
+		cmd := sub(env)
+		if v, ok := servers[cmd.Name()]; ok {
+			if cmd.Annotations == nil {
+				cmd.Annotations = map[string]string{}
+			}
+			cmd.Annotations[cli.ServerAnnotation] = v
+		}
+		root.AddCommand(cmd)
 	}
+	// "dpkit completion bash|zsh|fish|powershell", added now rather than
+	// when the command runs, so that it is part of the tree from the start.
+	root.InitDefaultCompletionCmd()
 	return root
 }
 
@@ -67,9 +174,9 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch strings.ToLower(format) {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(&componentHandler{next: slog.NewTextHandler(w, opts)}), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(&componentHandler{next: slog.NewJSONHandler(w, opts)}), nil
 	default:
 		return nil, fmt.Errorf("--log-format: %q is not a format; use text or json", format)
 	}

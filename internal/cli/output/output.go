@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 )
 
@@ -87,4 +89,59 @@ func needsQuote(r rune) bool {
 		return true
 	}
 	return !unicode.IsPrint(r)
+}
+
+// Wide is the table format with every column, for commands whose table
+// leaves some out.
+const Wide = "wide"
+
+// Format is the value of a command's -o flag. It checks the value when
+// the flag is parsed, so a bad format is a usage error before the command
+// does anything, and it lists the formats for shell completion and for
+// the command contract test.
+type Format struct {
+	value   string
+	formats []string
+}
+
+// AddFlag adds "-o, --output" to cmd with the given formats, the first
+// being the default, and returns the flag's value.
+func AddFlag(cmd *cobra.Command, formats ...string) *Format {
+	if len(formats) == 0 {
+		formats = []string{Table, JSON, YAML}
+	}
+	f := &Format{value: formats[0], formats: formats}
+	cmd.Flags().VarP(f, "output", "o", "output format: "+orList(formats))
+	_ = cmd.RegisterFlagCompletionFunc("output", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return f.formats, cobra.ShellCompDirectiveNoFileComp
+	})
+	return f
+}
+
+// String returns the format chosen.
+func (f *Format) String() string { return f.value }
+
+// Set implements pflag.Value.
+func (f *Format) Set(s string) error {
+	if !slices.Contains(f.formats, s) {
+		return fmt.Errorf("%q is not a format; use %s", s, orList(f.formats))
+	}
+	f.value = s
+	return nil
+}
+
+// Type implements pflag.Value.
+func (f *Format) Type() string { return "format" }
+
+// Formats returns the formats the flag accepts, the default first.
+func (f *Format) Formats() []string { return slices.Clone(f.formats) }
+
+func orList(items []string) string {
+	switch len(items) {
+	case 0:
+		return ""
+	case 1:
+		return items[0]
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
 }

@@ -14,22 +14,19 @@ import (
 
 // NewCommand returns the "version" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var format string
+	var format *output.Format
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the dpkit version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := output.Check(format); err != nil {
-				return cli.Exit(2, err)
-			}
 			info := version.Get()
-			return output.Write(env.Out, format, info, func(t *tabwriter.Writer) error {
+			return output.Write(env.Out, format.String(), info, func(t *tabwriter.Writer) error {
 				_, err := fmt.Fprintf(t, "dpkit %s (%s, %s)\n", info.Version, info.GoVersion, info.Platform)
 				return err
 			})
 		},
 	}
-	cmd.Flags().StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	format = output.AddFlag(cmd)
 	return cmd
 }

@@ -348,7 +348,7 @@ func (a *Auth) Wrap(h http.Handler) http.Handler {
 			http.Error(w, "Forbidden (user="+u.Name+", verb="+verb+", resource=nodes, subresource="+sub+")", http.StatusForbidden)
 			return
 		}
-		a.log.Debug("node API request", "user", u.Name, "method", r.Method, "path", r.URL.Path)
+		a.log.Debug("Node API request", "user", u.Name, "method", r.Method, "path", r.URL.Path)
 		h.ServeHTTP(w, r)
 	})
 }
@@ -362,7 +362,7 @@ const errLogInterval = 10 * time.Second
 func (a *Auth) logReviewError(r *http.Request, err error, args ...any) {
 	args = append(args, "path", r.URL.Path, "err", err)
 	if r.Context().Err() != nil {
-		a.log.Debug("node API request not reviewed: its caller went away", args...)
+		a.log.Debug("Node API request not reviewed: its caller went away", args...)
 		return
 	}
 	now := a.cfg.Now()
@@ -375,5 +375,5 @@ func (a *Auth) logReviewError(r *http.Request, err error, args ...any) {
 	dropped := a.errDropped
 	a.errDropped, a.errLogNext = 0, now.Add(errLogInterval)
 	a.errMu.Unlock()
-	a.log.Error("node API request not reviewed", append(args, "similarErrorsNotLogged", dropped)...)
+	a.log.Error("Node API request not reviewed", append(args, "similarErrorsNotLogged", dropped)...)
 }

@@ -29,7 +29,7 @@ func (b *Backend) startIsolated(newCmd func() *exec.Cmd, attr *syscall.SysProcAt
 		b.isoMu.Lock()
 		b.noPIDNamespace = true
 		b.isoMu.Unlock()
-		b.log.Warn("cannot create a PID namespace per container (run dpkit node as root for it); processes that leave a container's process group (setsid, daemons) will outlive their pod", "err", err)
+		b.log.Warn("Cannot create a PID namespace per container (run dpkit node as root for it); processes that leave a container's process group (setsid, daemons) will outlive their pod", "err", err)
 	}
 	cmd := newCmd()
 	cmd.SysProcAttr = attr

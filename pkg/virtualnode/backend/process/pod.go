@@ -141,7 +141,7 @@ func (pr *podRun) publish() {
 		err = writeAtomic(filepath.Join(pr.dir, "state.json"), data)
 	}
 	if err != nil {
-		pr.b.log.Error("persisting pod state", "pod", out.Namespace+"/"+out.Name, "err", err)
+		pr.b.log.Error("Persisting pod state", "pod", out.Namespace+"/"+out.Name, "err", err)
 	}
 	pr.b.cfg.Notify(out)
 }
@@ -366,7 +366,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonNoCommand, Message: cfgErr.Error()}}
 			})
-			pr.b.log.Error("container not started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "err", cfgErr)
+			pr.b.log.Error("Container not started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "err", cfgErr)
 			return 0, false
 		}
 		if err != nil {

@@ -211,7 +211,7 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32, 
 	for _, stream := range []string{"stdout", "stderr"} {
 		r, err := os.OpenFile(pr.fifo(c.Name, stream), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
-			pr.b.log.Error("opening container output", "container", c.Name, "err", err)
+			pr.b.log.Error("Opening container output", "container", c.Name, "err", err)
 			continue
 		}
 		readers = append(readers, r)
@@ -235,7 +235,7 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32, 
 	}()
 	// The spec's command and args, not argv: $(VAR) may expand to a
 	// Secret's value.
-	pr.b.log.Info("container started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "pid", p.pid, "command", c.Command, "args", c.Args)
+	pr.b.log.Info("Container started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "pid", p.pid, "command", c.Command, "args", c.Args)
 	return p, nil
 }
 
@@ -280,7 +280,7 @@ func (pr *podRun) adoptProc(container string, ps procState) *proc {
 		p.finished = metav1.NewTime(time.Now())
 		close(p.exited)
 	}()
-	pr.b.log.Info("following container of a previous run", "container", container, "pid", ps.PID)
+	pr.b.log.Info("Following container of a previous run", "container", container, "pid", ps.PID)
 	return p
 }
 
@@ -322,7 +322,7 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 	done := make(chan struct{})
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 	if err != nil {
-		pr.b.log.Error("opening container log", "path", path, "err", err)
+		pr.b.log.Error("Opening container log", "path", path, "err", err)
 		for _, r := range readers {
 			_ = r.Close()
 		}
@@ -358,7 +358,7 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 					n, _ := fmt.Fprintf(f, "%s %s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), stream, tag, line)
 					if size += int64(n); size >= pr.b.cfg.ContainerLogMaxSize {
 						if nf, err := pr.rotateLog(path, f); err != nil {
-							pr.b.log.Error("rotating container log", "path", path, "err", err)
+							pr.b.log.Error("Rotating container log", "path", path, "err", err)
 						} else {
 							f, size = nf, 0
 						}
@@ -367,7 +367,7 @@ func (pr *podRun) pumpLogs(path string, readers []*os.File) <-chan struct{} {
 				}
 				if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 					if !errors.Is(err, io.EOF) {
-						pr.b.log.Debug("container output", "path", path, "err", err)
+						pr.b.log.Debug("Container output", "path", path, "err", err)
 					}
 					return
 				}

@@ -282,7 +282,7 @@ func (b *Backend) restore() error {
 			err = json.Unmarshal(data, &st)
 		}
 		if err != nil || st.Pod == nil || string(st.Pod.UID) != e.Name() {
-			b.log.Warn("ignoring unreadable pod state", "path", path, "err", err)
+			b.log.Warn("Ignoring unreadable pod state", "path", path, "err", err)
 			continue
 		}
 		pr := newPodRun(b, st.Pod)
@@ -290,7 +290,7 @@ func (b *Backend) restore() error {
 			pr.adopt[name] = ps
 		}
 		b.pods[st.Pod.UID] = pr
-		b.log.Info("adopting pod from a previous run", "namespace", st.Pod.Namespace, "name", st.Pod.Name, "uid", st.Pod.UID, "phase", st.Pod.Status.Phase)
+		b.log.Info("Adopting pod from a previous run", "namespace", st.Pod.Namespace, "name", st.Pod.Name, "uid", st.Pod.UID, "phase", st.Pod.Status.Phase)
 		b.start(pr)
 	}
 	return nil
