@@ -42,6 +42,6 @@ func Example() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg := deviceplugin.Config{Logger: log} // kubelet's default directories
 	if err := deviceplugin.Serve(ctx, cfg, "example.com/dongle", dongles{}); err != nil {
-		log.Error("device plugin failed", "error", err)
+		log.Error("Device plugin failed", "err", err)
 	}
 }

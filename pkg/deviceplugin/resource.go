@@ -177,7 +177,7 @@ func (r *resource) scan(ctx context.Context) {
 			return
 		}
 		wait := b.Next()
-		r.log.Error("Scan failed; retrying", "error", err, "retryIn", wait)
+		r.log.Error("Scan failed; retrying", "err", err, "retryIn", wait)
 		if !r.sleep(ctx, wait) {
 			return
 		}
@@ -354,7 +354,7 @@ func (r *resource) shutdown() {
 	r.mu.Unlock()
 	if owned {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			r.log.Warn("Could not remove socket", "socket", path, "error", err)
+			r.log.Warn("Could not remove socket", "socket", path, "err", err)
 		}
 	}
 	r.setRegistered(false, nil)
@@ -538,7 +538,7 @@ func (r *resource) registerLoop(ctx context.Context) {
 			if repeated {
 				level = slog.LevelDebug
 			}
-			r.log.Log(ctx, level, "Registration failed; retrying until it succeeds", "error", err, "retryIn", wait.Round(time.Millisecond))
+			r.log.Log(ctx, level, "Registration failed; retrying until it succeeds", "err", err, "retryIn", wait.Round(time.Millisecond))
 			select {
 			case <-ctx.Done():
 				return

@@ -135,7 +135,7 @@ loop:
 			if !ok {
 				break loop
 			}
-			log.Warn("File watch error", "error", err)
+			log.Warn("File watch error", "err", err)
 		case <-ticker.C():
 			s.resync()
 		}
@@ -166,7 +166,7 @@ func (s *Server) handleEvent(ev fsnotify.Event) {
 			}
 			switch relistened, err := r.relisten(); {
 			case err != nil:
-				r.log.Error("Could not serve the socket again; will retry", "error", err)
+				r.log.Error("Could not serve the socket again; will retry", "err", err)
 				s.registerAgain(r, reasonSocketRemoved)
 			case relistened:
 				r.log.Info("Plugin socket was removed; serving it again")

@@ -58,7 +58,7 @@ func (s service) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	resp, err := s.allocate(ctx, req)
 	s.r.metrics.allocate(s.r.name, status.Code(err).String(), s.r.cfg.Clock.Since(start).Seconds())
 	if err != nil {
-		s.r.log.Warn("Allocate refused", "error", err)
+		s.r.log.Warn("Allocate refused", "err", err)
 	}
 	return resp, err
 }
@@ -240,7 +240,7 @@ func (s registrationService) NotifyRegistrationStatus(_ context.Context, st *reg
 	} else {
 		err := fmt.Errorf("kubelet refused registration: %s", st.Error)
 		if s.r.setRegisteredFrom(s.listen, false, err) {
-			s.r.log.Error("Registration through the plugin watcher failed", "error", st.Error)
+			s.r.log.Error("Registration through the plugin watcher failed", "err", st.Error)
 		}
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil

@@ -21,9 +21,10 @@ import (
 // NewCommand returns the "verify" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
-		cfg    verify.Config
-		format string
-		junit  string
+		cfg        verify.Config
+		format     string
+		formatFlag *output.Format
+		junit      string
 	)
 	cmd := &cobra.Command{
 		Use:   "verify [flags] -- COMMAND [ARGS...]",
@@ -55,7 +56,8 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"))
 			}
 			cfg.Command = args
-			if err := usageProblems(&cfg, format, junit); err != nil {
+			format = formatFlag.String()
+			if err := usageProblems(&cfg, junit); err != nil {
 				return cli.Exit(2, err)
 			}
 			cfg.Logger = env.Logger
@@ -99,7 +101,7 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 	fl.StringVar(&cfg.SocketDir, "socket-dir", "", "verify a plugin that is already running and registers through DIR/kubelet.sock (the checks that stop it are skipped)")
 	fl.BoolVar(&cfg.PrivateMount, "private-mount", false, "run the plugin in its own mount namespace where /var/lib/kubelet/device-plugins is the emulated directory (needs root)")
 	fl.BoolVar(&cfg.PluginWatcher, "plugin-watcher", false, "register through a plugins_registry directory ({registry-dir}) instead of kubelet.sock")
-	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	formatFlag = output.AddFlag(cmd)
 	fl.StringVar(&junit, "junit", "", "also write the results as JUnit XML to FILE (its directory must exist)")
 	fl.DurationVar(&cfg.RegisterTimeout, "register-timeout", verify.DefaultRegisterTimeout, "how long to wait for the plugin's first registration")
 	fl.DurationVar(&cfg.ReregisterThreshold, "reregister-threshold", verify.DefaultReregisterThreshold, "longest acceptable time to register again after a kubelet restart or socket deletion")
@@ -123,15 +125,12 @@ var flagOf = map[string]string{
 // usageProblems checks everything about the command line that can be
 // checked before the run, and reports every problem at once, each with the
 // flag it is about and the fix. It makes --socket-dir absolute.
-func usageProblems(cfg *verify.Config, format, junit string) error {
+func usageProblems(cfg *verify.Config, junit string) error {
 	var problems []string
 	seen := map[string]bool{}
 	add := func(flag, msg string) {
 		seen[flag] = true
 		problems = append(problems, flag+": "+msg)
-	}
-	if err := output.Check(format); err != nil {
-		problems = append(problems, err.Error())
 	}
 	// Zero would mean verify's default, not what was asked for.
 	for _, d := range []struct {

@@ -48,7 +48,6 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{"no command", nil, "COMMAND: give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir); see dpkit verify --help"},
 		{"no dash", []string{"my-plugin"}, "put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"},
-		{"bad output", []string{"-o", "xml"}, `--output: "xml" is not a format; use table, json or yaml`},
 		{"both", []string{"--socket-dir", "/run/dp"}, "--socket-dir: Invalid value: \"/run/dp\": give either a command to run or --socket-dir of a running plugin, not both"},
 		{"no restarts", []string{"--restarts", "0"}, "--restarts: 0: give 1 or more (default 3); the restart checks need at least one kubelet restart"},
 		{"zero timeout", []string{"--register-timeout", "0s"}, "--register-timeout: 0s: must be above 0 (default 10s)"},
@@ -56,7 +55,7 @@ func TestUsageErrors(t *testing.T) {
 		{"junit in a missing directory", []string{"--junit", "/nonexistent/reports/verify.xml"},
 			"--junit: directory /nonexistent/reports does not exist; create it first (mkdir -p /nonexistent/reports) or give a path in an existing directory"},
 		{"junit is a directory", []string{"--junit", "/"}, "--junit: / is a directory; give a file path, e.g. /verify.xml"},
-		{"several", []string{"--restarts", "0", "-o", "xml"}, "2 problem(s):\n  - --output: \"xml\" is not a format; use table, json or yaml\n  - --restarts: 0: give 1 or more"},
+		{"several", []string{"--restarts", "0", "--health-wait", "-1s"}, "2 problem(s):\n  - --health-wait: -1s: must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
