@@ -36,6 +36,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/internal/httpserve"
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
@@ -61,7 +62,11 @@ type Options struct {
 	// AdminSocket is where the admin API is served. Default
 	// AdminSocket(Root).
 	AdminSocket string
-	Logger      *slog.Logger
+	// RootLocked says that the caller holds Root's lock
+	// (rootlock.Acquire); otherwise Run takes it, and fails when another
+	// process holds it or another kubelet serves Root.
+	RootLocked bool
+	Logger     *slog.Logger
 }
 
 // Emulator is a running emulated kubelet: the device manager, the plugin
@@ -95,6 +100,13 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if !opts.RootLocked {
+		lock, err := rootlock.Acquire(opts.Root)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = lock.Release() }()
 	}
 	host, err := devicehost.New(devicehost.Config{
 		Root:           opts.Root,

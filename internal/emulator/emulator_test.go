@@ -3,6 +3,7 @@ package emulator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
 )
@@ -243,5 +245,23 @@ func TestEmulator(t *testing.T) {
 	}
 	if a := e.Manager().PodAllocation(types.UID(pod.UID)); a != nil {
 		t.Errorf("the deleted pod still holds %+v", a)
+	}
+}
+
+// TestOneEmulatorPerRoot checks that a second emulator on a root that one
+// serves fails, naming this process, and leaves the first serving.
+func TestOneEmulatorPerRoot(t *testing.T) {
+	root := shortRoot(t)
+	_, stop := startEmulator(t, root)
+	defer stop()
+	err := Run(context.Background(), Options{Root: root}, func(*Emulator) { t.Error("the second emulator started") })
+	var held *rootlock.HeldError
+	if !errors.As(err, &held) || !strings.Contains(err.Error(), fmt.Sprintf("is in use by pid %d", os.Getpid())) {
+		t.Fatalf("second Run = %v, want the root in use by pid %d", err, os.Getpid())
+	}
+	c := NewClient(AdminSocket(root))
+	defer c.Close()
+	if _, err := c.AdmitPod(context.Background(), []byte(podYAML)); err != nil {
+		t.Errorf("the first emulator no longer admits: %v", err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/internal/pluginrun"
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -171,6 +172,13 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 			fmt.Fprintf(env.Out, "removed %s\n", root)
 		}
 	}()
+	// One emulator per root: a second one would replace this one's
+	// sockets, and remove them when it stops.
+	lock, err := rootlock.Acquire(root)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lock.Release() }()
 	cfg.PluginDir = devicemanager.PluginDir(root)
 	cfg.RegistryDir = filepath.Join(root, "plugins_registry")
 
@@ -198,6 +206,7 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 			TopologyPolicy: o.TopologyPolicy,
 			TopologyScope:  o.TopologyScope,
 			NUMANodes:      o.NUMANodes,
+			RootLocked:     true,
 			Logger:         log.With("component", "kubelet"),
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})

@@ -5,13 +5,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +25,33 @@ import (
 	"github.com/dpkit/dpkit/internal/emulator"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// helperEnv, set in a process's environment, makes the test binary run
+// "dpkit up" with the arguments it holds (separated by \x1f) instead of the
+// tests: a real process for the tests that need two.
+const helperEnv = "DPKIT_UP_TEST_PROCESS"
+
+func TestMain(m *testing.M) {
+	if args, ok := os.LookupEnv(helperEnv); ok {
+		os.Exit(runHelper(strings.Split(args, "\x1f")))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runHelper runs "dpkit up" with args until SIGTERM and returns its exit
+// code.
+func runHelper(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	env := &cli.Env{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	cmd := NewCommand(env)
+	cmd.SetArgs(args)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+	}
+	return cli.ExitCode(err)
+}
 
 // TestEmbeddedExamples keeps the embedded defaults equal to the examples
 // the docs show.
@@ -339,5 +369,98 @@ func TestCommandFor(t *testing.T) {
 				t.Errorf("commandFor(%q, %q) = %q, want %q", tc.exe, tc.onPath, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestUpSecondOnSameRoot runs "dpkit up --root R" as a real process, then
+// a second "dpkit up --root R" in this one: the second fails naming the
+// first, and leaves the first working (it still admits a pod, and its
+// sockets are where they were).
+func TestUpSecondOnSameRoot(t *testing.T) {
+	root := shortRoot(t)
+	first := exec.Command(os.Args[0], "-test.run=^$")
+	first.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{"--root", root}, "\x1f"))
+	stdout, err := first.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	first.Stderr = &logs
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	stopFirst := func() error {
+		if first.Process == nil {
+			return nil
+		}
+		_ = first.Process.Signal(syscall.SIGTERM)
+		for range lines {
+		}
+		err := first.Wait()
+		first.Process = nil
+		return err
+	}
+	t.Cleanup(func() {
+		_ = stopFirst()
+		if t.Failed() {
+			t.Logf("first dpkit up's logs:\n%s", logs.String())
+		}
+	})
+	ready := false
+	for l := range lines {
+		if strings.HasPrefix(l, readyPrefix) {
+			ready = true
+			break
+		}
+	}
+	if !ready {
+		t.Fatalf("the first dpkit up ended before it was ready: %v", stopFirst())
+	}
+
+	var out, errOut bytes.Buffer
+	cmd := NewCommand(&cli.Env{Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler)})
+	cmd.SetArgs([]string{"--root", root})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	// Bounded only so that a second dpkit up that starts (the bug) ends
+	// the test instead of hanging it.
+	second, cancelSecond := context.WithTimeout(context.Background(), 30*time.Second)
+	err = cmd.ExecuteContext(second)
+	cancelSecond()
+	want := fmt.Sprintf("root %s is in use by pid %d (%s, started ", root, first.Process.Pid, strings.Join(first.Args, " "))
+	if cli.ExitCode(err) != 1 || !strings.Contains(err.Error(), want) {
+		t.Fatalf("second dpkit up: %v (exit %d), want exit 1 and %q with the first's command line", err, cli.ExitCode(err), want)
+	}
+	if out.Len() != 0 {
+		t.Errorf("the second dpkit up printed %q before failing", out.String())
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := emulator.NewClient(emulator.AdminSocket(root))
+	defer c.Close()
+	pod, err := c.AdmitPod(ctx, []byte("metadata: {name: after}\nspec: {containers: [{name: a, resources: {limits: {example.com/foo: 2}}}]}\n"))
+	if err != nil {
+		t.Fatalf("the first dpkit up no longer admits: %v", err)
+	}
+	if n := len(pod.Containers[0].Devices); n != 1 || len(pod.Containers[0].Devices[0].DeviceIDs) != 2 {
+		t.Errorf("admitted pod %+v, want 2 devices", pod)
+	}
+	for _, s := range []string{filepath.Join(root, "device-plugins", "kubelet.sock"), filepath.Join(root, "pod-resources", "kubelet.sock")} {
+		if _, err := os.Stat(s); err != nil {
+			t.Errorf("the first dpkit up's socket: %v", err)
+		}
+	}
+	if err := stopFirst(); err != nil {
+		t.Errorf("the first dpkit up exited with %v", err)
 	}
 }
