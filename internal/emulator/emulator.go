@@ -119,6 +119,9 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return err
 	}
 	mgr := host.Manager
+	// The host's components name themselves (component=devicemanager,
+	// ...); the emulator's own lines say component=emulator.
+	log = log.With("component", "emulator")
 	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
 	if err := e.loadPods(); err != nil {
 		return err
@@ -142,7 +145,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return host.Err()
 	})
 	g.Go(func() error { return e.serveAdmin(gctx, admin) })
-	log.Info("emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
+	log.Info("Emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
 		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket)
 	if started != nil {
 		started(e)
@@ -319,7 +322,7 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.pods.Add(pod)
-	e.log.Info("pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID)
+	e.log.Info("Pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID)
 	writeJSON(w, http.StatusCreated, e.podView(pod))
 }
 
@@ -339,7 +342,7 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 	}
 	e.pods.Remove(pod.UID)
 	e.mgr.RemovePod(pod.UID)
-	e.log.Info("pod deleted", "namespace", ns, "name", name, "uid", pod.UID)
+	e.log.Info("Pod deleted", "namespace", ns, "name", name, "uid", pod.UID)
 	writeJSON(w, http.StatusOK, view)
 }
 
@@ -586,7 +589,7 @@ func (e *Emulator) loadPods() error {
 		}
 		pod := &corev1.Pod{}
 		if err := json.Unmarshal(data, pod); err != nil || pod.UID != types.UID(strings.TrimSuffix(ent.Name(), ".json")) {
-			e.log.Warn("ignoring unreadable admitted pod file", "path", path, "err", err)
+			e.log.Warn("Ignoring an unreadable admitted pod file", "path", path, "err", err)
 			continue
 		}
 		e.pods.Add(pod)

@@ -207,7 +207,7 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 			TopologyScope:  o.TopologyScope,
 			NUMANodes:      o.NUMANodes,
 			RootLocked:     true,
-			Logger:         log.With("component", "kubelet"),
+			Logger:         log,
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})
 	g.Go(func() error {
