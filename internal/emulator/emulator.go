@@ -8,6 +8,7 @@ package emulator
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/resourcename"
+	"github.com/dpkit/dpkit/pkg/topology"
 )
 
 // DefaultRoot is the kubelet's root directory, where unmodified plugins
@@ -59,6 +61,10 @@ type Options struct {
 	TopologyPolicy string
 	TopologyScope  string
 	NUMANodes      []int
+	// SysfsRoot is where sysfs is mounted: when NUMANodes is empty, the
+	// machine's NUMA nodes are read below it (ReadNUMANodes), as the
+	// kubelet reads them. Empty: they are not read.
+	SysfsRoot string
 	// AdminSocket is where the admin API is served. Default
 	// AdminSocket(Root).
 	AdminSocket string
@@ -83,6 +89,10 @@ type Emulator struct {
 	mu sync.Mutex // serializes admissions and deletions
 }
 
+// NUMANodes returns the machine's NUMA nodes as the device manager's
+// topology policy knows them: Options.NUMANodes, or those read from sysfs.
+func (e *Emulator) NUMANodes() []int { return slices.Clone(e.opts.NUMANodes) }
+
 // Manager returns the emulator's device manager.
 func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
 
@@ -100,6 +110,17 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if len(opts.NUMANodes) == 0 && opts.SysfsRoot != "" {
+		nodes, err := ReadNUMANodes(opts.SysfsRoot)
+		if err != nil {
+			return err
+		}
+		if len(nodes) == 0 && opts.TopologyPolicy != "" && opts.TopologyPolicy != topology.PolicyNone {
+			return fmt.Errorf("topology policy %s needs the machine's NUMA nodes, and %s lists none; give them with --numa-nodes, e.g. --numa-nodes 0",
+				opts.TopologyPolicy, filepath.Join(opts.SysfsRoot, NUMANodesDir))
+		}
+		opts.NUMANodes = nodes
 	}
 	if !opts.RootLocked {
 		lock, err := rootlock.Acquire(opts.Root)
@@ -146,7 +167,8 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	})
 	g.Go(func() error { return e.serveAdmin(gctx, admin) })
 	log.Info("Emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
-		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket)
+		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket,
+		"topologyPolicy", cmp.Or(opts.TopologyPolicy, topology.PolicyNone), "numaNodes", opts.NUMANodes)
 	if started != nil {
 		started(e)
 	}

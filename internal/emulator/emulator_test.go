@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,5 +264,69 @@ func TestOneEmulatorPerRoot(t *testing.T) {
 	defer c.Close()
 	if _, err := c.AdmitPod(context.Background(), []byte(podYAML)); err != nil {
 		t.Errorf("the first emulator no longer admits: %v", err)
+	}
+}
+
+// fakeSysfs returns a sysfs root whose devices/system/node lists dirs.
+func fakeSysfs(t *testing.T, dirs ...string) string {
+	t.Helper()
+	root := t.TempDir()
+	nodes := filepath.Join(root, NUMANodesDir)
+	if err := os.MkdirAll(nodes, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(filepath.Join(nodes, d), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"possible", "online", "node7"} {
+		if err := os.WriteFile(filepath.Join(nodes, f), []byte("0-1\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func TestReadNUMANodes(t *testing.T) {
+	t.Parallel()
+	got, err := ReadNUMANodes(fakeSysfs(t, "node10", "node1", "node0", "nodex", "node01", "power"))
+	if err != nil || !slices.Equal(got, []int{0, 1, 10}) {
+		t.Errorf("ReadNUMANodes = %v, %v; want [0 1 10]", got, err)
+	}
+	if got, err := ReadNUMANodes(t.TempDir()); err != nil || got != nil {
+		t.Errorf("ReadNUMANodes without NUMA = %v, %v; want none", got, err)
+	}
+}
+
+// TestRunReadsNUMANodes checks that the NUMA nodes come from sysfs when
+// they are not given, that given ones win, and that a policy that needs
+// them fails clearly when sysfs lists none.
+func TestRunReadsNUMANodes(t *testing.T) {
+	sysfs := fakeSysfs(t, "node0", "node1")
+	for _, tc := range []struct {
+		name  string
+		given []int
+		want  []int
+	}{{"from sysfs", nil, []int{0, 1}}, {"given", []int{3}, []int{3}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			got := make(chan []int, 1)
+			err := Run(ctx, Options{Root: shortRoot(t), TopologyPolicy: "single-numa-node", NUMANodes: tc.given, SysfsRoot: sysfs}, func(e *Emulator) {
+				got <- e.NUMANodes()
+				cancel()
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := <-got; !slices.Equal(g, tc.want) {
+				t.Errorf("NUMANodes() = %v, want %v", g, tc.want)
+			}
+		})
+	}
+	err := Run(context.Background(), Options{Root: shortRoot(t), TopologyPolicy: "restricted", SysfsRoot: t.TempDir()}, func(*Emulator) { t.Error("started") })
+	if err == nil || !strings.Contains(err.Error(), "topology policy restricted needs the machine's NUMA nodes") || !strings.Contains(err.Error(), "--numa-nodes") {
+		t.Errorf("Run without NUMA nodes = %v, want an error pointing to --numa-nodes", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -28,6 +29,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/topology"
 )
 
 // defaultConfig is examples/fake.yaml (a test keeps the two equal).
@@ -60,11 +62,9 @@ type options struct {
 	// Empty: the config file's registration when it sets one, else
 	// kubelet.
 	Registration string
-	// TopologyPolicy, TopologyScope and NUMANodes configure the device
-	// manager's topology policy, as for "dpkit kubelet".
-	TopologyPolicy string
-	TopologyScope  string
-	NUMANodes      []int
+	// Topology configures the device manager's topology policy, as for
+	// "dpkit kubelet".
+	Topology cli.Topology
 	// Command is how the printed commands invoke dpkit. Default "dpkit".
 	Command string
 	// WorkDir is where relative example paths are resolved. Default: the
@@ -103,6 +103,9 @@ sockets.`,
 			default:
 				return cli.Exit(2, fmt.Errorf("--registration: %q is not a registration path; use kubelet, registry or auto", o.Registration))
 			}
+			if err := o.Topology.Validate(); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("root") && o.Root == "" {
 				return cli.Exit(2, errors.New("--root must not be empty; leave it out for a temporary root"))
 			}
@@ -123,9 +126,7 @@ sockets.`,
 	fl.BoolVar(&o.Keep, "keep", false, "keep the temporary root directory on exit")
 	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
 	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
-	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
-	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
-	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")
+	o.Topology.AddFlags(cmd)
 	return cmd
 }
 
@@ -203,9 +204,10 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		defer stopPlugins()
 		return emulator.Run(gctx, emulator.Options{
 			Root:           root,
-			TopologyPolicy: o.TopologyPolicy,
-			TopologyScope:  o.TopologyScope,
-			NUMANodes:      o.NUMANodes,
+			TopologyPolicy: o.Topology.Policy,
+			TopologyScope:  o.Topology.Scope,
+			NUMANodes:      o.Topology.NUMANodes,
+			SysfsRoot:      o.Topology.SysfsRoot,
 			RootLocked:     true,
 			Logger:         log,
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
@@ -222,7 +224,8 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		w.printf("plugins_registry    %s\n", cfg.RegistryDir)
 		w.printf("PodResources API    %s\n", podresources.SocketPath(root))
 		w.printf("admin API           %s\n", emulator.AdminSocket(root))
-		w.printf("checkpoint          %s\n\n", mgr.CheckpointPath())
+		w.printf("checkpoint          %s\n", mgr.CheckpointPath())
+		w.printf("topology            %s\n\n", describeTopology(o.Topology, e.NUMANodes()))
 
 		servers := make(chan *deviceplugin.Server, 1)
 		g.Go(func() error {
@@ -294,6 +297,26 @@ func describe(configFile string) string {
 		return "the fake device plugin (example.com/foo, 8 devices)"
 	}
 	return "the device plugins of " + configFile
+}
+
+// describeTopology says which topology policy the device manager applies,
+// in which scope, on which NUMA nodes and where they come from.
+func describeTopology(t cli.Topology, nodes []int) string {
+	s := "policy " + t.Policy
+	if t.Policy != topology.PolicyNone {
+		s += ", scope " + t.Scope
+	}
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = strconv.Itoa(n)
+	}
+	switch {
+	case len(t.NUMANodes) > 0:
+		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (--numa-nodes)"
+	case len(nodes) > 0:
+		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (from " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir) + ")"
+	}
+	return s + ", no NUMA nodes found in " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir)
 }
 
 // waitServed waits until every resource of srv is registered and the

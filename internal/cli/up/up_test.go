@@ -199,7 +199,7 @@ func TestUp(t *testing.T) {
 		plugins   bool     // "get plugins" is suggested
 	}{
 		{"default fake plugin in a given root", nil, true, "example.com/foo", 8,
-			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ",
+			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ", "topology            policy none, NUMA nodes 0 (--numa-nodes)",
 				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}, false},
 		{"config registering through plugins_registry in a temporary root", []string{"--config", cfg}, false, "example.com/bar", 3,
 			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}, true},
@@ -319,6 +319,7 @@ func TestUpErrors(t *testing.T) {
 	}{
 		{"bad registration", []string{"--registration", "magic"}, `--registration: "magic" is not a registration path`},
 		{"empty root", []string{"--root", ""}, "--root must not be empty"},
+		{"bad topology policy", []string{"--topology-policy", "bogus"}, `--topology-policy: "bogus" is not a topology manager policy; use none, best-effort, restricted or single-numa-node`},
 		{"missing config", []string{"--config", "nope.yaml"}, "--config nope.yaml: the file does not exist"},
 		{"invalid config", []string{"--config", bad}, "plugins[0].fake.resources[0].name"},
 	}
