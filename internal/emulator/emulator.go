@@ -43,7 +43,6 @@ import (
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
-	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
 
@@ -433,11 +432,14 @@ func DecodePod(data []byte) (*corev1.Pod, error) {
 				errs = append(errs, field.Duplicate(p.Index(i).Child("name"), c.Name))
 			}
 			seen[c.Name] = true
-			errs = append(errs, checkExtendedResources(p.Index(i).Child("resources"), c.Resources)...)
+			errs = append(errs, checkContainerResources(p.Index(i).Child("resources"), c.Resources)...)
 		}
 	}
 	check(spec.Child("initContainers"), pod.Spec.InitContainers)
 	check(spec.Child("containers"), pod.Spec.Containers)
+	if pod.Spec.Resources != nil {
+		errs = append(errs, checkPodResources(spec.Child("resources"), *pod.Spec.Resources)...)
+	}
 	if len(errs) > 0 {
 		return nil, &InvalidPodError{Errs: errs}
 	}
@@ -467,55 +469,6 @@ func (e *InvalidPodError) Unwrap() []error {
 	return out
 }
 
-// checkExtendedResources applies the API server's rules for extended
-// resources: whole, non-negative amounts, and a request equal to the limit
-// when both are set. Without an API server in front of the emulated
-// kubelet, a pod breaking them would otherwise be admitted oddly.
-func checkExtendedResources(p *field.Path, r corev1.ResourceRequirements) field.ErrorList {
-	var errs field.ErrorList
-	for _, kind := range []struct {
-		name string
-		list corev1.ResourceList
-	}{{"limits", r.Limits}, {"requests", r.Requests}} {
-		for _, name := range sortedResourceNames(kind.list) {
-			if !resourcename.Valid(string(name)) {
-				if !standardContainerResource(name) {
-					errs = append(errs, field.Invalid(p.Child(kind.name).Key(string(name)), string(name),
-						"must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource name: "+strings.Join(resourcename.Problems(string(name)), "; ")))
-				}
-				continue
-			}
-			q := kind.list[name]
-			fp := p.Child(kind.name).Key(string(name))
-			switch {
-			case q.Sign() < 0:
-				errs = append(errs, field.Invalid(fp, q.String(), "must not be negative"))
-			case q.MilliValue()%1000 != 0:
-				errs = append(errs, field.Invalid(fp, q.String(), "extended resources are counted in whole devices; use an integer such as 1"))
-			}
-		}
-	}
-	for _, name := range sortedResourceNames(r.Requests) {
-		lim, ok := r.Limits[name]
-		if req := r.Requests[name]; ok && resourcename.Valid(string(name)) && req.Cmp(lim) != 0 {
-			errs = append(errs, field.Invalid(p.Child("requests").Key(string(name)), req.String(),
-				fmt.Sprintf("must equal the limit %s for an extended resource; set only limits", lim.String())))
-		}
-	}
-	return errs
-}
-
-// standardContainerResource reports whether name is one of the resources a
-// container may ask for besides extended resources, as the API server
-// accepts them.
-func standardContainerResource(name corev1.ResourceName) bool {
-	switch name {
-	case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
-		return true
-	}
-	return strings.HasPrefix(string(name), corev1.ResourceHugePagesPrefix)
-}
-
 // validUID reports whether uid is safe to use as a file name: 1-128
 // letters, digits, '-', '_' or '.', starting with a letter or digit.
 func validUID(uid string) bool {
@@ -529,15 +482,6 @@ func validUID(uid string) bool {
 		}
 	}
 	return true
-}
-
-func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
-	names := make([]corev1.ResourceName, 0, len(l))
-	for n := range l {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // singleDocument returns the one YAML document in data that is not empty
