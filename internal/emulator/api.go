@@ -44,6 +44,10 @@ type Pod struct {
 	Name       string      `json:"name"`
 	UID        string      `json:"uid"`
 	Containers []Container `json:"containers,omitempty"`
+	// Warnings are said about an admission: resources the pod asks for
+	// that no device plugin serves, each with its field path. Only the
+	// answer to an admission has them.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Container lists one container's devices and what the container runtime

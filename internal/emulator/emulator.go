@@ -343,8 +343,10 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.pods.Add(pod)
-	e.log.Info("Pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID)
-	writeJSON(w, http.StatusCreated, e.podView(pod))
+	view := e.podView(pod)
+	view.Warnings = unserved(pod, e.mgr.Resources())
+	e.log.Info("Pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID, "warnings", len(view.Warnings))
+	writeJSON(w, http.StatusCreated, view)
 }
 
 func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {

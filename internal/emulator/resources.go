@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
@@ -134,4 +135,50 @@ func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// unserved returns a warning for each resource a container of pod asks
+// for that is neither a standard container resource nor one the device
+// manager knows (served lists those). The kubelet admits such a pod: its
+// device manager skips resources no plugin ever registered, and its
+// resource fit check drops extended resources the node does not advertise
+// (removeMissingExtendedResources), leaving them to a scheduler that would
+// not have placed the pod there. A typo in a resource name passes
+// silently on a node; here it is said.
+func unserved(pod *corev1.Pod, served []devicemanager.ResourceStatus) []string {
+	known := make(map[corev1.ResourceName]bool, len(served))
+	names := make([]string, 0, len(served))
+	for _, r := range served {
+		known[corev1.ResourceName(r.Name)] = true
+		names = append(names, r.Name)
+	}
+	list := "none"
+	if len(names) > 0 {
+		list = strings.Join(names, ", ")
+	}
+	var out []string
+	spec := field.NewPath("spec")
+	check := func(p *field.Path, cs []corev1.Container) {
+		for i, c := range cs {
+			res := p.Index(i).Child("resources")
+			for _, kind := range []struct {
+				name string
+				list corev1.ResourceList
+			}{{"limits", c.Resources.Limits}, {"requests", c.Resources.Requests}} {
+				for _, name := range sortedResourceNames(kind.list) {
+					if _, inLimits := c.Resources.Limits[name]; kind.name == "requests" && inLimits {
+						continue // said for the limit
+					}
+					if standardContainerResource(name) || known[name] {
+						continue
+					}
+					out = append(out, fmt.Sprintf("%s: no device plugin serves %s, so the pod was admitted without devices for it, as a kubelet admits it; resources served: %s",
+						res.Child(kind.name).Key(string(name)), name, list))
+				}
+			}
+		}
+	}
+	check(spec.Child("initContainers"), pod.Spec.InitContainers)
+	check(spec.Child("containers"), pod.Spec.Containers)
+	return out
 }

@@ -71,7 +71,7 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 			}
 			c := emulator.NewClient(socket)
 			defer c.Close()
-			return admitManifest(cmd.Context(), env.Out, c, manifest, format)
+			return admitManifest(cmd.Context(), env.Out, env.Err, c, manifest, format)
 		},
 	}
 	fl := cmd.Flags()
@@ -118,10 +118,11 @@ func readManifest(in io.Reader, path string) ([]byte, error) {
 }
 
 // admitManifest checks manifest, admits it through c and writes the
-// admitted pod to w in format ("table", "json" or "yaml"). The error of a
-// rejected pod exits with exitRejected and names the kubelet's reason; that
-// of an invalid manifest exits with exitInvalid.
-func admitManifest(ctx context.Context, w io.Writer, c *emulator.Client, manifest []byte, format string) error {
+// admitted pod to w in format ("table", "json" or "yaml"), and the
+// admission's warnings to errW. The error of a rejected pod exits with
+// exitRejected and names the kubelet's reason; that of an invalid manifest
+// exits with exitInvalid.
+func admitManifest(ctx context.Context, w, errW io.Writer, c *emulator.Client, manifest []byte, format string) error {
 	local, err := emulator.DecodePod(manifest)
 	if err != nil {
 		return cli.Exit(exitInvalid, err)
@@ -139,18 +140,29 @@ func admitManifest(ctx context.Context, w io.Writer, c *emulator.Client, manifes
 		}
 		return cli.Exit(exitRejected, err)
 	}
+	if errW != nil {
+		// On standard error too, where a script reading JSON or YAML from
+		// standard output still shows it, as kubectl shows the API
+		// server's warnings.
+		for _, warning := range pod.Warnings {
+			if _, err := fmt.Fprintln(errW, "Warning:", warning); err != nil {
+				return err
+			}
+		}
+	}
 	return printPod(w, pod, format)
 }
 
 // printPod writes an admitted pod in format: "json", "yaml", or a table of
-// its containers with their devices and runtime options.
+// its containers with their devices and runtime options, followed by a
+// WARNING row for each of the admission's warnings.
 func printPod(w io.Writer, pod *emulator.Pod, format string) error {
 	if format == output.Table {
 		if _, err := fmt.Fprintf(w, "pod %s/%s admitted (uid %s)\n\n", pod.Namespace, pod.Name, pod.UID); err != nil {
 			return err
 		}
 	}
-	return output.Write(w, format, pod, func(t *tabwriter.Writer) error {
+	err := output.Write(w, format, pod, func(t *tabwriter.Writer) error {
 		fmt.Fprintln(t, "CONTAINER\tTYPE\tDEVICES\tRUNTIME OPTIONS")
 		for _, c := range pod.Containers {
 			devs := deviceLines(c.Devices)
@@ -166,6 +178,15 @@ func printPod(w io.Writer, pod *emulator.Pod, format string) error {
 		}
 		return nil
 	})
+	if err != nil || format != output.Table {
+		return err
+	}
+	for _, warning := range pod.Warnings {
+		if _, err := fmt.Fprintln(w, "WARNING  "+warning); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func line(lines []string, i int) string {
