@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -241,11 +242,12 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		if err := waitServed(gctx, mgr, srv); err != nil {
 			return nil // ctx ended: the group's error or the signal says why
 		}
-		examplePath, err := examplePodPath(root, o.WorkDir)
+		resources := mgr.Resources()
+		examples, err := examplePods(root, o.WorkDir, resources)
 		if err != nil {
 			return err
 		}
-		w.printReady(root, o.Command, srv, mgr.Resources(), examplePath)
+		w.printReady(root, o.Command, srv, resources, examples)
 		return w.err
 	})
 	err = g.Wait()
@@ -358,23 +360,98 @@ func served(have []devicemanager.ResourceStatus, want []deviceplugin.ResourceSta
 	return true
 }
 
-// examplePodFile is the example pod in a dpkit checkout.
-const examplePodFile = "examples/pod.yaml"
+// Example pods in a dpkit checkout.
+const (
+	examplePodFile        = "examples/pod.yaml"
+	exampleTooManyPodFile = "examples/pod-too-many.yaml"
+)
 
-// examplePodPath returns examples/pod.yaml when the working directory is
-// a dpkit checkout, and otherwise writes the example pod below root.
-func examplePodPath(root, workDir string) (string, error) {
-	if _, err := os.Stat(filepath.Join(workDir, examplePodFile)); err == nil {
-		return examplePodFile, nil
+// examples are the pod manifests the banner suggests admitting.
+type examples struct {
+	// Pod is admitted; empty when no resource has an allocatable device.
+	Pod string
+	// TooMany asks for more devices than there are; may be empty.
+	TooMany string
+}
+
+// examplePods returns the example pods to suggest, given the resources the
+// device manager lists once the plugins are served. The example pod of
+// the docs (examples/pod.yaml) is suggested when every resource it asks
+// for is served with enough devices: from the checkout when the working
+// directory is one (with examples/pod-too-many.yaml), or written below
+// root. Otherwise (another --config) the example pods are built from the
+// resources served and written below root, so that what is suggested
+// gets devices.
+func examplePods(root, workDir string, resources []devicemanager.ResourceStatus) (examples, error) {
+	dir := filepath.Join(root, "dpkit")
+	if fits(examplePod, resources) {
+		if _, err := os.Stat(filepath.Join(workDir, examplePodFile)); err == nil {
+			return examples{Pod: examplePodFile, TooMany: exampleTooManyPodFile}, nil
+		}
+		p := filepath.Join(dir, "pod.yaml")
+		return examples{Pod: p}, writeExample(p, examplePod)
 	}
-	p := filepath.Join(root, "dpkit", "pod.yaml")
-	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
-		return "", err
+	var served []devicemanager.ResourceStatus
+	for _, r := range resources {
+		if r.Allocatable > 0 {
+			served = append(served, r)
+		}
 	}
-	if err := os.WriteFile(p, examplePod, 0o640); err != nil {
-		return "", fmt.Errorf("writing the example pod: %w", err)
+	if len(served) == 0 {
+		return examples{}, nil
 	}
-	return p, nil
+	var ex examples
+	var pod strings.Builder
+	pod.WriteString("# A pod for \"dpkit admit\" that asks for one device of each resource\n# \"dpkit up\" serves.\n")
+	pod.WriteString("apiVersion: v1\nkind: Pod\nmetadata:\n  name: demo\nspec:\n  containers:\n  - name: main\n    resources:\n      limits:\n")
+	for _, r := range served {
+		fmt.Fprintf(&pod, "        %s: 1\n", r.Name)
+	}
+	ex.Pod = filepath.Join(dir, "pod.yaml")
+	if err := writeExample(ex.Pod, []byte(pod.String())); err != nil {
+		return examples{}, err
+	}
+	r := served[0]
+	tooMany := fmt.Sprintf("# A pod that asks for more %s devices than \"dpkit up\" serves (%d):\n# the kubelet rejects it and \"dpkit admit\" exits with status 1.\n"+
+		"apiVersion: v1\nkind: Pod\nmetadata:\n  name: too-many\nspec:\n  containers:\n  - name: main\n    resources:\n      limits:\n        %s: %d\n",
+		r.Name, r.Allocatable, r.Name, r.Allocatable+1)
+	ex.TooMany = filepath.Join(dir, "pod-too-many.yaml")
+	return ex, writeExample(ex.TooMany, []byte(tooMany))
+}
+
+// fits reports whether every extended resource the pod in manifest asks
+// for is served with at least as many allocatable devices as its
+// containers ask for in all.
+func fits(manifest []byte, resources []devicemanager.ResourceStatus) bool {
+	pod, err := emulator.DecodePod(manifest)
+	if err != nil {
+		return false
+	}
+	want := map[string]int64{}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for name, q := range c.Resources.Limits {
+			if strings.Contains(string(name), "/") {
+				want[string(name)] += q.Value()
+			}
+		}
+	}
+	for name, n := range want {
+		i := slices.IndexFunc(resources, func(r devicemanager.ResourceStatus) bool { return r.Name == name })
+		if i < 0 || resources[i].Allocatable < n {
+			return false
+		}
+	}
+	return true
+}
+
+func writeExample(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, data, 0o640); err != nil {
+		return fmt.Errorf("writing the example pod: %w", err)
+	}
+	return nil
 }
 
 // printer writes the banner and keeps the first write error.
@@ -389,7 +466,7 @@ func (p *printer) printf(format string, args ...any) {
 	}
 }
 
-func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resources []devicemanager.ResourceStatus, examplePath string) {
+func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resources []devicemanager.ResourceStatus, ex examples) {
 	how := "Register on kubelet.sock"
 	if srv.Mode() == deviceplugin.RegistrationRegistry {
 		how = "a socket in plugins_registry"
@@ -415,13 +492,19 @@ func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resour
 		// that called Register on kubelet.sock are not listed there.
 		p.printf("  %s get plugins --root %s\n", self, r)
 	}
-	p.printf("  %s admit --root %s -f %s\n", self, r, quote(examplePath))
+	if ex.Pod == "" {
+		p.printf("  (no resource has an allocatable device: nothing to admit a pod for)\n")
+	} else {
+		p.printf("  %s admit --root %s -f %s\n", self, r, quote(ex.Pod))
+	}
 	p.printf("  %s get pods --root %s\n", self, r)
 	p.printf("  %s get devices --root %s\n", self, r)
-	if examplePath == examplePodFile {
-		p.printf("  %s admit --root %s -f examples/pod-too-many.yaml\n", self, r)
+	if ex.TooMany != "" {
+		p.printf("  %s admit --root %s -f %s\n", self, r, quote(ex.TooMany))
 	}
-	p.printf("  %s delete pod demo --root %s\n", self, r)
+	if ex.Pod != "" {
+		p.printf("  %s delete pod demo --root %s\n", self, r)
+	}
 	p.printf("The PodResources API answers on %s, as a kubelet's does.\n", podresources.SocketPath(root))
 	p.printf("Stop with Ctrl-C.\n")
 }

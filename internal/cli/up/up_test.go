@@ -23,6 +23,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/pkg/devicemanager"
 )
 
 // helperEnv, set in a process's environment, makes the test binary run
@@ -197,14 +198,15 @@ func TestUp(t *testing.T) {
 		devices   int64
 		lines     []string // printed before ready, in order
 		plugins   bool     // "get plugins" is suggested
+		tooMany   bool     // a pod asking for too many devices is suggested
 	}{
 		{"default fake plugin in a given root", nil, true, "example.com/foo", 8,
 			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ", "topology            policy none, NUMA nodes 0 (--numa-nodes)",
-				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}, false},
+				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}, false, false},
 		{"config registering through plugins_registry in a temporary root", []string{"--config", cfg}, false, "example.com/bar", 3,
-			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}, true},
+			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}, true, true},
 		{"flag overrides the config's registration", []string{"--config", cfg, "--registration", "kubelet"}, false, "example.com/bar", 3,
-			[]string{"waiting for the plugins to register (kubelet)..."}, false},
+			[]string{"waiting for the plugins to register (kubelet)..."}, false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -238,7 +240,13 @@ func TestUp(t *testing.T) {
 			if got := strings.Contains(strings.Join(suggested, "\n"), " get plugins --root "+root); got != tc.plugins {
 				t.Errorf("get plugins suggested: %t, want %t", got, tc.plugins)
 			}
-			u.waitLine("Stop with Ctrl-C.")
+			var tooManyLine string
+			u.wait("Stop with Ctrl-C.", func(l string) bool {
+				if strings.Contains(l, " admit --root ") {
+					tooManyLine = l
+				}
+				return l == "Stop with Ctrl-C."
+			})
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -248,9 +256,11 @@ func TestUp(t *testing.T) {
 			if err != nil || len(rs) != 1 || rs[0].Name != tc.resource || rs[0].Allocatable != tc.devices || !rs[0].Connected {
 				t.Fatalf("Resources() = %+v, %v; want %s with %d allocatable", rs, err, tc.resource, tc.devices)
 			}
-			if tc.resource == "example.com/foo" {
-				// The example the banner names admits.
-				file := strings.Fields(admitLine)[5]
+			// The example the banner names admits, with devices of the
+			// resource served and no warning, whatever the config.
+			read := func(line string) []byte {
+				t.Helper()
+				file := strings.Fields(line)[5]
 				if !filepath.IsAbs(file) {
 					file = filepath.Join("..", "..", "..", file)
 				}
@@ -258,8 +268,31 @@ func TestUp(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := c.AdmitPod(ctx, manifest); err != nil {
-					t.Fatalf("admitting %s: %v", file, err)
+				return manifest
+			}
+			pod, err := c.AdmitPod(ctx, read(admitLine))
+			if err != nil {
+				t.Fatalf("admitting %s: %v", admitLine, err)
+			}
+			got := 0
+			for _, ctr := range pod.Containers {
+				for _, a := range ctr.Devices {
+					if a.Resource == tc.resource {
+						got += len(a.DeviceIDs)
+					}
+				}
+			}
+			if got == 0 || len(pod.Warnings) != 0 {
+				t.Errorf("the example pod got %d %s devices and warnings %q; want some devices and no warning", got, tc.resource, pod.Warnings)
+			}
+			// The pod asking for too many, when suggested, is rejected.
+			if tc.tooMany != (tooManyLine != "") {
+				t.Errorf("too-many pod suggested: %q, want %t", tooManyLine, tc.tooMany)
+			}
+			if tooManyLine != "" {
+				var ae *emulator.APIError
+				if _, err := c.AdmitPod(ctx, read(tooManyLine)); !errors.As(err, &ae) || ae.Reason != "UnexpectedAdmissionError" {
+					t.Errorf("admitting %s: %v, want UnexpectedAdmissionError", tooManyLine, err)
 				}
 			}
 
@@ -463,5 +496,76 @@ func TestUpSecondOnSameRoot(t *testing.T) {
 	}
 	if err := stopFirst(); err != nil {
 		t.Errorf("the first dpkit up exited with %v", err)
+	}
+}
+
+// TestExamplePods checks which example pods are suggested: the checkout's
+// when the fake plugin's resource is served, the embedded copy outside a
+// checkout, and pods built from what is served otherwise.
+func TestExamplePods(t *testing.T) {
+	t.Parallel()
+	checkout := filepath.Join("..", "..", "..")
+	foo := []devicemanager.ResourceStatus{{Name: "example.com/foo", Capacity: 8, Allocatable: 8, Connected: true}}
+	other := []devicemanager.ResourceStatus{
+		{Name: "dpkit.io/serial", Connected: true},
+		{Name: "dpkit.io/fuse", Capacity: 16, Allocatable: 16, Connected: true},
+		{Name: "dpkit.io/tun", Capacity: 16, Allocatable: 16, Connected: true},
+	}
+	for _, tc := range []struct {
+		name      string
+		workDir   string
+		resources []devicemanager.ResourceStatus
+		want      examples // paths below root start with "ROOT/"
+		contains  []string // in the pod written, if any
+	}{
+		{"checkout", checkout, foo, examples{Pod: examplePodFile, TooMany: exampleTooManyPodFile}, nil},
+		{"elsewhere", t.TempDir(), foo, examples{Pod: "ROOT/dpkit/pod.yaml"}, []string{"example.com/foo: 2"}},
+		{"too few devices for the example", checkout, []devicemanager.ResourceStatus{{Name: "example.com/foo", Capacity: 2, Allocatable: 2}},
+			examples{Pod: "ROOT/dpkit/pod.yaml", TooMany: "ROOT/dpkit/pod-too-many.yaml"}, []string{"example.com/foo: 1"}},
+		{"other resources", checkout, other, examples{Pod: "ROOT/dpkit/pod.yaml", TooMany: "ROOT/dpkit/pod-too-many.yaml"},
+			[]string{"dpkit.io/fuse: 1", "dpkit.io/tun: 1"}},
+		{"nothing allocatable", checkout, other[:1], examples{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := t.TempDir()
+			got, err := examplePods(root, tc.workDir, tc.resources)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			want.Pod = strings.Replace(want.Pod, "ROOT", root, 1)
+			want.TooMany = strings.Replace(want.TooMany, "ROOT", root, 1)
+			if got != want {
+				t.Fatalf("examplePods = %+v, want %+v", got, want)
+			}
+			if len(tc.contains) == 0 {
+				return
+			}
+			data, err := os.ReadFile(got.Pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := emulator.DecodePod(data); err != nil {
+				t.Fatalf("the example pod is not valid: %v\n%s", err, data)
+			}
+			for _, s := range tc.contains {
+				if !strings.Contains(string(data), s) {
+					t.Errorf("example pod\n%s\nlacks %q", data, s)
+				}
+			}
+			if strings.Contains(string(data), "serial") {
+				t.Errorf("example pod asks for a resource without allocatable devices:\n%s", data)
+			}
+			if got.TooMany != "" {
+				data, err := os.ReadFile(got.TooMany)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := emulator.DecodePod(data); err != nil || fits(data, tc.resources) {
+					t.Errorf("the too-many pod (%v) fits:\n%s", err, data)
+				}
+			}
+		})
 	}
 }
