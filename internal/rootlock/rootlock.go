@@ -132,7 +132,8 @@ func acquire(root string, me Holder) (*Lock, error) {
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}
 	data, _ := json.Marshal(me)
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt(append(data, '\n'), 0)
 	}
 	if err != nil {
