@@ -3,6 +3,8 @@ package cli
 import (
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 func TestTopologyValidate(t *testing.T) {
@@ -30,5 +32,20 @@ func TestTopologyValidate(t *testing.T) {
 				t.Errorf("Validate() = %v (exit %d), want exit 2 and %q", err, ExitCode(err), tc.want)
 			}
 		})
+	}
+}
+
+func TestFlagError(t *testing.T) {
+	t.Parallel()
+	cmd := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	cmd.Flags().Int("n", 0, "")
+	cmd.SetFlagErrorFunc(FlagError)
+	cmd.SilenceErrors, cmd.SilenceUsage = true, true
+	for _, args := range [][]string{{"--bogus"}, {"--n", "x"}} {
+		cmd.SetArgs(args)
+		err := cmd.Execute()
+		if ExitCode(err) != 2 || !strings.HasSuffix(err.Error(), "(see x --help)") {
+			t.Errorf("%v: %v (exit %d), want exit 2 pointing to --help", args, err, ExitCode(err))
+		}
 	}
 }

@@ -36,6 +36,9 @@ type Device struct {
 	Healthy   bool    `json:"healthy"`
 	NUMANodes []int64 `json:"numaNodes,omitempty"`
 	PodUID    string  `json:"podUID,omitempty"`
+	// Pod is the namespace/name of the pod PodUID names, when the
+	// emulator knows it.
+	Pod string `json:"pod,omitempty"`
 }
 
 // Pod is an admitted pod with its devices.

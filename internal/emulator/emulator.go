@@ -165,12 +165,12 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return host.Err()
 	})
 	g.Go(func() error { return e.serveAdmin(gctx, admin) })
-	log.Info("Emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
-		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket,
-		"topologyPolicy", cmp.Or(opts.TopologyPolicy, topology.PolicyNone), "numaNodes", opts.NUMANodes)
 	if started != nil {
 		started(e)
 	}
+	log.Info("Emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
+		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket,
+		"topologyPolicy", cmp.Or(opts.TopologyPolicy, topology.PolicyNone), "numaNodes", opts.NUMANodes)
 	return g.Wait()
 }
 
@@ -222,10 +222,14 @@ func (e *Emulator) getResources(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (e *Emulator) getDevices(w http.ResponseWriter, _ *http.Request) {
+	names := map[string]string{}
+	for _, p := range e.pods.GetActivePods() {
+		names[string(p.UID)] = p.Namespace + "/" + p.Name
+	}
 	out := []Device{}
 	for _, r := range e.mgr.Resources() {
 		for _, d := range e.mgr.Devices(r.Name) {
-			out = append(out, Device{Resource: r.Name, ID: d.ID, Healthy: d.Healthy, NUMANodes: d.NUMANodes, PodUID: d.PodUID})
+			out = append(out, Device{Resource: r.Name, ID: d.ID, Healthy: d.Healthy, NUMANodes: d.NUMANodes, PodUID: d.PodUID, Pod: names[d.PodUID]})
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -52,6 +52,13 @@ A pod the kubelet rejects is reported with the reason and message the
 kubelet would put in the pod's status (UnexpectedAdmissionError,
 TopologyAffinityError).
 
+A pod asking for a resource no device plugin serves (a typo, say) is
+admitted without devices for it, as a kubelet admits it; the command warns
+about it on standard error and under the table.
+
+Without --root, the root is $DPKIT_ROOT, else that of the last dpkit up or
+dpkit kubelet started while it still runs, else /var/lib/kubelet.
+
 Exit status: 0 admitted, 1 rejected or the kubelet is unreachable, 2 bad
 flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 		Example: `  dpkit admit --root /tmp/kubelet -f examples/pod.yaml
@@ -66,19 +73,26 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 			if err != nil {
 				return cli.Exit(exitInvalid, err)
 			}
+			if cmd.Flags().Changed("root") && root == "" {
+				return cli.Exit(exitInvalid, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
+			}
+			r := emulator.ChooseRoot(root, cmd.Flags().Changed("root"), env.Var)
 			if socket == "" {
-				socket = emulator.AdminSocket(root)
+				socket = emulator.AdminSocket(r.Dir)
 			}
 			c := emulator.NewClient(socket)
 			defer c.Close()
-			return admitManifest(cmd.Context(), env.Out, env.Err, c, manifest, format)
+			return r.Explain(admitManifest(cmd.Context(), env.Out, env.Err, c, manifest, format))
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&file, "filename", "f", "", `pod manifest file, or "-" for standard input (required)`)
-	fl.StringVar(&root, "root", emulator.DefaultRoot, "root directory of the dpkit kubelet")
+	fl.StringVar(&root, "root", "", "root directory of the dpkit kubelet (default: $DPKIT_ROOT, else the last dpkit up's or dpkit kubelet's while it runs, else "+emulator.DefaultRoot+")")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
-	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	output.AddFlag(cmd, &format)
+	_ = cmd.MarkFlagFilename("filename", "yaml", "yml", "json")
+	_ = cmd.MarkFlagDirname("root")
+	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 

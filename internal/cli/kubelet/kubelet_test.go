@@ -42,7 +42,8 @@ func execute(ctx context.Context, env *cli.Env, args ...string) error {
 }
 
 // TestNUMANodesFromSysfs runs "dpkit kubelet" with a topology policy and
-// no --numa-nodes: the NUMA nodes are read from --sysfs-root.
+// no --numa-nodes: the NUMA nodes are read from --sysfs-root. The root is
+// recorded for the client commands.
 func TestNUMANodesFromSysfs(t *testing.T) {
 	sysfs := t.TempDir()
 	for _, n := range []string{"node0", "node1"} {
@@ -55,11 +56,13 @@ func TestNUMANodesFromSysfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	state := t.TempDir()
+	getenv := func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }
 	logs := make(records, 100)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- execute(ctx, &cli.Env{Logger: slog.New(logs)}, "--root", root, "--topology-policy", "single-numa-node", "--sysfs-root", sysfs)
+		done <- execute(ctx, &cli.Env{Logger: slog.New(logs), Getenv: getenv}, "--root", root, "--topology-policy", "single-numa-node", "--sysfs-root", sysfs)
 	}()
 	var nodes string
 	for nodes == "" {
@@ -78,6 +81,11 @@ func TestNUMANodesFromSysfs(t *testing.T) {
 			cancel()
 			t.Fatalf("dpkit kubelet ended: %v", err)
 		}
+	}
+	// The root is recorded for the client commands before the emulator
+	// says it runs.
+	if r := emulator.ChooseRoot("", false, getenv); r.Dir != root || r.From != emulator.FromRecorded {
+		t.Errorf("the root chosen without --root is %+v, want %s recorded by dpkit kubelet", r, root)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -119,7 +119,7 @@ sockets.`,
 				// only on request.
 				log = slog.New(minLevel{log.Handler(), slog.LevelWarn})
 			}
-			return runUp(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log}, o)
+			return runUp(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log, Getenv: env.Getenv}, o)
 		},
 	}
 	fl := cmd.Flags()
@@ -128,6 +128,7 @@ sockets.`,
 	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
 	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
 	o.Topology.AddFlags(cmd)
+	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 
@@ -219,6 +220,11 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		case e = <-kubeletStarted:
 		case <-gctx.Done():
 			return nil
+		}
+		// "dpkit get", "admit" and "delete" find this root without --root
+		// while it runs.
+		if err := emulator.RecordRoot(root, env.Var); err != nil {
+			log.Warn("Cannot record the root for the client commands", "err", err)
 		}
 		mgr := e.Manager()
 		w.printf("registration        %s\n", mgr.SocketPath())

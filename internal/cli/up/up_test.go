@@ -71,7 +71,10 @@ func TestEmbeddedExamples(t *testing.T) {
 
 // upRun is "dpkit up" running in this process.
 type upRun struct {
-	t      *testing.T
+	t *testing.T
+	// getenv is the run's environment: XDG_STATE_HOME, where it records
+	// its root, is a fresh directory.
+	getenv func(string) string
 	lines  chan string
 	done   chan error
 	cancel context.CancelFunc
@@ -82,7 +85,9 @@ func startUp(t *testing.T, args ...string) *upRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel}
+	state := t.TempDir()
+	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel,
+		getenv: func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }}
 	go func() {
 		defer close(u.lines)
 		sc := bufio.NewScanner(pr)
@@ -91,7 +96,7 @@ func startUp(t *testing.T, args ...string) *upRun {
 		}
 	}()
 	var logs bytes.Buffer
-	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: &logs, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: &logs, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Getenv: u.getenv}
 	cmd := NewCommand(env)
 	cmd.SetArgs(append(args, "--numa-nodes", "0")) // exercises the pass-through; policy none ignores it
 	cmd.SetOut(pw)
@@ -248,6 +253,11 @@ func TestUp(t *testing.T) {
 				return l == "Stop with Ctrl-C."
 			})
 
+			// The client commands find the root without --root.
+			if r := emulator.ChooseRoot("", false, u.getenv); r.Dir != root || r.From != emulator.FromRecorded {
+				t.Errorf("the root chosen without --root is %+v, want %s recorded by dpkit up", r, root)
+			}
+
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			c := emulator.NewClient(emulator.AdminSocket(root))
@@ -360,7 +370,7 @@ func TestUpErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var out bytes.Buffer
-			cmd := NewCommand(&cli.Env{Out: &out, Err: &out, Logger: slog.New(slog.DiscardHandler)})
+			cmd := NewCommand(&cli.Env{Out: &out, Err: &out, Logger: slog.New(slog.DiscardHandler), Getenv: func(string) string { return "" }})
 			cmd.SetArgs(tc.args)
 			cmd.SetOut(&out)
 			cmd.SetErr(&out)
@@ -413,7 +423,7 @@ func TestCommandFor(t *testing.T) {
 func TestUpSecondOnSameRoot(t *testing.T) {
 	root := shortRoot(t)
 	first := exec.Command(os.Args[0], "-test.run=^$")
-	first.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{"--root", root}, "\x1f"))
+	first.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{"--root", root}, "\x1f"), "XDG_STATE_HOME="+t.TempDir())
 	stdout, err := first.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -460,7 +470,7 @@ func TestUpSecondOnSameRoot(t *testing.T) {
 	}
 
 	var out, errOut bytes.Buffer
-	cmd := NewCommand(&cli.Env{Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler)})
+	cmd := NewCommand(&cli.Env{Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler), Getenv: func(string) string { return "" }})
 	cmd.SetArgs([]string{"--root", root})
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
