@@ -330,3 +330,28 @@ func TestRunReadsNUMANodes(t *testing.T) {
 		t.Errorf("Run without NUMA nodes = %v, want an error pointing to --numa-nodes", err)
 	}
 }
+
+func TestRootExplain(t *testing.T) {
+	t.Parallel()
+	base := errors.New("dial: no such file")
+	for _, tc := range []struct {
+		name string
+		root Root
+		err  error
+		want string
+	}{
+		{"flag", Root{Dir: "/r", From: FromFlag}, base, "dial: no such file"},
+		{"environment", Root{Dir: "/r", From: FromEnv}, base, "dial: no such file\n(root /r, from $DPKIT_ROOT; --root chooses another)"},
+		{"invalid manifest", Root{Dir: "/r", From: FromRecorded}, fmt.Errorf("x: %w", &InvalidPodError{}), "x: invalid pod, 0 problem(s):"},
+		{"rejected as invalid", Root{Dir: "/r", From: FromDefault}, &APIError{StatusCode: http.StatusBadRequest, Message: "bad"}, "bad"},
+		{"nil", Root{Dir: "/r", From: FromEnv}, nil, ""},
+	} {
+		got := tc.root.Explain(tc.err)
+		if (got == nil) != (tc.err == nil) || got != nil && got.Error() != tc.want {
+			t.Errorf("%s: Explain = %v, want %q", tc.name, got, tc.want)
+		}
+		if tc.err != nil && !errors.Is(got, tc.err) {
+			t.Errorf("%s: Explain lost the error it wraps", tc.name)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,9 +36,15 @@ type Root struct {
 }
 
 // Explain adds to err which root was used and why, when it was not given
-// with --root: a user who did not type it may not expect it.
+// with --root: a user who did not type it may not expect it. An invalid
+// manifest is not the root's business and is left as it is.
 func (r Root) Explain(err error) error {
 	if err == nil || r.From == FromFlag {
+		return err
+	}
+	var invalid *InvalidPodError
+	var ae *APIError
+	if errors.As(err, &invalid) || errors.As(err, &ae) && ae.StatusCode == http.StatusBadRequest {
 		return err
 	}
 	return fmt.Errorf("%w\n(root %s, from %s; --root chooses another)", err, r.Dir, r.From)
