@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 )
 
 // Env is handed to every subcommand constructor. Subcommands write their
@@ -17,6 +18,17 @@ type Env struct {
 	Out    io.Writer
 	Err    io.Writer
 	Logger *slog.Logger
+	// Getenv reads an environment variable; nil means os.Getenv. Tests
+	// set it instead of changing the process's environment.
+	Getenv func(string) string
+}
+
+// Var returns the environment variable key, read through Getenv.
+func (e *Env) Var(key string) string {
+	if e.Getenv == nil {
+		return os.Getenv(key)
+	}
+	return e.Getenv(key)
 }
 
 // ExitUsage is the exit code of a usage error: an unknown command or

@@ -36,6 +36,9 @@ type Device struct {
 	Healthy   bool    `json:"healthy"`
 	NUMANodes []int64 `json:"numaNodes,omitempty"`
 	PodUID    string  `json:"podUID,omitempty"`
+	// Pod is the namespace/name of the pod PodUID names, when the
+	// emulator knows it.
+	Pod string `json:"pod,omitempty"`
 }
 
 // Pod is an admitted pod with its devices.
@@ -44,6 +47,10 @@ type Pod struct {
 	Name       string      `json:"name"`
 	UID        string      `json:"uid"`
 	Containers []Container `json:"containers,omitempty"`
+	// Warnings are said about an admission: resources the pod asks for
+	// that no device plugin serves, each with its field path. Only the
+	// answer to an admission has them.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Container lists one container's devices and what the container runtime

@@ -32,15 +32,25 @@ func TestDecodePod(t *testing.T) {
 		{"duplicate field", "metadata: {name: a, name: b}\nspec: {containers: [{name: c}]}", "", []string{`decoding pod manifest`}},
 		{"two documents", "metadata: {name: a}\n---\nmetadata: {name: b}", "", []string{"2 YAML documents"}},
 		{"extended resources", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 500m, cpu: 500m}, requests: {example.com/foo: 1, example.com/bar: -1}}}]}", "",
-			[]string{"spec.containers[0].resources.limits[example.com/foo]: Invalid value: \"500m\": extended resources are counted in whole devices",
-				"spec.containers[0].resources.requests[example.com/bar]: Invalid value: \"-1\": must not be negative",
-				"spec.containers[0].resources.requests[example.com/foo]: Invalid value: \"1\": must equal the limit 500m"}},
+			[]string{"spec.containers[0].resources.limits[example.com/foo]: Invalid value: \"500m\": must be an integer: extended resources are counted in whole devices",
+				"spec.containers[0].resources.requests[example.com/bar]: Invalid value: \"-1\": must be greater than or equal to 0",
+				"spec.containers[0].resources.requests[example.com/foo]: Invalid value: \"1\": must be equal to example.com/foo limit of 500m; for an extended resource set only limits"}},
+		{"extended resource requested without a limit", "metadata: {name: a}\nspec: {initContainers: [{name: i, resources: {requests: {example.com/foo: 1}}}], containers: [{name: c}]}", "",
+			[]string{"spec.initContainers[0].resources.limits[example.com/foo]: Required value: example.com/foo is requested without a limit", "set limits: {example.com/foo: 1} instead of the request"}},
+		{"requests. prefix", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {requests.example.com/foo: 1}}}]}", "",
+			[]string{`spec.containers[0].resources.limits[requests.example.com/foo]: Invalid value: "requests.example.com/foo": doesn't follow the extended resource name standard: must not start with "requests."`}},
+		{"native resources", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {cpu: 1, memory: -1Gi}, requests: {cpu: 2}}}]}", "",
+			[]string{`spec.containers[0].resources.limits[memory]: Invalid value: "-1Gi": must be greater than or equal to 0`,
+				`spec.containers[0].resources.requests[cpu]: Invalid value: "2": must be less than or equal to cpu limit of 1`}},
+		{"native request below its limit", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {cpu: 2, memory: 1Gi}, requests: {cpu: 500m, ephemeral-storage: 1Gi}}}]}", "default", nil},
+		{"devices asked for by the pod", "metadata: {name: a}\nspec: {resources: {limits: {cpu: 1, example.com/foo: 1}}, containers: [{name: c}]}", "",
+			[]string{`spec.resources.limits[example.com/foo]: Unsupported value: "example.com/foo": supported values: "cpu", "memory", "hugepages-<size>"; ask for devices in each container's resources.limits`}},
 		{"uid is a path", "metadata: {name: a, uid: ../../escaped}\nspec: {containers: [{name: c}]}", "", []string{`metadata.uid: Invalid value: "../../escaped"`, "omit it"}},
 		{"uid with a slash", "metadata: {name: a, uid: a/b}\nspec: {containers: [{name: c}]}", "", []string{`metadata.uid: Invalid value: "a/b"`}},
 		{"uuid uid", "metadata: {name: a, uid: 0f8d3c1e-5a2b-4c6d-9e7f-1a2b3c4d5e6f}\nspec: {containers: [{name: c}]}", "default", nil},
 		{"invalid resource names", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {gpu: 1, kubernetes.io/foo: 1, hugepages-2Mi: 1Mi, memory: 1Gi}}}]}", "",
-			[]string{"spec.containers[0].resources.limits[gpu]: Invalid value: \"gpu\": must be cpu, memory",
-				"spec.containers[0].resources.limits[kubernetes.io/foo]: Invalid value"}},
+			[]string{"spec.containers[0].resources.limits[gpu]: Invalid value: \"gpu\": must be a standard resource for containers (cpu, memory, ephemeral-storage or hugepages-<size>) or an extended resource name with a domain, like example.com/gpu",
+				"spec.containers[0].resources.limits[kubernetes.io/foo]: Invalid value: \"kubernetes.io/foo\": names in the kubernetes.io domain are Kubernetes' own resources"}},
 		{"request equal to limit", "metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 2}, requests: {example.com/foo: 2}}}]}", "default", nil},
 	}
 	for _, tc := range tests {
@@ -74,6 +84,7 @@ func FuzzDecodePod(f *testing.F) {
 	f.Add([]byte("kind: Pod\nmetadata: {name: a}\nspec: {initContainers: [{name: i}], containers: [{name: c}]}"))
 	f.Add([]byte("---\nmetadata: {name: a}\nspec: {containers: [{name: c}]}\n---\nmetadata: {name: b}\n"))
 	f.Add([]byte("metadata: {name: a}\nspec: {containers: [{name: c, resources: {limits: {example.com/foo: 1500m}, requests: {example.com/foo: 2}}}]}"))
+	f.Add([]byte("metadata: {name: a}\nspec: {containers: [{name: c, resources: {requests: {example.com/foo: 2, cpu: 1}}}]}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		pod, err := DecodePod(data)
 		if err != nil {
@@ -91,6 +102,11 @@ func FuzzDecodePod(f *testing.F) {
 				t.Fatalf("accepted empty or duplicate container name %q", c.Name)
 			}
 			seen[c.Name] = true
+			for name, req := range c.Resources.Requests {
+				if lim, ok := c.Resources.Limits[name]; resourcename.Valid(string(name)) && (!ok || lim.Cmp(req) != 0) {
+					t.Fatalf("accepted a request of %s (%s) without an equal limit", name, req.String())
+				}
+			}
 			for _, l := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 				for name, q := range l {
 					if resourcename.Valid(string(name)) && (q.Sign() < 0 || q.MilliValue()%1000 != 0) {

@@ -8,6 +8,7 @@ package emulator
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,12 +37,13 @@ import (
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/internal/httpserve"
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
-	"github.com/dpkit/dpkit/pkg/resourcename"
+	"github.com/dpkit/dpkit/pkg/topology"
 )
 
 // DefaultRoot is the kubelet's root directory, where unmodified plugins
@@ -58,10 +60,18 @@ type Options struct {
 	TopologyPolicy string
 	TopologyScope  string
 	NUMANodes      []int
+	// SysfsRoot is where sysfs is mounted: when NUMANodes is empty, the
+	// machine's NUMA nodes are read below it (ReadNUMANodes), as the
+	// kubelet reads them. Empty: they are not read.
+	SysfsRoot string
 	// AdminSocket is where the admin API is served. Default
 	// AdminSocket(Root).
 	AdminSocket string
-	Logger      *slog.Logger
+	// RootLocked says that the caller holds Root's lock
+	// (rootlock.Acquire); otherwise Run takes it, and fails when another
+	// process holds it or another kubelet serves Root.
+	RootLocked bool
+	Logger     *slog.Logger
 }
 
 // Emulator is a running emulated kubelet: the device manager, the plugin
@@ -77,6 +87,10 @@ type Emulator struct {
 
 	mu sync.Mutex // serializes admissions and deletions
 }
+
+// NUMANodes returns the machine's NUMA nodes as the device manager's
+// topology policy knows them: Options.NUMANodes, or those read from sysfs.
+func (e *Emulator) NUMANodes() []int { return slices.Clone(e.opts.NUMANodes) }
 
 // Manager returns the emulator's device manager.
 func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
@@ -96,6 +110,24 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if len(opts.NUMANodes) == 0 && opts.SysfsRoot != "" {
+		nodes, err := ReadNUMANodes(opts.SysfsRoot)
+		if err != nil {
+			return err
+		}
+		if len(nodes) == 0 && opts.TopologyPolicy != "" && opts.TopologyPolicy != topology.PolicyNone {
+			return fmt.Errorf("topology policy %s needs the machine's NUMA nodes, and %s lists none; give them with --numa-nodes, e.g. --numa-nodes 0",
+				opts.TopologyPolicy, filepath.Join(opts.SysfsRoot, NUMANodesDir))
+		}
+		opts.NUMANodes = nodes
+	}
+	if !opts.RootLocked {
+		lock, err := rootlock.Acquire(opts.Root)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = lock.Release() }()
+	}
 	host, err := devicehost.New(devicehost.Config{
 		Root:           opts.Root,
 		Logger:         log,
@@ -107,6 +139,9 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return err
 	}
 	mgr := host.Manager
+	// The host's components name themselves (component=devicemanager,
+	// ...); the emulator's own lines say component=emulator.
+	log = log.With("component", "emulator")
 	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
 	if err := e.loadPods(); err != nil {
 		return err
@@ -130,11 +165,12 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		return host.Err()
 	})
 	g.Go(func() error { return e.serveAdmin(gctx, admin) })
-	log.Info("emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
-		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket)
 	if started != nil {
 		started(e)
 	}
+	log.Info("Emulated kubelet running", "root", opts.Root, "registration", mgr.SocketPath(),
+		"podResources", podresources.SocketPath(opts.Root), "admin", opts.AdminSocket,
+		"topologyPolicy", cmp.Or(opts.TopologyPolicy, topology.PolicyNone), "numaNodes", opts.NUMANodes)
 	return g.Wait()
 }
 
@@ -186,10 +222,14 @@ func (e *Emulator) getResources(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (e *Emulator) getDevices(w http.ResponseWriter, _ *http.Request) {
+	names := map[string]string{}
+	for _, p := range e.pods.GetActivePods() {
+		names[string(p.UID)] = p.Namespace + "/" + p.Name
+	}
 	out := []Device{}
 	for _, r := range e.mgr.Resources() {
 		for _, d := range e.mgr.Devices(r.Name) {
-			out = append(out, Device{Resource: r.Name, ID: d.ID, Healthy: d.Healthy, NUMANodes: d.NUMANodes, PodUID: d.PodUID})
+			out = append(out, Device{Resource: r.Name, ID: d.ID, Healthy: d.Healthy, NUMANodes: d.NUMANodes, PodUID: d.PodUID, Pod: names[d.PodUID]})
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -307,8 +347,10 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.pods.Add(pod)
-	e.log.Info("pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID)
-	writeJSON(w, http.StatusCreated, e.podView(pod))
+	view := e.podView(pod)
+	view.Warnings = unserved(pod, e.mgr.Resources())
+	e.log.Info("Pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID, "warnings", len(view.Warnings))
+	writeJSON(w, http.StatusCreated, view)
 }
 
 func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
@@ -327,7 +369,7 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 	}
 	e.pods.Remove(pod.UID)
 	e.mgr.RemovePod(pod.UID)
-	e.log.Info("pod deleted", "namespace", ns, "name", name, "uid", pod.UID)
+	e.log.Info("Pod deleted", "namespace", ns, "name", name, "uid", pod.UID)
 	writeJSON(w, http.StatusOK, view)
 }
 
@@ -396,11 +438,14 @@ func DecodePod(data []byte) (*corev1.Pod, error) {
 				errs = append(errs, field.Duplicate(p.Index(i).Child("name"), c.Name))
 			}
 			seen[c.Name] = true
-			errs = append(errs, checkExtendedResources(p.Index(i).Child("resources"), c.Resources)...)
+			errs = append(errs, checkContainerResources(p.Index(i).Child("resources"), c.Resources)...)
 		}
 	}
 	check(spec.Child("initContainers"), pod.Spec.InitContainers)
 	check(spec.Child("containers"), pod.Spec.Containers)
+	if pod.Spec.Resources != nil {
+		errs = append(errs, checkPodResources(spec.Child("resources"), *pod.Spec.Resources)...)
+	}
 	if len(errs) > 0 {
 		return nil, &InvalidPodError{Errs: errs}
 	}
@@ -430,55 +475,6 @@ func (e *InvalidPodError) Unwrap() []error {
 	return out
 }
 
-// checkExtendedResources applies the API server's rules for extended
-// resources: whole, non-negative amounts, and a request equal to the limit
-// when both are set. Without an API server in front of the emulated
-// kubelet, a pod breaking them would otherwise be admitted oddly.
-func checkExtendedResources(p *field.Path, r corev1.ResourceRequirements) field.ErrorList {
-	var errs field.ErrorList
-	for _, kind := range []struct {
-		name string
-		list corev1.ResourceList
-	}{{"limits", r.Limits}, {"requests", r.Requests}} {
-		for _, name := range sortedResourceNames(kind.list) {
-			if !resourcename.Valid(string(name)) {
-				if !standardContainerResource(name) {
-					errs = append(errs, field.Invalid(p.Child(kind.name).Key(string(name)), string(name),
-						"must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource name: "+strings.Join(resourcename.Problems(string(name)), "; ")))
-				}
-				continue
-			}
-			q := kind.list[name]
-			fp := p.Child(kind.name).Key(string(name))
-			switch {
-			case q.Sign() < 0:
-				errs = append(errs, field.Invalid(fp, q.String(), "must not be negative"))
-			case q.MilliValue()%1000 != 0:
-				errs = append(errs, field.Invalid(fp, q.String(), "extended resources are counted in whole devices; use an integer such as 1"))
-			}
-		}
-	}
-	for _, name := range sortedResourceNames(r.Requests) {
-		lim, ok := r.Limits[name]
-		if req := r.Requests[name]; ok && resourcename.Valid(string(name)) && req.Cmp(lim) != 0 {
-			errs = append(errs, field.Invalid(p.Child("requests").Key(string(name)), req.String(),
-				fmt.Sprintf("must equal the limit %s for an extended resource; set only limits", lim.String())))
-		}
-	}
-	return errs
-}
-
-// standardContainerResource reports whether name is one of the resources a
-// container may ask for besides extended resources, as the API server
-// accepts them.
-func standardContainerResource(name corev1.ResourceName) bool {
-	switch name {
-	case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
-		return true
-	}
-	return strings.HasPrefix(string(name), corev1.ResourceHugePagesPrefix)
-}
-
 // validUID reports whether uid is safe to use as a file name: 1-128
 // letters, digits, '-', '_' or '.', starting with a letter or digit.
 func validUID(uid string) bool {
@@ -492,15 +488,6 @@ func validUID(uid string) bool {
 		}
 	}
 	return true
-}
-
-func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
-	names := make([]corev1.ResourceName, 0, len(l))
-	for n := range l {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // singleDocument returns the one YAML document in data that is not empty
@@ -574,7 +561,7 @@ func (e *Emulator) loadPods() error {
 		}
 		pod := &corev1.Pod{}
 		if err := json.Unmarshal(data, pod); err != nil || pod.UID != types.UID(strings.TrimSuffix(ent.Name(), ".json")) {
-			e.log.Warn("ignoring unreadable admitted pod file", "path", path, "err", err)
+			e.log.Warn("Ignoring an unreadable admitted pod file", "path", path, "err", err)
 			continue
 		}
 		e.pods.Add(pod)

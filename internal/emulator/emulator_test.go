@@ -3,9 +3,11 @@ package emulator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
 )
@@ -243,5 +246,112 @@ func TestEmulator(t *testing.T) {
 	}
 	if a := e.Manager().PodAllocation(types.UID(pod.UID)); a != nil {
 		t.Errorf("the deleted pod still holds %+v", a)
+	}
+}
+
+// TestOneEmulatorPerRoot checks that a second emulator on a root that one
+// serves fails, naming this process, and leaves the first serving.
+func TestOneEmulatorPerRoot(t *testing.T) {
+	root := shortRoot(t)
+	_, stop := startEmulator(t, root)
+	defer stop()
+	err := Run(context.Background(), Options{Root: root}, func(*Emulator) { t.Error("the second emulator started") })
+	var held *rootlock.HeldError
+	if !errors.As(err, &held) || !strings.Contains(err.Error(), fmt.Sprintf("is in use by pid %d", os.Getpid())) {
+		t.Fatalf("second Run = %v, want the root in use by pid %d", err, os.Getpid())
+	}
+	c := NewClient(AdminSocket(root))
+	defer c.Close()
+	if _, err := c.AdmitPod(context.Background(), []byte(podYAML)); err != nil {
+		t.Errorf("the first emulator no longer admits: %v", err)
+	}
+}
+
+// fakeSysfs returns a sysfs root whose devices/system/node lists dirs.
+func fakeSysfs(t *testing.T, dirs ...string) string {
+	t.Helper()
+	root := t.TempDir()
+	nodes := filepath.Join(root, NUMANodesDir)
+	if err := os.MkdirAll(nodes, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(filepath.Join(nodes, d), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"possible", "online", "node7"} {
+		if err := os.WriteFile(filepath.Join(nodes, f), []byte("0-1\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func TestReadNUMANodes(t *testing.T) {
+	t.Parallel()
+	got, err := ReadNUMANodes(fakeSysfs(t, "node10", "node1", "node0", "nodex", "node01", "power"))
+	if err != nil || !slices.Equal(got, []int{0, 1, 10}) {
+		t.Errorf("ReadNUMANodes = %v, %v; want [0 1 10]", got, err)
+	}
+	if got, err := ReadNUMANodes(t.TempDir()); err != nil || got != nil {
+		t.Errorf("ReadNUMANodes without NUMA = %v, %v; want none", got, err)
+	}
+}
+
+// TestRunReadsNUMANodes checks that the NUMA nodes come from sysfs when
+// they are not given, that given ones win, and that a policy that needs
+// them fails clearly when sysfs lists none.
+func TestRunReadsNUMANodes(t *testing.T) {
+	sysfs := fakeSysfs(t, "node0", "node1")
+	for _, tc := range []struct {
+		name  string
+		given []int
+		want  []int
+	}{{"from sysfs", nil, []int{0, 1}}, {"given", []int{3}, []int{3}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			got := make(chan []int, 1)
+			err := Run(ctx, Options{Root: shortRoot(t), TopologyPolicy: "single-numa-node", NUMANodes: tc.given, SysfsRoot: sysfs}, func(e *Emulator) {
+				got <- e.NUMANodes()
+				cancel()
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := <-got; !slices.Equal(g, tc.want) {
+				t.Errorf("NUMANodes() = %v, want %v", g, tc.want)
+			}
+		})
+	}
+	err := Run(context.Background(), Options{Root: shortRoot(t), TopologyPolicy: "restricted", SysfsRoot: t.TempDir()}, func(*Emulator) { t.Error("started") })
+	if err == nil || !strings.Contains(err.Error(), "topology policy restricted needs the machine's NUMA nodes") || !strings.Contains(err.Error(), "--numa-nodes") {
+		t.Errorf("Run without NUMA nodes = %v, want an error pointing to --numa-nodes", err)
+	}
+}
+
+func TestRootExplain(t *testing.T) {
+	t.Parallel()
+	base := errors.New("dial: no such file")
+	for _, tc := range []struct {
+		name string
+		root Root
+		err  error
+		want string
+	}{
+		{"flag", Root{Dir: "/r", From: FromFlag}, base, "dial: no such file"},
+		{"environment", Root{Dir: "/r", From: FromEnv}, base, "dial: no such file\n(root /r, from $DPKIT_ROOT; --root chooses another)"},
+		{"invalid manifest", Root{Dir: "/r", From: FromRecorded}, fmt.Errorf("x: %w", &InvalidPodError{}), "x: invalid pod, 0 problem(s):"},
+		{"rejected as invalid", Root{Dir: "/r", From: FromDefault}, &APIError{StatusCode: http.StatusBadRequest, Message: "bad"}, "bad"},
+		{"nil", Root{Dir: "/r", From: FromEnv}, nil, ""},
+	} {
+		got := tc.root.Explain(tc.err)
+		if (got == nil) != (tc.err == nil) || got != nil && got.Error() != tc.want {
+			t.Errorf("%s: Explain = %v, want %q", tc.name, got, tc.want)
+		}
+		if tc.err != nil && !errors.Is(got, tc.err) {
+			t.Errorf("%s: Explain lost the error it wraps", tc.name)
+		}
 	}
 }

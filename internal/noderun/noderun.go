@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -154,6 +155,19 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
 }
 
+// roots returns the root directory of each node: root itself for one
+// node, root/NAME-i for each of several.
+func roots(root string, o Options) []string {
+	if o.Count <= 1 {
+		return []string{root}
+	}
+	out := make([]string, o.Count)
+	for i := range out {
+		out[i] = filepath.Join(root, o.Name+"-"+strconv.Itoa(i))
+	}
+	return out
+}
+
 // Run runs the nodes until ctx is done; log may be nil. started, when not nil, is called
 // once every node runs.
 func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtualnode.Node)) error {
@@ -193,6 +207,15 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		shared = informers.NewSharedInformerFactory(client, 0)
 		defer shared.Shutdown()
 	}
+	// One node per root: a second one would replace this one's sockets,
+	// and remove them when it stops.
+	for _, r := range roots(root, o) {
+		lock, err := rootlock.Acquire(r)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = lock.Release() }()
+	}
 	var (
 		mu    sync.Mutex
 		nodes []*virtualnode.Node
@@ -220,7 +243,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		cfg.TokenReviewClient, cfg.SubjectAccessReviewClient = clients.TokenReviews, clients.SubjectAccessReviews
 		if o.Count > 1 {
 			cfg.Name = o.Name + "-" + strconv.Itoa(i)
-			cfg.Root = filepath.Join(root, cfg.Name)
+			cfg.Root = roots(root, o)[i]
 			if o.Port > 0 {
 				cfg.Port = o.Port + i
 			}

@@ -29,7 +29,8 @@ func TestUpProcess(t *testing.T) {
 	t.Cleanup(func() { _ = os.RemoveAll(root) })
 
 	up := exec.CommandContext(ctx, bin, "up", "--root", root)
-	up.Dir = filepath.Join("..", "..") // a checkout: the banner names examples/pod.yaml
+	up.Dir = filepath.Join("..", "..")                           // a checkout: the banner names examples/pod.yaml
+	up.Env = append(os.Environ(), "XDG_STATE_HOME="+t.TempDir()) // where it records its root
 	stdout, err := up.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +104,7 @@ func TestUpProcess(t *testing.T) {
 			`(?m)^setup +init +example\.com/foo: dev-\d +env DPKIT_FAKE_DEVICES=dev-\d$`,
 			`(?m)^main +app +example\.com/foo: dev-\d,dev-\d +env DPKIT_FAKE_DEVICES=dev-\d,dev-\d$`}},
 		{"get pods --root R", 0, []string{`(?m)^default +demo +main +example\.com/foo +dev-\d,dev-\d +Healthy,Healthy +-$`}},
-		{"get devices --root R", 0, []string{`(?m)^example\.com/foo +dev-\d +true +- +[0-9a-f-]{36}$`}},
+		{"get devices --root R", 0, []string{`(?m)^example\.com/foo +dev-\d +true +- +default/demo$`}},
 		{"admit --root R -f examples/pod-too-many.yaml", 1, []string{
 			`pod default/too-many rejected by the kubelet: UnexpectedAdmissionError: Allocate failed due to requested number of devices unavailable for example\.com/foo\. Requested: 9, Available: 6, which is unexpected`}},
 		{"delete pod demo --root R", 0, []string{`pod "demo" deleted`}},

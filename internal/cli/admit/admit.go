@@ -52,6 +52,13 @@ A pod the kubelet rejects is reported with the reason and message the
 kubelet would put in the pod's status (UnexpectedAdmissionError,
 TopologyAffinityError).
 
+A pod asking for a resource no device plugin serves (a typo, say) is
+admitted without devices for it, as a kubelet admits it; the command warns
+about it on standard error and under the table.
+
+Without --root, the root is $DPKIT_ROOT, else that of the last dpkit up or
+dpkit kubelet started while it still runs, else /var/lib/kubelet.
+
 Exit status: 0 admitted, 1 rejected or the kubelet is unreachable, 2 bad
 flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 		Example: `  dpkit admit --root /tmp/kubelet -f examples/pod.yaml
@@ -66,19 +73,26 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
 			if err != nil {
 				return cli.Exit(exitInvalid, err)
 			}
+			if cmd.Flags().Changed("root") && root == "" {
+				return cli.Exit(exitInvalid, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
+			}
+			r := emulator.ChooseRoot(root, cmd.Flags().Changed("root"), env.Var)
 			if socket == "" {
-				socket = emulator.AdminSocket(root)
+				socket = emulator.AdminSocket(r.Dir)
 			}
 			c := emulator.NewClient(socket)
 			defer c.Close()
-			return admitManifest(cmd.Context(), env.Out, c, manifest, format)
+			return r.Explain(admitManifest(cmd.Context(), env.Out, env.Err, c, manifest, format))
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&file, "filename", "f", "", `pod manifest file, or "-" for standard input (required)`)
-	fl.StringVar(&root, "root", emulator.DefaultRoot, "root directory of the dpkit kubelet")
+	fl.StringVar(&root, "root", "", "root directory of the dpkit kubelet (default: $DPKIT_ROOT, else the last dpkit up's or dpkit kubelet's while it runs, else "+emulator.DefaultRoot+")")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
-	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	output.AddFlag(cmd, &format)
+	_ = cmd.MarkFlagFilename("filename", "yaml", "yml", "json")
+	_ = cmd.MarkFlagDirname("root")
+	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 
@@ -118,10 +132,11 @@ func readManifest(in io.Reader, path string) ([]byte, error) {
 }
 
 // admitManifest checks manifest, admits it through c and writes the
-// admitted pod to w in format ("table", "json" or "yaml"). The error of a
-// rejected pod exits with exitRejected and names the kubelet's reason; that
-// of an invalid manifest exits with exitInvalid.
-func admitManifest(ctx context.Context, w io.Writer, c *emulator.Client, manifest []byte, format string) error {
+// admitted pod to w in format ("table", "json" or "yaml"), and the
+// admission's warnings to errW. The error of a rejected pod exits with
+// exitRejected and names the kubelet's reason; that of an invalid manifest
+// exits with exitInvalid.
+func admitManifest(ctx context.Context, w, errW io.Writer, c *emulator.Client, manifest []byte, format string) error {
 	local, err := emulator.DecodePod(manifest)
 	if err != nil {
 		return cli.Exit(exitInvalid, err)
@@ -139,18 +154,29 @@ func admitManifest(ctx context.Context, w io.Writer, c *emulator.Client, manifes
 		}
 		return cli.Exit(exitRejected, err)
 	}
+	if errW != nil {
+		// On standard error too, where a script reading JSON or YAML from
+		// standard output still shows it, as kubectl shows the API
+		// server's warnings.
+		for _, warning := range pod.Warnings {
+			if _, err := fmt.Fprintln(errW, "Warning:", warning); err != nil {
+				return err
+			}
+		}
+	}
 	return printPod(w, pod, format)
 }
 
 // printPod writes an admitted pod in format: "json", "yaml", or a table of
-// its containers with their devices and runtime options.
+// its containers with their devices and runtime options, followed by a
+// WARNING row for each of the admission's warnings.
 func printPod(w io.Writer, pod *emulator.Pod, format string) error {
 	if format == output.Table {
 		if _, err := fmt.Fprintf(w, "pod %s/%s admitted (uid %s)\n\n", pod.Namespace, pod.Name, pod.UID); err != nil {
 			return err
 		}
 	}
-	return output.Write(w, format, pod, func(t *tabwriter.Writer) error {
+	err := output.Write(w, format, pod, func(t *tabwriter.Writer) error {
 		fmt.Fprintln(t, "CONTAINER\tTYPE\tDEVICES\tRUNTIME OPTIONS")
 		for _, c := range pod.Containers {
 			devs := deviceLines(c.Devices)
@@ -166,6 +192,15 @@ func printPod(w io.Writer, pod *emulator.Pod, format string) error {
 		}
 		return nil
 	})
+	if err != nil || format != output.Table {
+		return err
+	}
+	for _, warning := range pod.Warnings {
+		if _, err := fmt.Fprintln(w, "WARNING  "+warning); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func line(lines []string, i int) string {

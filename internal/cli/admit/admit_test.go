@@ -301,3 +301,52 @@ func TestPrintQuotesOddIDs(t *testing.T) {
 		t.Errorf("JSON output changed the ID:\n%s", out.String())
 	}
 }
+
+// TestAdmitUnservedResource checks a pod asking for a resource no plugin
+// serves (a typo): admitted, as a kubelet admits it, with a warning in
+// the table, in JSON and on standard error.
+func TestAdmitUnservedResource(t *testing.T) {
+	root := startNode(t)
+	c := emulator.NewClient(emulator.AdminSocket(root))
+	defer c.Close()
+	manifest := "metadata: {name: typo}\nspec:\n  initContainers: [{name: init, resources: {requests: {cpu: 1}}}]\n  containers:\n  - {name: main, resources: {limits: {example.com/foo: 1, example.com/fooo: 2}}}\n"
+	want := "spec.containers[0].resources.limits[example.com/fooo]: no device plugin serves example.com/fooo, so the pod was admitted without devices for it, as a kubelet admits it; resources served: example.com/foo"
+	for _, format := range []string{"table", "json"} {
+		t.Run(format, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			cmd := NewCommand(&cli.Env{In: strings.NewReader(manifest), Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler)})
+			cmd.SetArgs([]string{"--root", root, "-f", "-", "-o", format})
+			cmd.SilenceUsage, cmd.SilenceErrors = true, true
+			if err := cmd.ExecuteContext(context.Background()); err != nil {
+				t.Fatalf("admit: %v\n%s", err, out.String())
+			}
+			defer func() {
+				if _, err := c.DeletePod(context.Background(), "default", "typo"); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			if got := errOut.String(); got != "Warning: "+want+"\n" {
+				t.Errorf("standard error %q, want the warning alone", got)
+			}
+			switch format {
+			case "table":
+				if !strings.HasSuffix(out.String(), "\nWARNING  "+want+"\n") || !regexp.MustCompile(`(?m)^main +app +example\.com/foo: dev-\d +env`).MatchString(out.String()) {
+					t.Errorf("table:\n%s\nwant the served device and a WARNING row %q", out.String(), want)
+				}
+			case "json":
+				var p emulator.Pod
+				if err := json.Unmarshal(out.Bytes(), &p); err != nil || len(p.Warnings) != 1 || p.Warnings[0] != want {
+					t.Errorf("JSON warnings %q (%v), want [%q]", p.Warnings, err, want)
+				}
+			}
+		})
+	}
+	// A pod asking only for what is served has none.
+	var out, errOut bytes.Buffer
+	cmd := NewCommand(&cli.Env{In: strings.NewReader(podYAML("fine", 1)), Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler)})
+	cmd.SetArgs([]string{"--root", root, "-f", "-"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.ExecuteContext(context.Background()); err != nil || errOut.Len() != 0 || strings.Contains(out.String(), "WARNING") {
+		t.Errorf("admit of a served resource: %v, stderr %q, output:\n%s", err, errOut.String(), out.String())
+	}
+}

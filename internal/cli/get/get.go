@@ -7,10 +7,12 @@ package get
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,6 +27,8 @@ import (
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/natural"
+	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 )
 
@@ -36,16 +40,28 @@ var kinds = map[string]string{
 	"pods": "pods", "pod": "pods", "po": "pods",
 }
 
+// kindNames lists the canonical kinds, for errors and completion.
+var kindNames = []string{"resources", "devices", "plugins", "pods"}
+
 // NewCommand returns the "get" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var root, socket, prSocket, format, kubeconfig string
+	var root, socket, prSocket, format, kubeconfig, namespace string
 	cmd := &cobra.Command{
-		Use:   "get resources|devices|plugins|pods",
+		Use:   "get resources|devices|plugins|pods [NAME...]",
 		Short: "Show the resources, devices, plugins or pods of a running dpkit kubelet",
 		Long: `Show what a running dpkit kubelet (or dpkit up) knows: resources, devices and
 plugins come from its admin API (<root>/dpkit/admin.sock). Pods come from the
 PodResources API (<root>/pod-resources/kubelet.sock), so "get pods" also works
 on the root of a dpkit node or of a real kubelet (/var/lib/kubelet).
+
+Names after the kind show only those: resources, plugins and devices by
+resource name ("get devices example.com/foo"), pods by name or
+NAMESPACE/NAME. Rows are sorted naturally (dev-2 before dev-10). With
+nothing to show, "No resources found" goes to standard error and the exit
+status is 0; a name that is not there is an error (exit status 1).
+
+Without --root, the root is $DPKIT_ROOT, else that of the last dpkit up or
+dpkit kubelet started while it still runs, else /var/lib/kubelet.
 
 The PodResources API has no device health. "get pods" shows each device's
 health (Healthy, Unhealthy or Unknown) as the pod's status reports it
@@ -54,25 +70,44 @@ server (a dpkit node, or a kubelet with ResourceHealthStatus, on by default
 since 1.36), otherwise from the admin API of a dpkit kubelet when the root has
 one; "-" where neither knows.`,
 		Example: `  dpkit get resources --root /tmp/kubelet
-  dpkit get devices --root /tmp/kubelet -o yaml
+  dpkit get devices example.com/foo -o yaml
+  dpkit get pods demo
   dpkit get pods --root /var/lib/kubelet -o json
   dpkit get pods --root /var/lib/dpkit/vn1 --kubeconfig k.conf`,
-		Args:      cobra.ExactArgs(1),
-		ValidArgs: []string{"resources", "devices", "plugins", "pods"},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			kind, ok := kinds[strings.ToLower(args[0])]
-			if !ok {
-				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins or pods", args[0]))
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cli.Exit(2, errors.New("name what to get: resources, devices, plugins or pods (see dpkit get --help)"))
 			}
+			if _, ok := kinds[strings.ToLower(args[0])]; !ok {
+				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins or pods (see dpkit get --help)", args[0]))
+			}
+			return nil
+		},
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+			if len(args) == 0 {
+				return kindNames, cobra.ShellCompDirectiveNoFileComp
+			}
+			r := emulator.ChooseRoot(root, cmd.Flags().Changed("root"), env.Var)
+			return completeNames(cmp.Or(socket, emulator.AdminSocket(r.Dir)), kinds[strings.ToLower(args[0])]), cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kind, names := kinds[strings.ToLower(args[0])], args[1:]
 			if err := output.Check(format); err != nil {
 				return cli.Exit(2, err)
 			}
+			if cmd.Flags().Changed("root") && root == "" {
+				return cli.Exit(2, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
+			}
+			if namespace != "" && kind != "pods" {
+				return cli.Exit(2, fmt.Errorf("--namespace: %s have no namespace; use it with pods (see dpkit get --help)", kind))
+			}
+			r := emulator.ChooseRoot(root, cmd.Flags().Changed("root"), env.Var)
 			if socket == "" {
-				socket = emulator.AdminSocket(root)
+				socket = emulator.AdminSocket(r.Dir)
 			}
 			if kind == "pods" {
 				if prSocket == "" {
-					prSocket = podresources.SocketPath(root)
+					prSocket = podresources.SocketPath(r.Dir)
 				}
 				var health healthSource
 				switch {
@@ -93,56 +128,143 @@ one; "-" where neither knows.`,
 						health = adminHealth(c)
 					}
 				}
-				return runPods(cmd.Context(), env.Out, prSocket, format, health)
+				return r.Explain(runPods(cmd.Context(), env, prSocket, format, health, namespace, names))
 			}
 			c := emulator.NewClient(socket)
 			defer c.Close()
-			return runKind(cmd.Context(), env.Out, c, kind, format)
+			return r.Explain(runKind(cmd.Context(), env, c, kind, format, names))
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&root, "root", emulator.DefaultRoot, "root directory of the dpkit kubelet, dpkit node or kubelet")
+	fl.StringVar(&root, "root", "", "root directory of the dpkit kubelet, dpkit node or kubelet (default: $DPKIT_ROOT, else the last dpkit up's or dpkit kubelet's while it runs, else "+emulator.DefaultRoot+")")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket, for resources, devices and plugins (default <root>/dpkit/admin.sock)")
 	fl.StringVar(&prSocket, "pod-resources-socket", "", "PodResources API socket, for pods (default <root>/pod-resources/kubelet.sock)")
-	fl.StringVarP(&format, "output", "o", output.Table, "output format: table, json or yaml")
+	output.AddFlag(cmd, &format)
+	fl.StringVarP(&namespace, "namespace", "n", "", "pods: only those of this namespace (default: every namespace)")
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "pods: read device health from the pods' status through the API server with this kubeconfig (default: from the admin API when the root has one)")
+	_ = cmd.MarkFlagDirname("root")
+	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 
+// completionTimeout bounds asking the emulator for names to complete.
+const completionTimeout = 5 * time.Second
+
+// completeNames returns the names of kind the emulator at socket knows,
+// for shell completion; none when it does not answer.
+func completeNames(socket, kind string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), completionTimeout)
+	defer cancel()
+	c := emulator.NewClient(socket)
+	defer c.Close()
+	var out []string
+	switch kind {
+	case "pods":
+		pods, _ := c.Pods(ctx)
+		for _, p := range pods {
+			out = append(out, p.Name)
+		}
+	default:
+		rs, _ := c.Resources(ctx)
+		for _, r := range rs {
+			out = append(out, r.Name)
+		}
+	}
+	natural.Sort(out)
+	return slices.Compact(out)
+}
+
+// show writes v to env.Out in format, or, when the table would have no
+// rows (n is 0), says "No resources found" on env.Err as kubectl does.
+// missing are the names asked for that are not there: they are an error
+// after what was found is shown.
+func show(env *cli.Env, format string, v any, n int, table func(*tabwriter.Writer), what string, missing []string) error {
+	if n > 0 || format != output.Table {
+		if err := output.Write(env.Out, format, v, func(t *tabwriter.Writer) error {
+			table(t)
+			return nil
+		}); err != nil {
+			return err
+		}
+	} else if len(missing) == 0 {
+		if _, err := fmt.Fprintln(env.Err, "No resources found"); err != nil {
+			return err
+		}
+	}
+	if len(missing) > 0 {
+		quoted := make([]string, len(missing))
+		for i, m := range missing {
+			quoted[i] = strconv.Quote(m)
+		}
+		return fmt.Errorf("%s %s not found", what, strings.Join(quoted, ", "))
+	}
+	return nil
+}
+
+// filter keeps the items whose key is one of names (all of them when
+// names is empty) and returns the names no item has.
+func filter[T any](items []T, names []string, key func(T) string) ([]T, []string) {
+	if len(names) == 0 {
+		return items, nil
+	}
+	var kept []T
+	found := map[string]bool{}
+	for _, it := range items {
+		if slices.Contains(names, key(it)) {
+			kept = append(kept, it)
+			found[key(it)] = true
+		}
+	}
+	var missing []string
+	for _, n := range names {
+		if !found[n] && !slices.Contains(missing, n) {
+			missing = append(missing, n)
+		}
+	}
+	return kept, missing
+}
+
 // runKind fetches kind ("resources", "devices" or "plugins") from the admin
-// API and writes it to w in format ("table", "json" or "yaml").
-func runKind(ctx context.Context, w io.Writer, c *emulator.Client, kind, format string) error {
-	var (
-		v   any
-		tab func(*tabwriter.Writer)
-	)
+// API, keeps those names lists (by resource name; all when empty), and
+// writes them to env.Out in format ("table", "json" or "yaml").
+func runKind(ctx context.Context, env *cli.Env, c *emulator.Client, kind, format string, names []string) error {
 	switch kind {
 	case "resources":
 		rs, err := c.Resources(ctx)
 		if err != nil {
 			return err
 		}
-		v = rs
-		tab = func(t *tabwriter.Writer) {
+		slices.SortFunc(rs, func(a, b emulator.Resource) int { return natural.Compare(a.Name, b.Name) })
+		rs, missing := filter(rs, names, func(r emulator.Resource) string { return r.Name })
+		return show(env, format, orEmpty(rs), len(rs), func(t *tabwriter.Writer) {
 			fmt.Fprintln(t, "NAME\tCAPACITY\tALLOCATABLE\tIN USE\tCONNECTED")
 			for _, r := range rs {
 				fmt.Fprintf(t, "%s\t%d\t%d\t%d\t%t\n", r.Name, r.Capacity, r.Allocatable, r.InUse, r.Connected)
 			}
-		}
+		}, "resource", missing)
 	case "devices":
 		ds, err := c.Devices(ctx)
 		if err != nil {
 			return err
 		}
-		v = ds
-		tab = func(t *tabwriter.Writer) { writeDevices(t, ds) }
+		sortDevices(ds)
+		ds, missing := filter(ds, names, func(d emulator.Device) string { return d.Resource })
+		return show(env, format, orEmpty(ds), len(ds), func(t *tabwriter.Writer) { writeDevices(t, ds) }, "resource", missing)
 	case "plugins":
 		ps, err := c.Plugins(ctx)
 		if err != nil {
 			return err
 		}
-		v = ps
-		tab = func(t *tabwriter.Writer) {
+		slices.SortFunc(ps.Registered, func(a, b pluginwatcher.Plugin) int {
+			return cmp.Or(natural.Compare(a.Name, b.Name), strings.Compare(a.SocketPath, b.SocketPath))
+		})
+		var missing []string
+		if len(names) > 0 {
+			ps.Registered, missing = filter(ps.Registered, names, func(p pluginwatcher.Plugin) string { return p.Name })
+			ps.Failing = nil // failing plugins have no name yet
+		}
+		ps.Registered = orEmpty(ps.Registered)
+		return show(env, format, ps, len(ps.Registered)+len(ps.Failing), func(t *tabwriter.Writer) {
 			fmt.Fprintln(t, "SOCKET\tTYPE\tNAME\tENDPOINT\tVERSIONS\tSTATUS")
 			for _, p := range ps.Registered {
 				fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\tregistered\n", p.SocketPath, p.Type, p.Name, p.Endpoint, strings.Join(p.Versions, ","))
@@ -150,22 +272,33 @@ func runKind(ctx context.Context, w io.Writer, c *emulator.Client, kind, format 
 			for _, f := range ps.Failing {
 				fmt.Fprintf(t, "%s\t-\t-\t-\t-\tfailing (%d): %s\n", f.SocketPath, f.Failures, f.LastError)
 			}
-		}
-	default:
-		return fmt.Errorf("unknown kind %q", kind)
+		}, "plugin", missing)
 	}
-	return output.Write(w, format, v, func(t *tabwriter.Writer) error {
-		tab(t)
-		return nil
+	return fmt.Errorf("unknown kind %q", kind)
+}
+
+// orEmpty returns s, or an empty slice for nil: JSON shows [] rather
+// than null.
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// sortDevices sorts devices by resource, then ID, naturally.
+func sortDevices(ds []emulator.Device) {
+	slices.SortFunc(ds, func(a, b emulator.Device) int {
+		return cmp.Or(natural.Compare(a.Resource, b.Resource), natural.Compare(a.ID, b.ID))
 	})
 }
 
 // writeDevices writes the table of devices. IDs are shown as output.ID
 // does: quoted when they have control characters or path separators.
 func writeDevices(t io.Writer, ds []emulator.Device) {
-	fmt.Fprintln(t, "RESOURCE\tID\tHEALTHY\tNUMA\tPOD UID")
+	fmt.Fprintln(t, "RESOURCE\tID\tHEALTHY\tNUMA\tPOD")
 	for _, d := range ds {
-		fmt.Fprintf(t, "%s\t%s\t%t\t%s\t%s\n", d.Resource, output.ID(d.ID), d.Healthy, joinInts(d.NUMANodes), orDash(d.PodUID))
+		fmt.Fprintf(t, "%s\t%s\t%t\t%s\t%s\n", d.Resource, output.ID(d.ID), d.Healthy, joinInts(d.NUMANodes), orDash(cmp.Or(d.Pod, d.PodUID)))
 	}
 }
 
@@ -173,10 +306,11 @@ func writeDevices(t io.Writer, ds []emulator.Device) {
 const podsTimeout = 10 * time.Second
 
 // runPods lists the pods and their devices from the PodResources API at
-// socket and writes them to w in format. Containers list their devices
-// grouped by resource, IDs sorted, with the NUMA nodes they sit on and,
-// when health is not nil, their health.
-func runPods(ctx context.Context, w io.Writer, socket string, format string, health healthSource) error {
+// socket and writes them to env.Out in format: those of namespace (all
+// when empty) named in names (NAME or NAMESPACE/NAME; all when empty).
+// Containers list their devices grouped by resource, IDs sorted, with the
+// NUMA nodes they sit on and, when health is not nil, their health.
+func runPods(ctx context.Context, env *cli.Env, socket string, format string, health healthSource, namespace string, names []string) error {
 	if _, err := os.Stat(socket); err != nil {
 		return fmt.Errorf("PodResources API at %s: %w (is dpkit kubelet, dpkit up, dpkit node or a kubelet running with this --root?)", socket, err)
 	}
@@ -191,16 +325,42 @@ func runPods(ctx context.Context, w io.Writer, socket string, format string, hea
 	if err != nil {
 		return fmt.Errorf("PodResources List at %s: %w", socket, err)
 	}
-	pods := podsFromList(resp)
+	pods, missing := selectPods(podsFromList(resp), namespace, names)
 	if health != nil {
 		if err := health(ctx, pods); err != nil {
 			return fmt.Errorf("device health: %w", err)
 		}
 	}
-	return output.Write(w, format, pods, func(t *tabwriter.Writer) error {
-		writePods(t, pods)
-		return nil
-	})
+	return show(env, format, pods, len(pods), func(t *tabwriter.Writer) { writePods(t, pods) }, "pod", missing)
+}
+
+// selectPods keeps the pods of namespace (all when empty) that names
+// names, by name or NAMESPACE/NAME (all when names is empty), and returns
+// the names no pod has.
+func selectPods(pods []podRow, namespace string, names []string) ([]podRow, []string) {
+	kept := []podRow{}
+	found := map[string]bool{}
+	for _, p := range pods {
+		if namespace != "" && p.Namespace != namespace {
+			continue
+		}
+		match := len(names) == 0
+		for _, n := range names {
+			if n == p.Name || n == p.Namespace+"/"+p.Name {
+				match, found[n] = true, true
+			}
+		}
+		if match {
+			kept = append(kept, p)
+		}
+	}
+	var missing []string
+	for _, n := range names {
+		if !found[n] && !slices.Contains(missing, n) {
+			missing = append(missing, n)
+		}
+	}
+	return kept, missing
 }
 
 // writePods writes the table of pods. Device IDs are shown as output.ID
@@ -359,10 +519,10 @@ func podsFromList(resp *podresourcesv1.ListPodResourcesResponse) []podRow {
 					g.NUMANodes = append(g.NUMANodes, n.GetID())
 				}
 			}
-			slices.Sort(order)
+			natural.Sort(order)
 			for _, r := range order {
 				g := byRes[r]
-				slices.Sort(g.DeviceIDs)
+				natural.Sort(g.DeviceIDs)
 				g.DeviceIDs = slices.Compact(g.DeviceIDs)
 				slices.Sort(g.NUMANodes)
 				g.NUMANodes = slices.Compact(g.NUMANodes)
@@ -373,7 +533,7 @@ func podsFromList(resp *podresourcesv1.ListPodResourcesResponse) []podRow {
 		pods = append(pods, pod)
 	}
 	slices.SortFunc(pods, func(a, b podRow) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+		return cmp.Or(natural.Compare(a.Namespace, b.Namespace), natural.Compare(a.Name, b.Name))
 	})
 	return pods
 }

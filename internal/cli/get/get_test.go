@@ -9,11 +9,15 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -69,14 +73,24 @@ func runEmulator(t *testing.T) (string, *emulator.Emulator) {
 
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
-	env := &cli.Env{In: strings.NewReader(""), Out: &out, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
+	out, _, err := runEnv(t, nil, args...)
+	return out, err
+}
+
+// runEnv runs "dpkit get" with args and the environment vars (nothing
+// else: no HOME, no XDG_STATE_HOME) and returns its standard output and
+// error.
+func runEnv(t *testing.T, vars map[string]string, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := &cli.Env{In: strings.NewReader(""), Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler),
+		Getenv: func(k string) string { return vars[k] }}
 	cmd := NewCommand(env)
 	cmd.SetArgs(args)
 	cmd.SetOut(io.Discard)
 	cmd.SetErr(io.Discard)
 	err := cmd.ExecuteContext(context.Background())
-	return out.String(), err
+	return out.String(), errOut.String(), err
 }
 
 func TestGet(t *testing.T) {
@@ -94,10 +108,13 @@ func TestGet(t *testing.T) {
 	}{
 		{[]string{"pods", "--root", root}, []string{"NAMESPACE  NAME  CONTAINER  RESOURCE  DEVICES  HEALTH  NUMA", "shop       web   nginx      -         -        -       -"}, 0},
 		{[]string{"po", "--pod-resources-socket", podresources.SocketPath(root), "-o", "yaml"}, []string{"name: web", "namespace: shop"}, 0},
-		{[]string{"resources", "--root", root}, []string{"NAME  CAPACITY  ALLOCATABLE  IN USE  CONNECTED"}, 0},
-		{[]string{"devices", "--root", root}, []string{"RESOURCE  ID  HEALTHY  NUMA  POD UID"}, 0},
+		{[]string{"resources", "--root", root, "-o", "json"}, []string{"[]"}, 0},
+		{[]string{"devices", "--root", root, "-o", "yaml"}, []string{"[]"}, 0},
 		{[]string{"plugins", "--root", root, "-o", "json"}, []string{`"registered": []`}, 0},
 		{[]string{"gadgets", "--root", root}, nil, 2},
+		{nil, nil, 2},
+		{[]string{"resources", "--root", ""}, nil, 2},
+		{[]string{"resources", "-n", "shop", "--root", root}, nil, 2},
 		{[]string{"pods", "--root", root, "-o", "xml"}, nil, 2},
 		{[]string{"pods", "--root", root + "/nowhere"}, nil, 1},
 	}
@@ -125,8 +142,9 @@ func TestGet(t *testing.T) {
 }
 
 // TestPodsFromList checks the kubelet's one-entry-per-device answer is
-// grouped per resource, sorted and de-duplicated (a device on two NUMA
-// nodes is listed twice), and pods are sorted.
+// grouped per resource, sorted naturally (dev-3 before dev-10) and
+// de-duplicated (a device on two NUMA nodes is listed twice), and pods
+// are sorted naturally (y before y10).
 func TestPodsFromList(t *testing.T) {
 	numa := func(ids ...int64) *podresourcesv1.TopologyInfo {
 		ti := &podresourcesv1.TopologyInfo{}
@@ -137,8 +155,10 @@ func TestPodsFromList(t *testing.T) {
 	}
 	resp := &podresourcesv1.ListPodResourcesResponse{PodResources: []*podresourcesv1.PodResources{
 		{Namespace: "b", Name: "z", Containers: []*podresourcesv1.ContainerResources{{Name: "c"}}},
+		{Namespace: "a", Name: "y10", Containers: []*podresourcesv1.ContainerResources{{Name: "c"}}},
 		{Namespace: "a", Name: "y", Containers: []*podresourcesv1.ContainerResources{{Name: "app", Devices: []*podresourcesv1.ContainerDevices{
 			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-3"}, Topology: numa(1)},
+			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-10"}},
 			{ResourceName: "example.com/bar", DeviceIds: []string{"b0"}},
 			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-1"}, Topology: numa(0)},
 			{ResourceName: "example.com/foo", DeviceIds: []string{"dev-3"}, Topology: numa(0)},
@@ -148,8 +168,9 @@ func TestPodsFromList(t *testing.T) {
 	want := []podRow{
 		{Namespace: "a", Name: "y", Containers: []containerRow{{Name: "app", Devices: []deviceGroup{
 			{Resource: "example.com/bar", DeviceIDs: []string{"b0"}},
-			{Resource: "example.com/foo", DeviceIDs: []string{"dev-1", "dev-3"}, NUMANodes: []int64{0, 1}},
+			{Resource: "example.com/foo", DeviceIDs: []string{"dev-1", "dev-3", "dev-10"}, NUMANodes: []int64{0, 1}},
 		}}}},
+		{Namespace: "a", Name: "y10", Containers: []containerRow{{Name: "c"}}},
 		{Namespace: "b", Name: "z", Containers: []containerRow{{Name: "c"}}},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -171,7 +192,7 @@ func TestTablesQuoteOddIDs(t *testing.T) {
 		{Resource: "example.com/foo", ID: "MIG-GPU-1/0/0", Healthy: false},
 	})
 	_ = tw.Flush()
-	want := `RESOURCE         ID                                      HEALTHY  NUMA  POD UID
+	want := `RESOURCE         ID                                      HEALTHY  NUMA  POD
 example.com/foo  dev-0                                   true     -     -
 example.com/foo  "dev-1\nexample.com/fake  dev-9  true"  true     -     -
 example.com/foo  "MIG-GPU-1/0/0"                         false    -     -
@@ -309,4 +330,165 @@ func TestStatusHealth(t *testing.T) {
 			t.Errorf("%s %v: health %v (column %q), want %v (%q)", tc.d.Resource, tc.d.DeviceIDs, tc.d.Health, tc.d.healthColumn(), tc.want, tc.wantColumn)
 		}
 	}
+}
+
+// TestGetKubectlHabits checks what kubectl users expect: "No resources
+// found" on standard error when there is nothing, names after the kind,
+// natural order, pods shown by namespace/name, and the root chosen
+// without --root.
+func TestGetKubectlHabits(t *testing.T) {
+	root, e := runEmulator(t)
+	ids := make([]string, 11)
+	for i := range ids {
+		ids[i] = "dev-" + strconv.Itoa(i)
+	}
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: filepath.Join(root, "device-plugins")},
+		deviceplugin.Resource{Name: "example.com/foo", Plugin: dptest.NewDevices(ids...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	ch, unsub := e.Manager().Subscribe()
+	for _, a := e.Manager().Capacity(); a["example.com/foo"] != 11; _, a = e.Manager().Capacity() {
+		<-ch
+	}
+	unsub()
+
+	// Nothing admitted yet.
+	out, errOut, err := runEnv(t, nil, "pods", "--root", root)
+	if err != nil || out != "" || errOut != "No resources found\n" {
+		t.Errorf("get pods with none: %v, stdout %q, stderr %q; want only \"No resources found\" on stderr", err, out, errOut)
+	}
+
+	c := emulator.NewClient(emulator.AdminSocket(root))
+	defer c.Close()
+	for _, m := range []string{
+		"metadata: {name: web, namespace: shop}\nspec: {containers: [{name: nginx}]}\n",
+		"metadata: {name: train, namespace: ml}\nspec: {containers: [{name: app, resources: {limits: {example.com/foo: 11}}}]}\n",
+	} {
+		if _, err := c.AdmitPod(context.Background(), []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	out, err = run(t, "devices", "--root", root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 12 || !strings.HasPrefix(lines[3], "example.com/foo  dev-2 ") || !strings.HasPrefix(lines[11], "example.com/foo  dev-10 ") || !strings.HasSuffix(lines[11], "  ml/train") {
+		t.Errorf("get devices:\n%s\nwant dev-0 ... dev-10 in natural order, held by ml/train", out)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		exit int
+		want string // the output (the table after its header) or the error
+	}{
+		{[]string{"pods", "train"}, 0, `^ml +train +app .*\n$`},
+		{[]string{"pods", "shop/web", "train"}, 0, `^ml +train +app .*\nshop +web +nginx .*\n$`},
+		{[]string{"pods", "-n", "shop"}, 0, `^shop +web +nginx .*\n$`},
+		{[]string{"pods", "nope", "web"}, 1, `^pod "nope" not found$`},
+		{[]string{"pods", "-n", "ml", "web"}, 1, `^pod "web" not found$`},
+		{[]string{"resources", "example.com/foo"}, 0, `^example\.com/foo +11 +11 +11 +true\n$`},
+		{[]string{"devices", "example.com/bar", "example.com/baz"}, 1, `^resource "example\.com/bar", "example\.com/baz" not found$`},
+		{[]string{"plugins", "example.com/foo"}, 0, ` example\.com/foo .* registered\n$`},
+		{[]string{"plugins", "example.com/nope"}, 1, `^plugin "example\.com/nope" not found$`},
+	} {
+		out, err := run(t, append(tc.args, "--root", root)...)
+		if code := cli.ExitCode(err); code != tc.exit {
+			t.Errorf("get %v: exit %d (%v), want %d", tc.args, code, err, tc.exit)
+			continue
+		}
+		got := out
+		if _, body, ok := strings.Cut(out, "\n"); ok && err == nil {
+			got = body
+		}
+		if err != nil {
+			got = err.Error()
+		}
+		if !regexp.MustCompile(tc.want).MatchString(got) {
+			t.Errorf("get %v:\n%s\ndoes not match %s", tc.args, got, tc.want)
+		}
+	}
+
+	// The root without --root: $DPKIT_ROOT, else the recorded one while
+	// it serves, else the default; --root wins over both.
+	state := t.TempDir()
+	vars := map[string]string{"XDG_STATE_HOME": state}
+	getenv := func(k string) string { return vars[k] }
+	if err := emulator.RecordRoot(root, getenv); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		vars map[string]string
+		args []string
+		ok   bool
+		want string
+	}{
+		{"recorded", vars, nil, true, ""},
+		{"environment", map[string]string{emulator.RootEnv: root}, nil, true, ""},
+		{"flag over environment", map[string]string{emulator.RootEnv: "/nowhere"}, []string{"--root", root}, true, ""},
+		{"environment over recorded", map[string]string{emulator.RootEnv: "/nowhere", "XDG_STATE_HOME": state}, nil, false, "(root /nowhere, from $DPKIT_ROOT; --root chooses another)"},
+		{"nothing", nil, nil, false, "(root /var/lib/kubelet, from the default; --root chooses another)"},
+	} {
+		out, _, err := runEnv(t, tc.vars, append([]string{"resources"}, tc.args...)...)
+		if tc.ok != (err == nil) || tc.ok && !strings.Contains(out, "example.com/foo  11") || !tc.ok && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: get resources: %v\n%s\nwant ok=%t %s", tc.name, err, out, tc.ok, tc.want)
+		}
+	}
+	dead := t.TempDir()
+	if err := emulator.RecordRoot(dead, getenv); err != nil {
+		t.Fatal(err)
+	}
+	if r := emulator.ChooseRoot("", false, getenv); r.Dir != emulator.DefaultRoot || r.From != emulator.FromDefault {
+		t.Errorf("ChooseRoot with a recorded root nothing serves = %+v, want the default", r)
+	}
+
+	// Shell completion: kinds, the emulator's pod and resource names, and
+	// the output formats.
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"get", ""}, []string{"resources", "devices", "plugins", "pods"}},
+		{[]string{"get", "pods", "--root", root, ""}, []string{"train", "web"}},
+		{[]string{"get", "devices", "--root", root, ""}, []string{"example.com/foo"}},
+		{[]string{"get", "pods", "-o", ""}, []string{"table", "json", "yaml"}},
+	} {
+		if got := complete(t, tc.args...); !slices.Equal(got, tc.want) {
+			t.Errorf("completing %q: %q, want %q", tc.args, got, tc.want)
+		}
+	}
+}
+
+// complete runs cobra's completion of args under a root command and
+// returns the candidates.
+func complete(t *testing.T, args ...string) []string {
+	t.Helper()
+	var out bytes.Buffer
+	parent := &cobra.Command{Use: "dpkit"}
+	parent.AddCommand(NewCommand(&cli.Env{Out: io.Discard, Err: io.Discard, Logger: slog.New(slog.DiscardHandler), Getenv: func(string) string { return "" }}))
+	parent.SetArgs(append([]string{cobra.ShellCompRequestCmd}, args...))
+	parent.SetOut(&out)
+	parent.SetErr(io.Discard)
+	if err := parent.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if l != "" && !strings.HasPrefix(l, ":") && !strings.HasPrefix(l, "Completion ended") {
+			got = append(got, strings.SplitN(l, "\t", 2)[0])
+		}
+	}
+	return got
 }

@@ -15,7 +15,10 @@ import (
 
 // NewCommand returns the "kubelet" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var o emulator.Options
+	var (
+		o    emulator.Options
+		topo cli.Topology
+	)
 	cmd := &cobra.Command{
 		Use:   "kubelet [--root DIR]",
 		Short: "Run an emulated kubelet device manager that device plugins register with",
@@ -25,11 +28,16 @@ socket <root>/device-plugins/kubelet.sock, the plugin watcher on
 <root>/pod-resources/kubelet.sock, and an admin API on
 <root>/dpkit/admin.sock for "dpkit get" and "dpkit delete".
 
-Pods are admitted by POSTing a pod manifest to /v1/pods on the admin socket;
-admitted pods are kept under <root>/dpkit/pods and survive restarts, like
-the device manager's checkpoint. Stop with SIGINT/SIGTERM.`,
+Pods are admitted with "dpkit admit" (or by POSTing a pod manifest to
+/v1/pods on the admin socket); admitted pods are kept under
+<root>/dpkit/pods and survive restarts, like the device manager's
+checkpoint. The root is recorded (in $XDG_STATE_HOME/dpkit/last-root) so
+that "dpkit get", "admit" and "delete" find it without --root while this
+runs. One process serves a root: a second one on the same root, or on a
+root a kubelet serves, fails and names the first. Stop with SIGINT/SIGTERM.`,
 		Example: `  dpkit kubelet --root /tmp/kubelet
-  dpkit kubelet --root /tmp/kubelet --topology-policy single-numa-node --numa-nodes 0,1
+  dpkit kubelet --root /tmp/kubelet --topology-policy single-numa-node
+  dpkit kubelet --root /tmp/kubelet --topology-policy restricted --numa-nodes 0,1
   curl --unix-socket /tmp/kubelet/dpkit/admin.sock --data-binary @pod.yaml http://dpkit/v1/pods`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -37,15 +45,24 @@ the device manager's checkpoint. Stop with SIGINT/SIGTERM.`,
 			if o.Root == "" {
 				return cli.Exit(2, errRootRequired)
 			}
-			return emulator.Run(cmd.Context(), o, nil)
+			if err := topo.Validate(); err != nil {
+				return err
+			}
+			o.TopologyPolicy, o.TopologyScope, o.NUMANodes, o.SysfsRoot = topo.Policy, topo.Scope, topo.NUMANodes, topo.SysfsRoot
+			return emulator.Run(cmd.Context(), o, func(*emulator.Emulator) {
+				// "dpkit get", "admit" and "delete" find this root without
+				// --root while it runs.
+				if err := emulator.RecordRoot(o.Root, env.Var); err != nil && env.Logger != nil {
+					env.Logger.Warn("Cannot record the root for the client commands", "err", err)
+				}
+			})
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&o.Root, "root", emulator.DefaultRoot, "directory standing for the kubelet's root directory")
-	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
-	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
-	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")
+	topo.AddFlags(cmd)
 	fl.StringVar(&o.AdminSocket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
+	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 

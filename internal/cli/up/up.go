@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -24,9 +26,11 @@ import (
 	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/internal/pluginrun"
+	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/topology"
 )
 
 // defaultConfig is examples/fake.yaml (a test keeps the two equal).
@@ -59,11 +63,9 @@ type options struct {
 	// Empty: the config file's registration when it sets one, else
 	// kubelet.
 	Registration string
-	// TopologyPolicy, TopologyScope and NUMANodes configure the device
-	// manager's topology policy, as for "dpkit kubelet".
-	TopologyPolicy string
-	TopologyScope  string
-	NUMANodes      []int
+	// Topology configures the device manager's topology policy, as for
+	// "dpkit kubelet".
+	Topology cli.Topology
 	// Command is how the printed commands invoke dpkit. Default "dpkit".
 	Command string
 	// WorkDir is where relative example paths are resolved. Default: the
@@ -102,6 +104,9 @@ sockets.`,
 			default:
 				return cli.Exit(2, fmt.Errorf("--registration: %q is not a registration path; use kubelet, registry or auto", o.Registration))
 			}
+			if err := o.Topology.Validate(); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("root") && o.Root == "" {
 				return cli.Exit(2, errors.New("--root must not be empty; leave it out for a temporary root"))
 			}
@@ -114,7 +119,7 @@ sockets.`,
 				// only on request.
 				log = slog.New(minLevel{log.Handler(), slog.LevelWarn})
 			}
-			return runUp(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log}, o)
+			return runUp(cmd.Context(), &cli.Env{In: env.In, Out: env.Out, Err: env.Err, Logger: log, Getenv: env.Getenv}, o)
 		},
 	}
 	fl := cmd.Flags()
@@ -122,9 +127,8 @@ sockets.`,
 	fl.BoolVar(&o.Keep, "keep", false, "keep the temporary root directory on exit")
 	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
 	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
-	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
-	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
-	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")
+	o.Topology.AddFlags(cmd)
+	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 
@@ -171,6 +175,13 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 			fmt.Fprintf(env.Out, "removed %s\n", root)
 		}
 	}()
+	// One emulator per root: a second one would replace this one's
+	// sockets, and remove them when it stops.
+	lock, err := rootlock.Acquire(root)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lock.Release() }()
 	cfg.PluginDir = devicemanager.PluginDir(root)
 	cfg.RegistryDir = filepath.Join(root, "plugins_registry")
 
@@ -195,10 +206,12 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		defer stopPlugins()
 		return emulator.Run(gctx, emulator.Options{
 			Root:           root,
-			TopologyPolicy: o.TopologyPolicy,
-			TopologyScope:  o.TopologyScope,
-			NUMANodes:      o.NUMANodes,
-			Logger:         log.With("component", "kubelet"),
+			TopologyPolicy: o.Topology.Policy,
+			TopologyScope:  o.Topology.Scope,
+			NUMANodes:      o.Topology.NUMANodes,
+			SysfsRoot:      o.Topology.SysfsRoot,
+			RootLocked:     true,
+			Logger:         log,
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})
 	g.Go(func() error {
@@ -208,12 +221,18 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		case <-gctx.Done():
 			return nil
 		}
+		// "dpkit get", "admit" and "delete" find this root without --root
+		// while it runs.
+		if err := emulator.RecordRoot(root, env.Var); err != nil {
+			log.Warn("Cannot record the root for the client commands", "err", err)
+		}
 		mgr := e.Manager()
 		w.printf("registration        %s\n", mgr.SocketPath())
 		w.printf("plugins_registry    %s\n", cfg.RegistryDir)
 		w.printf("PodResources API    %s\n", podresources.SocketPath(root))
 		w.printf("admin API           %s\n", emulator.AdminSocket(root))
-		w.printf("checkpoint          %s\n\n", mgr.CheckpointPath())
+		w.printf("checkpoint          %s\n", mgr.CheckpointPath())
+		w.printf("topology            %s\n\n", describeTopology(o.Topology, e.NUMANodes()))
 
 		servers := make(chan *deviceplugin.Server, 1)
 		g.Go(func() error {
@@ -229,11 +248,12 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		if err := waitServed(gctx, mgr, srv); err != nil {
 			return nil // ctx ended: the group's error or the signal says why
 		}
-		examplePath, err := examplePodPath(root, o.WorkDir)
+		resources := mgr.Resources()
+		examples, err := examplePods(root, o.WorkDir, resources)
 		if err != nil {
 			return err
 		}
-		w.printReady(root, o.Command, srv, mgr.Resources(), examplePath)
+		w.printReady(root, o.Command, srv, resources, examples)
 		return w.err
 	})
 	err = g.Wait()
@@ -287,6 +307,26 @@ func describe(configFile string) string {
 	return "the device plugins of " + configFile
 }
 
+// describeTopology says which topology policy the device manager applies,
+// in which scope, on which NUMA nodes and where they come from.
+func describeTopology(t cli.Topology, nodes []int) string {
+	s := "policy " + t.Policy
+	if t.Policy != topology.PolicyNone {
+		s += ", scope " + t.Scope
+	}
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = strconv.Itoa(n)
+	}
+	switch {
+	case len(t.NUMANodes) > 0:
+		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (--numa-nodes)"
+	case len(nodes) > 0:
+		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (from " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir) + ")"
+	}
+	return s + ", no NUMA nodes found in " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir)
+}
+
 // waitServed waits until every resource of srv is registered and the
 // device manager lists all of its devices.
 func waitServed(ctx context.Context, mgr *devicemanager.Manager, srv *deviceplugin.Server) error {
@@ -326,23 +366,98 @@ func served(have []devicemanager.ResourceStatus, want []deviceplugin.ResourceSta
 	return true
 }
 
-// examplePodFile is the example pod in a dpkit checkout.
-const examplePodFile = "examples/pod.yaml"
+// Example pods in a dpkit checkout.
+const (
+	examplePodFile        = "examples/pod.yaml"
+	exampleTooManyPodFile = "examples/pod-too-many.yaml"
+)
 
-// examplePodPath returns examples/pod.yaml when the working directory is
-// a dpkit checkout, and otherwise writes the example pod below root.
-func examplePodPath(root, workDir string) (string, error) {
-	if _, err := os.Stat(filepath.Join(workDir, examplePodFile)); err == nil {
-		return examplePodFile, nil
+// examples are the pod manifests the banner suggests admitting.
+type examples struct {
+	// Pod is admitted; empty when no resource has an allocatable device.
+	Pod string
+	// TooMany asks for more devices than there are; may be empty.
+	TooMany string
+}
+
+// examplePods returns the example pods to suggest, given the resources the
+// device manager lists once the plugins are served. The example pod of
+// the docs (examples/pod.yaml) is suggested when every resource it asks
+// for is served with enough devices: from the checkout when the working
+// directory is one (with examples/pod-too-many.yaml), or written below
+// root. Otherwise (another --config) the example pods are built from the
+// resources served and written below root, so that what is suggested
+// gets devices.
+func examplePods(root, workDir string, resources []devicemanager.ResourceStatus) (examples, error) {
+	dir := filepath.Join(root, "dpkit")
+	if fits(examplePod, resources) {
+		if _, err := os.Stat(filepath.Join(workDir, examplePodFile)); err == nil {
+			return examples{Pod: examplePodFile, TooMany: exampleTooManyPodFile}, nil
+		}
+		p := filepath.Join(dir, "pod.yaml")
+		return examples{Pod: p}, writeExample(p, examplePod)
 	}
-	p := filepath.Join(root, "dpkit", "pod.yaml")
-	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
-		return "", err
+	var served []devicemanager.ResourceStatus
+	for _, r := range resources {
+		if r.Allocatable > 0 {
+			served = append(served, r)
+		}
 	}
-	if err := os.WriteFile(p, examplePod, 0o640); err != nil {
-		return "", fmt.Errorf("writing the example pod: %w", err)
+	if len(served) == 0 {
+		return examples{}, nil
 	}
-	return p, nil
+	var ex examples
+	var pod strings.Builder
+	pod.WriteString("# A pod for \"dpkit admit\" that asks for one device of each resource\n# \"dpkit up\" serves.\n")
+	pod.WriteString("apiVersion: v1\nkind: Pod\nmetadata:\n  name: demo\nspec:\n  containers:\n  - name: main\n    resources:\n      limits:\n")
+	for _, r := range served {
+		fmt.Fprintf(&pod, "        %s: 1\n", r.Name)
+	}
+	ex.Pod = filepath.Join(dir, "pod.yaml")
+	if err := writeExample(ex.Pod, []byte(pod.String())); err != nil {
+		return examples{}, err
+	}
+	r := served[0]
+	tooMany := fmt.Sprintf("# A pod that asks for more %s devices than \"dpkit up\" serves (%d):\n# the kubelet rejects it and \"dpkit admit\" exits with status 1.\n"+
+		"apiVersion: v1\nkind: Pod\nmetadata:\n  name: too-many\nspec:\n  containers:\n  - name: main\n    resources:\n      limits:\n        %s: %d\n",
+		r.Name, r.Allocatable, r.Name, r.Allocatable+1)
+	ex.TooMany = filepath.Join(dir, "pod-too-many.yaml")
+	return ex, writeExample(ex.TooMany, []byte(tooMany))
+}
+
+// fits reports whether every extended resource the pod in manifest asks
+// for is served with at least as many allocatable devices as its
+// containers ask for in all.
+func fits(manifest []byte, resources []devicemanager.ResourceStatus) bool {
+	pod, err := emulator.DecodePod(manifest)
+	if err != nil {
+		return false
+	}
+	want := map[string]int64{}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for name, q := range c.Resources.Limits {
+			if strings.Contains(string(name), "/") {
+				want[string(name)] += q.Value()
+			}
+		}
+	}
+	for name, n := range want {
+		i := slices.IndexFunc(resources, func(r devicemanager.ResourceStatus) bool { return r.Name == name })
+		if i < 0 || resources[i].Allocatable < n {
+			return false
+		}
+	}
+	return true
+}
+
+func writeExample(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, data, 0o640); err != nil {
+		return fmt.Errorf("writing the example pod: %w", err)
+	}
+	return nil
 }
 
 // printer writes the banner and keeps the first write error.
@@ -357,7 +472,7 @@ func (p *printer) printf(format string, args ...any) {
 	}
 }
 
-func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resources []devicemanager.ResourceStatus, examplePath string) {
+func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resources []devicemanager.ResourceStatus, ex examples) {
 	how := "Register on kubelet.sock"
 	if srv.Mode() == deviceplugin.RegistrationRegistry {
 		how = "a socket in plugins_registry"
@@ -383,13 +498,19 @@ func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resour
 		// that called Register on kubelet.sock are not listed there.
 		p.printf("  %s get plugins --root %s\n", self, r)
 	}
-	p.printf("  %s admit --root %s -f %s\n", self, r, quote(examplePath))
+	if ex.Pod == "" {
+		p.printf("  (no resource has an allocatable device: nothing to admit a pod for)\n")
+	} else {
+		p.printf("  %s admit --root %s -f %s\n", self, r, quote(ex.Pod))
+	}
 	p.printf("  %s get pods --root %s\n", self, r)
 	p.printf("  %s get devices --root %s\n", self, r)
-	if examplePath == examplePodFile {
-		p.printf("  %s admit --root %s -f examples/pod-too-many.yaml\n", self, r)
+	if ex.TooMany != "" {
+		p.printf("  %s admit --root %s -f %s\n", self, r, quote(ex.TooMany))
 	}
-	p.printf("  %s delete pod demo --root %s\n", self, r)
+	if ex.Pod != "" {
+		p.printf("  %s delete pod demo --root %s\n", self, r)
+	}
 	p.printf("The PodResources API answers on %s, as a kubelet's does.\n", podresources.SocketPath(root))
 	p.printf("Stop with Ctrl-C.\n")
 }

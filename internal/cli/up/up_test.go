@@ -5,13 +5,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,9 +23,36 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/pkg/devicemanager"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// helperEnv, set in a process's environment, makes the test binary run
+// "dpkit up" with the arguments it holds (separated by \x1f) instead of the
+// tests: a real process for the tests that need two.
+const helperEnv = "DPKIT_UP_TEST_PROCESS"
+
+func TestMain(m *testing.M) {
+	if args, ok := os.LookupEnv(helperEnv); ok {
+		os.Exit(runHelper(strings.Split(args, "\x1f")))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runHelper runs "dpkit up" with args until SIGTERM and returns its exit
+// code.
+func runHelper(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	env := &cli.Env{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	cmd := NewCommand(env)
+	cmd.SetArgs(args)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+	}
+	return cli.ExitCode(err)
+}
 
 // TestEmbeddedExamples keeps the embedded defaults equal to the examples
 // the docs show.
@@ -40,7 +71,10 @@ func TestEmbeddedExamples(t *testing.T) {
 
 // upRun is "dpkit up" running in this process.
 type upRun struct {
-	t      *testing.T
+	t *testing.T
+	// getenv is the run's environment: XDG_STATE_HOME, where it records
+	// its root, is a fresh directory.
+	getenv func(string) string
 	lines  chan string
 	done   chan error
 	cancel context.CancelFunc
@@ -51,7 +85,9 @@ func startUp(t *testing.T, args ...string) *upRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel}
+	state := t.TempDir()
+	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel,
+		getenv: func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }}
 	go func() {
 		defer close(u.lines)
 		sc := bufio.NewScanner(pr)
@@ -60,7 +96,7 @@ func startUp(t *testing.T, args ...string) *upRun {
 		}
 	}()
 	var logs bytes.Buffer
-	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: &logs, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: &logs, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Getenv: u.getenv}
 	cmd := NewCommand(env)
 	cmd.SetArgs(append(args, "--numa-nodes", "0")) // exercises the pass-through; policy none ignores it
 	cmd.SetOut(pw)
@@ -167,14 +203,15 @@ func TestUp(t *testing.T) {
 		devices   int64
 		lines     []string // printed before ready, in order
 		plugins   bool     // "get plugins" is suggested
+		tooMany   bool     // a pod asking for too many devices is suggested
 	}{
 		{"default fake plugin in a given root", nil, true, "example.com/foo", 8,
-			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ",
-				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}, false},
+			[]string{"registration        ", "plugins_registry    ", "PodResources API    ", "admin API           ", "checkpoint          ", "topology            policy none, NUMA nodes 0 (--numa-nodes)",
+				"waiting for the plugins to register (kubelet)...", "plugin example.com/foo: 8 devices (8 healthy), registered through Register on kubelet.sock"}, false, false},
 		{"config registering through plugins_registry in a temporary root", []string{"--config", cfg}, false, "example.com/bar", 3,
-			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}, true},
+			[]string{"waiting for the plugins to register (registry)...", "plugin example.com/bar: 3 devices (3 healthy), registered through a socket in plugins_registry"}, true, true},
 		{"flag overrides the config's registration", []string{"--config", cfg, "--registration", "kubelet"}, false, "example.com/bar", 3,
-			[]string{"waiting for the plugins to register (kubelet)..."}, false},
+			[]string{"waiting for the plugins to register (kubelet)..."}, false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -208,7 +245,18 @@ func TestUp(t *testing.T) {
 			if got := strings.Contains(strings.Join(suggested, "\n"), " get plugins --root "+root); got != tc.plugins {
 				t.Errorf("get plugins suggested: %t, want %t", got, tc.plugins)
 			}
-			u.waitLine("Stop with Ctrl-C.")
+			var tooManyLine string
+			u.wait("Stop with Ctrl-C.", func(l string) bool {
+				if strings.Contains(l, " admit --root ") {
+					tooManyLine = l
+				}
+				return l == "Stop with Ctrl-C."
+			})
+
+			// The client commands find the root without --root.
+			if r := emulator.ChooseRoot("", false, u.getenv); r.Dir != root || r.From != emulator.FromRecorded {
+				t.Errorf("the root chosen without --root is %+v, want %s recorded by dpkit up", r, root)
+			}
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -218,9 +266,11 @@ func TestUp(t *testing.T) {
 			if err != nil || len(rs) != 1 || rs[0].Name != tc.resource || rs[0].Allocatable != tc.devices || !rs[0].Connected {
 				t.Fatalf("Resources() = %+v, %v; want %s with %d allocatable", rs, err, tc.resource, tc.devices)
 			}
-			if tc.resource == "example.com/foo" {
-				// The example the banner names admits.
-				file := strings.Fields(admitLine)[5]
+			// The example the banner names admits, with devices of the
+			// resource served and no warning, whatever the config.
+			read := func(line string) []byte {
+				t.Helper()
+				file := strings.Fields(line)[5]
 				if !filepath.IsAbs(file) {
 					file = filepath.Join("..", "..", "..", file)
 				}
@@ -228,8 +278,31 @@ func TestUp(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := c.AdmitPod(ctx, manifest); err != nil {
-					t.Fatalf("admitting %s: %v", file, err)
+				return manifest
+			}
+			pod, err := c.AdmitPod(ctx, read(admitLine))
+			if err != nil {
+				t.Fatalf("admitting %s: %v", admitLine, err)
+			}
+			got := 0
+			for _, ctr := range pod.Containers {
+				for _, a := range ctr.Devices {
+					if a.Resource == tc.resource {
+						got += len(a.DeviceIDs)
+					}
+				}
+			}
+			if got == 0 || len(pod.Warnings) != 0 {
+				t.Errorf("the example pod got %d %s devices and warnings %q; want some devices and no warning", got, tc.resource, pod.Warnings)
+			}
+			// The pod asking for too many, when suggested, is rejected.
+			if tc.tooMany != (tooManyLine != "") {
+				t.Errorf("too-many pod suggested: %q, want %t", tooManyLine, tc.tooMany)
+			}
+			if tooManyLine != "" {
+				var ae *emulator.APIError
+				if _, err := c.AdmitPod(ctx, read(tooManyLine)); !errors.As(err, &ae) || ae.Reason != "UnexpectedAdmissionError" {
+					t.Errorf("admitting %s: %v, want UnexpectedAdmissionError", tooManyLine, err)
 				}
 			}
 
@@ -289,6 +362,7 @@ func TestUpErrors(t *testing.T) {
 	}{
 		{"bad registration", []string{"--registration", "magic"}, `--registration: "magic" is not a registration path`},
 		{"empty root", []string{"--root", ""}, "--root must not be empty"},
+		{"bad topology policy", []string{"--topology-policy", "bogus"}, `--topology-policy: "bogus" is not a topology manager policy; use none, best-effort, restricted or single-numa-node`},
 		{"missing config", []string{"--config", "nope.yaml"}, "--config nope.yaml: the file does not exist"},
 		{"invalid config", []string{"--config", bad}, "plugins[0].fake.resources[0].name"},
 	}
@@ -296,7 +370,7 @@ func TestUpErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var out bytes.Buffer
-			cmd := NewCommand(&cli.Env{Out: &out, Err: &out, Logger: slog.New(slog.DiscardHandler)})
+			cmd := NewCommand(&cli.Env{Out: &out, Err: &out, Logger: slog.New(slog.DiscardHandler), Getenv: func(string) string { return "" }})
 			cmd.SetArgs(tc.args)
 			cmd.SetOut(&out)
 			cmd.SetErr(&out)
@@ -337,6 +411,170 @@ func TestCommandFor(t *testing.T) {
 			t.Parallel()
 			if got := commandFor(tc.exe, tc.onPath); got != tc.want {
 				t.Errorf("commandFor(%q, %q) = %q, want %q", tc.exe, tc.onPath, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestUpSecondOnSameRoot runs "dpkit up --root R" as a real process, then
+// a second "dpkit up --root R" in this one: the second fails naming the
+// first, and leaves the first working (it still admits a pod, and its
+// sockets are where they were).
+func TestUpSecondOnSameRoot(t *testing.T) {
+	root := shortRoot(t)
+	first := exec.Command(os.Args[0], "-test.run=^$")
+	first.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{"--root", root}, "\x1f"), "XDG_STATE_HOME="+t.TempDir())
+	stdout, err := first.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	first.Stderr = &logs
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	stopFirst := func() error {
+		if first.Process == nil {
+			return nil
+		}
+		_ = first.Process.Signal(syscall.SIGTERM)
+		for range lines {
+		}
+		err := first.Wait()
+		first.Process = nil
+		return err
+	}
+	t.Cleanup(func() {
+		_ = stopFirst()
+		if t.Failed() {
+			t.Logf("first dpkit up's logs:\n%s", logs.String())
+		}
+	})
+	ready := false
+	for l := range lines {
+		if strings.HasPrefix(l, readyPrefix) {
+			ready = true
+			break
+		}
+	}
+	if !ready {
+		t.Fatalf("the first dpkit up ended before it was ready: %v", stopFirst())
+	}
+
+	var out, errOut bytes.Buffer
+	cmd := NewCommand(&cli.Env{Out: &out, Err: &errOut, Logger: slog.New(slog.DiscardHandler), Getenv: func(string) string { return "" }})
+	cmd.SetArgs([]string{"--root", root})
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	// Bounded only so that a second dpkit up that starts (the bug) ends
+	// the test instead of hanging it.
+	second, cancelSecond := context.WithTimeout(context.Background(), 30*time.Second)
+	err = cmd.ExecuteContext(second)
+	cancelSecond()
+	want := fmt.Sprintf("root %s is in use by pid %d (%s, started ", root, first.Process.Pid, strings.Join(first.Args, " "))
+	if cli.ExitCode(err) != 1 || !strings.Contains(err.Error(), want) {
+		t.Fatalf("second dpkit up: %v (exit %d), want exit 1 and %q with the first's command line", err, cli.ExitCode(err), want)
+	}
+	if out.Len() != 0 {
+		t.Errorf("the second dpkit up printed %q before failing", out.String())
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := emulator.NewClient(emulator.AdminSocket(root))
+	defer c.Close()
+	pod, err := c.AdmitPod(ctx, []byte("metadata: {name: after}\nspec: {containers: [{name: a, resources: {limits: {example.com/foo: 2}}}]}\n"))
+	if err != nil {
+		t.Fatalf("the first dpkit up no longer admits: %v", err)
+	}
+	if n := len(pod.Containers[0].Devices); n != 1 || len(pod.Containers[0].Devices[0].DeviceIDs) != 2 {
+		t.Errorf("admitted pod %+v, want 2 devices", pod)
+	}
+	for _, s := range []string{filepath.Join(root, "device-plugins", "kubelet.sock"), filepath.Join(root, "pod-resources", "kubelet.sock")} {
+		if _, err := os.Stat(s); err != nil {
+			t.Errorf("the first dpkit up's socket: %v", err)
+		}
+	}
+	if err := stopFirst(); err != nil {
+		t.Errorf("the first dpkit up exited with %v", err)
+	}
+}
+
+// TestExamplePods checks which example pods are suggested: the checkout's
+// when the fake plugin's resource is served, the embedded copy outside a
+// checkout, and pods built from what is served otherwise.
+func TestExamplePods(t *testing.T) {
+	t.Parallel()
+	checkout := filepath.Join("..", "..", "..")
+	foo := []devicemanager.ResourceStatus{{Name: "example.com/foo", Capacity: 8, Allocatable: 8, Connected: true}}
+	other := []devicemanager.ResourceStatus{
+		{Name: "dpkit.io/serial", Connected: true},
+		{Name: "dpkit.io/fuse", Capacity: 16, Allocatable: 16, Connected: true},
+		{Name: "dpkit.io/tun", Capacity: 16, Allocatable: 16, Connected: true},
+	}
+	for _, tc := range []struct {
+		name      string
+		workDir   string
+		resources []devicemanager.ResourceStatus
+		want      examples // paths below root start with "ROOT/"
+		contains  []string // in the pod written, if any
+	}{
+		{"checkout", checkout, foo, examples{Pod: examplePodFile, TooMany: exampleTooManyPodFile}, nil},
+		{"elsewhere", t.TempDir(), foo, examples{Pod: "ROOT/dpkit/pod.yaml"}, []string{"example.com/foo: 2"}},
+		{"too few devices for the example", checkout, []devicemanager.ResourceStatus{{Name: "example.com/foo", Capacity: 2, Allocatable: 2}},
+			examples{Pod: "ROOT/dpkit/pod.yaml", TooMany: "ROOT/dpkit/pod-too-many.yaml"}, []string{"example.com/foo: 1"}},
+		{"other resources", checkout, other, examples{Pod: "ROOT/dpkit/pod.yaml", TooMany: "ROOT/dpkit/pod-too-many.yaml"},
+			[]string{"dpkit.io/fuse: 1", "dpkit.io/tun: 1"}},
+		{"nothing allocatable", checkout, other[:1], examples{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := t.TempDir()
+			got, err := examplePods(root, tc.workDir, tc.resources)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			want.Pod = strings.Replace(want.Pod, "ROOT", root, 1)
+			want.TooMany = strings.Replace(want.TooMany, "ROOT", root, 1)
+			if got != want {
+				t.Fatalf("examplePods = %+v, want %+v", got, want)
+			}
+			if len(tc.contains) == 0 {
+				return
+			}
+			data, err := os.ReadFile(got.Pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := emulator.DecodePod(data); err != nil {
+				t.Fatalf("the example pod is not valid: %v\n%s", err, data)
+			}
+			for _, s := range tc.contains {
+				if !strings.Contains(string(data), s) {
+					t.Errorf("example pod\n%s\nlacks %q", data, s)
+				}
+			}
+			if strings.Contains(string(data), "serial") {
+				t.Errorf("example pod asks for a resource without allocatable devices:\n%s", data)
+			}
+			if got.TooMany != "" {
+				data, err := os.ReadFile(got.TooMany)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := emulator.DecodePod(data); err != nil || fits(data, tc.resources) {
+					t.Errorf("the too-many pod (%v) fits:\n%s", err, data)
+				}
 			}
 		})
 	}
