@@ -44,7 +44,7 @@ func TestFlagError(t *testing.T) {
 	for _, args := range [][]string{{"--bogus"}, {"--n", "x"}} {
 		cmd.SetArgs(args)
 		err := cmd.Execute()
-		if ExitCode(err) != 2 || !strings.HasSuffix(err.Error(), "(see x --help)") {
+		if ExitCode(err) != 2 || !strings.HasSuffix(err.Error(), "\nSee 'x --help'.") {
 			t.Errorf("%v: %v (exit %d), want exit 2 pointing to --help", args, err, ExitCode(err))
 		}
 	}

@@ -1,14 +1,27 @@
 package cli
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 )
 
 // FlagError is a cobra FlagErrorFunc: a flag cobra cannot parse (unknown,
 // or a value of the wrong type) is a usage error, exit status 2, that
-// points to --help. Commands set it with cmd.SetFlagErrorFunc(FlagError).
+// points to --help. The root command sets it for every command; a command
+// run on its own (in its package's tests) sets it with
+// cmd.SetFlagErrorFunc(FlagError).
 func FlagError(cmd *cobra.Command, err error) error {
-	return Exit(2, fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath()))
+	return UsageError(WithHelp(err, cmd.CommandPath()))
 }
+
+// WithHelp returns err followed by where to read the usage of command,
+// on a line of its own: "See 'dpkit up --help'.".
+func WithHelp(err error, command string) error { return &helpHint{err: err, command: command} }
+
+type helpHint struct {
+	err     error
+	command string
+}
+
+func (h *helpHint) Error() string { return h.err.Error() + "\nSee '" + h.command + " --help'." }
+
+func (h *helpHint) Unwrap() error { return h.err }

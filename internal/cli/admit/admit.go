@@ -66,9 +66,6 @@ flags or an invalid manifest. Remove an admitted pod with "dpkit delete pod".`,
   cat pod.yaml | dpkit admit --admin-socket /tmp/kubelet/dpkit/admin.sock -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := output.Check(format); err != nil {
-				return cli.Exit(exitInvalid, err)
-			}
 			manifest, err := readManifest(env.In, file)
 			if err != nil {
 				return cli.Exit(exitInvalid, err)

@@ -205,7 +205,7 @@ func TestAdmit(t *testing.T) {
 		},
 		{name: "no -f", code: exitInvalid, want: []string{`-f is required`}},
 		{name: "missing file", args: []string{"-f", "nope.yaml"}, code: exitInvalid, want: []string{`-f nope\.yaml: the file does not exist`}},
-		{name: "bad output", args: []string{"-f", "-", "-o", "wide"}, code: exitInvalid, want: []string{`--output: "wide" is not a format`}},
+		{name: "bad output", args: []string{"-f", "-", "-o", "wide"}, code: exitInvalid, want: []string{`"wide" is not a format; use table, json or yaml`}},
 		{
 			name: "no kubelet", stdin: podYAML("x", 1), args: []string{"-f", "-", "--admin-socket", filepath.Join(root, "nothing.sock")}, code: exitRejected,
 			want: []string{`admin API at .*nothing\.sock: .*is "dpkit kubelet" or "dpkit up" running with this root\?`},

@@ -66,7 +66,7 @@ func contractError(ctx context.Context, cmd *cobra.Command, started bool, err er
 		if cmd != nil {
 			where = cmd.CommandPath()
 		}
-		return cli.UsageError(withHelp(err, where))
+		return cli.UsageError(cli.WithHelp(err, where))
 	}
 	if ctx.Err() == nil || !started || cli.ExitCode(err) == cli.ExitUsage {
 		return err
@@ -87,18 +87,6 @@ func contractError(ctx context.Context, cmd *cobra.Command, started bool, err er
 	}
 	return cli.Exit(cli.ExitInterrupted, err)
 }
-
-// helpHint is a usage error followed by where to read the usage.
-type helpHint struct {
-	err     error
-	command string
-}
-
-func withHelp(err error, command string) error { return &helpHint{err: err, command: command} }
-
-func (h *helpHint) Error() string { return h.err.Error() + "\nSee '" + h.command + " --help'." }
-
-func (h *helpHint) Unwrap() error { return h.err }
 
 // servers are the commands that serve until they are stopped: "true", or
 // the flag that makes them serve.
@@ -147,9 +135,7 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
-	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return cli.UsageError(withHelp(err, cmd.CommandPath()))
-	})
+	root.SetFlagErrorFunc(cli.FlagError)
 	for _, sub := range subcommands {
 		cmd := sub(env)
 		if v, ok := servers[cmd.Name()]; ok {

@@ -68,9 +68,6 @@ Exit status: 0 deleted, 1 a pod is not there or the kubelet is unreachable,
 			return podNames(socketOf(socket, r), namespace, args[1:]), cobra.ShellCompDirectiveNoFileComp
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := output.Check(format); err != nil {
-				return cli.Exit(2, err)
-			}
 			if cmd.Flags().Changed("root") && root == "" {
 				return cli.Exit(2, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
 			}

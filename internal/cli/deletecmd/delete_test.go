@@ -157,7 +157,7 @@ func TestDeleteKubectlHabits(t *testing.T) {
 		{[]string{"-f", manifest, "-n", "default"}, "", 2, `the pod's namespace "ml" does not match --namespace "default"`},
 		{[]string{"-f", "nope.yaml"}, "", 2, `-f nope\.yaml: the file does not exist`},
 		{[]string{"-f", "-"}, "metadata: {name: x}\n", 2, `spec\.containers: Required`},
-		{[]string{"pod", "a", "-o", "wide"}, "", 2, `--output: "wide" is not a format`},
+		{[]string{"pod", "a", "-o", "wide"}, "", 2, `"wide" is not a format; use table, json or yaml`},
 		{[]string{"-f", manifest, "-o", "json"}, "", 0, `(?s)^\[\n  \{\n    "namespace": "ml",\n    "name": "train",.*\]\n$`},
 		{[]string{"pod", "a", "nope", "c2"}, "", 1, `^pod nope in namespace default not found\n\(root .*, from \$DPKIT_ROOT; --root chooses another\)$`},
 		{[]string{"pods", "b", "-o", "yaml"}, "", 0, `^- containers:\n  - name: c\n    type: app\n  name: b\n  namespace: default\n  uid: `},

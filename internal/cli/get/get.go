@@ -92,9 +92,6 @@ one; "-" where neither knows.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kind, names := kinds[strings.ToLower(args[0])], args[1:]
-			if err := output.Check(format); err != nil {
-				return cli.Exit(2, err)
-			}
 			if cmd.Flags().Changed("root") && root == "" {
 				return cli.Exit(2, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
 			}

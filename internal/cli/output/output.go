@@ -100,17 +100,19 @@ const Wide = "wide"
 // does anything, and it lists the formats for shell completion and for
 // the command contract test.
 type Format struct {
-	value   string
+	value   *string
 	formats []string
 }
 
-// AddFlag adds "-o, --output" to cmd with the given formats, the first
-// being the default, and returns the flag's value.
-func AddFlag(cmd *cobra.Command, formats ...string) *Format {
+// AddFlag adds "-o, --output" to cmd, stored in p, with the given formats
+// (table, json and yaml when none), the first being the default, and
+// returns the flag's value.
+func AddFlag(cmd *cobra.Command, p *string, formats ...string) *Format {
 	if len(formats) == 0 {
-		formats = []string{Table, JSON, YAML}
+		formats = Formats()
 	}
-	f := &Format{value: formats[0], formats: formats}
+	*p = formats[0]
+	f := &Format{value: p, formats: formats}
 	cmd.Flags().VarP(f, "output", "o", "output format: "+orList(formats))
 	_ = cmd.RegisterFlagCompletionFunc("output", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return f.formats, cobra.ShellCompDirectiveNoFileComp
@@ -119,14 +121,14 @@ func AddFlag(cmd *cobra.Command, formats ...string) *Format {
 }
 
 // String returns the format chosen.
-func (f *Format) String() string { return f.value }
+func (f *Format) String() string { return *f.value }
 
 // Set implements pflag.Value.
 func (f *Format) Set(s string) error {
 	if !slices.Contains(f.formats, s) {
 		return fmt.Errorf("%q is not a format; use %s", s, orList(f.formats))
 	}
-	f.value = s
+	*f.value = s
 	return nil
 }
 
@@ -145,3 +147,6 @@ func orList(items []string) string {
 	}
 	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
 }
+
+// Formats lists the formats -o accepts by default.
+func Formats() []string { return []string{Table, JSON, YAML} }

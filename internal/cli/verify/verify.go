@@ -21,10 +21,9 @@ import (
 // NewCommand returns the "verify" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
-		cfg        verify.Config
-		format     string
-		formatFlag *output.Format
-		junit      string
+		cfg    verify.Config
+		format string
+		junit  string
 	)
 	cmd := &cobra.Command{
 		Use:   "verify [flags] -- COMMAND [ARGS...]",
@@ -56,7 +55,6 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"))
 			}
 			cfg.Command = args
-			format = formatFlag.String()
 			if err := usageProblems(&cfg, junit); err != nil {
 				return cli.Exit(2, err)
 			}
@@ -101,7 +99,7 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 	fl.StringVar(&cfg.SocketDir, "socket-dir", "", "verify a plugin that is already running and registers through DIR/kubelet.sock (the checks that stop it are skipped)")
 	fl.BoolVar(&cfg.PrivateMount, "private-mount", false, "run the plugin in its own mount namespace where /var/lib/kubelet/device-plugins is the emulated directory (needs root)")
 	fl.BoolVar(&cfg.PluginWatcher, "plugin-watcher", false, "register through a plugins_registry directory ({registry-dir}) instead of kubelet.sock")
-	formatFlag = output.AddFlag(cmd)
+	output.AddFlag(cmd, &format)
 	fl.StringVar(&junit, "junit", "", "also write the results as JUnit XML to FILE (its directory must exist)")
 	fl.DurationVar(&cfg.RegisterTimeout, "register-timeout", verify.DefaultRegisterTimeout, "how long to wait for the plugin's first registration")
 	fl.DurationVar(&cfg.ReregisterThreshold, "reregister-threshold", verify.DefaultReregisterThreshold, "longest acceptable time to register again after a kubelet restart or socket deletion")

@@ -14,19 +14,19 @@ import (
 
 // NewCommand returns the "version" command.
 func NewCommand(env *cli.Env) *cobra.Command {
-	var format *output.Format
+	var format string
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the dpkit version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			info := version.Get()
-			return output.Write(env.Out, format.String(), info, func(t *tabwriter.Writer) error {
+			return output.Write(env.Out, format, info, func(t *tabwriter.Writer) error {
 				_, err := fmt.Fprintf(t, "dpkit %s (%s, %s)\n", info.Version, info.GoVersion, info.Platform)
 				return err
 			})
 		},
 	}
-	format = output.AddFlag(cmd)
+	output.AddFlag(cmd, &format)
 	return cmd
 }
