@@ -19,10 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -31,6 +30,8 @@ import (
 
 // Options are the flags of "dpkit node".
 type Options struct {
+	// Kubeconfig is --kubeconfig; empty means $KUBECONFIG, ~/.kube/config,
+	// then the in-cluster configuration (internal/kubeconfig).
 	Kubeconfig   string
 	Name         string
 	Root         string
@@ -147,22 +148,15 @@ func ParseTaints(specs []string) ([]corev1.Taint, error) {
 	return out, errors.Join(errs...)
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		return rest.InClusterConfig()
-	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
-}
-
 // Run runs the nodes until ctx is done; log may be nil. started, when not nil, is called
 // once every node runs.
 func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtualnode.Node)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rc, err := restConfig(o.Kubeconfig)
+	rc, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
-		return cli.Exit(2, fmt.Errorf("API client: %w", err))
+		return cli.Exit(2, err)
 	}
 	rc.UserAgent = "dpkit-node"
 	clients, err := virtualnode.NewClients(rc, float32(o.QPS), o.Burst)
