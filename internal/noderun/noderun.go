@@ -22,6 +22,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/kubeconfig"
+	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -61,7 +62,7 @@ type Options struct {
 }
 
 // Validate reports every problem of the options at once, each named by
-// its flag.
+// its flag, as configfile.Problems (the bulleted field-path list).
 func (o *Options) Validate() error {
 	var errs field.ErrorList
 	if o.Name == "" {
@@ -85,38 +86,43 @@ func (o *Options) Validate() error {
 	if o.Burst < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.Burst, "must be at least 1"))
 	}
-	if _, err := o.resources(); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("--resource"), o.Resources, err.Error()))
+	_, resErrs := o.resources()
+	errs = append(errs, resErrs...)
+	for i, t := range o.Taints {
+		if _, err := ParseTaints([]string{t}); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath("--taint").Index(i), t, strings.TrimPrefix(err.Error(), strconv.Quote(t)+": ")))
+		}
 	}
-	if _, err := ParseTaints(o.Taints); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("--taint"), o.Taints, err.Error()))
-	}
-	return errs.ToAggregate()
+	return configfile.Join(errs)
 }
 
-func (o *Options) resources() (corev1.ResourceList, error) {
+// resources returns the declared capacity: --cpu, --memory, --pods and
+// every --resource, with a problem named by its flag for each that does
+// not parse.
+func (o *Options) resources() (corev1.ResourceList, field.ErrorList) {
 	rl := corev1.ResourceList{}
-	var errs []error
-	add := func(name, q string) {
+	var errs field.ErrorList
+	add := func(p *field.Path, name, q string) {
 		v, err := resource.ParseQuantity(q)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, q, err))
+			errs = append(errs, field.Invalid(p, q, "not a quantity such as 8, 500m or 32Gi"))
 			return
 		}
 		rl[corev1.ResourceName(name)] = v
 	}
-	add("cpu", o.CPU)
-	add("memory", o.Memory)
-	add("pods", o.Pods)
-	for _, r := range o.Resources {
+	add(field.NewPath("--cpu"), "cpu", o.CPU)
+	add(field.NewPath("--memory"), "memory", o.Memory)
+	add(field.NewPath("--pods"), "pods", o.Pods)
+	for i, r := range o.Resources {
+		p := field.NewPath("--resource").Index(i)
 		name, q, ok := strings.Cut(r, "=")
 		if !ok || name == "" {
-			errs = append(errs, fmt.Errorf("%q: want NAME=QUANTITY", r))
+			errs = append(errs, field.Invalid(p, r, "must be NAME=QUANTITY, e.g. example.com/foo=4"))
 			continue
 		}
-		add(name, q)
+		add(p, name, q)
 	}
-	return rl, errors.Join(errs...)
+	return rl, errs
 }
 
 // ParseTaints parses key[=value]:Effect taints; an empty string is
