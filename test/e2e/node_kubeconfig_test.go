@@ -56,7 +56,10 @@ func TestVirtualNodeKubeconfigFromEnv(t *testing.T) {
 	poll(t, ctx, "node "+name+" registered and Ready", func(ctx context.Context) (bool, string, error) {
 		select {
 		case err := <-exited:
-			return false, "", fmt.Errorf("dpkit node exited: %v", err)
+			if err == nil {
+				err = errors.New("exit status 0")
+			}
+			return false, "", fmt.Errorf("dpkit node exited before its node was Ready: %w", err)
 		default:
 		}
 		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
