@@ -256,11 +256,8 @@ func unknownField(p *field.Path, key string, fields fieldList) *field.Error {
 // suggest returns the known name closest to key: one equal but for case
 // first, else the one fewest edits away, when few enough edits for a typo.
 func suggest(key string, known []string) (string, bool) {
-	for _, k := range known {
-		if strings.EqualFold(k, key) {
-			return k, true
-		}
-	}
+	// Distances are between lower-cased names, so a name equal but for case
+	// is 0 edits away and comes first.
 	best, bestD := "", -1
 	lk := strings.ToLower(key)
 	for _, k := range known {
