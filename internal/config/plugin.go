@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -107,14 +108,12 @@ func LoadPluginConfig(path, flag string) (*PluginConfig, error) {
 	return cfg, nil
 }
 
-// DecodePluginConfig decodes, defaults and validates a PluginConfig.
+// DecodePluginConfig decodes, defaults and validates a PluginConfig
+// (configfile.Decode). Problems in the content come as
+// configfile.Problems.
 func DecodePluginConfig(data []byte) (*PluginConfig, error) {
 	cfg := &PluginConfig{}
-	if err := decodeStrict(data, PluginConfigKind, cfg); err != nil {
-		return nil, err
-	}
-	cfg.Default()
-	if err := fieldErrors(cfg.Validate()); err != nil {
+	if err := configfile.Decode(data, PluginConfigKind, cfg); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -135,6 +134,11 @@ func (c *PluginConfig) Default() {
 // Validate reports every problem with its field path.
 func (c *PluginConfig) Validate() field.ErrorList {
 	var errs field.ErrorList
+	for _, d := range []struct{ name, value string }{{"pluginDir", c.PluginDir}, {"registryDir", c.RegistryDir}} {
+		if d.value != "" && !filepath.IsAbs(d.value) {
+			errs = append(errs, field.Invalid(field.NewPath(d.name), d.value, "must be an absolute path"))
+		}
+	}
 	switch deviceplugin.RegistrationMode(c.Registration) {
 	case deviceplugin.RegistrationAuto, deviceplugin.RegistrationKubelet, deviceplugin.RegistrationRegistry:
 	default:
@@ -156,23 +160,44 @@ func (c *PluginConfig) Validate() field.ErrorList {
 	return errs
 }
 
-// Resources builds every configured plugin's resources.
-func (c *PluginConfig) Resources(opts plugins.Options) ([]deviceplugin.Resource, error) {
-	var out []deviceplugin.Resource
+// Built is one configured plugin, built: its kind (fake, generic, amdgpu,
+// nvidia) and the resources it serves.
+type Built struct {
+	Kind      string
+	Resources []deviceplugin.Resource
+}
+
+// Build builds every configured plugin, in the order of the file.
+func (c *PluginConfig) Build(opts plugins.Options) ([]Built, error) {
+	var out []Built
 	for i := range c.Plugins {
 		for _, k := range c.Plugins[i].kinds() {
 			rs, err := k.build(opts)
 			if err != nil {
 				return nil, fmt.Errorf("plugins[%d].%s: %w", i, k.name, err)
 			}
-			out = append(out, rs...)
+			out = append(out, Built{Kind: k.name, Resources: rs})
 		}
 	}
 	return out, nil
 }
 
-// Check validates c, after flags changed it, as one error.
-func (c *PluginConfig) Check() error { return fieldErrors(c.Validate()) }
+// Resources builds every configured plugin's resources.
+func (c *PluginConfig) Resources(opts plugins.Options) ([]deviceplugin.Resource, error) {
+	built, err := c.Build(opts)
+	if err != nil {
+		return nil, err
+	}
+	var out []deviceplugin.Resource
+	for _, b := range built {
+		out = append(out, b.Resources...)
+	}
+	return out, nil
+}
+
+// Check validates c, after flags changed it, as one error: nil or
+// configfile.Problems.
+func (c *PluginConfig) Check() error { return configfile.Join(c.Validate()) }
 
 // HostOptions returns the plugin options for the configured host roots.
 func (c *PluginConfig) HostOptions() plugins.Options {

@@ -19,8 +19,61 @@ func TestDecodePluginConfig(t *testing.T) {
 		{"amdgpu example", mustRead(t, "../../examples/amdgpu.yaml"), nil},
 		{"nvidia example", mustRead(t, "../../examples/nvidia.yaml"), nil},
 		{"json works too", `{"apiVersion":"dpkit.io/v1alpha1","kind":"PluginConfig","plugins":[{"fake":{"resources":[{"name":"example.com/foo"}]}}]}`, nil},
-		{"wrong version and kind", "apiVersion: v1\nkind: Pod\n", []string{"apiVersion: \"v1\" is not supported; set apiVersion: dpkit.io/v1alpha1", "kind: \"Pod\""}},
-		{"unknown field", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/foo\n      cout: 3\n", []string{`unknown field "cout"`}},
+		// The wording every dpkit configuration file shares (pkg/configfile).
+		{"wrong version and kind", "apiVersion: v1\nkind: Pod\n", []string{
+			`apiVersion: Unsupported value: "v1": supported values: "dpkit.io/v1alpha1"`,
+			`kind: Unsupported value: "Pod": supported values: "PluginConfig"`,
+		}},
+		{"another dpkit file", "apiVersion: dpkit.io/v1alpha1\nkind: ExtendedResources\nresources: []\n", []string{
+			"1 problem(s)", `kind: Unsupported value: "ExtendedResources": supported values: "PluginConfig"`,
+		}},
+		{"unknown field", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/foo\n      cout: 3\n", []string{
+			`plugins[0].fake.resources[0].cout: Not found: unknown field; did you mean "count"?`,
+		}},
+		{"every decode problem at once", `apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resourcename: example.com/foo
+- nvidia:
+    resourcename: example.com/gpu
+    replicas: two
+- fakee: {}
+- generic:
+    groups: {name: x}
+`, []string{
+			"5 problem(s)",
+			`plugins[0].fake.resourcename: Not found: unknown field; did you mean "resources"?`,
+			`plugins[1].nvidia.resourcename: Not found: unknown field; did you mean "resourceName"? (field names are case-sensitive)`,
+			`plugins[1].nvidia.replicas: Invalid value: "two": must be a whole number, not a string`,
+			`plugins[2].fakee: Not found: unknown field; did you mean "fake"?`,
+			`plugins[3].generic.groups: Invalid value: must be a list, not a mapping`,
+		}},
+		{"explicit zeros", `apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resources:
+    - name: example.com/foo
+      count: 0
+      idPattern: ""
+- nvidia:
+    replicas: 0
+    rescanInterval: 0s
+- generic:
+    groups:
+    - {name: serial, paths: [{path: /dev/ttyUSB*}], count: 0}
+`, []string{
+			"5 problem(s)",
+			"plugins[0].fake.resources[0].count: Invalid value: 0: an explicit zero is not a setting here; leave the field out for the default, 8",
+			`plugins[0].fake.resources[0].idPattern: Invalid value: "": an explicit zero is not a setting here; leave the field out for the default, "dev-{index}"`,
+			"plugins[1].nvidia.replicas: Invalid value: 0: an explicit zero",
+			`plugins[1].nvidia.rescanInterval: Invalid value: "0s": an explicit zero is not a setting here; leave the field out for the default, "10s"`,
+			"plugins[2].generic.groups[0].count: Invalid value: 0: an explicit zero",
+		}},
+		{"relative directories", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\npluginDir: dp\nregistryDir: ./reg\nplugins:\n- fake: {resources: [{name: example.com/foo}]}\n", []string{
+			`pluginDir: Invalid value: "dp": must be an absolute path`, `registryDir: Invalid value: "./reg": must be an absolute path`,
+		}},
 		{"not yaml", "apiVersion: [\n", []string{"not valid YAML"}},
 		{"no plugins", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\n", []string{"plugins: Required value"}},
 		{"empty entry", "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- {}\n", []string{"plugins[0]: Invalid value: \"0 kinds set\""}},

@@ -19,11 +19,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/internal/rootlock"
+	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -32,6 +32,8 @@ import (
 
 // Options are the flags of "dpkit node".
 type Options struct {
+	// Kubeconfig is --kubeconfig; empty means $KUBECONFIG, ~/.kube/config,
+	// then the in-cluster configuration (internal/kubeconfig).
 	Kubeconfig   string
 	Name         string
 	Root         string
@@ -61,7 +63,7 @@ type Options struct {
 }
 
 // Validate reports every problem of the options at once, each named by
-// its flag.
+// its flag, as configfile.Problems (the bulleted field-path list).
 func (o *Options) Validate() error {
 	var errs field.ErrorList
 	if o.Name == "" {
@@ -85,38 +87,43 @@ func (o *Options) Validate() error {
 	if o.Burst < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.Burst, "must be at least 1"))
 	}
-	if _, err := o.resources(); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("--resource"), o.Resources, err.Error()))
+	_, resErrs := o.resources()
+	errs = append(errs, resErrs...)
+	for i, t := range o.Taints {
+		if _, err := ParseTaints([]string{t}); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath("--taint").Index(i), t, strings.TrimPrefix(err.Error(), strconv.Quote(t)+": ")))
+		}
 	}
-	if _, err := ParseTaints(o.Taints); err != nil {
-		errs = append(errs, field.Invalid(field.NewPath("--taint"), o.Taints, err.Error()))
-	}
-	return errs.ToAggregate()
+	return configfile.Join(errs)
 }
 
-func (o *Options) resources() (corev1.ResourceList, error) {
+// resources returns the declared capacity: --cpu, --memory, --pods and
+// every --resource, with a problem named by its flag for each that does
+// not parse.
+func (o *Options) resources() (corev1.ResourceList, field.ErrorList) {
 	rl := corev1.ResourceList{}
-	var errs []error
-	add := func(name, q string) {
+	var errs field.ErrorList
+	add := func(p *field.Path, name, q string) {
 		v, err := resource.ParseQuantity(q)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, q, err))
+			errs = append(errs, field.Invalid(p, q, "not a quantity such as 8, 500m or 32Gi"))
 			return
 		}
 		rl[corev1.ResourceName(name)] = v
 	}
-	add("cpu", o.CPU)
-	add("memory", o.Memory)
-	add("pods", o.Pods)
-	for _, r := range o.Resources {
+	add(field.NewPath("--cpu"), "cpu", o.CPU)
+	add(field.NewPath("--memory"), "memory", o.Memory)
+	add(field.NewPath("--pods"), "pods", o.Pods)
+	for i, r := range o.Resources {
+		p := field.NewPath("--resource").Index(i)
 		name, q, ok := strings.Cut(r, "=")
 		if !ok || name == "" {
-			errs = append(errs, fmt.Errorf("%q: want NAME=QUANTITY", r))
+			errs = append(errs, field.Invalid(p, r, "must be NAME=QUANTITY, e.g. example.com/foo=4"))
 			continue
 		}
-		add(name, q)
+		add(p, name, q)
 	}
-	return rl, errors.Join(errs...)
+	return rl, errs
 }
 
 // ParseTaints parses key[=value]:Effect taints; an empty string is
@@ -148,13 +155,6 @@ func ParseTaints(specs []string) ([]corev1.Taint, error) {
 	return out, errors.Join(errs...)
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		return rest.InClusterConfig()
-	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
-}
-
 // roots returns the root directory of each node: root itself for one
 // node, root/NAME-i for each of several.
 func roots(root string, o Options) []string {
@@ -174,9 +174,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rc, err := restConfig(o.Kubeconfig)
+	rc, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
-		return cli.Exit(2, fmt.Errorf("API client: %w", err))
+		return cli.Exit(2, err)
 	}
 	rc.UserAgent = "dpkit-node"
 	clients, err := virtualnode.NewClients(rc, float32(o.QPS), o.Burst)

@@ -51,7 +51,9 @@ func TestValidate(t *testing.T) {
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"--name", "--root", "--backend", "--count", "--resource", "--taint", "--device-grace-period"} {
+	for _, want := range []string{"10 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-grace-period", "\n  - --count", "\n  - --qps", "\n  - --burst",
+		"\n  - --cpu: Invalid value: \"x\": not a quantity", "\n  - --resource[0]: Invalid value: \"example.com/a\": must be NAME=QUANTITY",
+		"\n  - --taint[0]: Invalid value: \"bad\": want key[=value]:Effect"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}

@@ -1,21 +1,29 @@
 // Package configfile holds what every dpkit configuration file shares
 // (PluginConfig in internal/config, ExtendedResources in pkg/extresource):
 // the API version, the TypeMeta that comes first in each type, the
-// duration type, and strict decoding. A file's type decodes with
-// DecodeStrict, then gets Default() and Validate() field.ErrorList (the
-// Object interface), which reports every problem at once with its field
-// path.
+// duration type, the layout of a list of problems, and the one pipeline a
+// file goes through, Decode:
+//
+//  1. apiVersion and kind are checked before anything else, with the same
+//     wording for every file type;
+//  2. the document is decoded strictly: an unknown field (a misspelling, a
+//     wrong case), a value of the wrong type or a field given twice is a
+//     problem with its field path and, for a field name, the closest known
+//     one; every such problem is reported at once;
+//  3. a field given an explicit zero ("count: 0", "rescanInterval: 0s",
+//     `idPattern: ""`) that Default would replace is a problem: the file
+//     says something its author did not mean;
+//  4. Default, then Validate, which reports every remaining problem with
+//     its field path.
 package configfile
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/yaml"
 )
 
 // APIVersion is the version of every dpkit configuration file.
@@ -37,34 +45,40 @@ type Object interface {
 	Validate() field.ErrorList
 }
 
-// ReadTypeMeta reads the apiVersion and kind of a YAML or JSON document,
-// ignoring its other fields.
-func ReadTypeMeta(data []byte) (TypeMeta, error) {
-	var tm TypeMeta
-	if err := yaml.Unmarshal(data, &tm); err != nil {
-		return tm, CleanError(err)
+// Problems is every problem found in one input (a configuration file, a
+// command line), each with its field path. Its message is the layout
+// every dpkit command prints a list of problems in:
+//
+//	2 problem(s):
+//	  - plugins[0].fake.resourcename: Not found: unknown field; did you mean "resourceName"? (field names are case-sensitive)
+//	  - registration: Unsupported value: "sometimes": supported values: "auto", "kubelet", "registry"
+type Problems field.ErrorList
+
+// Join returns errs as Problems, or nil when there are none.
+func Join(errs field.ErrorList) error {
+	if len(errs) == 0 {
+		return nil
 	}
-	return tm, nil
+	return Problems(errs)
 }
 
-// DecodeStrict decodes a YAML or JSON document into out: unknown and
-// duplicate fields are errors, whose messages start with what is wrong.
-func DecodeStrict(data []byte, out any) error {
-	if err := yaml.UnmarshalStrict(data, out); err != nil {
-		return CleanError(err)
+func (p Problems) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problem(s):", len(p))
+	for _, e := range p {
+		b.WriteString("\n  - ")
+		b.WriteString(e.Error())
 	}
-	return nil
+	return b.String()
 }
 
-// CleanError drops the decoder's layered prefixes so the message starts
-// with what is wrong, e.g. `error unmarshaling JSON: while decoding JSON:
-// json: unknown field "cout"` becomes `unknown field "cout"`.
-func CleanError(err error) error {
-	msg := err.Error()
-	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
-		msg = strings.ReplaceAll(msg, p, "")
+// Unwrap returns each problem as an error.
+func (p Problems) Unwrap() []error {
+	out := make([]error, len(p))
+	for i, e := range p {
+		out[i] = e
 	}
-	return errors.New(msg)
+	return out
 }
 
 // Duration is a time.Duration written in configuration files as a string
@@ -84,7 +98,7 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("a duration must be a string such as \"5s\" or \"1m30s\": %w", err)
+		return fmt.Errorf("must be a duration written as a string such as \"5s\" or \"1m30s\"")
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {

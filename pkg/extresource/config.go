@@ -1,6 +1,7 @@
 package extresource
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -46,29 +47,32 @@ type Resource struct {
 	Quantity *resource.Quantity `json:"quantity,omitempty"`
 }
 
-// Decode parses a resources file strictly: unknown and duplicate fields are
-// errors. It neither defaults nor validates; Load does both.
+// Decode decodes, defaults and validates a resources file with the
+// pipeline every dpkit configuration file goes through (configfile.Decode):
+// apiVersion and kind first, then every unknown field, wrong type and
+// explicit zero, then every invalid value, each with its field path.
+// Problems in the content come as configfile.Problems.
 func Decode(data []byte) (*ExtendedResources, error) {
 	var er ExtendedResources
-	if err := configfile.DecodeStrict(data, &er); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", Kind, err)
+	if err := configfile.Decode(data, Kind, &er); err != nil {
+		return nil, err
 	}
 	return &er, nil
 }
 
-// Load reads, decodes, defaults and validates a resources file.
+// Load reads and decodes a resources file; its errors start with the
+// file's path.
 func Load(path string) (*ExtendedResources, error) {
 	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: the file does not exist", path)
+	}
 	if err != nil {
 		return nil, err
 	}
 	er, err := Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	er.Default()
-	if err := er.Validate().ToAggregate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s:\n%w", path, err)
 	}
 	return er, nil
 }
@@ -91,15 +95,10 @@ func (er *ExtendedResources) Default() {
 }
 
 // Validate reports every problem in the file at once, each with its field
-// path. Call Default first: a missing quantity is an error here.
+// path. Call Default first: a missing quantity is an error here. apiVersion
+// and kind are Decode's to check: a value built in code need not set them.
 func (er *ExtendedResources) Validate() field.ErrorList {
 	var errs field.ErrorList
-	if er.APIVersion != configfile.APIVersion {
-		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), er.APIVersion, "must be "+configfile.APIVersion))
-	}
-	if er.Kind != Kind {
-		errs = append(errs, field.Invalid(field.NewPath("kind"), er.Kind, "must be "+Kind))
-	}
 	if er.ResyncPeriod != nil && er.ResyncPeriod.Duration < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("resyncPeriod"), er.ResyncPeriod.String(), "must be 0s (off) or more"))
 	}

@@ -47,26 +47,40 @@ func TestLoad(t *testing.T) {
 		{
 			name:    "unknown field",
 			file:    "apiVersion: dpkit.io/v1alpha1\nkind: ExtendedResources\nresources:\n- name: example.com/dongle\n  qty: 4\n",
-			wantErr: []string{`unknown field "qty"`},
+			wantErr: []string{"resources[0].qty: Not found: unknown field; known fields: name, quantity"},
+		},
+		{
+			name:    "wrong case",
+			file:    "apiVersion: dpkit.io/v1alpha1\nkind: ExtendedResources\nresources:\n- Name: example.com/dongle\n  quantity: 4\n",
+			wantErr: []string{`resources[0].Name: Not found: unknown field; did you mean "name"? (field names are case-sensitive)`},
 		},
 		{
 			name:    "duplicate key",
 			file:    "apiVersion: dpkit.io/v1alpha1\nkind: ExtendedResources\nkind: ExtendedResources\n",
-			wantErr: []string{"kind"},
+			wantErr: []string{"kind: Duplicate value"},
+		},
+		{
+			// The wording every dpkit configuration file shares
+			// (pkg/configfile), checked before the rest of the file.
+			name: "wrong apiVersion and kind",
+			file: "apiVersion: dpkit.io/v1\nkind: Resources\nresources:\n- name: dongle\n",
+			wantErr: []string{
+				"2 problem(s)",
+				`apiVersion: Unsupported value: "dpkit.io/v1": supported values: "dpkit.io/v1alpha1"`,
+				`kind: Unsupported value: "Resources": supported values: "ExtendedResources"`,
+			},
 		},
 		{
 			name: "every problem with its path",
-			file: "apiVersion: dpkit.io/v1\nkind: Resources\nresyncPeriod: -1s\nresources:\n- name: dongle\n- name: example.com/x\n  quantity: -2\n- name: example.com/x\n  quantity: 0.5\n",
+			file: "apiVersion: dpkit.io/v1alpha1\nkind: ExtendedResources\nresyncPeriod: -1s\nresources:\n- name: dongle\n- name: example.com/x\n  quantity: -2\n- name: example.com/x\n  quantity: 0.5\n",
 			wantErr: []string{
-				"apiVersion: Invalid value", "must be dpkit.io/v1alpha1",
-				"kind: Invalid value", "must be ExtendedResources",
 				"resyncPeriod", "resources[0].name", "resources[1].quantity", "resources[2].quantity", "resources[2].name: Duplicate",
 			},
 		},
 		{
 			name:    "not yaml",
 			file:    "resources: [",
-			wantErr: []string{"decode ExtendedResources"},
+			wantErr: []string{"not valid YAML or JSON"},
 		},
 	}
 	for _, tt := range tests {
@@ -117,10 +131,6 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		er, err := Decode(data)
 		if err != nil {
-			return
-		}
-		er.Default()
-		if er.Validate() != nil {
 			return
 		}
 		// A valid file gives valid names and whole, non-negative amounts.

@@ -108,7 +108,7 @@ func (c *Controller) load() (*ExtendedResources, error) {
 		}
 	}
 	spec.Default()
-	if err := spec.Validate().ToAggregate(); err != nil {
+	if err := configfile.Join(spec.Validate()); err != nil {
 		return nil, err
 	}
 	return spec, nil

@@ -50,8 +50,8 @@ func ValidateQuantity(q resource.Quantity, fldPath *field.Path) field.ErrorList 
 // ParseAssignments parses NAME=QUANTITY arguments, such as
 // "example.com/dongle=4", into a resource list. It reports every invalid or
 // repeated argument at once; fldPath names the arguments (their index is
-// appended).
-func ParseAssignments(args []string, fldPath *field.Path) (corev1.ResourceList, error) {
+// appended). What parses is returned even when other arguments do not.
+func ParseAssignments(args []string, fldPath *field.Path) (corev1.ResourceList, field.ErrorList) {
 	out := corev1.ResourceList{}
 	var errs field.ErrorList
 	for i, arg := range args {
@@ -81,11 +81,11 @@ func ParseAssignments(args []string, fldPath *field.Path) (corev1.ResourceList, 
 		}
 		out[corev1.ResourceName(name)] = q
 	}
-	return out, errs.ToAggregate()
+	return out, errs
 }
 
 // ValidateNames checks names to remove, reporting every problem at once.
-func ValidateNames(names []string, fldPath *field.Path) error {
+func ValidateNames(names []string, fldPath *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	seen := map[string]bool{}
 	for i, n := range names {
@@ -98,7 +98,7 @@ func ValidateNames(names []string, fldPath *field.Path) error {
 		}
 		seen[n] = true
 	}
-	return errs.ToAggregate()
+	return errs
 }
 
 func sortedNames(l corev1.ResourceList) []corev1.ResourceName {

@@ -73,7 +73,8 @@ func TestParseAssignments(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got, err := ParseAssignments(tt.args, field.NewPath("args"))
+			got, errs := ParseAssignments(tt.args, field.NewPath("args"))
+			err := errs.ToAggregate()
 			if len(tt.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("ParseAssignments(%q) = %v, want an error", tt.args, got)
@@ -103,10 +104,11 @@ func TestParseAssignments(t *testing.T) {
 
 func TestValidateNames(t *testing.T) {
 	t.Parallel()
-	if err := ValidateNames([]string{"example.com/a", "example.com/b"}, field.NewPath("--remove")); err != nil {
-		t.Fatal(err)
+	if errs := ValidateNames([]string{"example.com/a", "example.com/b"}, field.NewPath("--remove")); len(errs) > 0 {
+		t.Fatal(errs)
 	}
-	err := ValidateNames([]string{"a", "example.com/b", "example.com/b"}, field.NewPath("--remove"))
+	errs := ValidateNames([]string{"a", "example.com/b", "example.com/b"}, field.NewPath("--remove"))
+	err := errs.ToAggregate()
 	for _, w := range []string{"--remove[0]", "--remove[2]", "Duplicate"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error %v does not contain %q", err, w)
@@ -119,8 +121,8 @@ func FuzzParseAssignments(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, arg string) {
-		got, err := ParseAssignments([]string{arg}, field.NewPath("args"))
-		if err != nil {
+		got, errs := ParseAssignments([]string{arg}, field.NewPath("args"))
+		if len(errs) > 0 {
 			return
 		}
 		// Whatever parses is a valid name with a whole, non-negative amount.

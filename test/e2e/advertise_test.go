@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -131,6 +132,25 @@ func TestAdvertiseCommand(t *testing.T) {
 	// The node's own resources are untouched.
 	n = getNode(t, ctx, c, node)
 	wantAmount(t, n, corev1.ResourceCPU, "4")
+
+	// -o json says what was done, for scripts.
+	out = runDpkit(t, ctx, 0, args("example.com/dongle=3", "-o", "json")...)
+	var res struct {
+		Node    string            `json:"node"`
+		Changed bool              `json:"changed"`
+		Set     map[string]string `json:"set"`
+		Removed []string          `json:"removed"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("-o json printed %q: %v", out, err)
+	}
+	if res.Node != node || !res.Changed || len(res.Set) != 1 || res.Set["example.com/dongle"] != "3" || len(res.Removed) != 0 {
+		t.Errorf("-o json printed %+v, want dongle set to 3 on %s", res, node)
+	}
+	out = runDpkit(t, ctx, 0, args("--remove", "example.com/dongle", "-o", "yaml")...)
+	if want := "changed: true\nnode: " + node + "\nremoved:\n- example.com/dongle\nset: {}\n"; out != want {
+		t.Errorf("-o yaml printed %q, want %q", out, want)
+	}
 
 	out = runDpkit(t, ctx, 2, args("kubernetes.io/dongle=1")...)
 	if !strings.Contains(out, "reserved") {

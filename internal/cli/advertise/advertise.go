@@ -3,21 +3,20 @@
 package advertise
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
-	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/output"
+	"github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/extresource"
 )
@@ -37,6 +36,7 @@ type options struct {
 	skipAllocatable bool
 	qps             float32
 	burst           int
+	output          string
 }
 
 // NewCommand returns the "advertise" command.
@@ -77,70 +77,83 @@ See docs/extended-resources.md.`,
 	f.BoolVar(&o.skipAllocatable, "skip-allocatable", false, "write capacity only and leave allocatable to the kubelet")
 	f.Float32Var(&o.qps, "qps", 5, "client queries per second to the apiserver")
 	f.IntVar(&o.burst, "burst", 10, "client burst of queries to the apiserver")
+	f.StringVarP(&o.output, "output", "o", output.Table, "output format of what was set and removed: table, json or yaml (--dry-run: the JSON Patch, as JSON or YAML)")
 	return cmd
 }
 
 func usageError(err error) error { return cli.Exit(2, err) }
 
+// check reports every problem of the arguments and flags at once, each
+// named by its flag ("--node") or argument ("args[0].name"), and returns
+// the resources the arguments set.
+func check(o *options, args []string) (corev1.ResourceList, field.ErrorList) {
+	set, errs := extresource.ParseAssignments(args, field.NewPath("args"))
+	errs = append(errs, extresource.ValidateNames(o.remove, field.NewPath("--remove"))...)
+	if o.node == "" {
+		errs = append(errs, field.Required(field.NewPath("--node"), "name the node to advertise on, or set $"+envNodeName))
+	}
+	if len(args) == 0 && len(o.remove) == 0 && o.file == "" {
+		errs = append(errs, field.Required(field.NewPath("args"), "nothing to do: give NAME=QUANTITY arguments, --remove NAME or -f FILE"))
+	}
+	for i, n := range o.remove {
+		if _, ok := set[corev1.ResourceName(n)]; ok {
+			errs = append(errs, field.Invalid(field.NewPath("--remove").Index(i), n, "is both set and removed; keep one"))
+		}
+	}
+	if o.watch && len(o.remove) > 0 {
+		errs = append(errs, field.Forbidden(field.NewPath("--remove"), "cannot be used with --watch; leave the resource out of the file instead"))
+	}
+	if o.watch && o.dryRun {
+		errs = append(errs, field.Forbidden(field.NewPath("--dry-run"), "cannot be used with --watch"))
+	}
+	if o.removeOnExit && !o.watch {
+		errs = append(errs, field.Forbidden(field.NewPath("--remove-on-exit"), "needs --watch"))
+	}
+	if o.qps <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--qps"), o.qps, "must be more than 0"))
+	}
+	if o.burst <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.burst, "must be more than 0"))
+	}
+	if output.Check(o.output) != nil {
+		errs = append(errs, field.NotSupported(field.NewPath("--output"), o.output, []string{output.Table, output.JSON, output.YAML}))
+	}
+	return set, errs
+}
+
 func run(cmd *cobra.Command, env *cli.Env, o *options, args []string) error {
 	if o.node == "" {
 		o.node = os.Getenv(envNodeName)
 	}
-	set, err := extresource.ParseAssignments(args, field.NewPath("args"))
-	if err != nil {
-		return usageError(err)
-	}
-	if err := extresource.ValidateNames(o.remove, field.NewPath("--remove")); err != nil {
-		return usageError(err)
-	}
-	var problems []string
-	if o.node == "" {
-		problems = append(problems, "--node is required (or set $"+envNodeName+")")
-	}
-	if len(set) == 0 && len(o.remove) == 0 && o.file == "" {
-		problems = append(problems, "nothing to do: give NAME=QUANTITY arguments, --remove NAME or -f FILE")
-	}
-	for _, n := range o.remove {
-		if _, ok := set[corev1.ResourceName(n)]; ok {
-			problems = append(problems, fmt.Sprintf("%s is both set and removed", n))
-		}
-	}
-	if o.watch && len(o.remove) > 0 {
-		problems = append(problems, "--remove cannot be used with --watch; leave the resource out of the file instead")
-	}
-	if o.watch && o.dryRun {
-		problems = append(problems, "--dry-run cannot be used with --watch")
-	}
-	if o.removeOnExit && !o.watch {
-		problems = append(problems, "--remove-on-exit needs --watch")
-	}
-	if o.qps <= 0 || o.burst <= 0 {
-		problems = append(problems, "--qps and --burst must be more than 0")
-	}
-	if len(problems) > 0 {
-		return usageError(errors.New(strings.Join(problems, "; ")))
+	set, errs := check(o, args)
+	if len(errs) > 0 {
+		return usageError(configfile.Problems(errs))
 	}
 
 	allocatable := !o.skipAllocatable
-	if o.file != "" && !o.watch {
+	if o.file != "" {
+		// Checked here in --watch mode too, so a bad file is a usage
+		// error before anything talks to the cluster.
 		spec, err := extresource.Load(o.file)
 		if err != nil {
-			return usageError(err)
+			return usageError(fmt.Errorf("--file %w", err))
 		}
-		// Flags override the file.
-		for n, q := range spec.List() {
-			if _, ok := set[n]; !ok {
-				set[n] = q
+		if !o.watch {
+			// Flags override the file.
+			for n, q := range spec.List() {
+				if _, ok := set[n]; !ok {
+					set[n] = q
+				}
 			}
-		}
-		if !*spec.Allocatable {
-			allocatable = false
+			if !*spec.Allocatable {
+				allocatable = false
+			}
 		}
 	}
 
 	client, err := newClient(o)
 	if err != nil {
-		return err
+		return usageError(err)
 	}
 	ctx := cmd.Context()
 	if o.watch {
@@ -179,47 +192,74 @@ func run(cmd *cobra.Command, env *cli.Env, o *options, args []string) error {
 		if patch == nil {
 			patch = extresource.Patch{}
 		}
-		enc := json.NewEncoder(env.Out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(patch)
+		format := o.output
+		if format == output.Table {
+			format = output.JSON // a JSON Patch reads best as itself
+		}
+		return output.Write(env.Out, format, patch, nil)
 	}
 	change, err := adv.Apply(ctx, o.node, set, remove)
 	if err != nil {
 		return err
 	}
-	printChange(env, o.node, change)
-	return nil
+	r := newResult(o.node, change)
+	return output.Write(env.Out, o.output, r, r.table)
 }
 
-func printChange(env *cli.Env, node string, c extresource.Change) {
-	if c.Empty() {
-		fmt.Fprintf(env.Out, "node/%s: unchanged\n", node)
-		return
+// result is what the one-shot command did to the node, as -o json and -o
+// yaml print it.
+type result struct {
+	Node string `json:"node"`
+	// Changed is false when the node already matched.
+	Changed bool `json:"changed"`
+	// Set maps each resource written to its quantity.
+	Set map[string]string `json:"set"`
+	// Removed lists the resources deleted from the node.
+	Removed []string `json:"removed"`
+}
+
+func newResult(node string, c extresource.Change) result {
+	r := result{Node: node, Changed: !c.Empty(), Set: map[string]string{}, Removed: []string{}}
+	for n, q := range c.Set {
+		r.Set[string(n)] = q.String()
 	}
-	names := make([]string, 0, len(c.Set))
-	for n := range c.Set {
-		names = append(names, string(n))
+	for _, n := range c.Removed {
+		r.Removed = append(r.Removed, string(n))
+	}
+	return r
+}
+
+// table writes one line per change, "node/NAME: set example.com/dongle=4",
+// or "node/NAME: unchanged".
+func (r result) table(w *tabwriter.Writer) error {
+	if !r.Changed {
+		_, err := fmt.Fprintf(w, "node/%s: unchanged\n", r.Node)
+		return err
+	}
+	names := make([]string, 0, len(r.Set))
+	for n := range r.Set {
+		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		q := c.Set[corev1.ResourceName(n)]
-		fmt.Fprintf(env.Out, "node/%s: set %s=%s\n", node, n, q.String())
+		if _, err := fmt.Fprintf(w, "node/%s: set %s=%s\n", r.Node, n, r.Set[n]); err != nil {
+			return err
+		}
 	}
-	for _, n := range c.Removed {
-		fmt.Fprintf(env.Out, "node/%s: removed %s\n", node, n)
+	for _, n := range r.Removed {
+		if _, err := fmt.Fprintf(w, "node/%s: removed %s\n", r.Node, n); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
-// newClient builds the client: --kubeconfig, else the usual loading rules,
-// else the in-cluster configuration.
+// newClient builds the client from --kubeconfig, $KUBECONFIG,
+// ~/.kube/config or the in-cluster configuration (internal/kubeconfig).
 func newClient(o *options) (kubernetes.Interface, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if o.kubeconfig != "" {
-		rules.ExplicitPath = o.kubeconfig
-	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	cfg, err := kubeconfig.Load(o.kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("client configuration: %w", err)
+		return nil, err
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS = o.qps

@@ -21,12 +21,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/internal/emulator"
+	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/internal/natural"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -109,9 +109,9 @@ one; "-" where neither knows.`,
 				var health healthSource
 				switch {
 				case kubeconfig != "":
-					rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+					rc, err := kubeconfigpkg.Load(kubeconfig)
 					if err != nil {
-						return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
+						return cli.Exit(2, err)
 					}
 					client, err := kubernetes.NewForConfig(rc)
 					if err != nil {

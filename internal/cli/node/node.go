@@ -42,7 +42,10 @@ The node registers with the taint dpkit.io/virtual-node:NoSchedule unless
   tolerations: [{key: dpkit.io/virtual-node, operator: Exists, effect: NoSchedule}]
 
 With --count N, N nodes NAME-0..NAME-(N-1) run in this process sharing
-informers, each under <root>/NAME-i on port --port+i.`,
+informers, each under <root>/NAME-i on port --port+i.
+
+The API server is reached with --kubeconfig, else $KUBECONFIG, else
+~/.kube/config, else the in-cluster configuration inside a pod.`,
 		Example: `  dpkit node --kubeconfig k.conf --name vn1 --root /var/lib/dpkit/vn1 --backend process --client-ca-file ca.crt
   dpkit plugin --config examples/fake.yaml --plugin-dir /var/lib/dpkit/vn1/device-plugins
   dpkit node --kubeconfig k.conf --name sim --count 10 --root /tmp/sim --backend sim --port 11250`,
@@ -55,7 +58,7 @@ informers, each under <root>/NAME-i on port --port+i.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster configuration)")
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
 	f.StringVar(&o.Name, "name", "", "node name (required)")
 	f.StringVar(&o.Root, "root", "", "node root directory: device-plugins/, plugins_registry/, pod-resources/, checkpoint and pod state (required)")
 	f.StringVar(&o.Backend, "backend", "process", "pod backend: process or sim")

@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -111,11 +112,100 @@ func TestPluginCommandRejectsBadInput(t *testing.T) {
 		{[]string{"plugin"}, "--config is required"},
 		{[]string{"plugin", "--config", filepath.Join(dir, "missing.yaml")}, "does not exist"},
 		{[]string{"plugin", "--config", bad}, `plugins[0].fake.resources[0].name: Invalid value: "foo"`},
-		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--registration", "sometimes"}, `registration: Unsupported value: "sometimes"`},
+		// A problem with a value a flag set is named by the flag.
+		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--registration", "sometimes"}, "with flags:\n1 problem(s):\n  - --registration: Unsupported value: \"sometimes\""},
+		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--plugin-dir", "dp"}, `--plugin-dir: Invalid value: "dp": must be an absolute path`},
+		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "-o", "json"}, "--output: Forbidden: applies only to --validate"},
+		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--validate", "-o", "xml"}, `--output: Unsupported value: "xml": supported values: "table", "json", "yaml"`},
 	} {
 		err := app.Run(context.Background(), tc.args, nil, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || app.ExitCode(err) != 2 {
 			t.Errorf("%v: err = %v (exit %d), want exit 2 and %q", tc.args, err, app.ExitCode(err), tc.want)
+		}
+	}
+}
+
+// TestPluginValidate checks --validate: it serves nothing, prints what
+// would be served and where it would register, and exits 0, 1 when the
+// machine is not ready for a valid config, 2 when the config is wrong.
+func TestPluginValidate(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	pluginDir := filepath.Join(root, "device-plugins")
+	if err := os.Mkdir(pluginDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	zero := filepath.Join(root, "zero.yaml")
+	if err := os.WriteFile(zero, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: example.com/foo\n      count: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	example := "../../../examples/fake.yaml"
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		out  string // the whole output, when the exit code is 0
+		err  string // a part of the error, otherwise
+	}{
+		{"valid", []string{"--config", example, "--plugin-dir", pluginDir}, 0,
+			"config OK: 1 plugin: fake (example.com/foo)\nregistration: kubelet, through " + filepath.Join(pluginDir, "kubelet.sock") + "\n", ""},
+		{"json", []string{"--config", example, "--plugin-dir", pluginDir, "--registration", "kubelet", "-o", "json"}, 0,
+			`{
+  "plugins": [
+    {
+      "kind": "fake",
+      "resources": [
+        "example.com/foo"
+      ]
+    }
+  ],
+  "pluginDir": "` + pluginDir + `",
+  "registration": "kubelet",
+  "registryDir": "` + filepath.Join(root, "plugins_registry") + `"
+}
+`, ""},
+		{"no plugin directory", []string{"--config", example, "--plugin-dir", filepath.Join(root, "nope")}, 1, "",
+			"the config is valid, but this machine is not ready for it:\n1 problem(s):\n  - --plugin-dir: Invalid value: \"" + filepath.Join(root, "nope") + "\": no such directory on this machine"},
+		{"no registry directory", []string{"--config", example, "--plugin-dir", pluginDir, "--registration", "registry"}, 1, "",
+			"  - registryDir: Invalid value: \"" + filepath.Join(root, "plugins_registry") + "\": no such directory on this machine"},
+		{"count 0", []string{"--config", zero, "--plugin-dir", pluginDir}, 2, "",
+			"1 problem(s):\n  - plugins[0].fake.resources[0].count: Invalid value: 0: an explicit zero is not a setting here; leave the field out for the default, 8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var out bytes.Buffer
+			err := app.Run(context.Background(), append([]string{"plugin", "--validate"}, tc.args...), nil, &out, io.Discard)
+			if code := app.ExitCode(err); code != tc.code {
+				t.Fatalf("exit %d (%v), want %d", code, err, tc.code)
+			}
+			if tc.code == 0 && out.String() != tc.out {
+				t.Errorf("printed\n%s\nwant\n%s", out.String(), tc.out)
+			}
+			if tc.code != 0 && (!strings.Contains(err.Error(), tc.err) || out.Len() != 0) {
+				t.Errorf("error %q, printed %q; want the error to contain %q and nothing printed", err, out.String(), tc.err)
+			}
+		})
+	}
+	// Nothing was served: no socket in the plugin directory.
+	if entries, err := os.ReadDir(pluginDir); err != nil || len(entries) != 0 {
+		t.Errorf("plugin directory holds %v (%v) after --validate", entries, err)
+	}
+}
+
+// TestPluginHelpDefaults checks that --help shows the defaults the plugin
+// applies: the registry directory follows --plugin-dir.
+func TestPluginHelpDefaults(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if err := app.Run(context.Background(), []string{"plugin", "--help"}, nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"kubelet device plugin directory (default /var/lib/kubelet/device-plugins)",
+		"kubelet plugin watcher directory (default: plugins_registry beside --plugin-dir, /var/lib/kubelet/plugins_registry for the default --plugin-dir)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q", want)
 		}
 	}
 }
