@@ -77,7 +77,8 @@ See docs/extended-resources.md.`,
 	f.BoolVar(&o.skipAllocatable, "skip-allocatable", false, "write capacity only and leave allocatable to the kubelet")
 	f.Float32Var(&o.qps, "qps", 5, "client queries per second to the apiserver")
 	f.IntVar(&o.burst, "burst", 10, "client burst of queries to the apiserver")
-	f.StringVarP(&o.output, "output", "o", output.Table, "output format of what was set and removed: table, json or yaml (--dry-run: the JSON Patch, as JSON or YAML)")
+	output.AddFlag(cmd, &o.output)
+	f.Lookup("output").Usage = "output format of what was set and removed: table, json or yaml (--dry-run: the JSON Patch, as JSON or YAML)"
 	return cmd
 }
 
@@ -114,9 +115,6 @@ func check(o *options, args []string) (corev1.ResourceList, field.ErrorList) {
 	}
 	if o.burst <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--burst"), o.burst, "must be more than 0"))
-	}
-	if output.Check(o.output) != nil {
-		errs = append(errs, field.NotSupported(field.NewPath("--output"), o.output, []string{output.Table, output.JSON, output.YAML}))
 	}
 	return set, errs
 }

@@ -71,9 +71,7 @@ is not ready for it (a directory missing).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var usage field.ErrorList
-			if output.Check(f.Output) != nil {
-				usage = append(usage, field.NotSupported(field.NewPath("--output"), f.Output, []string{output.Table, output.JSON, output.YAML}))
-			} else if cmd.Flags().Changed("output") && !f.Validate {
+			if cmd.Flags().Changed("output") && !f.Validate {
 				usage = append(usage, field.Forbidden(field.NewPath("--output"), "applies only to --validate; dpkit plugin prints nothing else"))
 			}
 			if len(usage) > 0 {
@@ -99,7 +97,8 @@ is not ready for it (a directory missing).`,
 	fl.StringVar(&f.DevRoot, "dev-root", "", "where the host's /dev is mounted (default /dev)")
 	fl.StringVar(&f.ProcRoot, "proc-root", "", "where the host's /proc is mounted (default /proc)")
 	fl.BoolVar(&f.Validate, "validate", false, "check the config, the flags and the directories, print what would be served, and exit without serving")
-	fl.StringVarP(&f.Output, "output", "o", output.Table, "with --validate: output format, table, json or yaml")
+	output.AddFlag(cmd, &f.Output)
+	fl.Lookup("output").Usage = "with --validate: output format, table, json or yaml"
 	return cmd
 }
 

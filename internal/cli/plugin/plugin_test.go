@@ -116,7 +116,7 @@ func TestPluginCommandRejectsBadInput(t *testing.T) {
 		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--registration", "sometimes"}, "with flags:\n1 problem(s):\n  - --registration: Unsupported value: \"sometimes\""},
 		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--plugin-dir", "dp"}, `--plugin-dir: Invalid value: "dp": must be an absolute path`},
 		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "-o", "json"}, "--output: Forbidden: applies only to --validate"},
-		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--validate", "-o", "xml"}, `--output: Unsupported value: "xml": supported values: "table", "json", "yaml"`},
+		{[]string{"plugin", "--config", "../../../examples/fake.yaml", "--validate", "-o", "xml"}, `"xml" is not a format; use table, json or yaml`},
 	} {
 		err := app.Run(context.Background(), tc.args, nil, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || app.ExitCode(err) != 2 {

@@ -29,9 +29,9 @@ type liveWriter struct {
 	idLen int
 }
 
-func newLiveWriter(w io.Writer) *liveWriter {
+func newLiveWriter(w io.Writer, wide bool) *liveWriter {
 	lw := &liveWriter{w: w, color: os.Getenv("NO_COLOR") == ""}
-	if f, ok := w.(*os.File); ok {
+	if f, ok := w.(*os.File); ok && !wide {
 		if width, _, err := term.GetSize(int(f.Fd())); err == nil {
 			lw.width = width
 		}

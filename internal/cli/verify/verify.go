@@ -59,10 +59,12 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 				return cli.Exit(2, err)
 			}
 			cfg.Logger = env.Logger
-			live := format == output.Table && isTerminal(env.Out)
+			// On a terminal each check prints as it is decided; "wide" does
+			// not cut details to the terminal's width.
+			live := (format == output.Table || format == output.Wide) && isTerminal(env.Out)
 			var lv *liveWriter
 			if live {
-				lv = newLiveWriter(env.Out)
+				lv = newLiveWriter(env.Out, format == output.Wide)
 				cfg.Progress = lv.result
 				lv.start(cfg)
 			}
@@ -78,7 +80,7 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 			switch {
 			case live:
 				err = rep.WriteEnd(env.Out)
-			case format == output.Table:
+			case format == output.Table || format == output.Wide:
 				err = rep.WriteTable(env.Out)
 			default:
 				err = output.Write(env.Out, format, rep, nil)
@@ -99,7 +101,7 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 	fl.StringVar(&cfg.SocketDir, "socket-dir", "", "verify a plugin that is already running and registers through DIR/kubelet.sock (the checks that stop it are skipped)")
 	fl.BoolVar(&cfg.PrivateMount, "private-mount", false, "run the plugin in its own mount namespace where /var/lib/kubelet/device-plugins is the emulated directory (needs root)")
 	fl.BoolVar(&cfg.PluginWatcher, "plugin-watcher", false, "register through a plugins_registry directory ({registry-dir}) instead of kubelet.sock")
-	output.AddFlag(cmd, &format)
+	output.AddFlag(cmd, &format, output.Table, output.Wide, output.JSON, output.YAML)
 	fl.StringVar(&junit, "junit", "", "also write the results as JUnit XML to FILE (its directory must exist)")
 	fl.DurationVar(&cfg.RegisterTimeout, "register-timeout", verify.DefaultRegisterTimeout, "how long to wait for the plugin's first registration")
 	fl.DurationVar(&cfg.ReregisterThreshold, "reregister-threshold", verify.DefaultReregisterThreshold, "longest acceptable time to register again after a kubelet restart or socket deletion")
