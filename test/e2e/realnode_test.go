@@ -85,7 +85,14 @@ func importPluginImage(t *testing.T, n *controlplane.Node) {
 // every Linux machine has, shared by two containers, shown as
 // /dev/dpkit-zero, with an environment variable.
 func zeroConfig(resourceName string) string {
-	return `groups:
+	return zeroConfigCDI(resourceName, false)
+}
+
+// zeroConfigCDI is zeroConfig, with CDI on: the plugin writes a CDI spec
+// into /var/run/cdi and answers Allocate with CDI names only, so the
+// device reaches the container only through containerd's CDI injection.
+func zeroConfigCDI(resourceName string, cdi bool) string {
+	return "cdi:\n  enabled: " + fmt.Sprint(cdi) + "\n" + `groups:
 - name: ` + resourceName + `
   paths:
   - path: /dev/zero
@@ -107,6 +114,11 @@ type deployment struct {
 // deployKustomize renders deploy/overlays/generic through an overlay of
 // the kind a user writes: the local image, the test's plugin config.
 func deployKustomize(t *testing.T, resourceName string) deployment {
+	t.Helper()
+	return deployKustomizeConfig(t, resourceName, zeroConfig(resourceName))
+}
+
+func deployKustomizeConfig(t *testing.T, resourceName, config string) deployment {
 	t.Helper()
 	dir := t.TempDir()
 	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic"))
@@ -135,7 +147,7 @@ configMapGenerator:
   files:
   - config.yaml
 `
-	cfg := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n" + indent(zeroConfig(resourceName), "    ")
+	cfg := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n" + indent(config, "    ")
 	writeFile(t, filepath.Join(dir, "kustomization.yaml"), kust)
 	writeFile(t, filepath.Join(dir, "config.yaml"), cfg)
 	return deploymentOf(t, render(t, "kustomize", dir), resourceName)
@@ -376,6 +388,34 @@ func testRealNodeDeploy(t *testing.T, deploy func(*testing.T) deployment) {
 	if p, err := c.CoreV1().Pods(ns).Get(ctx, "too-many", metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending || p.Spec.NodeName != "" {
 		t.Fatalf("pod asking for one too many: %v, phase %s, node %q; want Pending and unbound", err, p.Status.Phase, p.Spec.NodeName)
 	}
+}
+
+// TestRealNodeCDI deploys the generic plugin with CDI on: the container
+// gets the device node and the env through the CDI spec the plugin wrote,
+// injected by containerd 2.x.
+func TestRealNodeCDI(t *testing.T) {
+	cp, n := realNode.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	importPluginImage(t, n)
+	res := "e2e.dpkit.io/zero-cdi"
+	d := deployKustomizeConfig(t, res, zeroConfigCDI(res, true))
+	d.apply(t, ctx, cp)
+	d.waitPluginReady(t, ctx, c, n.Name, "2")
+	specs, _ := filepath.Glob(filepath.Join(n.CDIDir, "*"))
+	var spec []byte
+	for _, f := range specs {
+		if b, err := os.ReadFile(f); err == nil && strings.Contains(string(b), "zero-cdi") {
+			spec = b
+		}
+	}
+	if spec == nil {
+		t.Fatalf("no CDI spec for %s in the node's /var/run/cdi (%v)", res, specs)
+	}
+	t.Logf("CDI spec:\n%s", spec)
+	ns := createNamespace(t, c, "cdi")
+	runDevicePod(t, ctx, c, ns, "one", d.resource, "1")
+	t.Logf("pod log:\n%s", wantDeviceLogs(t, ctx, c, ns, "one"))
 }
 
 // TestRealNodeKubeletRestart restarts the real kubelet under a deployed
