@@ -79,6 +79,9 @@ type Node struct {
 	// CgroupRoot is the kubelet's cgroup root: every pod's cgroup is
 	// below it, in every hierarchy.
 	CgroupRoot string
+	// PodSubnet is where pod IPs come from: 10.244.N.0/24, N unique among
+	// the real nodes running on this machine at once.
+	PodSubnet string
 
 	impl nodeImpl
 }

@@ -65,6 +65,7 @@ type nodeImpl struct {
 	kubeletArgs []string
 	healthzURL  string
 	sysctls     map[string]string
+	shareName   string
 	cgroupDirs  []string
 
 	mu      sync.Mutex
@@ -84,7 +85,7 @@ type nodeImpl struct {
 //     Dir/var-log and Dir/run are bound at /var/lib, /var/log and /run;
 //  2. containerd 2.x in that namespace (CRI with CDI from /var/run/cdi,
 //     runc, the overlayfs snapshotter, the ptp CNI plugin giving each pod a
-//     veth and an address in 10.244.0.0/24 reachable from the host only),
+//     veth and an address in PodSubnet reachable from the host only),
 //     with PauseImage and BusyboxImage imported;
 //  3. the kubelet in that namespace, as system:node:127.0.0.1, serving
 //     on 127.0.0.1 with x509 client authentication against
@@ -133,8 +134,8 @@ func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (_ *Nod
 			return nil, fmt.Errorf("controlplane: node: %w", err)
 		}
 	}
-	if im.sysctls, err = readSysctls(); err != nil {
-		return nil, err
+	if err := n.joinHost(); err != nil {
+		return nil, fmt.Errorf("controlplane: node: register in %s: %w", hostShareDir, err)
 	}
 	if err := n.makeCgroups(); err != nil {
 		return nil, err
@@ -417,10 +418,11 @@ state = "/run/containerd"
 }
 
 // cniConfig gives each pod a veth pair to the host with an address from
-// 10.244.0.0/24: the kubelet probes pods at their IP from the host's
-// network namespace, so a pod address must be reachable from there. No
+// PodSubnet: the kubelet probes pods at their IP from the host's network
+// namespace, so a pod address must be reachable from there. No
 // masquerading, so pods reach the host and nothing beyond it.
-const cniConfig = `{
+func (n *Node) cniConfig() string {
+	return `{
   "cniVersion": "1.0.0",
   "name": "dpkit-test-node",
   "plugins": [{
@@ -428,20 +430,21 @@ const cniConfig = `{
     "ipMasq": false,
     "ipam": {
       "type": "host-local",
-      "ranges": [[{"subnet": "10.244.0.0/24"}]],
+      "ranges": [[{"subnet": "` + n.PodSubnet + `"}]],
       "routes": [{"dst": "0.0.0.0/0"}],
       "dataDir": "/var/lib/cni/networks"
     }
   }]
 }
 `
+}
 
 func (n *Node) startContainerd(ctx context.Context) error {
 	conf := filepath.Join(n.Dir, "etc", "containerd.toml")
 	if err := os.WriteFile(conf, []byte(n.containerdConfig()), 0o644); err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(n.Dir, "etc", "cni", "10-dpkit-test-node.conflist"), []byte(cniConfig), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(n.Dir, "etc", "cni", "10-dpkit-test-node.conflist"), []byte(n.cniConfig()), 0o644); err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
 	// The shim containerd starts is looked up in PATH: the one built with
@@ -713,7 +716,7 @@ func (n *Node) Stop() error {
 	if err := im.removeCgroups(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := im.restoreSysctls(); err != nil {
+	if err := n.leaveHost(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

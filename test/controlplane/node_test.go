@@ -56,6 +56,9 @@ func TestNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip(controlplane.NodeSkipMessage)
 	}
+	// Several real nodes may run on this machine at once (go test runs
+	// packages in parallel); the last to stop restores the sysctls.
+	alone := otherNodes(t) == 0
 	before := sysctls(t)
 	cp := controlplane.StartForTest(t, controlplane.Options{Scheduler: true, ControllerManager: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -146,7 +149,23 @@ func TestNode(t *testing.T) {
 	if len(matches) > 0 {
 		t.Errorf("cgroups left after Stop: %v", matches)
 	}
-	if after := sysctls(t); !maps.Equal(after, before) {
+	if others := otherNodes(t); !alone || others > 0 {
+		t.Logf("other real nodes ran beside this one: the sysctls are the last one's to restore")
+	} else if after := sysctls(t); !maps.Equal(after, before) {
 		t.Errorf("sysctls after Stop %v, before StartNode %v", after, before)
 	}
+}
+
+// otherNodes counts the real nodes of other test processes on this
+// machine (their entries in /run/dpkit-test-node/nodes).
+func otherNodes(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/run/dpkit-test-node/nodes")
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }
