@@ -125,7 +125,7 @@ func (n *Node) leaveHost() error {
 			return err
 		}
 		if len(live) > 0 {
-			n.impl.logger.Info("other real nodes still run on this machine; the last one restores the sysctls", "nodes", len(live))
+			n.impl.logger.Info("Other real nodes still run on this machine; the last one restores the sysctls", "nodes", len(live))
 			return nil
 		}
 		if err := n.impl.restoreSysctls(); err != nil {

@@ -149,7 +149,7 @@ func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (_ *Nod
 	if err := n.importBaseImages(ctx); err != nil {
 		return nil, err
 	}
-	logger.Info("containerd ready", "socket", n.ContainerdSocket, "after", time.Since(began).Round(time.Millisecond))
+	logger.Info("Containerd ready", "socket", n.ContainerdSocket, "after", time.Since(began).Round(time.Millisecond))
 	if err := n.startKubelet(ctx); err != nil {
 		return nil, err
 	}
@@ -159,7 +159,7 @@ func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (_ *Nod
 	cp.mu.Lock()
 	cp.node = n
 	cp.mu.Unlock()
-	logger.Info("node ready", "name", n.Name, "dir", n.Dir, "after", time.Since(began).Round(time.Millisecond))
+	logger.Info("Node ready", "name", n.Name, "dir", n.Dir, "after", time.Since(began).Round(time.Millisecond))
 	return n, nil
 }
 
@@ -249,7 +249,7 @@ func (im *nodeImpl) restoreSysctls() error {
 			errs = append(errs, fmt.Errorf("restore sysctl %s=%s: %w", strings.ReplaceAll(k, "/", "."), want, err))
 			continue
 		}
-		im.logger.Info("restored sysctl", "name", strings.ReplaceAll(k, "/", "."), "value", want)
+		im.logger.Info("Restored sysctl", "name", strings.ReplaceAll(k, "/", "."), "value", want)
 	}
 	return errors.Join(errs...)
 }
@@ -674,7 +674,7 @@ func (n *Node) RestartKubelet(ctx context.Context, sig syscall.Signal) error {
 	if err := old.stopWith(sig, 30*time.Second); err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
-	n.impl.logger.Info("kubelet stopped", "signal", sig, "pid", old.pid())
+	n.impl.logger.Info("Kubelet stopped", "signal", sig, "pid", old.pid())
 	return n.runKubelet(ctx, true)
 }
 
