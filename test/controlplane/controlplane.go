@@ -1,6 +1,8 @@
 // Package controlplane starts a real Kubernetes control plane for tests:
-// etcd, kube-apiserver and, when asked, kube-scheduler (Kubernetes v1.37.0),
-// on loopback ports, with every file under one temporary directory.
+// etcd, kube-apiserver and, when asked, kube-scheduler and
+// kube-controller-manager (Kubernetes v1.37.0), on loopback ports, with
+// every file under one temporary directory; and, on it, a real node: a
+// kubelet on containerd and runc (StartNode, node_linux.go).
 //
 // The binaries are built from Go modules by hack/build-controlplane.sh into
 // ${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/controlplane/v1.37.0 (or the
@@ -10,9 +12,10 @@
 // kubelet client certificate, so node endpoints served by a test kubelet
 // that trusts ClientCAFile can be reached through it.
 //
-// There is no kube-controller-manager, so nothing creates ServiceAccounts;
-// the ServiceAccount admission plugin is disabled so pods need none. See
-// docs/testing.md.
+// Unless Options.ControllerManager is set there is no
+// kube-controller-manager, so nothing creates ServiceAccounts; the
+// ServiceAccount admission plugin is disabled in every case so pods need
+// none. See docs/testing.md.
 package controlplane
 
 import (
@@ -58,6 +61,10 @@ const BuildScript = "hack/build-controlplane.sh"
 type Options struct {
 	// Scheduler also starts kube-scheduler, so pods get bound to nodes.
 	Scheduler bool
+	// ControllerManager also starts kube-controller-manager, so
+	// DaemonSets, Deployments and the node lifecycle (the not-ready taint,
+	// eviction) work: what a real node (StartNode) needs.
+	ControllerManager bool
 	// BinDir holds kube-apiserver, kube-scheduler and etcd. Empty means
 	// $DPKIT_CONTROLPLANE_BIN, then DefaultBinDir().
 	BinDir string
@@ -75,8 +82,9 @@ type Options struct {
 	SchedulerBurst int32
 	// APIServerArgs and SchedulerArgs are appended to the flags Start
 	// passes; a flag given here overrides the same flag set by Start.
-	APIServerArgs []string
-	SchedulerArgs []string
+	APIServerArgs         []string
+	SchedulerArgs         []string
+	ControllerManagerArgs []string
 	// Logger receives progress messages. Nil discards them.
 	Logger *slog.Logger
 }
@@ -108,12 +116,17 @@ type ControlPlane struct {
 	// (/healthz, /metrics, /configz), or empty without a scheduler. It
 	// authenticates clients with certificates signed by ClientCAFile.
 	SchedulerURL string
+	// ControllerManagerURL is kube-controller-manager's secure port, or
+	// empty without one.
+	ControllerManagerURL string
 
 	client    kubernetes.Interface
 	clientCA  *authority
 	servingCA *authority
 	logger    *slog.Logger
 	procs     []*process
+	// node is the real node StartNode started, stopped first by Stop.
+	node *Node
 
 	mu       sync.Mutex
 	stopped  bool
@@ -185,11 +198,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if err := cp.writeCertificates(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(4)
+	ports, err := freePorts(5)
 	if err != nil {
 		return nil, err
 	}
-	etcdPort, etcdPeerPort, apiPort, schedPort := ports[0], ports[1], ports[2], ports[3]
+	etcdPort, etcdPeerPort, apiPort, schedPort, kcmPort := ports[0], ports[1], ports[2], ports[3], ports[4]
 	cp.EtcdURL = "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	cp.Host = "https://127.0.0.1:" + strconv.Itoa(apiPort)
 
@@ -242,6 +255,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 	}
+	if opts.ControllerManager {
+		if err := cp.startControllerManager(ctx, bins["kube-controller-manager"], kcmPort, opts); err != nil {
+			return nil, err
+		}
+	}
 	logger.Info("Control plane ready", "dir", dir, "after", time.Since(began).Round(time.Millisecond))
 	return cp, nil
 }
@@ -259,8 +277,8 @@ func (cp *ControlPlane) PIDs() map[string]int {
 	return out
 }
 
-// LogPath returns the log file of a component: "etcd", "kube-apiserver" or
-// "kube-scheduler".
+// LogPath returns the log file of a component: "etcd", "kube-apiserver",
+// "kube-scheduler" or "kube-controller-manager".
 func (cp *ControlPlane) LogPath(component string) string {
 	return filepath.Join(cp.Dir, component+".log")
 }
@@ -276,6 +294,11 @@ func (cp *ControlPlane) Stop() error {
 	}
 	cp.stopped = true
 	var errs []error
+	if cp.node != nil {
+		if err := cp.node.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for i := len(cp.procs) - 1; i >= 0; i-- {
 		if err := cp.procs[i].stop(10 * time.Second); err != nil {
 			errs = append(errs, err)
@@ -524,6 +547,40 @@ func schedulerArgs(dir, config, kubeconfig string, port int) []string {
 	}
 }
 
+// startControllerManager starts kube-controller-manager as kubeadm does:
+// its own identity for leader-free startup and one service account per
+// controller (--use-service-account-credentials), so each controller has
+// exactly the permissions of its system:controller:* role.
+func (cp *ControlPlane) startControllerManager(ctx context.Context, bin string, port int, opts Options) error {
+	kubeconfig, err := cp.KubeconfigFor("system:kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	args := []string{
+		"--kubeconfig=" + kubeconfig,
+		"--authentication-kubeconfig=" + kubeconfig,
+		"--authorization-kubeconfig=" + kubeconfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(cp.Dir, "controller-manager-certs"),
+		"--leader-elect=false",
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file=" + cp.pki("service-account.key"),
+		"--root-ca-file=" + cp.ServingCAFile,
+		"--profiling=false",
+		"--v=1",
+	}
+	kcm, err := cp.start("kube-controller-manager", bin, append(args, opts.ControllerManagerArgs...))
+	if err != nil {
+		return err
+	}
+	cp.ControllerManagerURL = "https://127.0.0.1:" + strconv.Itoa(port)
+	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	return waitFor(ctx, kcm, func(ctx context.Context) error {
+		return httpOK(ctx, insecure, cp.ControllerManagerURL+"/healthz")
+	})
+}
+
 // findBinaries returns the path of each binary, or an error naming the
 // command that builds them.
 func findBinaries(opts Options) (map[string]string, error) {
@@ -531,6 +588,9 @@ func findBinaries(opts Options) (map[string]string, error) {
 	names := []string{"etcd", "kube-apiserver"}
 	if opts.Scheduler {
 		names = append(names, "kube-scheduler")
+	}
+	if opts.ControllerManager {
+		names = append(names, "kube-controller-manager")
 	}
 	out := map[string]string{}
 	var missing []string

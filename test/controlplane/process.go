@@ -24,20 +24,48 @@ type process struct {
 }
 
 func startProcess(name, path, logPath string, args []string) (*process, error) {
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("%s: open log: %w", name, err)
+	return startSpec(procSpec{name: name, path: path, logPath: logPath, args: args})
+}
+
+// procSpec describes a process to start: startProcess's arguments, plus
+// what the test node's processes need.
+type procSpec struct {
+	name, path, logPath string
+	args                []string
+	// env is appended to the test's environment (a later entry wins).
+	env []string
+	// extraFiles become the child's file descriptors 3, 4, ...
+	extraFiles []*os.File
+	// appendLog keeps an existing log (a restarted component).
+	appendLog bool
+	// sys replaces sysProcAttr().
+	sys *syscall.SysProcAttr
+}
+
+func startSpec(s procSpec) (*process, error) {
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if s.appendLog {
+		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
 	}
-	cmd := exec.Command(path, args...)
+	f, err := os.OpenFile(s.logPath, flags, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("%s: open log: %w", s.name, err)
+	}
+	cmd := exec.Command(s.path, s.args...)
 	cmd.Stdout = f
 	cmd.Stderr = f
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), s.env...)
+	cmd.ExtraFiles = s.extraFiles
 	cmd.SysProcAttr = sysProcAttr()
-	fmt.Fprintf(f, "# %s %s\n", path, strings.Join(args, " "))
+	if s.sys != nil {
+		cmd.SysProcAttr = s.sys
+	}
+	fmt.Fprintf(f, "# %s %s\n", s.path, strings.Join(s.args, " "))
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: start %s: %w", name, path, err)
+		return nil, fmt.Errorf("%s: start %s: %w", s.name, s.path, err)
 	}
+	name, logPath := s.name, s.logPath
 	p := &process{name: name, cmd: cmd, logPath: logPath, logFile: f, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
@@ -61,11 +89,16 @@ func (p *process) exited() (bool, error) {
 
 // stop ends the process by its PID: SIGTERM, then SIGKILL after grace.
 func (p *process) stop(grace time.Duration) error {
+	return p.stopWith(syscall.SIGTERM, grace)
+}
+
+// stopWith sends sig, then SIGKILL after grace, and waits for the exit.
+func (p *process) stopWith(sig syscall.Signal, grace time.Duration) error {
 	if done, _ := p.exited(); done {
 		return nil
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("%s (pid %d): SIGTERM: %w", p.name, p.pid(), err)
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%s (pid %d): %v: %w", p.name, p.pid(), sig, err)
 	}
 	timer := time.NewTimer(grace)
 	defer timer.Stop()

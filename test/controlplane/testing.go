@@ -78,3 +78,43 @@ func (s *Shared) Stop() error {
 	}
 	return s.cp.Stop()
 }
+
+// SharedNode is a control plane with kube-scheduler and
+// kube-controller-manager and a real node on it (StartNode), shared by the
+// tests of a package like Shared: it starts on the first Get, so -short
+// never starts it, and TestMain stops it. Tests sharing it use their own
+// namespaces and resource names.
+type SharedNode struct {
+	cp       *Shared
+	nodeOpts NodeOptions
+	once     sync.Once
+	node     *Node
+	err      error
+}
+
+// NewSharedNode returns a SharedNode; opts.Scheduler and
+// opts.ControllerManager are turned on (a node's DaemonSets need both).
+func NewSharedNode(opts Options, nodeOpts NodeOptions) *SharedNode {
+	opts.Scheduler, opts.ControllerManager = true, true
+	return &SharedNode{cp: NewShared(opts), nodeOpts: nodeOpts}
+}
+
+// Get returns the control plane and its node, starting both on first use.
+// It skips t under -short and fails it when either could not start.
+func (s *SharedNode) Get(t testing.TB) (*ControlPlane, *Node) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(NodeSkipMessage)
+	}
+	cp := s.cp.Get(t)
+	s.once.Do(func() { s.node, s.err = cp.StartNode(context.Background(), s.nodeOpts) })
+	if s.err != nil {
+		t.Fatalf("start shared node: %v", s.err)
+	}
+	return cp, s.node
+}
+
+// Stop stops the node and the control plane if they were started.
+func (s *SharedNode) Stop() error {
+	return s.cp.Stop()
+}

@@ -21,6 +21,12 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
+	if err := realNode.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop the real node and its control plane:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	cleanupBinaries()
 	os.Exit(code)
 }

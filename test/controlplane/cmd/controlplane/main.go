@@ -6,14 +6,24 @@
 //	bash hack/build-controlplane.sh
 //	go run ./test/controlplane/cmd/controlplane
 //
+// With --node it also starts kube-controller-manager and a real node (a
+// kubelet on containerd and runc, built by hack/build-node.sh; root only),
+// on which DaemonSets run:
+//
+//	bash hack/build-controlplane.sh && bash hack/build-node.sh
+//	sudo go run ./test/controlplane/cmd/controlplane --node
+//
 // It prints, as shell assignments, the administrator's kubeconfig and the
 // CA that signs the API server's kubelet client certificate (the
-// --client-ca-file of a node). The control plane's directory, with its
-// logs, is removed on exit unless DPKIT_CONTROLPLANE_KEEP is set.
+// --client-ca-file of a node), and with --node the node's name, kubelet
+// root and containerd socket. Ctrl-C stops everything, restores the host
+// settings the node changed, and removes the directory, logs included,
+// unless DPKIT_CONTROLPLANE_KEEP is set.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -33,18 +43,32 @@ func main() {
 
 func run() error {
 	scheduler := flag.Bool("scheduler", true, "also start kube-scheduler")
+	controllers := flag.Bool("controller-manager", false, "also start kube-controller-manager (implied by --node)")
+	node := flag.Bool("node", false, "also start a real node: kubelet, containerd and runc (needs root and hack/build-node.sh)")
 	flag.Parse()
 	if flag.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q: the only flag is --scheduler", flag.Args())
+		return fmt.Errorf("unexpected arguments %q: the flags are --scheduler, --controller-manager and --node", flag.Args())
+	}
+	if *node && !*scheduler {
+		return fmt.Errorf("--node needs kube-scheduler: drop --scheduler=false")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cp, err := controlplane.Start(ctx, controlplane.Options{Scheduler: *scheduler, Logger: log})
+	cp, err := controlplane.Start(ctx, controlplane.Options{Scheduler: *scheduler, ControllerManager: *controllers || *node, Logger: log})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("export KUBECONFIG=%s\nCLIENT_CA=%s\n# logs in %s; Ctrl-C stops it\n", cp.Kubeconfig, cp.ClientCAFile, cp.Dir)
+	fmt.Printf("export KUBECONFIG=%s\nCLIENT_CA=%s\n", cp.Kubeconfig, cp.ClientCAFile)
+	if *node {
+		n, err := cp.StartNode(ctx, controlplane.NodeOptions{})
+		if err != nil {
+			return errors.Join(err, cp.Stop())
+		}
+		fmt.Printf("NODE=%s\nKUBELET_ROOT=%s\nCONTAINERD_ADDRESS=%s\n# images: %s, %s; import more with: ctr --address $CONTAINERD_ADDRESS -n k8s.io images import FILE\n",
+			n.Name, n.KubeletRoot, n.ContainerdSocket, controlplane.PauseImage, controlplane.BusyboxImage)
+	}
+	fmt.Printf("# logs in %s; Ctrl-C stops it\n", cp.Dir)
 	<-ctx.Done()
 	return cp.Stop()
 }
