@@ -76,14 +76,14 @@ func (a *Advertiser) Apply(ctx context.Context, nodeName string, set corev1.Reso
 		}
 		_, err = a.client.CoreV1().Nodes().Patch(ctx, nodeName, types.JSONPatchType, patch.JSON(), metav1.PatchOptions{}, "status")
 		if err == nil {
-			a.logger.Info("updated node extended resources", "node", nodeName, "set", formatList(change.Set), "removed", change.Removed)
+			a.logger.Info("Updated node extended resources", "node", nodeName, "set", formatList(change.Set), "removed", change.Removed)
 			return change, nil
 		}
 		lastErr = err
 		// A member removed or a map emptied by another writer since the
 		// read: read again and recompute.
 		if apierrors.IsInvalid(err) || apierrors.IsConflict(err) {
-			a.logger.Debug("node changed under the patch, retrying", "node", nodeName, "err", err)
+			a.logger.Debug("Node changed under the patch, retrying", "node", nodeName, "err", err)
 			continue
 		}
 		break

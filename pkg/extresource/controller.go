@@ -168,7 +168,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced) {
 		return c.exit(ctx, fmt.Errorf("node %s: cache did not sync: %w", c.cfg.NodeName, ctx.Err()))
 	}
-	c.logger.Info("advertising extended resources", "resources", formatList(c.spec.List()), "file", c.cfg.File)
+	c.logger.Info("Advertising extended resources", "resources", formatList(c.spec.List()), "file", c.cfg.File)
 
 	retry := time.NewTimer(0)
 	<-retry.C
@@ -183,10 +183,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		case <-reload:
 			spec, err := c.load()
 			if err != nil {
-				c.logger.Error("resources file not applied; keeping the previous resources", "file", c.cfg.File, "err", err)
+				c.logger.Error("Resources file not applied; keeping the previous resources", "file", c.cfg.File, "err", err)
 				continue
 			}
-			c.logger.Info("resources file changed", "file", c.cfg.File, "resources", formatList(spec.List()))
+			c.logger.Info("Resources file changed", "file", c.cfg.File, "resources", formatList(spec.List()))
 			c.spec = spec
 			resync.reset(spec.ResyncPeriod.Duration)
 			poke()
@@ -200,7 +200,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				continue
 			}
 			backoff = min(max(2*backoff, time.Second), time.Minute)
-			c.logger.Error("could not update node; retrying", "err", err, "in", backoff)
+			c.logger.Error("Could not update node; retrying", "err", err, "in", backoff)
 			retry.Reset(backoff)
 			continue
 		}
@@ -214,7 +214,7 @@ func (c *Controller) Run(ctx context.Context) error {
 func (c *Controller) reconcile(ctx context.Context, get func(string) (*corev1.Node, error)) error {
 	node, err := get(c.cfg.NodeName)
 	if apierrors.IsNotFound(err) {
-		c.logger.Info("node not found; waiting for it")
+		c.logger.Info("Node not found; waiting for it")
 		return nil
 	}
 	if err != nil {
@@ -277,7 +277,7 @@ func (c *Controller) exit(ctx context.Context, cause error) error {
 	if _, err := adv.Apply(cleanup, c.cfg.NodeName, nil, remove); err != nil && !apierrors.IsNotFound(err) {
 		return errors.Join(cause, fmt.Errorf("remove extended resources on exit: %w", err))
 	}
-	c.logger.Info("removed extended resources on exit", "resources", remove)
+	c.logger.Info("Removed extended resources on exit", "resources", remove)
 	return cause
 }
 
@@ -302,7 +302,7 @@ func (c *Controller) watchFile(ctx context.Context, w *fsnotify.Watcher, reload 
 			if !ok {
 				return
 			}
-			c.logger.Error("watching resources file", "file", c.cfg.File, "err", err)
+			c.logger.Error("Watching resources file", "file", c.cfg.File, "err", err)
 		case <-debounce.C:
 			select {
 			case reload <- struct{}{}:
