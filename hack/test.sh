@@ -14,7 +14,19 @@ cd "$root"
 short=false
 for a in "$@"; do [[ "$a" == "-short" ]] && short=true; done
 if ! $short; then
-  echo "== building or reusing the test binaries (control plane, upstream interop)"
+  # The real node's parts that come from Debian (test/controlplane.StartNode):
+  # runc, the reference CNI plugins, and busybox-static for the busybox image.
+  if ! command -v runc >/dev/null || [[ ! -x /usr/lib/cni/ptp ]] || ! /bin/busybox --list >/dev/null 2>&1; then
+    pkgs_deb="runc containernetworking-plugins busybox-static"
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
+      echo "hack/test.sh: the real node needs $pkgs_deb; install them (apt-get install $pkgs_deb) or run hack/test.sh -short" >&2
+      exit 1
+    fi
+    echo "== installing $pkgs_deb (Debian packages, for the real node)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs_deb >/dev/null
+  fi
+  echo "== building or reusing the test binaries (control plane, real node, upstream interop)"
   bash hack/build-controlplane.sh >/dev/null
   bash hack/build-node.sh >/dev/null
   if [[ -f hack/build-upstream.sh ]]; then
