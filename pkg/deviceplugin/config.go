@@ -104,6 +104,14 @@ type Config struct {
 	pluginDirFrom string
 }
 
+// Dirs returns the device plugin directory and the plugin watcher
+// directory c resolves to: the ones set, else $DPKIT_PLUGIN_DIR and
+// $DPKIT_REGISTRY_DIR, else the kubelet's.
+func (c Config) Dirs() (pluginDir, registryDir string) {
+	d := c.withDefaults()
+	return d.PluginDir, d.RegistryDir
+}
+
 func (c Config) withDefaults() Config {
 	if c.PluginDir == "" {
 		if dir := os.Getenv(EnvPluginDir); dir != "" {

@@ -89,7 +89,7 @@ is not ready for it (a directory missing).`,
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.Config, "config", "c", "", "PluginConfig file (required), e.g. examples/fake.yaml")
-	fl.StringVar(&f.PluginDir, "plugin-dir", "", "kubelet device plugin directory (default "+filepath.Clean(pluginapi.DevicePluginPath)+")")
+	fl.StringVar(&f.PluginDir, "plugin-dir", "", "kubelet device plugin directory (default $"+deviceplugin.EnvPluginDir+", else "+filepath.Clean(pluginapi.DevicePluginPath)+")")
 	fl.StringVar(&f.Registration, "registration", "", "registration path: auto, kubelet or registry (default auto: registry when its directory exists)")
 	fl.StringVar(&f.RegistryDir, "registry-dir", "", "kubelet plugin watcher directory (default: plugins_registry beside --plugin-dir, "+deviceplugin.DefaultRegistryDir+" for the default --plugin-dir)")
 	fl.StringVar(&f.MetricsAddress, "metrics-address", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9400 (default off)")
@@ -170,15 +170,8 @@ func validate(cmd *cobra.Command, env *cli.Env, cfg *config.PluginConfig, format
 	if err != nil {
 		return cli.Exit(2, err)
 	}
-	r := report{Plugins: []pluginReport{}, PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}
-	if r.PluginDir == "" {
-		r.PluginDir = filepath.Clean(pluginapi.DevicePluginPath)
-	}
-	if r.RegistryDir == "" {
-		// As deviceplugin.Config does: the kubelet keeps both directories
-		// under its root directory.
-		r.RegistryDir = filepath.Join(filepath.Dir(filepath.Clean(r.PluginDir)), filepath.Base(deviceplugin.DefaultRegistryDir))
-	}
+	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
+	r := report{Plugins: []pluginReport{}, PluginDir: filepath.Clean(pluginDir), RegistryDir: filepath.Clean(registryDir)}
 	hostDevices := false
 	for _, b := range built {
 		pr := pluginReport{Kind: b.Kind, Resources: []string{}}

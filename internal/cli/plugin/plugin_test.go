@@ -192,6 +192,22 @@ func TestPluginValidate(t *testing.T) {
 	}
 }
 
+// TestPluginValidateDirFromEnvironment checks that with no --plugin-dir
+// the plugin serves where $DPKIT_PLUGIN_DIR says, as the SDK does when
+// dpkit verify runs "dpkit plugin".
+func TestPluginValidateDirFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("DPKIT_PLUGIN_DIR", dir)
+	var out bytes.Buffer
+	err := app.Run(context.Background(), []string{"plugin", "--validate", "--config", "../../../examples/fake.yaml", "--registration", "kubelet", "-o", "json"}, nil, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"pluginDir": "` + dir + `"`; !strings.Contains(out.String(), want) {
+		t.Errorf("--validate printed\n%s\nwant %s", out.String(), want)
+	}
+}
+
 // TestPluginHelpDefaults checks that --help shows the defaults the plugin
 // applies: the registry directory follows --plugin-dir.
 func TestPluginHelpDefaults(t *testing.T) {
@@ -201,7 +217,7 @@ func TestPluginHelpDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"kubelet device plugin directory (default /var/lib/kubelet/device-plugins)",
+		"kubelet device plugin directory (default $DPKIT_PLUGIN_DIR, else /var/lib/kubelet/device-plugins)",
 		"kubelet plugin watcher directory (default: plugins_registry beside --plugin-dir, /var/lib/kubelet/plugins_registry for the default --plugin-dir)",
 	} {
 		if !strings.Contains(out.String(), want) {
