@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # dpkit: static binaries (CGO_ENABLED=0) on a distroless base. Two images:
 #   docker build -t ghcr.io/dpkit/dpkit:dev --build-arg VERSION=v0.1.0 .
-#       every subcommand (advertise, node, kubelet, verify, ...)
+#       every subcommand (cmd/dpkit-cluster as /usr/bin/dpkit: advertise,
+#       node, kubelet, verify, ...)
 #   docker build --target plugin -t ghcr.io/dpkit/dpkit-plugin:dev .
 #       the lean build for device plugin DaemonSets: "dpkit plugin" only,
 #       about half the resident memory (docs/performance.md)
@@ -22,7 +23,7 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -buildvcs=false \
       -ldflags "-s -w -X github.com/dpkit/dpkit/internal/version.Version=${VERSION}" \
-      -o /out/dpkit ./cmd/dpkit && \
+      -o /out/dpkit ./cmd/dpkit-cluster && \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -buildvcs=false -tags "dpkit_lean grpcnotrace" \
       -ldflags "-s -w -X github.com/dpkit/dpkit/internal/version.Version=${VERSION}" \

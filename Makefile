@@ -10,8 +10,8 @@ LEAN_TAGS := dpkit_lean grpcnotrace
 
 all: build
 
-build: ## the dpkit binary, every subcommand
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit ./cmd/dpkit
+build: ## bin/dpkit and bin/dpkit-cluster (node, advertise, get --kubeconfig; dpkit runs it for those)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dpkit ./cmd/dpkit-cluster
 
 build-lean: ## dpkit with "plugin" and "version" only, for device plugin DaemonSets
 	CGO_ENABLED=0 $(GO) build -tags '$(LEAN_TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit-plugin ./cmd/dpkit

@@ -17,6 +17,9 @@ type Env struct {
 	Out    io.Writer
 	Err    io.Writer
 	Logger *slog.Logger
+	// Cluster reads from API servers; nil in the dpkit binary, which runs
+	// dpkit-cluster for the command lines that need it.
+	Cluster Cluster
 }
 
 // ExitInterrupted is the exit code of a run interrupted by Ctrl-C or

@@ -17,10 +17,12 @@ import (
 func ExitCode(err error) int { return cli.ExitCode(err) }
 
 // Run executes the dpkit command line args. It is the whole program but for
-// signal handling and os.Exit, which stay in main.
-func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) error {
+// signal handling and os.Exit, which stay in main. Without options the
+// cluster commands run dpkit-cluster (cluster.go).
+func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer, opts ...Option) error {
 	env := &cli.Env{In: in, Out: out, Err: errOut, Logger: slog.New(slog.DiscardHandler)}
-	root := NewRootCommand(env)
+	root, d := newRoot(env, opts)
+	d.args = args
 	root.SetArgs(args)
 	root.SetIn(in)
 	root.SetOut(out)
@@ -29,7 +31,21 @@ func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 }
 
 // NewRootCommand returns the dpkit root command with every subcommand.
-func NewRootCommand(env *cli.Env) *cobra.Command {
+func NewRootCommand(env *cli.Env, opts ...Option) *cobra.Command {
+	root, _ := newRoot(env, opts)
+	return root
+}
+
+func newRoot(env *cli.Env, opts []Option) (*cobra.Command, *dispatcher) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	env.Cluster = o.cluster
+	d := &dispatcher{env: env, lookPath: o.lookPath}
+	if d.lookPath == nil {
+		d.lookPath = findClusterBinary
+	}
 	var logLevel, logFormat string
 	root := &cobra.Command{
 		Use:   "dpkit",
@@ -53,10 +69,17 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
-	for _, sub := range subcommands {
-		root.AddCommand(sub(env))
+	for _, cmd := range commands(env, d, o.commands) {
+		root.AddCommand(cmd)
 	}
-	return root
+	if env.Cluster == nil {
+		for _, cmd := range root.Commands() {
+			if flag, ok := clusterFlags[cmd.Name()]; ok {
+				d.handOver(cmd, flag)
+			}
+		}
+	}
+	return root, d
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -1,0 +1,27 @@
+// Command dpkit-cluster is dpkit with the commands that need the
+// Kubernetes client libraries: dpkit node, dpkit advertise and dpkit get
+// --kubeconfig, besides every other. dpkit runs it for those commands
+// when it is next to dpkit or on PATH; the container image ships it as
+// /usr/bin/dpkit. See docs/architecture.md, "Two binaries".
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/cli/app/cluster"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := cluster.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(app.ExitCode(err))
+	}
+}
