@@ -69,6 +69,10 @@ type options struct {
 	// WorkDir is where relative example paths are resolved. Default: the
 	// working directory.
 	WorkDir string
+	// HostRoot, when set, is where the plugins read the host's sys/, dev/
+	// and proc/ instead of /sys, /dev and /proc: a fixture tree, to try a
+	// plugin without its hardware.
+	HostRoot string
 }
 
 // NewCommand returns the "up" command.
@@ -94,7 +98,8 @@ commands to try next. It stops on SIGINT or SIGTERM and removes its
 sockets.`,
 		Example: `  dpkit up
   dpkit up --root /tmp/kubelet --config examples/generic.yaml
-  dpkit up --keep --log-level info`,
+  dpkit up --keep --log-level info
+  dpkit up --config examples/nvidia.yaml --host-root pkg/discovery/testdata/hosts/dgx-h100`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch o.Registration {
@@ -125,6 +130,7 @@ sockets.`,
 	fl.StringVar(&o.TopologyPolicy, "topology-policy", "none", "topology manager policy: none, best-effort, restricted or single-numa-node")
 	fl.StringVar(&o.TopologyScope, "topology-scope", "container", "topology manager scope: container or pod")
 	fl.IntSliceVar(&o.NUMANodes, "numa-nodes", nil, "NUMA node IDs of the machine, e.g. 0,1 (required by topology policies other than none)")
+	fl.StringVar(&o.HostRoot, "host-root", "", "read the host's devices below DIR/sys, DIR/dev and DIR/proc, e.g. a fixture host under pkg/discovery/testdata/hosts (default: /sys, /dev, /proc)")
 	return cmd
 }
 
@@ -140,6 +146,9 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 	}
 	cfg, err := loadConfig(o.ConfigFile, o.Registration)
 	if err != nil {
+		return cli.Exit(2, err)
+	}
+	if err := setHostRoot(cfg, o.HostRoot); err != nil {
 		return cli.Exit(2, err)
 	}
 	if o.Command == "" {
@@ -278,6 +287,26 @@ func loadConfig(path, registration string) (*config.PluginConfig, error) {
 	}
 	cfg.Registration = registration
 	return cfg, nil
+}
+
+// setHostRoot points the plugins at the sys/, dev/ and proc/ of dir,
+// when dir is set. It must be a directory with sys/ or dev/.
+func setHostRoot(cfg *config.PluginConfig, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--host-root %s: not a directory; give a tree with sys/, dev/ and proc/ as on a host, e.g. pkg/discovery/testdata/hosts/dgx-h100", dir)
+	}
+	_, errSys := os.Stat(filepath.Join(dir, "sys"))
+	_, errDev := os.Stat(filepath.Join(dir, "dev"))
+	if errSys != nil && errDev != nil {
+		return fmt.Errorf("--host-root %s: has neither sys/ nor dev/; give a tree with sys/, dev/ and proc/ as on a host, e.g. pkg/discovery/testdata/hosts/dgx-h100", dir)
+	}
+	cfg.Host.SysfsRoot = filepath.Join(dir, "sys")
+	cfg.Host.DevRoot = filepath.Join(dir, "dev")
+	cfg.Host.ProcRoot = filepath.Join(dir, "proc")
+	return nil
 }
 
 func describe(configFile string) string {
