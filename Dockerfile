@@ -1,10 +1,14 @@
 # syntax=docker/dockerfile:1
-# dpkit: static binaries (CGO_ENABLED=0) on a distroless base. Two images:
-#   docker build -t ghcr.io/dpkit/dpkit:dev --build-arg VERSION=v0.1.0 .
-#       every subcommand (advertise, node, kubelet, verify, ...)
-#   docker build --target plugin -t ghcr.io/dpkit/dpkit-plugin:dev .
+# dpkit: static binaries (CGO_ENABLED=0) on a distroless base. Two images,
+# tagged with the version in internal/version that deploy/ pins:
+#   docker build -t ghcr.io/dpkit/dpkit:v0.1.0 .
+#       every command (cmd/dpkit-cluster as /usr/bin/dpkit): advertise,
+#       node, kubelet, verify, ...
+#   docker build --target plugin -t ghcr.io/dpkit/dpkit-plugin:v0.1.0 .
 #       the lean build for device plugin DaemonSets: "dpkit plugin" only,
-#       about half the resident memory (docs/performance.md)
+#       about a third of the resident memory (docs/performance.md)
+# "make images" builds the same two images without Docker (hack/images.sh).
+# --build-arg VERSION=v0.1.1 stamps another version into the binaries.
 ARG GO_VERSION=1.26
 
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
@@ -17,15 +21,15 @@ COPY internal/ internal/
 COPY pkg/ pkg/
 ARG TARGETOS=linux
 ARG TARGETARCH
-ARG VERSION=dev
+# Empty: the version in internal/version.
+ARG VERSION
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    LDFLAGS="-s -w ${VERSION:+-X github.com/dpkit/dpkit/internal/version.Version=${VERSION}}" && \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -buildvcs=false \
-      -ldflags "-s -w -X github.com/dpkit/dpkit/internal/version.Version=${VERSION}" \
-      -o /out/dpkit ./cmd/dpkit && \
+    go build -trimpath -buildvcs=false -ldflags "$LDFLAGS" \
+      -o /out/dpkit ./cmd/dpkit-cluster && \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -buildvcs=false -tags "dpkit_lean grpcnotrace" \
-      -ldflags "-s -w -X github.com/dpkit/dpkit/internal/version.Version=${VERSION}" \
+    go build -trimpath -buildvcs=false -tags "dpkit_lean grpcnotrace" -ldflags "$LDFLAGS" \
       -o /out/dpkit-plugin ./cmd/dpkit
 
 # static: no libc, no shell. The plugin runs as root (uid 0) only to create

@@ -1,20 +1,27 @@
 # A thin front for the scripts in hack/.
 GO ?= go
 BIN ?= bin
-VERSION ?= dev
+# The version of the tree (internal/version); images are tagged with it and
+# deploy/ pins the same tag.
+VERSION ?= $(shell sed -n 's/^var Version = "\(.*\)"$$/\1/p' internal/version/version.go)
+IMAGE_REPO ?= ghcr.io/dpkit
+ARCH ?= $(shell $(GO) env GOARCH)
 LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
 # The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
 LEAN_TAGS := dpkit_lean grpcnotrace
 
-.PHONY: all build build-lean test test-short verify lint bench controlplane kwok clean
+.PHONY: all build build-lean images test test-short verify lint bench controlplane kwok clean
 
 all: build
 
-build: ## the dpkit binary, every subcommand
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit ./cmd/dpkit
+build: ## bin/dpkit and bin/dpkit-cluster (node, advertise, get --kubeconfig; dpkit runs it for those)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dpkit ./cmd/dpkit-cluster
 
 build-lean: ## dpkit with "plugin" and "version" only, for device plugin DaemonSets
 	CGO_ENABLED=0 $(GO) build -tags '$(LEAN_TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit-plugin ./cmd/dpkit
+
+images: ## $(BIN)/images/dpkit-plugin.tar and dpkit.tar, tagged $(IMAGE_REPO)/...:$(VERSION); no Docker needed
+	VERSION='$(VERSION)' IMAGE_REPO='$(IMAGE_REPO)' ARCH='$(ARCH)' BIN='$(BIN)' GO='$(GO)' bash hack/images.sh
 
 test: ## every test, with -race and coverage; builds the test control plane on first use
 	bash hack/test.sh

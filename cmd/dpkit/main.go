@@ -1,30 +1,17 @@
-// Command dpkit runs device plugins, an emulated kubelet device manager,
-// extended-resource advertisers and virtual nodes. See the README.
+// Command dpkit runs device plugins, an emulated kubelet device manager and
+// the conformance checker; for the commands that talk to a cluster it runs
+// dpkit-cluster. See the README.
 package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+	"io"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 )
 
 func main() {
-	// A closed output pipe ("dpkit up | head") makes writes fail with
-	// EPIPE instead of killing the process, which would leave a temporary
-	// root and running plugins behind. Children keep the default.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := app.Run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		code := app.ExitCode(err)
-		if code != app.ExitBrokenPipe {
-			fmt.Fprintln(os.Stderr, "error:", err)
-		}
-		os.Exit(code)
-	}
+	app.Main(func(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) error {
+		return app.Run(ctx, args, in, out, errOut)
+	})
 }

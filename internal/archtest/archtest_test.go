@@ -5,6 +5,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -74,13 +75,14 @@ func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, d
 
 // verb reports whether pkg is a subcommand package: below internal/cli,
 // not the shared machinery (internal/cli, internal/cli/output) and not
-// internal/cli/app, which wires the verbs.
+// internal/cli/app or below, which wire the verbs (dpkit's and
+// dpkit-cluster's).
 func verb(pkg string) bool {
-	if !under(pkg, "internal/cli") {
+	if !under(pkg, "internal/cli") || under(pkg, "internal/cli/app") {
 		return false
 	}
 	switch pkg {
-	case "internal/cli", "internal/cli/output", "internal/cli/app":
+	case "internal/cli", "internal/cli/output":
 		return false
 	}
 	return true
@@ -90,8 +92,8 @@ func verb(pkg string) bool {
 // pkg may not import imp, or "" when it may.
 var rules = []func(pkg, imp string) string{
 	func(pkg, imp string) string {
-		if verb(imp) && pkg != "internal/cli/app" && !under(pkg, verb0(imp)) {
-			return "only internal/cli/app imports a verb package; move what is shared out of the verb (kind's rule)"
+		if verb(imp) && !under(pkg, "internal/cli/app") && !under(pkg, verb0(imp)) {
+			return "only internal/cli/app (and internal/cli/app/cluster) imports a verb package; move what is shared out of the verb (kind's rule)"
 		}
 		return ""
 	},
@@ -164,6 +166,7 @@ func TestRulesCatch(t *testing.T) {
 	}
 	for _, ok := range [][2]string{
 		{"internal/cli/app", "internal/cli/up"},
+		{"internal/cli/app/cluster", "internal/cli/node"},
 		{"internal/cli/up", "internal/cli/output"},
 		{"internal/cli/up", "internal/emulator"},
 		{"internal/noderun", "internal/cli"},
@@ -174,4 +177,59 @@ func TestRulesCatch(t *testing.T) {
 			}
 		}
 	}
+}
+
+// heavy are the module prefixes the dpkit binary must not link: the
+// Kubernetes client, the virtual-kubelet and the apiserver libraries are
+// what made a cold "go run ./cmd/dpkit up" take minutes
+// (docs/performance.md). The commands that need them are in
+// cmd/dpkit-cluster, which dpkit runs for them.
+var heavy = []string{"k8s.io/client-go", "github.com/virtual-kubelet", "k8s.io/apiserver"}
+
+// deps returns the packages pkg links, as go list -deps prints them.
+func deps(t *testing.T, root, pkg string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", pkg)
+	cmd.Dir = root
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, stderr.String())
+	}
+	return strings.Fields(string(out))
+}
+
+// TestDpkitBinaryIsLean checks that cmd/dpkit, the README's first
+// command, links none of the heavy libraries, and that cmd/dpkit-cluster
+// still has the commands that need them.
+func TestDpkitBinaryIsLean(t *testing.T) {
+	t.Parallel()
+	root := filepath.Dir(repopath.Find("go.mod"))
+	linked := func(list []string, prefix string) []string {
+		var out []string
+		for _, p := range list {
+			if p == prefix || strings.HasPrefix(p, prefix+"/") {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	lean := deps(t, root, "./cmd/dpkit")
+	for _, prefix := range heavy {
+		if got := linked(lean, prefix); len(got) > 0 {
+			t.Errorf("cmd/dpkit links %d packages of %s, e.g. %s: move the command that needs them to cmd/dpkit-cluster (internal/cli/app/cluster)",
+				len(got), prefix, got[0])
+		}
+	}
+	full := deps(t, root, "./cmd/dpkit-cluster")
+	for _, want := range []string{module + "/internal/cli/node", module + "/internal/cli/advertise", "k8s.io/client-go/kubernetes", "github.com/virtual-kubelet/virtual-kubelet/node"} {
+		if !slices.Contains(full, want) {
+			t.Errorf("cmd/dpkit-cluster does not link %s", want)
+		}
+	}
+	if len(full) <= len(lean) {
+		t.Errorf("cmd/dpkit-cluster links %d packages, cmd/dpkit %d: the split looks wrong", len(full), len(lean))
+	}
+	t.Logf("cmd/dpkit links %d packages, cmd/dpkit-cluster %d", len(lean), len(full))
 }

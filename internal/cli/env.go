@@ -21,6 +21,9 @@ type Env struct {
 	// Getenv reads an environment variable; nil means os.Getenv. Tests
 	// set it instead of changing the process's environment.
 	Getenv func(string) string
+	// Cluster reads from API servers; nil in the dpkit binary, which runs
+	// dpkit-cluster for the command lines that need it.
+	Cluster Cluster
 }
 
 // Var returns the environment variable key, read through Getenv.

@@ -1,6 +1,7 @@
-// Package version holds the build's version, set at link time with
+// Package version holds the version of dpkit. A build may set another at
+// link time with
 //
-//	-ldflags "-X github.com/dpkit/dpkit/internal/version.Version=v0.1.0"
+//	-ldflags "-X github.com/dpkit/dpkit/internal/version.Version=v0.1.1"
 package version
 
 import (
@@ -8,8 +9,12 @@ import (
 	"runtime/debug"
 )
 
-// Version is the release version; "dev" for local builds.
-var Version = "dev"
+// Version is the version of this source tree. The container images are
+// tagged with it (make images) and the manifests under deploy/ pin it; a
+// test in internal/archtest keeps the Makefile, the Dockerfile, the
+// manifests and the docs on this one tag. The Makefile reads it from this
+// line, so keep its form.
+var Version = "v0.1.0"
 
 // Info describes the running binary.
 type Info struct {

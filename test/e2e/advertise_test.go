@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
+	clusterapp "github.com/dpkit/dpkit/internal/cli/app/cluster"
 	"github.com/dpkit/dpkit/pkg/extresource"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -293,7 +294,7 @@ func testContext(t *testing.T) context.Context {
 func runDpkit(t *testing.T, ctx context.Context, wantCode int, args ...string) string {
 	t.Helper()
 	var out, logs bytes.Buffer
-	err := app.Run(ctx, args, strings.NewReader(""), &out, &logs)
+	err := clusterapp.Run(ctx, args, strings.NewReader(""), &out, &logs)
 	if err != nil {
 		fmt.Fprintln(&out, "error:", err)
 	}
@@ -572,7 +573,9 @@ var (
 	binErr  error
 )
 
-// dpkitBinary builds cmd/dpkit once per test run.
+// dpkitBinary builds cmd/dpkit once per test run, with cmd/dpkit-cluster
+// next to it: dpkit runs dpkit-cluster for node, advertise and get
+// --kubeconfig, as it does when installed.
 func dpkitBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -581,10 +584,10 @@ func dpkitBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "dpkit")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/dpkit")
+		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "./cmd/dpkit", "./cmd/dpkit-cluster")
 		cmd.Dir = filepath.Join("..", "..")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/dpkit: %w\n%s", err, out)
+			binErr = fmt.Errorf("go build ./cmd/dpkit ./cmd/dpkit-cluster: %w\n%s", err, out)
 		}
 	})
 	if binErr != nil {

@@ -23,7 +23,8 @@ func ExitCode(err error) int { return cli.ExitCode(err) }
 const ExitBrokenPipe = cli.ExitBrokenPipe
 
 // Run executes the dpkit command line args. It is the whole program but for
-// signal handling and os.Exit, which stay in main.
+// signal handling and os.Exit (Main). Without options the cluster commands
+// run dpkit-cluster (cluster.go).
 //
 // Its error carries the exit code of dpkit's command contract
 // (docs/cli.md): 2 for a usage error, anything cobra rejects before the
@@ -31,10 +32,12 @@ const ExitBrokenPipe = cli.ExitBrokenPipe
 // number of arguments) included; 130 when ctx ends (Ctrl-C, SIGTERM)
 // before a command that does a job finished it; 1 for other failures. A
 // command that serves until stopped (ServerAnnotation) returns nil when
-// ctx ends and it stopped cleanly.
-func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer) error {
+// ctx ends and it stopped cleanly. A command run by dpkit-cluster exits as
+// dpkit-cluster did.
+func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer, opts ...Option) error {
 	env := &cli.Env{In: in, Out: out, Err: errOut, Logger: slog.New(slog.DiscardHandler)}
-	root := NewRootCommand(env)
+	root, d := newRoot(env, opts)
+	d.args = args
 	root.SetArgs(args)
 	root.SetIn(in)
 	root.SetOut(out)
@@ -49,6 +52,9 @@ func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 		return nil
 	}
 	cmd, err := root.ExecuteContextC(ctx)
+	if d.ran {
+		return err
+	}
 	return contractError(ctx, cmd, started, err)
 }
 
@@ -111,7 +117,21 @@ func isServer(cmd *cobra.Command) bool {
 }
 
 // NewRootCommand returns the dpkit root command with every subcommand.
-func NewRootCommand(env *cli.Env) *cobra.Command {
+func NewRootCommand(env *cli.Env, opts ...Option) *cobra.Command {
+	root, _ := newRoot(env, opts)
+	return root
+}
+
+func newRoot(env *cli.Env, opts []Option) (*cobra.Command, *dispatcher) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	env.Cluster = o.cluster
+	d := &dispatcher{env: env, lookPath: o.lookPath}
+	if d.lookPath == nil {
+		d.lookPath = findClusterBinary
+	}
 	var logLevel, logFormat string
 	root := &cobra.Command{
 		Use:   "dpkit",
@@ -136,8 +156,7 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	root.SetFlagErrorFunc(cli.FlagError)
-	for _, sub := range subcommands {
-		cmd := sub(env)
+	for _, cmd := range commands(env, d, o.commands) {
 		if v, ok := servers[cmd.Name()]; ok {
 			if cmd.Annotations == nil {
 				cmd.Annotations = map[string]string{}
@@ -146,10 +165,17 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 		}
 		root.AddCommand(cmd)
 	}
+	if env.Cluster == nil {
+		for _, cmd := range root.Commands() {
+			if flag, ok := clusterFlags[cmd.Name()]; ok {
+				d.handOver(cmd, flag)
+			}
+		}
+	}
 	// "dpkit completion bash|zsh|fish|powershell", added now rather than
 	// when the command runs, so that it is part of the tree from the start.
 	root.InitDefaultCompletionCmd()
-	return root
+	return root, d
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/cli/advertise"
+	"github.com/dpkit/dpkit/internal/cli/node"
 	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/internal/repopath"
 )
@@ -64,9 +66,14 @@ func readContract(t *testing.T) map[string]contractRow {
 	return rows
 }
 
-func run(ctx context.Context, args ...string) (stdout, stderr string, code int) {
+// fullTree are the options that give the tree dpkit-cluster's node and
+// advertise commands in place of the stand-ins, so that every command's
+// own contract is checked.
+var fullTree = []Option{WithCommands(advertise.NewCommand, node.NewCommand)}
+
+func runContract(ctx context.Context, args ...string) (stdout, stderr string, code int) {
 	var out, errOut bytes.Buffer
-	err := Run(ctx, args, strings.NewReader(""), &out, &errOut)
+	err := Run(ctx, args, strings.NewReader(""), &out, &errOut, fullTree...)
 	if err != nil {
 		errOut.WriteString("error: " + err.Error() + "\n")
 	}
@@ -81,7 +88,7 @@ func run(ctx context.Context, args ...string) (stdout, stderr string, code int) 
 func TestCommandContract(t *testing.T) {
 	t.Parallel()
 	rows := readContract(t)
-	root := NewRootCommand(&cli.Env{})
+	root := NewRootCommand(&cli.Env{}, fullTree...)
 	var names []string
 	for _, cmd := range root.Commands() {
 		if cmd.Name() == "help" || cmd.Hidden {
@@ -162,12 +169,12 @@ func checkUsageErrors(t *testing.T, cmd *cobra.Command, r contractRow) {
 	t.Helper()
 	ctx := t.Context()
 	help := "See 'dpkit " + r.command + " --help'."
-	_, stderr, code := run(ctx, r.command, "--no-such-flag")
+	_, stderr, code := runContract(ctx, r.command, "--no-such-flag")
 	if code != cli.ExitUsage || !strings.Contains(stderr, "--no-such-flag") || !strings.Contains(stderr, help) {
 		t.Errorf("dpkit %s --no-such-flag: exit %d, stderr %q; want exit 2 naming the flag and %q", r.command, code, stderr, help)
 	}
 	if r.formats != nil {
-		_, stderr, code := run(ctx, r.command, "-o", "bogus")
+		_, stderr, code := runContract(ctx, r.command, "-o", "bogus")
 		if code != cli.ExitUsage || !strings.Contains(stderr, strings.Join(r.formats[:len(r.formats)-1], ", ")) {
 			t.Errorf("dpkit %s -o bogus: exit %d, stderr %q; want exit 2 listing %v", r.command, code, stderr, r.formats)
 		}
@@ -175,7 +182,7 @@ func checkUsageErrors(t *testing.T, cmd *cobra.Command, r contractRow) {
 	if cmd.Runnable() && cmd.Args != nil && cmd.Args(cmd, []string{"a", "b", "c", "d", "e", "f"}) != nil {
 		// Commands whose arguments are not a free-form list reject a
 		// surplus of them as a usage error.
-		_, stderr, code := run(ctx, r.command, "a", "b", "c", "d", "e", "f")
+		_, stderr, code := runContract(ctx, r.command, "a", "b", "c", "d", "e", "f")
 		if code != cli.ExitUsage || !strings.Contains(stderr, "--help") {
 			t.Errorf("dpkit %s a b c d e f: exit %d, stderr %q; want exit 2 pointing to --help", r.command, code, stderr)
 		}
@@ -186,11 +193,11 @@ func checkUsageErrors(t *testing.T, cmd *cobra.Command, r contractRow) {
 // suggests the right one.
 func TestUnknownCommand(t *testing.T) {
 	t.Parallel()
-	_, stderr, code := run(t.Context(), "verfy")
+	_, stderr, code := runContract(t.Context(), "verfy")
 	if code != cli.ExitUsage || !strings.Contains(stderr, "verify") {
 		t.Errorf("dpkit verfy: exit %d, stderr %q; want exit 2 suggesting verify", code, stderr)
 	}
-	_, stderr, code = run(t.Context(), "--log-level", "loud", "version")
+	_, stderr, code = runContract(t.Context(), "--log-level", "loud", "version")
 	if code != cli.ExitUsage || !strings.Contains(stderr, "--log-level") {
 		t.Errorf("dpkit --log-level loud version: exit %d, stderr %q; want exit 2 naming the flag", code, stderr)
 	}
@@ -203,11 +210,11 @@ func TestInterrupt(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	root := t.TempDir()
-	_, stderr, code := run(ctx, "kubelet", "--root", root)
+	_, stderr, code := runContract(ctx, "kubelet", "--root", root)
 	if code != 0 {
 		t.Errorf("dpkit kubelet stopped by a signal: exit %d, stderr %q; want 0", code, stderr)
 	}
-	_, stderr, code = run(ctx, "get", "resources", "--root", root)
+	_, stderr, code = runContract(ctx, "get", "resources", "--root", root)
 	if code != cli.ExitInterrupted {
 		t.Errorf("dpkit get interrupted: exit %d, stderr %q; want 130", code, stderr)
 	}

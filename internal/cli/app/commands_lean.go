@@ -10,10 +10,12 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/versioncmd"
 )
 
-// subcommands of the lean build: a device plugin DaemonSet needs only
+// baseCommands of the lean build: a device plugin DaemonSet needs only
 // "dpkit plugin". Leaving out the Kubernetes client libraries roughly
 // halves the process's resident memory (docs/performance.md).
-var subcommands = []func(*cli.Env) *cobra.Command{
-	versioncmd.NewCommand,
-	plugin.NewCommand,
+func baseCommands(*dispatcher) []func(*cli.Env) *cobra.Command {
+	return []func(*cli.Env) *cobra.Command{
+		versioncmd.NewCommand,
+		plugin.NewCommand,
+	}
 }

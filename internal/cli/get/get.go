@@ -18,15 +18,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/internal/emulator"
-	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/internal/natural"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -109,15 +105,16 @@ one; "-" where neither knows.`,
 				var health healthSource
 				switch {
 				case kubeconfig != "":
-					rc, err := kubeconfigpkg.Load(kubeconfig)
+					// dpkit hands this command line to dpkit-cluster,
+					// which has the API server clients (Env.Cluster).
+					if env.Cluster == nil {
+						return errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
+					}
+					getPod, err := env.Cluster.PodGetter(kubeconfig)
 					if err != nil {
 						return cli.Exit(2, err)
 					}
-					client, err := kubernetes.NewForConfig(rc)
-					if err != nil {
-						return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
-					}
-					health = statusHealth(client)
+					health = statusHealth(getPod)
 				default:
 					if _, err := os.Stat(socket); err == nil {
 						c := emulator.NewClient(socket)
@@ -425,15 +422,15 @@ func adminHealth(c *emulator.Client) healthSource {
 // statusHealth reads device health from the pods' status in the API
 // server (allocatedResourcesStatus of containers and init containers). A
 // pod the API server does not have is left without health.
-func statusHealth(client kubernetes.Interface) healthSource {
+func statusHealth(getPod cli.PodGetter) healthSource {
 	return func(ctx context.Context, pods []podRow) error {
 		for _, p := range pods {
-			api, err := client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				continue
-			}
+			api, err := getPod(ctx, p.Namespace, p.Name)
 			if err != nil {
 				return err
+			}
+			if api == nil {
+				continue
 			}
 			byKey := map[string]map[string]string{} // container/resource -> ID -> health
 			for _, cs := range append(slices.Clone(api.Status.InitContainerStatuses), api.Status.ContainerStatuses...) {

@@ -21,7 +21,6 @@ import (
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
@@ -292,7 +291,7 @@ func TestPodsHealthFromAdmin(t *testing.T) {
 // status does not name left out, and pods the API server does not have
 // left without health.
 func TestStatusHealth(t *testing.T) {
-	client := fake.NewClientset(&corev1.Pod{
+	apiPods := map[string]*corev1.Pod{"ns/p": {
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
 		Status: corev1.PodStatus{
 			InitContainerStatuses: []corev1.ContainerStatus{{Name: "side", AllocatedResourcesStatus: []corev1.ResourceStatus{
@@ -302,7 +301,10 @@ func TestStatusHealth(t *testing.T) {
 				{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "d0", Health: corev1.ResourceHealthStatusHealthy}, {ResourceID: "d1", Health: corev1.ResourceHealthStatusUnhealthy}}},
 			}}},
 		},
-	})
+	}}
+	getPod := func(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+		return apiPods[namespace+"/"+name], nil // nil: not found
+	}
 	pods := []podRow{
 		{Namespace: "ns", Name: "p", Containers: []containerRow{
 			{Name: "side", Devices: []deviceGroup{{Resource: "example.com/foo", DeviceIDs: []string{"s0"}}}},
@@ -313,7 +315,7 @@ func TestStatusHealth(t *testing.T) {
 		}},
 		{Namespace: "ns", Name: "gone", Containers: []containerRow{{Name: "app", Devices: []deviceGroup{{Resource: "example.com/foo", DeviceIDs: []string{"x"}}}}}},
 	}
-	if err := statusHealth(client)(context.Background(), pods); err != nil {
+	if err := statusHealth(getPod)(context.Background(), pods); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

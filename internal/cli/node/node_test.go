@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/cli/app/cluster"
 )
 
 // TestUsageErrors checks what "dpkit node" refuses before it registers
@@ -39,7 +40,7 @@ func TestUsageErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			err := app.Run(context.Background(), tc.args, strings.NewReader(""), &out, &errOut)
+			err := cluster.Run(context.Background(), tc.args, strings.NewReader(""), &out, &errOut)
 			if code := app.ExitCode(err); code != 2 {
 				t.Fatalf("exit %d (%v), want 2", code, err)
 			}

@@ -71,6 +71,10 @@ type options struct {
 	// WorkDir is where relative example paths are resolved. Default: the
 	// working directory.
 	WorkDir string
+	// HostRoot, when set, is where the plugins read the host's sys/, dev/
+	// and proc/ instead of /sys, /dev and /proc: a fixture tree, to try a
+	// plugin without its hardware.
+	HostRoot string
 }
 
 // NewCommand returns the "up" command.
@@ -96,7 +100,8 @@ commands to try next. It stops on SIGINT or SIGTERM and removes its
 sockets.`,
 		Example: `  dpkit up
   dpkit up --root /tmp/kubelet --config examples/generic.yaml
-  dpkit up --keep --log-level info`,
+  dpkit up --keep --log-level info
+  dpkit up --config examples/nvidia.yaml --host-root pkg/discovery/testdata/hosts/dgx-h100`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch o.Registration {
@@ -128,6 +133,7 @@ sockets.`,
 	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
 	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
 	o.Topology.AddFlags(cmd)
+	fl.StringVar(&o.HostRoot, "host-root", "", "read the host's devices below DIR/sys, DIR/dev and DIR/proc, e.g. a fixture host under pkg/discovery/testdata/hosts (default: /sys, /dev, /proc)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
@@ -144,6 +150,9 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 	}
 	cfg, err := loadConfig(o.ConfigFile, o.Registration)
 	if err != nil {
+		return cli.Exit(2, err)
+	}
+	if err := setHostRoot(cfg, o.HostRoot); err != nil {
 		return cli.Exit(2, err)
 	}
 	if o.Command == "" {
@@ -298,6 +307,26 @@ func loadConfig(path, registration string) (*config.PluginConfig, error) {
 	}
 	cfg.Registration = registration
 	return cfg, nil
+}
+
+// setHostRoot points the plugins at the sys/, dev/ and proc/ of dir,
+// when dir is set. It must be a directory with sys/ or dev/.
+func setHostRoot(cfg *config.PluginConfig, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--host-root %s: not a directory; give a tree with sys/, dev/ and proc/ as on a host, e.g. pkg/discovery/testdata/hosts/dgx-h100", dir)
+	}
+	_, errSys := os.Stat(filepath.Join(dir, "sys"))
+	_, errDev := os.Stat(filepath.Join(dir, "dev"))
+	if errSys != nil && errDev != nil {
+		return fmt.Errorf("--host-root %s: has neither sys/ nor dev/; give a tree with sys/, dev/ and proc/ as on a host, e.g. pkg/discovery/testdata/hosts/dgx-h100", dir)
+	}
+	cfg.Host.SysfsRoot = filepath.Join(dir, "sys")
+	cfg.Host.DevRoot = filepath.Join(dir, "dev")
+	cfg.Host.ProcRoot = filepath.Join(dir, "proc")
+	return nil
 }
 
 func describe(configFile string) string {

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package app
+
+import "syscall"
+
+func clusterProcAttr() *syscall.SysProcAttr { return nil }
