@@ -45,10 +45,10 @@ var scopes = []string{topology.ScopeContainer, topology.ScopePod}
 // values when a flag has a value that is not one.
 func (t *Topology) Validate() error {
 	if !slices.Contains(topology.Policies(), t.Policy) {
-		return Exit(2, fmt.Errorf("--topology-policy: %q is not a topology manager policy; use %s (see --help)", t.Policy, orList(topology.Policies())))
+		return Exit(2, fmt.Errorf("--topology-policy: %q is not a topology manager policy; use %s", t.Policy, orList(topology.Policies())))
 	}
 	if !slices.Contains(scopes, t.Scope) {
-		return Exit(2, fmt.Errorf("--topology-scope: %q is not a topology manager scope; use %s (see --help)", t.Scope, orList(scopes)))
+		return Exit(2, fmt.Errorf("--topology-scope: %q is not a topology manager scope; use %s", t.Scope, orList(scopes)))
 	}
 	for _, n := range t.NUMANodes {
 		if n < 0 {

@@ -18,8 +18,8 @@ func TestTopologyValidate(t *testing.T) {
 		edit func(*Topology)
 		want string
 	}{
-		{"policy", func(t *Topology) { t.Policy = "bogus" }, `--topology-policy: "bogus" is not a topology manager policy; use none, best-effort, restricted or single-numa-node (see --help)`},
-		{"scope", func(t *Topology) { t.Scope = "node" }, `--topology-scope: "node" is not a topology manager scope; use container or pod (see --help)`},
+		{"policy", func(t *Topology) { t.Policy = "bogus" }, `--topology-policy: "bogus" is not a topology manager policy; use none, best-effort, restricted or single-numa-node`},
+		{"scope", func(t *Topology) { t.Scope = "node" }, `--topology-scope: "node" is not a topology manager scope; use container or pod`},
 		{"NUMA node", func(t *Topology) { t.NUMANodes = []int{0, -1} }, `--numa-nodes: -1 is not a NUMA node ID`},
 		{"sysfs", func(t *Topology) { t.SysfsRoot = "" }, `--sysfs-root must not be empty`},
 	} {

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"errors"
+
 	"github.com/spf13/cobra"
 )
 
@@ -16,6 +18,12 @@ func FlagError(cmd *cobra.Command, err error) error {
 // WithHelp returns err followed by where to read the usage of command,
 // on a line of its own: "See 'dpkit up --help'.".
 func WithHelp(err error, command string) error { return &helpHint{err: err, command: command} }
+
+// HasHelp reports whether err already says where to read the usage.
+func HasHelp(err error) bool {
+	var h *helpHint
+	return errors.As(err, &h)
+}
 
 type helpHint struct {
 	err     error

@@ -74,6 +74,10 @@ func contractError(ctx context.Context, cmd *cobra.Command, started bool, err er
 		}
 		return cli.UsageError(cli.WithHelp(err, where))
 	}
+	if cli.ExitCode(err) == cli.ExitUsage && !cli.HasHelp(err) && cmd != nil {
+		// Every usage error ends by saying where to read the usage.
+		return cli.UsageError(cli.WithHelp(err, cmd.CommandPath()))
+	}
 	if ctx.Err() == nil || !started || cli.ExitCode(err) == cli.ExitUsage {
 		return err
 	}

@@ -197,6 +197,16 @@ func TestUnknownCommand(t *testing.T) {
 	if code != cli.ExitUsage || !strings.Contains(stderr, "verify") {
 		t.Errorf("dpkit verfy: exit %d, stderr %q; want exit 2 suggesting verify", code, stderr)
 	}
+	// A usage error a command finds itself (a wrong argument, a bad flag
+	// value) lists the valid values and points to --help too.
+	_, stderr, code = runContract(t.Context(), "get", "bogus")
+	if code != cli.ExitUsage || !strings.Contains(stderr, "resources, devices, plugins or pods") || !strings.Contains(stderr, "See 'dpkit get --help'.") {
+		t.Errorf("dpkit get bogus: exit %d, stderr %q; want exit 2 listing the kinds and pointing to --help", code, stderr)
+	}
+	_, stderr, code = runContract(t.Context(), "up", "--topology-policy", "bogus")
+	if code != cli.ExitUsage || !strings.Contains(stderr, "none, best-effort, restricted or single-numa-node") || !strings.Contains(stderr, "See 'dpkit up --help'.") {
+		t.Errorf("dpkit up --topology-policy bogus: exit %d, stderr %q; want exit 2 listing the policies and pointing to --help", code, stderr)
+	}
 	_, stderr, code = runContract(t.Context(), "--log-level", "loud", "version")
 	if code != cli.ExitUsage || !strings.Contains(stderr, "--log-level") {
 		t.Errorf("dpkit --log-level loud version: exit %d, stderr %q; want exit 2 naming the flag", code, stderr)

@@ -45,18 +45,18 @@ Exit status: 0 deleted, 1 a pod is not there or the kubelet is unreachable,
 		Args: func(_ *cobra.Command, args []string) error {
 			if file != "" {
 				if len(args) > 0 {
-					return cli.Exit(2, fmt.Errorf("give pod names or -f, not both (see dpkit delete --help)"))
+					return cli.Exit(2, fmt.Errorf("give pod names or -f, not both"))
 				}
 				return nil
 			}
 			if len(args) == 0 {
-				return cli.Exit(2, errors.New(`name the pods to delete, "dpkit delete pod NAME...", or give a manifest with -f (see dpkit delete --help)`))
+				return cli.Exit(2, errors.New(`name the pods to delete, "dpkit delete pod NAME...", or give a manifest with -f`))
 			}
 			if k := strings.ToLower(args[0]); k != "pod" && k != "pods" && k != "po" {
-				return cli.Exit(2, fmt.Errorf("unknown kind %q; only pods can be deleted: dpkit delete pod NAME... (see dpkit delete --help)", args[0]))
+				return cli.Exit(2, fmt.Errorf("unknown kind %q; only pods can be deleted: dpkit delete pod NAME...", args[0]))
 			}
 			if len(args) == 1 {
-				return cli.Exit(2, errors.New("name the pods to delete: dpkit delete pod NAME... (see dpkit delete --help)"))
+				return cli.Exit(2, errors.New("name the pods to delete: dpkit delete pod NAME..."))
 			}
 			return nil
 		},

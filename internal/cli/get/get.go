@@ -72,10 +72,10 @@ one; "-" where neither knows.`,
   dpkit get pods --root /var/lib/dpkit/vn1 --kubeconfig k.conf`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return cli.Exit(2, errors.New("name what to get: resources, devices, plugins or pods (see dpkit get --help)"))
+				return cli.Exit(2, errors.New("name what to get: resources, devices, plugins or pods"))
 			}
 			if _, ok := kinds[strings.ToLower(args[0])]; !ok {
-				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins or pods (see dpkit get --help)", args[0]))
+				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins or pods", args[0]))
 			}
 			return nil
 		},
@@ -92,7 +92,7 @@ one; "-" where neither knows.`,
 				return cli.Exit(2, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
 			}
 			if namespace != "" && kind != "pods" {
-				return cli.Exit(2, fmt.Errorf("--namespace: %s have no namespace; use it with pods (see dpkit get --help)", kind))
+				return cli.Exit(2, fmt.Errorf("--namespace: %s have no namespace; use it with pods", kind))
 			}
 			r := emulator.ChooseRoot(root, cmd.Flags().Changed("root"), env.Var)
 			if socket == "" {

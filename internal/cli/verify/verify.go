@@ -52,7 +52,7 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
   dpkit verify --junit verify.xml -- ./my-plugin --dir {plugin-dir}`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() < 0 && len(args) > 0 {
-				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"))
+				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin"))
 			}
 			cfg.Command = args
 			if err := usageProblems(&cfg, junit); err != nil {
@@ -176,7 +176,7 @@ func usageProblems(cfg *verify.Config, junit string) error {
 			continue
 		}
 		if e.Type == field.ErrorTypeRequired {
-			add(flag, e.Detail+"; see dpkit verify --help")
+			add(flag, e.Detail+"")
 			continue
 		}
 		add(flag, e.ErrorBody())

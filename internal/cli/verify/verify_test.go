@@ -46,8 +46,8 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no command", nil, "COMMAND: give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir); see dpkit verify --help"},
-		{"no dash", []string{"my-plugin"}, "put the plugin command after --, e.g. dpkit verify -- ./myplugin; see dpkit verify --help"},
+		{"no command", nil, "COMMAND: give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir)"},
+		{"no dash", []string{"my-plugin"}, "put the plugin command after --, e.g. dpkit verify -- ./myplugin"},
 		{"both", []string{"--socket-dir", "/run/dp"}, "--socket-dir: Invalid value: \"/run/dp\": give either a command to run or --socket-dir of a running plugin, not both"},
 		{"no restarts", []string{"--restarts", "0"}, "--restarts: 0: give 1 or more (default 3); the restart checks need at least one kubelet restart"},
 		{"zero timeout", []string{"--register-timeout", "0s"}, "--register-timeout: 0s: must be above 0 (default 10s)"},
