@@ -19,6 +19,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dpkit/dpkit/pkg/dramanager/checkpoint"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -42,15 +43,15 @@ func TestPrepareUnprepareBatched(t *testing.T) {
 	n := newNode(t, "", nil)
 	d := n.startDriver(t)
 	n.waitPlugins(t, 1)
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
-	n.addClaim(t, "default", "b", "uid-b", []types.UID{"pod-1"}, "dev-1")
-	pod := podWith("default", "p", "pod-1", "a", "b")
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	n.claims.Add(t, "default", "b", "uid-b", []types.UID{"pod-1"}, "dev-1")
+	pod := dratest.Pod("default", "p", "pod-1", "a", "b")
 	ctx := context.Background()
 
 	if err := n.m.PrepareResources(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	method, uids := d.nextCall(t)
+	method, uids := d.NextCall(t)
 	slices.Sort(uids)
 	if method != "NodePrepareResources" || !reflect.DeepEqual(uids, []string{"uid-a", "uid-b"}) {
 		t.Fatalf("driver got %s %v, want one NodePrepareResources with both claims", method, uids)
@@ -74,7 +75,7 @@ func TestPrepareUnprepareBatched(t *testing.T) {
 	if err := n.m.UnprepareResources(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	method, uids = d.nextCall(t)
+	method, uids = d.NextCall(t)
 	slices.Sort(uids)
 	if method != "NodeUnprepareResources" || !reflect.DeepEqual(uids, []string{"uid-a", "uid-b"}) {
 		t.Fatalf("driver got %s %v, want one NodeUnprepareResources with both claims", method, uids)
@@ -85,7 +86,7 @@ func TestPrepareUnprepareBatched(t *testing.T) {
 	if n.m.PodMightNeedToUnprepareResources("pod-1") {
 		t.Fatal("pod still referenced after unprepare")
 	}
-	d.noMoreCalls(t)
+	d.NoMoreCalls(t)
 }
 
 // TestSharedClaimUnpreparedByLastPod: a claim two pods use is released
@@ -94,15 +95,15 @@ func TestSharedClaimUnpreparedByLastPod(t *testing.T) {
 	n := newNode(t, "", nil)
 	d := n.startDriver(t)
 	n.waitPlugins(t, 1)
-	n.addClaim(t, "default", "shared", "uid-s", []types.UID{"pod-1", "pod-2"}, "dev-0")
-	p1, p2 := podWith("default", "p1", "pod-1", "shared"), podWith("default", "p2", "pod-2", "shared")
+	n.claims.Add(t, "default", "shared", "uid-s", []types.UID{"pod-1", "pod-2"}, "dev-0")
+	p1, p2 := dratest.Pod("default", "p1", "pod-1", "shared"), dratest.Pod("default", "p2", "pod-2", "shared")
 	ctx := context.Background()
 	for _, p := range []*corev1.Pod{p1, p2} {
 		if err := n.m.PrepareResources(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if m, _ := d.nextCall(t); m != "NodePrepareResources" {
+	if m, _ := d.NextCall(t); m != "NodePrepareResources" {
 		t.Fatalf("call %s", m)
 	}
 	if err := n.m.UnprepareResources(ctx, p1); err != nil {
@@ -114,10 +115,10 @@ func TestSharedClaimUnpreparedByLastPod(t *testing.T) {
 	if err := n.m.UnprepareResources(ctx, p2); err != nil {
 		t.Fatal(err)
 	}
-	if m, uids := d.nextCall(t); m != "NodeUnprepareResources" || len(uids) != 1 {
+	if m, uids := d.NextCall(t); m != "NodeUnprepareResources" || len(uids) != 1 {
 		t.Fatalf("call %s %v", m, uids)
 	}
-	d.noMoreCalls(t)
+	d.NoMoreCalls(t)
 }
 
 // TestPrepareFailsWithoutChange: a pod whose claims cannot be used is
@@ -126,8 +127,8 @@ func TestPrepareFailsWithoutChange(t *testing.T) {
 	n := newNode(t, "", nil)
 	d := n.startDriver(t)
 	n.waitPlugins(t, 1)
-	n.addClaim(t, "default", "other", "uid-o", []types.UID{"pod-9"}, "dev-0")
-	c := n.addClaim(t, "default", "unalloc", "uid-u", []types.UID{"pod-1"})
+	n.claims.Add(t, "default", "other", "uid-o", []types.UID{"pod-9"}, "dev-0")
+	c := n.claims.Add(t, "default", "unalloc", "uid-u", []types.UID{"pod-1"})
 	c.Status.Allocation = nil
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -136,7 +137,7 @@ func TestPrepareFailsWithoutChange(t *testing.T) {
 		{"missing", "nope", "fetch ResourceClaim nope"},
 		{"not reserved", "other", "not allowed to use ResourceClaim other"},
 	} {
-		err := n.m.PrepareResources(ctx, podWith("default", "p", "pod-1", tc.claim))
+		err := n.m.PrepareResources(ctx, dratest.Pod("default", "p", "pod-1", tc.claim))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want %q", tc.name, err, tc.want)
 		}
@@ -144,15 +145,15 @@ func TestPrepareFailsWithoutChange(t *testing.T) {
 	if cs := checkpointed(t, n); len(cs) != 0 {
 		t.Fatalf("checkpoint = %+v after refused pods, want empty", cs)
 	}
-	d.noMoreCalls(t)
+	d.NoMoreCalls(t)
 }
 
 // TestUnregisteredDriver: a claim of a driver that is not registered fails
 // naming it, and leaves nothing to unprepare.
 func TestUnregisteredDriver(t *testing.T) {
 	n := newNode(t, "", nil)
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
-	err := n.m.PrepareResources(context.Background(), podWith("default", "p", "pod-1", "a"))
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	err := n.m.PrepareResources(context.Background(), dratest.Pod("default", "p", "pod-1", "a"))
 	if !errors.Is(err, ErrNotRegistered) || !strings.Contains(err.Error(), driverName) {
 		t.Fatalf("err = %v, want ErrNotRegistered naming %s", err, driverName)
 	}
@@ -168,14 +169,14 @@ func TestCheckpointBeforeDriverAndReconcile(t *testing.T) {
 	n := newNode(t, "", nil)
 	d := n.startDriver(t)
 	n.waitPlugins(t, 1)
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
-	d.send(t, "fail-prepare out of widgets")
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	d.Send(t, "fail-prepare out of widgets")
 	ctx := context.Background()
-	err := n.m.PrepareResources(ctx, podWith("default", "p", "pod-1", "a"))
+	err := n.m.PrepareResources(ctx, dratest.Pod("default", "p", "pod-1", "a"))
 	if err == nil || !strings.Contains(err.Error(), "out of widgets") {
 		t.Fatalf("err = %v, want the driver's error", err)
 	}
-	if m, _ := d.nextCall(t); m != "NodePrepareResources" {
+	if m, _ := d.NextCall(t); m != "NodePrepareResources" {
 		t.Fatalf("call %s", m)
 	}
 	cs := checkpointed(t, n)
@@ -188,13 +189,13 @@ func TestCheckpointBeforeDriverAndReconcile(t *testing.T) {
 	if err := n.m.Reconcile(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if m, uids := d.nextCall(t); m != "NodeUnprepareResources" || !reflect.DeepEqual(uids, []string{"uid-a"}) {
+	if m, uids := d.NextCall(t); m != "NodeUnprepareResources" || !reflect.DeepEqual(uids, []string{"uid-a"}) {
 		t.Fatalf("call %s %v, want NodeUnprepareResources [uid-a]", m, uids)
 	}
 	if cs := checkpointed(t, n); len(cs) != 0 {
 		t.Fatalf("checkpoint = %+v, want empty", cs)
 	}
-	d.noMoreCalls(t)
+	d.NoMoreCalls(t)
 }
 
 // TestRestoreFromCheckpoint: a manager started on the root of one that
@@ -204,13 +205,13 @@ func TestRestoreFromCheckpoint(t *testing.T) {
 	n := newNode(t, "", nil)
 	d := n.startDriver(t)
 	n.waitPlugins(t, 1)
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
-	pod := podWith("default", "p", "pod-1", "a")
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
+	pod := dratest.Pod("default", "p", "pod-1", "a")
 	ctx := context.Background()
 	if err := n.m.PrepareResources(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ := d.nextCall(t); m != "NodePrepareResources" {
+	if m, _ := d.NextCall(t); m != "NodePrepareResources" {
 		t.Fatalf("call %s", m)
 	}
 	n.stop()
@@ -224,10 +225,10 @@ func TestRestoreFromCheckpoint(t *testing.T) {
 	if err := n2.m.UnprepareResources(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	if m, uids := d.nextCall(t); m != "NodeUnprepareResources" || !reflect.DeepEqual(uids, []string{"uid-a"}) {
+	if m, uids := d.NextCall(t); m != "NodeUnprepareResources" || !reflect.DeepEqual(uids, []string{"uid-a"}) {
 		t.Fatalf("call %s %v, want NodeUnprepareResources [uid-a] and no second prepare", m, uids)
 	}
-	d.noMoreCalls(t)
+	d.NoMoreCalls(t)
 }
 
 // TestRegistrationRefusals covers the handler's answers without a driver.
@@ -276,11 +277,11 @@ func TestV1beta1Driver(t *testing.T) {
 	if ps[0].Service != drav1beta1.DRAPluginService {
 		t.Fatalf("service %s, want %s", ps[0].Service, drav1beta1.DRAPluginService)
 	}
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
-	if err := n.m.PrepareResources(context.Background(), podWith("default", "p", "pod-1", "a")); err != nil {
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	if err := n.m.PrepareResources(context.Background(), dratest.Pod("default", "p", "pod-1", "a")); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ := d.nextCall(t); m != "NodePrepareResources" {
+	if m, _ := d.NextCall(t); m != "NodePrepareResources" {
 		t.Fatalf("call %s", m)
 	}
 }
@@ -293,23 +294,23 @@ func TestRollingUpdate(t *testing.T) {
 	n.waitPlugins(t, 1)
 	nu := n.startDriver(t, "--rolling-update", "new-pod")
 	n.waitPlugins(t, 2)
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
 	ctx := context.Background()
-	if err := n.m.PrepareResources(ctx, podWith("default", "p", "pod-1", "a")); err != nil {
+	if err := n.m.PrepareResources(ctx, dratest.Pod("default", "p", "pod-1", "a")); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ := nu.nextCall(t); m != "NodePrepareResources" {
+	if m, _ := nu.NextCall(t); m != "NodePrepareResources" {
 		t.Fatalf("call %s", m)
 	}
-	nu.noMoreCalls(t) // the new instance stops: its registration goes
+	nu.NoMoreCalls(t) // the new instance stops: its registration goes
 	n.waitPlugins(t, 1)
-	if err := n.m.UnprepareResources(ctx, podWith("default", "p", "pod-1", "a")); err != nil {
+	if err := n.m.UnprepareResources(ctx, dratest.Pod("default", "p", "pod-1", "a")); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ := old.nextCall(t); m != "NodeUnprepareResources" {
+	if m, _ := old.NextCall(t); m != "NodeUnprepareResources" {
 		t.Fatalf("call %s", m)
 	}
-	old.noMoreCalls(t)
+	old.NoMoreCalls(t)
 }
 
 // TestHealthUnknownAfterTimeout: a device reported healthy turns Unknown
@@ -327,12 +328,12 @@ func TestHealthUnknownAfterTimeout(t *testing.T) {
 	if h := n.m.DeviceHealth(driverName, "pool", "dev-0"); h.Health != Healthy {
 		t.Fatalf("health %+v, want Healthy", h)
 	}
-	n.addClaim(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
-	pod := podWith("default", "p", "pod-1", "a")
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	pod := dratest.Pod("default", "p", "pod-1", "a")
 	if err := n.m.PrepareResources(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	if m, _ := d.nextCall(t); m != "NodePrepareResources" {
+	if m, _ := d.NextCall(t); m != "NodePrepareResources" {
 		t.Fatalf("call %s", m)
 	}
 
@@ -347,7 +348,7 @@ func TestHealthUnknownAfterTimeout(t *testing.T) {
 		t.Fatalf("allocatedResourcesStatus = %+v, want %+v", got, want)
 	}
 
-	d.send(t, "health dev-0 Unhealthy fan stopped")
+	d.Send(t, "health dev-0 Unhealthy fan stopped")
 	<-reports
 	if uids := <-n.m.Updates(); !reflect.DeepEqual(uids, []types.UID{"pod-1"}) {
 		t.Fatalf("update for %v, want pod-1", uids)
@@ -358,7 +359,7 @@ func TestHealthUnknownAfterTimeout(t *testing.T) {
 		t.Fatalf("resource health %+v, want Unhealthy with the driver's message", got)
 	}
 
-	d.kill()
+	d.Kill()
 	if uids := <-n.m.Updates(); !reflect.DeepEqual(uids, []types.UID{"pod-1"}) {
 		t.Fatalf("update for %v, want pod-1", uids)
 	}
