@@ -1,7 +1,9 @@
 // Module tools builds the binaries dpkit's tests and scripts need: the test
 // control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
 // etcd), the real node's kubelet and the upstream interop binaries
-// (sample-device-plugin, kubelet-devicemanager). It is separate from the
+// (sample-device-plugin, kubelet-devicemanager), the fake DRA driver
+// (dpkit-fakedra) and the DRA checkpoint golden writer
+// (kubelet-dracheckpoint). It is separate from the
 // main module so that github.com/dpkit/dpkit never depends on
 // k8s.io/kubernetes. See hack/build-controlplane.sh, hack/build-node.sh,
 // hack/build-upstream.sh, docs/testing.md and docs/upstream-interop.md.
