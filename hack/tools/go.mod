@@ -1,7 +1,9 @@
 // Module tools builds the binaries dpkit's tests and scripts need: the test
 // control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
 // etcd), the real node's kubelet and the upstream interop binaries
-// (sample-device-plugin, kubelet-devicemanager). It is separate from the
+// (sample-device-plugin, kubelet-devicemanager), the fake DRA driver
+// (dpkit-fakedra) and the DRA checkpoint golden writer
+// (kubelet-dracheckpoint). It is separate from the
 // main module so that github.com/dpkit/dpkit never depends on
 // k8s.io/kubernetes. See hack/build-controlplane.sh, hack/build-node.sh,
 // hack/build-upstream.sh, docs/testing.md and docs/upstream-interop.md.
@@ -140,6 +142,7 @@ require (
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
+	golang.org/x/mod v0.37.0 // indirect
 	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
@@ -186,6 +189,7 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
+	tags.cncf.io/container-device-interface/specs-go v1.1.0 // indirect
 )
 
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them

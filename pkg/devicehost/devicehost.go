@@ -15,18 +15,19 @@
 // admits and the virtual node's provider keeps there the last state of
 // every pod the API server gave it.
 //
-// # A second resource manager
+// # The DRA manager
 //
-// The kubelet runs the device manager beside the DRA manager, and so will
+// The kubelet runs the device manager beside the DRA manager, and so does
 // the host: each manager is a field set up by New, started by Start in the
-// kubelet's order and stopped by Stop in reverse. A manager plugs into the
-// three places the device manager uses and that already have room for it:
-// its plugin handler goes in the watcher's Handlers map under its plugin
-// type (pluginwatcher.DRAPlugin beside pluginwatcher.DevicePlugin), its
-// view of allocations is a provider of the PodResources server
-// (podresources.Providers.DynamicResources beside Devices), and its
-// admission step runs after the device manager's when a user admits a
-// pod. Nothing of the device manager changes for it.
+// kubelet's order and stopped by Stop in reverse. The DRA manager
+// (pkg/dramanager) plugs into the places the device manager uses: its
+// plugin handler is in the watcher's Handlers map under
+// pluginwatcher.DRAPlugin beside pluginwatcher.DevicePlugin, and it is
+// the PodResources server's DynamicResources provider beside Devices. Its
+// claims come from Config.Claims; its reconcile loop unprepares the
+// claims of pods that leave Pods' active pods. Preparing a pod's claims
+// (Host.DRA.PrepareResources) after the device manager admitted it is
+// the caller's step; nothing of the device manager changes for it.
 //
 // The package keeps its name: its users and the differential tests know
 // it, and a DRA manager is a device resource manager too.
@@ -46,6 +47,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 )
@@ -66,6 +68,10 @@ type Config struct {
 	// whose plugins are all gone (devicemanager.Config.GracePeriod).
 	// Default 5m, the kubelet's.
 	GracePeriod time.Duration
+	// Claims gives the DRA manager the ResourceClaims of the pods it
+	// prepares (dramanager.Config.Claims). Nil: DRA drivers register,
+	// but a pod with claims cannot be prepared, and says so.
+	Claims dramanager.ClaimGetter
 }
 
 // Host is the kubelet side of a node. Create it with New, Start it, and
@@ -73,6 +79,11 @@ type Config struct {
 type Host struct {
 	// Manager is the device manager; admit pods through it.
 	Manager *devicemanager.Manager
+	// DRA is the DRA manager: prepare the claims of pods through it.
+	// Its drivers register through the plugin watcher
+	// (pluginwatcher.DRAPlugin) and its claims are the PodResources
+	// API's dynamic_resources.
+	DRA *dramanager.Manager
 	// Pods is the host's pod store, what the PodResources API lists.
 	Pods *podresources.PodStore
 	// Watcher is the plugin watcher, set by Start.
@@ -110,7 +121,17 @@ func New(cfg Config) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Host{Manager: mgr, Pods: podresources.NewPodStore(), cfg: cfg, log: log}, nil
+	pods := podresources.NewPodStore()
+	dra, err := dramanager.New(dramanager.Config{
+		Root:       cfg.Root,
+		Claims:     cfg.Claims,
+		ActivePods: pods.GetActivePods,
+		Logger:     log.With("component", "dramanager"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Host{Manager: mgr, DRA: dra, Pods: pods, cfg: cfg, log: log}, nil
 }
 
 // Start starts the device manager, drops restored allocations of pods not
@@ -133,6 +154,7 @@ func (h *Host) Start(ctx context.Context, active []types.UID) error {
 
 	fail := func(err error) error {
 		cancel()
+		h.DRA.Stop()
 		h.Manager.Stop()
 		close(h.done)
 		return err
@@ -144,8 +166,11 @@ func (h *Host) Start(ctx context.Context, active []types.UID) error {
 	// With an unreadable checkpoint, the devices of the pods still running
 	// are unknown: hold their resources back until they are gone.
 	h.Manager.HoldUnknown(podsIn(pods.GetActivePods(), active))
+	if err := h.DRA.Start(ctx); err != nil {
+		return fail(err)
+	}
 	prs, err := podresources.NewServer(podresources.Config{
-		Providers: podresources.Providers{Pods: pods, Devices: h.Manager},
+		Providers: podresources.Providers{Pods: pods, Devices: h.Manager, DynamicResources: h.DRA},
 		Logger:    h.log.With("component", "podresources"),
 	})
 	if err != nil {
@@ -156,9 +181,12 @@ func (h *Host) Start(ctx context.Context, active []types.UID) error {
 		return fail(err)
 	}
 	w, err := pluginwatcher.New(pluginwatcher.Config{
-		Dir:      filepath.Join(h.cfg.Root, "plugins_registry"),
-		Logger:   h.log.With("component", "pluginwatcher"),
-		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DevicePlugin: h.Manager.PluginHandler()},
+		Dir:    filepath.Join(h.cfg.Root, "plugins_registry"),
+		Logger: h.log.With("component", "pluginwatcher"),
+		Handlers: map[string]pluginwatcher.Handler{
+			pluginwatcher.DevicePlugin: h.Manager.PluginHandler(),
+			pluginwatcher.DRAPlugin:    h.DRA.PluginHandler(),
+		},
 	})
 	if err == nil {
 		err = w.Start(ctx)
@@ -235,8 +263,9 @@ func (h *Host) Err() error {
 	}
 }
 
-// Stop stops everything the host runs and waits for it: the PodResources
-// server (its socket removed), the plugin watcher and the device manager.
+// Stop stops everything the host runs and waits for it, in the reverse
+// of Start's order: the PodResources server (its socket removed), the
+// plugin watcher, the DRA manager and the device manager.
 // It may be called whatever happened before (no Start, a failed Start, a
 // context already ended), from any goroutine, any number of times.
 func (h *Host) Stop() {
@@ -248,5 +277,6 @@ func (h *Host) Stop() {
 		cancel()
 		<-done
 	}
+	h.DRA.Stop()
 	h.Manager.Stop()
 }

@@ -1,0 +1,73 @@
+package devicehost_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dpkit/dpkit/pkg/devicehost"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
+	"github.com/dpkit/dpkit/pkg/podresources"
+)
+
+// TestHostRunsDRADriver: a DRA driver registers through the host's plugin
+// watcher, the host's DRA manager prepares a pod's claim, and the
+// PodResources API on the host's socket reports it in dynamic_resources.
+func TestHostRunsDRADriver(t *testing.T) {
+	root, err := os.MkdirTemp("", "dh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	claims := dratest.Claims(filepath.Join(root, "claims"))
+	host, err := devicehost.New(devicehost.Config{Root: root, Claims: claims})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := host.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer host.Stop()
+
+	d := dratest.Start(t, root, claims)
+	for {
+		ch := host.DRA.PluginsChanged()
+		if ps := host.DRA.Plugins(); len(ps) == 1 && ps[0].Connected {
+			break
+		}
+		<-ch
+	}
+	claims.Add(t, "default", "gpu", "uid-gpu", []types.UID{"pod-1"}, "dev-1")
+	pod := dratest.Pod("default", "p", "pod-1", "gpu")
+	if err := host.DRA.PrepareResources(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := d.NextCall(t); m != "NodePrepareResources" {
+		t.Fatalf("call %s", m)
+	}
+	host.Pods.Add(pod)
+
+	client, closer, err := podresources.Dial(ctx, host.PodResourcesSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	resp, err := client.Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodName: "p", PodNamespace: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn := resp.GetPodResources().GetContainers()[0].GetDynamicResources()
+	if len(dyn) != 1 || dyn[0].GetClaimName() != "gpu" || len(dyn[0].GetClaimResources()) != 1 {
+		t.Fatalf("dynamic_resources = %v, want claim gpu with one device", dyn)
+	}
+	r := dyn[0].GetClaimResources()[0]
+	if r.GetDriverName() != dratest.DriverName || r.GetDeviceName() != "dev-1" || len(r.GetCdiDevices()) != 1 || r.GetCdiDevices()[0].GetName() != dratest.CDIDeviceID("dev-1") {
+		t.Fatalf("claim resource = %v", r)
+	}
+}

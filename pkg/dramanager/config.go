@@ -1,0 +1,121 @@
+package dramanager
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/clock"
+)
+
+// Defaults applied by New to zero Config fields: the kubelet's.
+const (
+	// DefaultCallTimeout bounds every NodePrepareResources and
+	// NodeUnprepareResources call (the kubelet's defaultClientCallTimeout,
+	// half its retry period).
+	DefaultCallTimeout = 45 * time.Second
+	// DefaultHealthTimeout is how long a device's last health report
+	// holds when the driver sets no timeout of its own; after it the
+	// device is Unknown.
+	DefaultHealthTimeout = 30 * time.Second
+	// DefaultReconcilePeriod is how often claims of pods that are no
+	// longer active are unprepared.
+	DefaultReconcilePeriod = 60 * time.Second
+	// DefaultHealthRetryPeriod is the wait before a health stream that
+	// ended is opened again.
+	DefaultHealthRetryPeriod = 5 * time.Second
+)
+
+// HealthStateFile is the device health cache's file name in the root.
+const HealthStateFile = "dra_health_state"
+
+// ClaimGetter gives the manager the ResourceClaims pods reference, with
+// their allocation and reservations: the kubelet reads them from the API
+// server; a node backed by one passes a client, tests pass a map.
+type ClaimGetter interface {
+	// GetResourceClaim returns the claim with that namespace and name.
+	GetResourceClaim(ctx context.Context, namespace, name string) (*resourcev1.ResourceClaim, error)
+}
+
+// Config configures a Manager.
+type Config struct {
+	// Root is the directory that stands for the kubelet's root directory:
+	// the checkpoint is Root/dra_manager_state and the health cache
+	// Root/dra_health_state. Required; must be absolute.
+	Root string
+	// Claims supplies the ResourceClaims of the pods to prepare. Without
+	// it, preparing a pod that references a claim fails with an error
+	// that says so; pods without claims need nothing.
+	Claims ClaimGetter
+	// ActivePods lists the pods the node runs, for the reconcile loop
+	// that unprepares the claims of pods that are gone. Nil leaves
+	// reconciling to the caller (Reconcile).
+	ActivePods func() []*corev1.Pod
+	// Logger receives the manager's logs; nil discards them.
+	Logger *slog.Logger
+	// Clock drives health timeouts, the reconcile loop and the health
+	// stream's retries; nil means the real clock. (gRPC call deadlines
+	// are real time.)
+	Clock clock.WithTicker
+	// CallTimeout bounds each call to a driver. Default 45s.
+	CallTimeout time.Duration
+	// HealthTimeout is the default validity of a health report. Default 30s.
+	HealthTimeout time.Duration
+	// ReconcilePeriod is the reconcile loop's period. Default 60s.
+	ReconcilePeriod time.Duration
+	// HealthRetryPeriod is the wait before reopening a health stream.
+	// Default 5s.
+	HealthRetryPeriod time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.HealthTimeout == 0 {
+		c.HealthTimeout = DefaultHealthTimeout
+	}
+	if c.ReconcilePeriod == 0 {
+		c.ReconcilePeriod = DefaultReconcilePeriod
+	}
+	if c.HealthRetryPeriod == 0 {
+		c.HealthRetryPeriod = DefaultHealthRetryPeriod
+	}
+}
+
+// Validate reports every problem of c at once, each with its field path.
+// It expects defaults to be applied (New does that).
+func (c *Config) Validate() error {
+	var errs field.ErrorList
+	p := field.NewPath("config")
+	switch {
+	case c.Root == "":
+		errs = append(errs, field.Required(p.Child("root"), "set the directory that stands for the kubelet root, e.g. /var/lib/kubelet"))
+	case !filepath.IsAbs(c.Root):
+		errs = append(errs, field.Invalid(p.Child("root"), c.Root, "must be an absolute path"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"callTimeout", c.CallTimeout},
+		{"healthTimeout", c.HealthTimeout},
+		{"reconcilePeriod", c.ReconcilePeriod},
+		{"healthRetryPeriod", c.HealthRetryPeriod},
+	} {
+		if d.v < 0 {
+			errs = append(errs, field.Invalid(p.Child(d.name), d.v.String(), "must not be negative; leave it zero for the default"))
+		}
+	}
+	return errs.ToAggregate()
+}

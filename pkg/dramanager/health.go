@@ -1,0 +1,299 @@
+package dramanager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
+	"github.com/dpkit/dpkit/internal/fileutil"
+)
+
+// Health is a device's health as pods see it.
+type Health string
+
+// The values of Health, those of the pod API's ResourceHealthStatus.
+const (
+	Healthy   Health = "Healthy"
+	Unhealthy Health = "Unhealthy"
+	Unknown   Health = "Unknown"
+)
+
+// maxDevicesPerDriver caps the health entries kept per driver: reports are
+// not checked against ResourceSlices, so a driver inventing names would
+// otherwise grow the cache without bound (the kubelet's cap).
+const maxDevicesPerDriver = 16384
+
+// DeviceHealth is the last report about one device. Its JSON form is the
+// kubelet's dra_health_state entry.
+type DeviceHealth struct {
+	PoolName           string
+	DeviceName         string
+	Health             Health
+	LastUpdated        time.Time
+	HealthCheckTimeout time.Duration
+	Message            string
+}
+
+type driverHealth struct {
+	Devices map[string]DeviceHealth
+}
+
+// healthCache holds the last report of every device, per driver, and
+// writes it to Root/dra_health_state on every change as the kubelet does.
+type healthCache struct {
+	mu      sync.RWMutex
+	drivers map[string]driverHealth
+	path    string
+}
+
+func loadHealth(path string) (*healthCache, error) {
+	c := &healthCache{drivers: map[string]driverHealth{}, path: path}
+	blob, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return c, nil
+	}
+	if err == nil {
+		err = json.Unmarshal(blob, &c.drivers)
+	}
+	if err != nil {
+		// The kubelet starts with an empty cache then: health is only a
+		// view, the next reports rebuild it.
+		return &healthCache{drivers: map[string]driverHealth{}, path: path}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+func (c *healthCache) saveLocked() error {
+	blob, err := json.Marshal(c.drivers)
+	if err != nil {
+		return err
+	}
+	return fileutil.WriteAtomic(c.path, blob, 0o600)
+}
+
+// get returns a device's health at now: Unknown when nothing was reported
+// or the last report is older than its timeout.
+func (c *healthCache) get(driver, pool, device string, now time.Time, def time.Duration) DeviceHealth {
+	res := DeviceHealth{PoolName: pool, DeviceName: device, Health: Unknown}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	d, ok := c.drivers[driver].Devices[pool+"/"+device]
+	if !ok {
+		return res
+	}
+	timeout := d.HealthCheckTimeout
+	if timeout == 0 {
+		timeout = def
+	}
+	if now.Sub(d.LastUpdated) > timeout {
+		return res
+	}
+	return d
+}
+
+// update merges a full report from driver at now and returns the devices
+// whose health, message or timeout changed, including devices missing
+// from the report whose last report timed out (they turn Unknown and are
+// dropped).
+func (c *healthCache) update(driver string, devices []DeviceHealth, now time.Time, def time.Duration) ([]DeviceHealth, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur, ok := c.drivers[driver]
+	if !ok {
+		cur = driverHealth{Devices: map[string]DeviceHealth{}}
+		c.drivers[driver] = cur
+	}
+	var changed []DeviceHealth
+	reported := make(map[string]bool, len(devices))
+	for _, d := range devices {
+		d.LastUpdated = now
+		key := d.PoolName + "/" + d.DeviceName
+		reported[key] = true
+		old, known := cur.Devices[key]
+		if !known && len(cur.Devices) >= maxDevicesPerDriver {
+			continue
+		}
+		if !known || old.Health != d.Health || old.Message != d.Message || old.HealthCheckTimeout != d.HealthCheckTimeout {
+			changed = append(changed, d)
+		}
+		cur.Devices[key] = d
+	}
+	deleted := false
+	for key, d := range cur.Devices {
+		if reported[key] {
+			continue
+		}
+		timeout := d.HealthCheckTimeout
+		if timeout == 0 {
+			timeout = def
+		}
+		if now.Sub(d.LastUpdated) > timeout {
+			if d.Health != Unknown {
+				d.Health, d.Message, d.LastUpdated = Unknown, "", now
+				changed = append(changed, d)
+			}
+			delete(cur.Devices, key)
+			deleted = true
+		}
+	}
+	if len(changed) > 0 || deleted {
+		return changed, c.saveLocked()
+	}
+	return changed, nil
+}
+
+// clear forgets a driver's devices (its stream ended: all Unknown) and
+// returns the ones that were known.
+func (c *healthCache) clear(driver string) ([]DeviceHealth, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var gone []DeviceHealth
+	for _, d := range c.drivers[driver].Devices {
+		gone = append(gone, d)
+	}
+	delete(c.drivers, driver)
+	return gone, c.saveLocked()
+}
+
+// watchHealth keeps p's health stream open until ctx ends: it reopens it
+// HealthRetryPeriod after it ended, and stops for good when the driver
+// answers Unimplemented (it advertised the service but serves no health;
+// a driver that gains it registers again).
+func (m *Manager) watchHealth(ctx context.Context, p *plugin) {
+	log := m.log.With("driver", p.Driver, "endpoint", p.Endpoint)
+	for {
+		stream, err := p.watchResources(ctx)
+		if err == nil {
+			err = m.handleHealthStream(stream, p.Driver)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if unimplemented(err) {
+			log.Info("DRA driver serves no health, not watching it", "err", err)
+			return
+		}
+		log.Debug("DRA health stream ended, retrying", "err", err, "retryIn", m.cfg.HealthRetryPeriod)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.cfg.Clock.After(m.cfg.HealthRetryPeriod):
+		}
+	}
+}
+
+// handleHealthStream reads reports until the stream ends; then the
+// driver's devices are forgotten (Unknown) and their pods told.
+func (m *Manager) handleHealthStream(stream drahealthv1.DRAResourceHealth_NodeWatchResourcesClient, driver string) error {
+	defer func() {
+		gone, err := m.health.clear(driver)
+		if err != nil {
+			m.log.Error("Saving the DRA health state failed", "driver", driver, "err", err)
+		}
+		m.notify(driver, gone)
+	}()
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		devices := make([]DeviceHealth, 0, len(resp.GetDevices()))
+		for _, d := range resp.GetDevices() {
+			devices = append(devices, m.deviceHealth(d))
+		}
+		changed, err := m.health.update(driver, devices, m.cfg.Clock.Now(), m.cfg.HealthTimeout)
+		if err != nil {
+			m.log.Error("Saving the DRA health state failed", "driver", driver, "err", err)
+		}
+		m.notify(driver, changed)
+		if m.onHealth != nil {
+			m.onHealth(driver)
+		}
+	}
+}
+
+func (m *Manager) deviceHealth(d *drahealthv1.DeviceHealth) DeviceHealth {
+	timeout := m.cfg.HealthTimeout
+	if s := d.GetHealthCheckTimeoutSeconds(); s > 0 {
+		timeout = time.Duration(s) * time.Second
+	}
+	h := Unknown
+	switch d.GetHealth() {
+	case drahealthv1.HealthStatus_HEALTHY:
+		h = Healthy
+	case drahealthv1.HealthStatus_UNHEALTHY:
+		h = Unhealthy
+	}
+	msg := d.GetMessage()
+	if len(msg) > corev1.ResourceHealthMessageMaxLength {
+		msg = msg[:corev1.ResourceHealthMessageMaxLength-3] + "..."
+	}
+	return DeviceHealth{
+		PoolName:           d.GetDevice().GetPoolName(),
+		DeviceName:         d.GetDevice().GetDeviceName(),
+		Health:             h,
+		LastUpdated:        time.Unix(d.GetLastUpdatedTime(), 0),
+		HealthCheckTimeout: timeout,
+		Message:            msg,
+	}
+}
+
+// notify sends the UIDs of the pods using any of devices of driver on
+// Updates, dropping the update when the channel is full (as the kubelet,
+// whose channel also holds 100).
+func (m *Manager) notify(driver string, devices []DeviceHealth) {
+	if len(devices) == 0 {
+		return
+	}
+	type key struct{ pool, device string }
+	changed := make(map[key]bool, len(devices))
+	for _, d := range devices {
+		changed[key{d.PoolName, d.DeviceName}] = true
+	}
+	pods := map[types.UID]bool{}
+	m.cache.mu.RLock()
+	for _, c := range m.cache.claims {
+		for _, d := range c.DriverState[driver].Devices {
+			if changed[key{d.PoolName, d.DeviceName}] {
+				for uid := range c.PodUIDs {
+					pods[types.UID(uid)] = true
+				}
+			}
+		}
+	}
+	m.cache.mu.RUnlock()
+	if len(pods) == 0 {
+		return
+	}
+	uids := make([]types.UID, 0, len(pods))
+	for u := range pods {
+		uids = append(uids, u)
+	}
+	select {
+	case m.updates <- uids:
+	default:
+		m.log.Error("DRA health update channel is full, discarding a pod update", "pods", uids)
+	}
+}
+
+// Updates delivers the UIDs of pods whose devices' health changed; the
+// caller recomputes their status with UpdateAllocatedResourcesStatus.
+func (m *Manager) Updates() <-chan []types.UID { return m.updates }
+
+// DeviceHealth returns what is known of a device's health now: Unknown
+// when its driver reported nothing or its last report timed out.
+func (m *Manager) DeviceHealth(driver, pool, device string) DeviceHealth {
+	return m.health.get(driver, pool, device, m.cfg.Clock.Now(), m.cfg.HealthTimeout)
+}
