@@ -16,7 +16,7 @@ go vet ./... || fail=1
 # go tool -n builds the pinned golangci-lint (cached after the first time)
 # and prints its path.
 lint=$(cd hack/lint && go tool -n golangci-lint) || { echo "cannot build golangci-lint from hack/lint"; exit 1; }
-"$lint" run ./... || { echo "golangci-lint found problems (configuration: .golangci.yml)"; fail=1; }
+"$lint" run --allow-parallel-runners ./... || { echo "golangci-lint found problems (configuration: .golangci.yml)"; fail=1; }
 for mod in . hack/tools hack/containerd hack/kwok hack/render hack/lint; do
   [[ -f "$mod/go.mod" ]] || continue
   if ! (cd "$mod" && go mod tidy -diff >/dev/null); then

@@ -53,10 +53,10 @@ Exit status: 0 deleted, 1 a pod is not there or the kubelet is unreachable,
 				return cli.Exit(2, errors.New(`name the pods to delete, "dpkit delete pod NAME...", or give a manifest with -f`))
 			}
 			if k := strings.ToLower(args[0]); k != "pod" && k != "pods" && k != "po" {
-				return cli.Exit(2, fmt.Errorf("unknown kind %q; only pods can be deleted: dpkit delete pod NAME...", args[0]))
+				return cli.Exit(2, fmt.Errorf("unknown kind %q; only pods can be deleted: dpkit delete pod NAME [NAME ...]", args[0]))
 			}
 			if len(args) == 1 {
-				return cli.Exit(2, errors.New("name the pods to delete: dpkit delete pod NAME..."))
+				return cli.Exit(2, errors.New("name the pods to delete: dpkit delete pod NAME [NAME ...]"))
 			}
 			return nil
 		},

@@ -152,7 +152,7 @@ func TestDeleteKubectlHabits(t *testing.T) {
 		want  string // regular expression the output or error matches
 	}{
 		{nil, "", 2, `name the pods to delete`},
-		{[]string{"pod"}, "", 2, `name the pods to delete: dpkit delete pod NAME\.\.\.`},
+		{[]string{"pod"}, "", 2, `name the pods to delete: dpkit delete pod NAME \[NAME \.\.\.\]`},
 		{[]string{"pod", "a", "-f", manifest}, "", 2, `give pod names or -f, not both`},
 		{[]string{"-f", manifest, "-n", "default"}, "", 2, `the pod's namespace "ml" does not match --namespace "default"`},
 		{[]string{"-f", "nope.yaml"}, "", 2, `-f nope\.yaml: the file does not exist`},
