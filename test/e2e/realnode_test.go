@@ -70,7 +70,7 @@ func importPluginImage(t *testing.T, n *controlplane.Node) {
 			return
 		}
 		archive := filepath.Join(dir, "dpkit-plugin.oci.tar")
-		if _, err := ociimage.WriteFile(archive, imagespec.Plugin(bin, pluginImage, "e2e")); err != nil {
+		if _, err := ociimage.WriteFile(archive, imagespec.Plugin(imagespec.Input{Binary: bin, Name: pluginImage, Version: "e2e"})); err != nil {
 			pluginImageErr = err
 			return
 		}
