@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds dpkit's two container images as archives, without Docker or any
-# other container engine (hack/image writes them):
+# other container engine (hack/image writes them: internal/imagespec says
+# what they hold, internal/ociimage writes them reproducibly; the same tree
+# gives the same digests, which it prints):
 #
 #   $BIN/images/dpkit-plugin.tar  $IMAGE_REPO/dpkit-plugin:$VERSION  the lean
 #                                 "dpkit plugin" build the plugin DaemonSets run
@@ -38,13 +40,6 @@ echo "== building linux/$ARCH binaries into $out"
 build -tags "dpkit_lean grpcnotrace" -o "$out/dpkit-plugin" ./cmd/dpkit
 build -o "$out/dpkit-cluster" ./cmd/dpkit-cluster
 
-labels=(-label "org.opencontainers.image.version=$VERSION" -label "org.opencontainers.image.source=https://github.com/dpkit/dpkit")
-"$GO" run ./hack/image -arch "$ARCH" -tag "$IMAGE_REPO/dpkit-plugin:$VERSION" "${labels[@]}" \
-  -file "$out/dpkit-plugin=/usr/bin/dpkit" -user 0:0 -expose 9400/tcp \
-  -entrypoint /usr/bin/dpkit -cmd plugin -cmd --config -cmd /etc/dpkit/config.yaml -cmd --metrics-address -cmd :9400 \
-  -o "$BIN/images/dpkit-plugin.tar"
-"$GO" run ./hack/image -arch "$ARCH" -tag "$IMAGE_REPO/dpkit:$VERSION" "${labels[@]}" \
-  -file "$out/dpkit-cluster=/usr/bin/dpkit" -user 0:0 -entrypoint /usr/bin/dpkit \
-  -o "$BIN/images/dpkit.tar"
-echo "$BIN/images/dpkit-plugin.tar  $IMAGE_REPO/dpkit-plugin:$VERSION"
-echo "$BIN/images/dpkit.tar         $IMAGE_REPO/dpkit:$VERSION"
+image() { "$GO" run ./hack/image -version "$VERSION" -arch "$ARCH" "$@"; }
+image -image plugin -binary "$out/dpkit-plugin" -tag "$IMAGE_REPO/dpkit-plugin:$VERSION" -o "$BIN/images/dpkit-plugin.tar"
+image -image full -binary "$out/dpkit-cluster" -tag "$IMAGE_REPO/dpkit:$VERSION" -o "$BIN/images/dpkit.tar"

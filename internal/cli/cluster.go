@@ -2,20 +2,26 @@ package cli
 
 import (
 	"context"
-
-	corev1 "k8s.io/api/core/v1"
 )
 
 // Cluster is what commands read from an API server named by a kubeconfig.
 // The dpkit binary has none (Env.Cluster is nil): it hands the command
 // lines that need one to dpkit-cluster, so that it builds without the
 // Kubernetes client libraries (docs/architecture.md, "Two binaries").
+// Nothing here names a Kubernetes API type: the lean plugin image links
+// this package, and k8s.io/api/core/v1 alone would add 5 MB to it.
 type Cluster interface {
-	// PodGetter returns a function that reads a pod through the API
-	// server of kubeconfig; the pod is nil, with no error, when the API
-	// server has none of that name.
-	PodGetter(kubeconfig string) (PodGetter, error)
+	// PodHealth returns a function that reads pods' device health
+	// through the API server of kubeconfig.
+	PodHealth(kubeconfig string) (PodHealthGetter, error)
 }
 
-// PodGetter reads one pod.
-type PodGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+// DeviceHealth is the device health a pod's status reports (its
+// containers' and init containers' allocatedResourcesStatus): container
+// name -> resource name -> device ID -> health (Healthy, Unhealthy,
+// Unknown).
+type DeviceHealth map[string]map[string]map[string]string
+
+// PodHealthGetter reads one pod's device health; it is nil, with no
+// error, when the API server has no pod of that name.
+type PodHealthGetter func(ctx context.Context, namespace, name string) (DeviceHealth, error)

@@ -53,35 +53,57 @@ func base(binary string) []ociimage.File {
 	}
 }
 
-// Plugin returns the lean plugin image of binary (built with the
-// dpkit_lean tag) named ref. It runs as root only to create sockets in
-// the kubelet's root-owned directories; the manifests drop every
-// capability.
-func Plugin(binary, ref, version string) ociimage.Image {
+// Input is what one image is made from.
+type Input struct {
+	// Binary is the static Linux binary that becomes /usr/bin/dpkit.
+	Binary string
+	// Name is the image's full reference, e.g. ghcr.io/dpkit/dpkit:v0.1.0.
+	Name string
+	// Version goes into the org.opencontainers.image.version label.
+	Version string
+	// Arch is the binary's GOARCH; empty means this machine's.
+	Arch string
+}
+
+func (in Input) arch() string {
+	if in.Arch == "" {
+		return runtime.GOARCH
+	}
+	return in.Arch
+}
+
+// PluginCmd is the plugin image's default command: the config file the
+// DaemonSets mount and the probes' port.
+var PluginCmd = []string{"plugin", "--config", "/etc/dpkit/config.yaml", "--metrics-address", ":9400"}
+
+// Plugin returns the lean plugin image (the binary built with the
+// dpkit_lean tag). It runs as root only to create sockets in the
+// kubelet's root-owned directories; the manifests drop every capability.
+func Plugin(in Input) ociimage.Image {
 	return ociimage.Image{
-		Name: ref, OS: "linux", Architecture: runtime.GOARCH,
+		Name: in.Name, OS: "linux", Architecture: in.arch(),
 		Config: ociimage.Config{
 			User:         "0:0",
 			Env:          []string{Path},
 			ExposedPorts: map[string]struct{}{MetricsPort: {}},
 			Entrypoint:   []string{BinaryPath},
-			Cmd:          []string{"plugin", "--config", "/etc/dpkit/config.yaml", "--metrics-address", ":9400"},
-			Labels:       Labels(version),
+			Cmd:          PluginCmd,
+			Labels:       Labels(in.Version),
 		},
-		Files: base(binary),
+		Files: base(in.Binary),
 	}
 }
 
-// Full returns the full image of binary named ref.
-func Full(binary, ref, version string) ociimage.Image {
+// Full returns the full image (cmd/dpkit-cluster: every command).
+func Full(in Input) ociimage.Image {
 	return ociimage.Image{
-		Name: ref, OS: "linux", Architecture: runtime.GOARCH,
+		Name: in.Name, OS: "linux", Architecture: in.arch(),
 		Config: ociimage.Config{
 			User:       "0:0",
 			Env:        []string{Path},
 			Entrypoint: []string{BinaryPath},
-			Labels:     Labels(version),
+			Labels:     Labels(in.Version),
 		},
-		Files: base(binary),
+		Files: base(in.Binary),
 	}
 }

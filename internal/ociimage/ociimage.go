@@ -1,7 +1,10 @@
 // Package ociimage writes container images as OCI image layouts packed in a
-// tar archive (the "oci-archive" that `ctr images import`, `docker load`,
-// `kind load image-archive`, podman and skopeo read), from files on the
-// build machine: no container daemon, no base image, no registry.
+// tar archive, from files on the build machine: no container daemon, no
+// base image, no registry. The archive also carries Docker's manifest.json
+// beside index.json, as `docker save` writes since Docker 25, so every
+// usual loader takes it: `ctr images import`, `kind load image-archive`,
+// `docker load` (older releases too), `podman load`, skopeo's
+// oci-archive: and docker-archive: transports.
 //
 // The output is reproducible: the same files and configuration give the
 // same bytes, so the same digests. Every tar entry has a fixed time
@@ -31,6 +34,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/dpkit/dpkit/internal/fileutil"
 )
 
 // Media types and annotations of the OCI image specification v1.1, and
@@ -159,13 +164,29 @@ type index struct {
 	Manifests     []Descriptor `json:"manifests"`
 }
 
+// dockerManifest is one entry of Docker's manifest.json: `docker load`
+// before Docker 25 reads only this, and names the image after RepoTags.
+type dockerManifest struct {
+	Config   string
+	RepoTags []string
+	Layers   []string
+}
+
 // Validate reports every problem of img at once, each naming its field.
 func (img *Image) Validate() error {
 	var errs []error
-	if img.Name == "" {
+	switch t := tag(img.Name); {
+	case img.Name == "":
 		errs = append(errs, errors.New("image: Name is empty: give the full reference, e.g. ghcr.io/dpkit/dpkit:dev"))
-	} else if tag(img.Name) == "" {
-		errs = append(errs, fmt.Errorf("image: Name %q has no tag: end it with :TAG", img.Name))
+	case t == "":
+		errs = append(errs, fmt.Errorf("image: Name %q has no tag: end it with :TAG, e.g. %s:dev", img.Name, img.Name))
+	case strings.ContainsAny(t, "/ ") || strings.TrimSuffix(img.Name, ":"+t) != strings.ToLower(strings.TrimSuffix(img.Name, ":"+t)):
+		errs = append(errs, fmt.Errorf("image: Name %q: the repository must be lower case and the tag one word, e.g. ghcr.io/dpkit/dpkit:dev", img.Name))
+	}
+	for _, p := range sortedKeys(img.Config.ExposedPorts) {
+		if port, proto, ok := strings.Cut(p, "/"); !ok || port == "" || (proto != "tcp" && proto != "udp") {
+			errs = append(errs, fmt.Errorf("image: Config.ExposedPorts %q: want PORT/tcp or PORT/udp, e.g. 9400/tcp", p))
+		}
 	}
 	if img.OS == "" {
 		errs = append(errs, errors.New("image: OS is empty: set it to the binaries' GOOS, e.g. linux"))
@@ -194,6 +215,12 @@ func (img *Image) Validate() error {
 			errs = append(errs, fmt.Errorf("image: Files[%d] (%s) has type %v: only regular files, directories and symlinks are supported", i, f.Path, f.Mode.Type()))
 		case f.Source != "" && f.Data != nil:
 			errs = append(errs, fmt.Errorf("image: Files[%d] (%s) sets both Data and Source: keep one", i, f.Path))
+		case f.Source != "":
+			if fi, err := os.Stat(f.Source); err != nil {
+				errs = append(errs, fmt.Errorf("image: Files[%d] (%s): Source: %w", i, f.Path, err))
+			} else if !fi.Mode().IsRegular() {
+				errs = append(errs, fmt.Errorf("image: Files[%d] (%s): Source %s is not a regular file", i, f.Path, f.Source))
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -207,6 +234,15 @@ func tag(ref string) string {
 		return last[i+1:]
 	}
 	return ""
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func cleanPath(p string) string {
@@ -270,6 +306,12 @@ func Write(w io.Writer, img Image) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	dockerBlob, err := json.Marshal([]dockerManifest{{
+		Config: blobPath(res.Config.Digest), RepoTags: []string{img.Name}, Layers: []string{blobPath(res.Layer.Digest)},
+	}})
+	if err != nil {
+		return Result{}, err
+	}
 	tw := tar.NewWriter(w)
 	entry := func(name string, mode int64, data []byte) error {
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: created, Format: tar.FormatPAX}
@@ -292,10 +334,11 @@ func Write(w io.Writer, img Image) (Result, error) {
 		func() error { return entry("blobs/sha256", 0o755, nil) },
 	}
 	for _, b := range blobs {
-		steps = append(steps, func() error { return entry("blobs/sha256/"+strings.TrimPrefix(b.digest, "sha256:"), 0o644, b.data) })
+		steps = append(steps, func() error { return entry(blobPath(b.digest), 0o644, b.data) })
 	}
 	steps = append(steps,
 		func() error { return entry("index.json", 0o644, idxBlob) },
+		func() error { return entry("manifest.json", 0o644, dockerBlob) },
 		func() error { return entry("oci-layout", 0o644, []byte(`{"imageLayoutVersion":"1.0.0"}`)) },
 	)
 	for _, step := range steps {
@@ -309,14 +352,18 @@ func Write(w io.Writer, img Image) (Result, error) {
 	return res, nil
 }
 
-// WriteFile writes img to the file at path (replacing it).
+// blobPath is where a blob lies in the layout.
+func blobPath(digest string) string { return "blobs/sha256/" + strings.TrimPrefix(digest, "sha256:") }
+
+// WriteFile writes img to the file at path, whole or not at all (a loader
+// never sees half an archive), replacing what was there.
 func WriteFile(path string, img Image) (Result, error) {
 	var buf bytes.Buffer
 	res, err := Write(&buf, img)
 	if err != nil {
 		return Result{}, err
 	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+	if err := fileutil.WriteAtomic(path, buf.Bytes(), 0o644); err != nil {
 		return Result{}, fmt.Errorf("image %s: %w", img.Name, err)
 	}
 	return res, nil

@@ -126,6 +126,21 @@ func TestLayout(t *testing.T) {
 	if err := json.Unmarshal(blob(m), &man); err != nil || len(man.Layers) != 1 {
 		t.Fatalf("manifest: %v", err)
 	}
+	// Docker's manifest.json (what docker load before Docker 25 reads)
+	// names the image and points at the same blobs.
+	var docker []struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	if err := json.Unmarshal(blobs["manifest.json"], &docker); err != nil {
+		t.Fatalf("manifest.json: %v %s", err, blobs["manifest.json"])
+	}
+	blobName := func(d ociimage.Descriptor) string { return "blobs/sha256/" + strings.TrimPrefix(d.Digest, "sha256:") }
+	if len(docker) != 1 || strings.Join(docker[0].RepoTags, ",") != img.Name || docker[0].Config != blobName(man.Config) ||
+		strings.Join(docker[0].Layers, ",") != blobName(man.Layers[0]) {
+		t.Errorf("manifest.json = %+v, want %s with config %s and layer %s", docker, img.Name, blobName(man.Config), blobName(man.Layers[0]))
+	}
 	var cfg struct {
 		OS, Architecture string
 		Config           ociimage.Config
@@ -173,22 +188,76 @@ func TestLayout(t *testing.T) {
 	}
 }
 
+// TestValidate: every problem is reported at once, each naming its field.
 func TestValidate(t *testing.T) {
 	t.Parallel()
+	dir := t.TempDir()
 	img := ociimage.Image{
-		Name: "example.test/x",
+		Name:   "example.test/x",
+		Config: ociimage.Config{ExposedPorts: map[string]struct{}{"9400": {}, "9401/sctp": {}}},
 		Files: []ociimage.File{
 			{Path: "/"}, {Path: "a", Mode: 0o644}, {Path: "/a", Mode: 0o644},
 			{Path: "l", Mode: fs.ModeSymlink}, {Path: "d", Mode: fs.ModeDevice}, {Path: "b", Data: []byte{}, Source: "x"},
+			{Path: "gone", Mode: 0o755, Source: filepath.Join(dir, "gone")}, {Path: "dir", Mode: 0o755, Source: dir},
 		},
 	}
 	_, err := ociimage.Write(io.Discard, img)
 	if err == nil {
 		t.Fatal("Write accepted an invalid image")
 	}
-	for _, want := range []string{"has no tag", "OS is empty", "Architecture is empty", "Files[0].Path", "listed twice", "without a Target", "only regular files", "both Data and Source"} {
+	for _, want := range []string{
+		"has no tag", "OS is empty", "Architecture is empty", "Files[0].Path", "listed twice", "without a Target",
+		"only regular files", "both Data and Source", `ExposedPorts "9400": want PORT/tcp`, `ExposedPorts "9401/sctp"`,
+		"Files[6] (gone): Source", "no such file", "Files[7] (dir): Source " + dir + " is not a regular file",
+	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
+	}
+}
+
+// TestValidateName: an image name must be a full reference with a tag.
+func TestValidateName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, want string }{
+		{"", "Name is empty"},
+		{"ghcr.io/dpkit/dpkit", "has no tag"},
+		{"localhost:5000/dpkit", "has no tag"}, // a registry's port is not a tag
+		{"ghcr.io/DPKIT/dpkit:v1", "lower case"},
+		{"ghcr.io/dpkit/dpkit:v1 x", "tag one word"},
+		{"ghcr.io/dpkit/dpkit:v0.1.0", ""},
+		{"localhost:5000/dpkit:dev", ""},
+	} {
+		img := ociimage.Image{Name: tc.name, OS: "linux", Architecture: "amd64"}
+		err := img.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("Name %q: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("Name %q: error %v, want one saying %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestWriteFile: the archive is written whole, and a refused image leaves
+// the file that was there.
+func TestWriteFile(t *testing.T) {
+	t.Parallel()
+	img := testImage(t)
+	out := filepath.Join(t.TempDir(), "img.tar")
+	want, res := write(t, img)
+	if got, err := ociimage.WriteFile(out, img); err != nil || got.Manifest.Digest != res.Manifest.Digest {
+		t.Fatalf("WriteFile: %v, digest %s, want %s", err, got.Manifest.Digest, res.Manifest.Digest)
+	}
+	if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, want) {
+		t.Fatalf("WriteFile wrote %d bytes (%v), want the %d Write gives", len(b), err, len(want))
+	}
+	bad := img
+	bad.Name = "no-tag"
+	if _, err := ociimage.WriteFile(out, bad); err == nil {
+		t.Fatal("WriteFile accepted an image without a tag")
+	}
+	if b, _ := os.ReadFile(out); !bytes.Equal(b, want) {
+		t.Error("a refused image changed the archive already there")
 	}
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/imagespec"
 	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -70,7 +71,7 @@ func importPluginImage(t *testing.T, n *controlplane.Node) {
 			return
 		}
 		archive := filepath.Join(dir, "dpkit-plugin.oci.tar")
-		if _, err := ociimage.WriteFile(archive, imagespec.Plugin(bin, pluginImage, "e2e")); err != nil {
+		if _, err := ociimage.WriteFile(archive, imagespec.Plugin(imagespec.Input{Binary: bin, Name: pluginImage, Version: "e2e"})); err != nil {
 			pluginImageErr = err
 			return
 		}
@@ -120,8 +121,17 @@ func deployKustomize(t *testing.T, resourceName string) deployment {
 
 func deployKustomizeConfig(t *testing.T, resourceName, config string) deployment {
 	t.Helper()
+	return deployOverlay(t, "generic", resourceName, config, "")
+}
+
+// deployOverlay renders deploy/overlays/<plugin> through an overlay of the
+// kind a user writes: the local image, the plugin's section of the config
+// file, and a strategic-merge patch of the DaemonSet when patch is not
+// empty.
+func deployOverlay(t *testing.T, plugin, resourceName, config, patch string) deployment {
+	t.Helper()
 	dir := t.TempDir()
-	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic"))
+	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", plugin))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +157,11 @@ configMapGenerator:
   files:
   - config.yaml
 `
-	cfg := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n" + indent(config, "    ")
+	if patch != "" {
+		kust += "patches:\n- path: patch.yaml\n"
+		writeFile(t, filepath.Join(dir, "patch.yaml"), patch)
+	}
+	cfg := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- " + plugin + ":\n" + indent(config, "    ")
 	writeFile(t, filepath.Join(dir, "kustomization.yaml"), kust)
 	writeFile(t, filepath.Join(dir, "config.yaml"), cfg)
 	return deploymentOf(t, render(t, "kustomize", dir), resourceName)
@@ -416,6 +430,121 @@ func TestRealNodeCDI(t *testing.T) {
 	ns := createNamespace(t, c, "cdi")
 	runDevicePod(t, ctx, c, ns, "one", d.resource, "1")
 	t.Logf("pod log:\n%s", wantDeviceLogs(t, ctx, c, ns, "one"))
+}
+
+// TestRealNodeNvidiaCDI runs the nvidia plugin, deployed from
+// deploy/overlays/nvidia, on the shipped DGX-H100 fixture host (its /dev,
+// /sys and /proc mounted into the plugin's pod in place of the node's),
+// with the cdi strategy and cdiSpecDir: the plugin writes a CDI spec of
+// the fixture's GPUs into the node's /var/run/cdi and answers Allocate with
+// CDI names only; containerd 2.x reads the spec and creates the GPU's
+// device node in the container. The fixture's device nodes are plain
+// files; the test makes them character devices (1:5, what /dev/zero is)
+// so that the spec carries device numbers a container can use.
+func TestRealNodeNvidiaCDI(t *testing.T) {
+	cp, n := realNode.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	importPluginImage(t, n)
+
+	host := t.TempDir()
+	if out, err := exec.Command("cp", "-a", filepath.Join("..", "..", "pkg", "discovery", "testdata", "hosts", "dgx-h100")+"/.", host).CombinedOutput(); err != nil {
+		t.Fatalf("copy the fixture host: %v: %s", err, out)
+	}
+	nodes, err := filepath.Glob(filepath.Join(host, "dev", "nvidia*"))
+	if err != nil || len(nodes) != 12 {
+		t.Fatalf("fixture device nodes %v (%v), want 8 GPUs, nvidiactl, 2 UVM and modeset", nodes, err)
+	}
+	for _, f := range nodes {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mknod(f, syscall.S_IFCHR|0o666, int(1<<8|5)); err != nil {
+			t.Fatalf("mknod %s (the real node runs as root): %v", f, err)
+		}
+	}
+
+	const res, kind = "e2e.dpkit.io/nvidia-gpu", "e2e.dpkit.io/gpu"
+	cfg := "resourceName: " + res + "\ndeviceListStrategy: [cdi]\ncdiKind: " + kind + "\ncdiSpecDir: /var/run/cdi\n"
+	patch := `apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: dpkit-plugin
+spec:
+  template:
+    spec:
+      nodeSelector:
+        feature.node.kubernetes.io/pci-10de.present: null
+        kubernetes.io/hostname: ` + n.Name + `
+      volumes:
+      - name: dev
+        hostPath:
+          path: ` + filepath.Join(host, "dev") + `
+      - name: sys
+        hostPath:
+          path: ` + filepath.Join(host, "sys") + `
+      - name: proc
+        hostPath:
+          path: ` + filepath.Join(host, "proc") + `
+`
+	d := deployOverlay(t, "nvidia", res, cfg, patch)
+	d.apply(t, ctx, cp)
+	d.waitPluginReady(t, ctx, c, n.Name, "8")
+
+	specFile := filepath.Join(n.CDIDir, plugins.CDISpecFile(kind))
+	spec, err := os.ReadFile(specFile)
+	if err != nil {
+		t.Fatalf("the nvidia plugin wrote no CDI spec into the node's /var/run/cdi: %v", err)
+	}
+	t.Logf("CDI spec %s:\n%s", specFile, spec)
+
+	ns := createNamespace(t, c, "nvidia-cdi")
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: ns},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{
+				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:   []string{"sh", "-c", `ls -l /dev/ | grep nvidia; for f in /dev/nvidia[0-9]*; do echo "gpu $f read: $(head -c 2 $f | od -An -tx1)"; done; exec sleep 3600`},
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse("1")}},
+			}},
+		},
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			describePod(t, c, ns, "gpu")
+		}
+	})
+	waitPod(t, ctx, c, ns, "gpu", "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	var logs string
+	poll(t, ctx, "log of "+ns+"/gpu", func(ctx context.Context) (bool, string, error) {
+		b, err := c.CoreV1().Pods(ns).GetLogs("gpu", &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		logs = string(b)
+		return strings.Contains(logs, "read:  00 00"), logs, nil
+	})
+	t.Logf("pod log:\n%s", logs)
+	// One GPU: its node and the ones for all, each a character device
+	// 1, 5 created by containerd from the spec.
+	gpus := 0
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.HasPrefix(line, "gpu /dev/nvidia") {
+			gpus++
+		}
+	}
+	if gpus != 1 {
+		t.Errorf("the container has %d GPU device nodes, want the 1 it asked for:\n%s", gpus, logs)
+	}
+	for _, node := range []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"} {
+		if !strings.Contains(logs, "1,   5 ") || !strings.Contains(logs, " "+node+"\n") {
+			t.Errorf("the container lacks /dev/%s as character device 1, 5:\n%s", node, logs)
+		}
+	}
 }
 
 // TestRealNodeKubeletRestart restarts the real kubelet under a deployed

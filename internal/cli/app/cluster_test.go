@@ -167,7 +167,7 @@ func TestGetWithoutKubeconfigStays(t *testing.T) {
 
 type fakeCluster struct{ err error }
 
-func (f fakeCluster) PodGetter(string) (cli.PodGetter, error) { return nil, f.err }
+func (f fakeCluster) PodHealth(string) (cli.PodHealthGetter, error) { return nil, f.err }
 
 // TestClusterOptions checks what cmd/dpkit-cluster relies on: WithCommands
 // replaces the stand-ins, and with WithCluster get --kubeconfig runs in

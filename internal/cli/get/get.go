@@ -110,11 +110,11 @@ one; "-" where neither knows.`,
 					if env.Cluster == nil {
 						return errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
 					}
-					getPod, err := env.Cluster.PodGetter(kubeconfig)
+					getHealth, err := env.Cluster.PodHealth(kubeconfig)
 					if err != nil {
 						return cli.Exit(2, err)
 					}
-					health = statusHealth(getPod)
+					health = statusHealth(getHealth)
 				default:
 					if _, err := os.Stat(socket); err == nil {
 						c := emulator.NewClient(socket)
@@ -422,29 +422,16 @@ func adminHealth(c *emulator.Client) healthSource {
 // statusHealth reads device health from the pods' status in the API
 // server (allocatedResourcesStatus of containers and init containers). A
 // pod the API server does not have is left without health.
-func statusHealth(getPod cli.PodGetter) healthSource {
+func statusHealth(getHealth cli.PodHealthGetter) healthSource {
 	return func(ctx context.Context, pods []podRow) error {
 		for _, p := range pods {
-			api, err := getPod(ctx, p.Namespace, p.Name)
+			health, err := getHealth(ctx, p.Namespace, p.Name)
 			if err != nil {
 				return err
 			}
-			if api == nil {
-				continue
-			}
-			byKey := map[string]map[string]string{} // container/resource -> ID -> health
-			for _, cs := range append(slices.Clone(api.Status.InitContainerStatuses), api.Status.ContainerStatuses...) {
-				for _, rs := range cs.AllocatedResourcesStatus {
-					h := map[string]string{}
-					for _, r := range rs.Resources {
-						h[string(r.ResourceID)] = string(r.Health)
-					}
-					byKey[cs.Name+"\x00"+string(rs.Name)] = h
-				}
-			}
 			for _, c := range p.Containers {
 				for i := range c.Devices {
-					c.Devices[i].Health = pick(byKey[c.Name+"\x00"+c.Devices[i].Resource], c.Devices[i].DeviceIDs)
+					c.Devices[i].Health = pick(health[c.Name][c.Devices[i].Resource], c.Devices[i].DeviceIDs)
 				}
 			}
 		}

@@ -19,8 +19,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli"
@@ -291,18 +289,11 @@ func TestPodsHealthFromAdmin(t *testing.T) {
 // status does not name left out, and pods the API server does not have
 // left without health.
 func TestStatusHealth(t *testing.T) {
-	apiPods := map[string]*corev1.Pod{"ns/p": {
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
-		Status: corev1.PodStatus{
-			InitContainerStatuses: []corev1.ContainerStatus{{Name: "side", AllocatedResourcesStatus: []corev1.ResourceStatus{
-				{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "s0", Health: corev1.ResourceHealthStatusUnknown}}},
-			}}},
-			ContainerStatuses: []corev1.ContainerStatus{{Name: "app", AllocatedResourcesStatus: []corev1.ResourceStatus{
-				{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "d0", Health: corev1.ResourceHealthStatusHealthy}, {ResourceID: "d1", Health: corev1.ResourceHealthStatusUnhealthy}}},
-			}}},
-		},
+	apiPods := map[string]cli.DeviceHealth{"ns/p": {
+		"side": {"example.com/foo": {"s0": "Unknown"}},
+		"app":  {"example.com/foo": {"d0": "Healthy", "d1": "Unhealthy"}},
 	}}
-	getPod := func(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	getHealth := func(_ context.Context, namespace, name string) (cli.DeviceHealth, error) {
 		return apiPods[namespace+"/"+name], nil // nil: not found
 	}
 	pods := []podRow{
@@ -315,7 +306,7 @@ func TestStatusHealth(t *testing.T) {
 		}},
 		{Namespace: "ns", Name: "gone", Containers: []containerRow{{Name: "app", Devices: []deviceGroup{{Resource: "example.com/foo", DeviceIDs: []string{"x"}}}}}},
 	}
-	if err := statusHealth(getPod)(context.Background(), pods); err != nil {
+	if err := statusHealth(getHealth)(context.Background(), pods); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

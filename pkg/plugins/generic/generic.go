@@ -44,6 +44,7 @@ func New(cfg Config, opts plugins.Options) ([]deviceplugin.Resource, error) {
 			cfg:   cfg,
 			opts:  opts,
 			log:   opts.Logger.With("plugin", "generic", "resource", name),
+			cdi:   plugins.CDIWriter{Dir: cfg.CDI.SpecDir},
 		}
 		out = append(out, deviceplugin.Resource{Name: name, Plugin: p})
 	}
@@ -60,7 +61,7 @@ type Plugin struct {
 
 	mu      sync.Mutex
 	devices map[string]*device // base ID -> device
-	cdi     string             // last CDI spec written
+	cdi     plugins.CDIWriter  // when CDI is enabled
 }
 
 // device is one physical device of the group.
@@ -91,7 +92,7 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 			p.devices = devs
 			p.mu.Unlock()
 			if p.cfg.CDI.Enabled {
-				if err := p.writeCDISpec(devs); err != nil {
+				if err := p.cdi.Write(p.cdiSpec(devs)); err != nil {
 					p.log.Error("Cannot write CDI spec", "err", err)
 				}
 			}

@@ -314,7 +314,7 @@ func TestCDI(t *testing.T) {
 	if len(resp.CdiDevices) != 1 || resp.CdiDevices[0].Name != "example.com/serial=ttyUSB0" || len(resp.Devices) != 0 || len(resp.Mounts) != 0 {
 		t.Fatalf("CDI allocation = %v", resp)
 	}
-	b, err := os.ReadFile(filepath.Join(specDir, generic.CDISpecFile("example.com/serial")))
+	b, err := os.ReadFile(filepath.Join(specDir, plugins.CDISpecFile("example.com/serial")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/discovery/devfs"
@@ -64,6 +65,7 @@ func NewWithHealthChecker(cfg Config, opts plugins.Options, hc HealthChecker) ([
 		cfg: cfg, opts: opts, hc: hc,
 		log:     opts.Logger.With("plugin", "nvidia", "resource", cfg.ResourceName),
 		checked: make(map[string]string),
+		cdi:     plugins.CDIWriter{Dir: cfg.CDISpecDir},
 	}
 	return []deviceplugin.Resource{{Name: cfg.ResourceName, Plugin: p}}, nil
 }
@@ -79,6 +81,8 @@ type Plugin struct {
 	gpus    map[string]gpu    // by UUID; vanished GPUs stay, unhealthy
 	checked map[string]string // UUID -> reason, from the HealthChecker
 	notify  func([]deviceplugin.Device)
+
+	cdi plugins.CDIWriter // when CDISpecDir is set
 }
 
 type gpu struct {
@@ -106,6 +110,11 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 		Logger:   p.log,
 		Rescan: func() {
 			gpus := p.rescan()
+			if p.cfg.CDISpecDir != "" {
+				if err := p.cdi.Write(p.cdiSpec()); err != nil {
+					p.log.Error("Cannot write CDI spec", "dir", p.cfg.CDISpecDir, "err", err)
+				}
+			}
 			notify(p.snapshot())
 			if p.hc != nil && !started && len(gpus) > 0 {
 				started = true
@@ -174,6 +183,44 @@ func (p *Plugin) rescan() []nv.GPU {
 	}
 	p.gpus = current
 	return found
+}
+
+// cdiSpec is the CDI spec of the GPUs present: one device per UUID with
+// its /dev/nvidia<minor>, the control, UVM and modeset nodes for every
+// device. Each node carries its type and numbers, as read below the dev
+// root, so the runtime needs not find it at its host path (true on a
+// real host, where the dev root is the host's /dev).
+func (p *Plugin) cdiSpec() cdispec.Spec {
+	node := func(path string) *cdispec.DeviceNode {
+		n := &cdispec.DeviceNode{Path: path, HostPath: path, Permissions: "rw"}
+		if st := devfs.Stat(p.opts.DevRoot, path); st.Char {
+			n.Type, n.Major, n.Minor = "c", int64(st.Major), int64(st.Minor)
+		}
+		return n
+	}
+	spec := cdispec.Spec{Version: plugins.CDIVersion, Kind: p.cfg.CDIKind, Devices: []cdispec.Device{}}
+	spec.ContainerEdits.DeviceNodes = []*cdispec.DeviceNode{node(nv.ControlNode)}
+	for _, n := range append(nv.UVMNodes(), nv.ModesetNode) {
+		if devfs.Stat(p.opts.DevRoot, n).Exists {
+			spec.ContainerEdits.DeviceNodes = append(spec.ContainerEdits.DeviceNodes, node(n))
+		}
+	}
+	p.mu.Lock()
+	gpus := make([]gpu, 0, len(p.gpus))
+	for _, g := range p.gpus {
+		if g.present && g.Node() != "" {
+			gpus = append(gpus, g)
+		}
+	}
+	p.mu.Unlock()
+	slices.SortFunc(gpus, func(a, b gpu) int { return strings.Compare(a.BusID, b.BusID) })
+	for _, g := range gpus {
+		spec.Devices = append(spec.Devices, cdispec.Device{
+			Name:           g.UUID,
+			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{node(g.Node())}},
+		})
+	}
+	return spec
 }
 
 // snapshot lists every GPU, or Replicas IDs per GPU, in bus order.

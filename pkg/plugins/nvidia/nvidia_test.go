@@ -2,6 +2,7 @@ package nvidia_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	nv "github.com/dpkit/dpkit/pkg/discovery/nvidia"
@@ -89,6 +92,103 @@ func TestValidate(t *testing.T) {
 	if errs := c.Validate(nil); len(errs) != 1 || errs[0].Field != "failRequestsGreaterThanOne" {
 		t.Errorf("failRequestsGreaterThanOne without replicas: %v", errs)
 	}
+	for _, tc := range []struct {
+		cfg  nvidia.Config
+		want string
+	}{
+		{nvidia.Config{CDISpecDir: "/var/run/cdi"}, "add cdi to deviceListStrategy"},
+		{nvidia.Config{CDISpecDir: "run/cdi", DeviceListStrategy: []string{"cdi"}}, "must be an absolute path"},
+	} {
+		tc.cfg.Default()
+		if errs := tc.cfg.Validate(nil); len(errs) != 1 || errs[0].Field != "cdiSpecDir" || !strings.Contains(errs[0].Error(), tc.want) {
+			t.Errorf("cdiSpecDir %q with %v: %v, want one error saying %q", tc.cfg.CDISpecDir, tc.cfg.DeviceListStrategy, errs, tc.want)
+		}
+	}
+}
+
+// TestCDISpec: with cdiSpecDir the plugin writes a CDI spec with valid
+// names (containerd's reading of it is TestRealNodeNvidiaCDI's): one device per GPU, named as Allocate names it, with
+// its node and device numbers; the control, UVM and modeset nodes for
+// all. A GPU that falls off the bus leaves the spec.
+func TestCDISpec(t *testing.T) {
+	t.Parallel()
+	root := copyHost(t, "dgx-h100")
+	// /dev/nvidia0 a character device (the fixture's are plain files).
+	if err := os.Remove(filepath.Join(root, "dev", "nvidia0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/null", filepath.Join(root, "dev", "nvidia0")); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "cdi")
+	k := serve(t, root, nvidia.Config{DeviceListStrategy: []string{"cdi"}, CDIKind: "example.com/gpu", CDISpecDir: dir, RescanInterval: plugins.Duration{Duration: 100 * time.Millisecond}}, nil)
+	k.WaitForDevices(t, res, dptest.Healthy(8))
+	file := filepath.Join(dir, plugins.CDISpecFile("example.com/gpu"))
+	read := func() map[string]cdispec.Device {
+		t.Helper()
+		var spec cdispec.Spec
+		if err := json.Unmarshal(mustRead(t, file), &spec); err != nil {
+			t.Fatal(err)
+		}
+		if spec.Version != plugins.CDIVersion || spec.Kind != "example.com/gpu" {
+			t.Errorf("spec version %q kind %q, want %s example.com/gpu", spec.Version, spec.Kind, plugins.CDIVersion)
+		}
+		var common []string
+		for _, n := range spec.ContainerEdits.DeviceNodes {
+			common = append(common, n.Path)
+		}
+		if want := []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}; !slices.Equal(common, want) {
+			t.Errorf("nodes for every GPU %v, want %v", common, want)
+		}
+		devs := map[string]cdispec.Device{}
+		for _, d := range spec.Devices {
+			if err := parser.ValidateDeviceName(d.Name); err != nil {
+				t.Errorf("device name %q: %v", d.Name, err)
+			}
+			devs[d.Name] = d
+		}
+		return devs
+	}
+	spec := read()
+	if len(spec) != 8 {
+		t.Fatalf("spec with %d devices, want 8", len(spec))
+	}
+	r, err := k.Allocate(context.Background(), res, uuid(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := spec[strings.TrimPrefix(r.CdiDevices[0].Name, "example.com/gpu=")]; len(r.CdiDevices) != 1 || !ok {
+		t.Fatalf("Allocate names %v, which the spec does not have", r.CdiDevices)
+	}
+	nodes := spec[uuid(0)].ContainerEdits.DeviceNodes
+	if len(nodes) != 1 || nodes[0].Path != "/dev/nvidia0" || nodes[0].HostPath != "/dev/nvidia0" || nodes[0].Type != "c" || nodes[0].Major != 1 || nodes[0].Minor != 3 {
+		t.Errorf("GPU 0's nodes %+v, want /dev/nvidia0, a character device 1:3 (the symlink's /dev/null)", nodes[0])
+	}
+	if n := spec[uuid(1)].ContainerEdits.DeviceNodes; len(n) != 1 || n[0].Path != "/dev/nvidia1" || n[0].Type != "" {
+		t.Errorf("GPU 1's nodes %+v, want /dev/nvidia1 without numbers (a plain file in the fixture)", n[0])
+	}
+	// GPU 7 falls off the bus: it leaves the spec at the rescan that sees it.
+	gpus := filepath.Join(root, "proc", "driver", "nvidia", "gpus")
+	entries, err := os.ReadDir(gpus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(gpus, entries[len(entries)-1].Name())); err != nil {
+		t.Fatal(err)
+	}
+	k.WaitForDevices(t, res, dptest.Healthy(7))
+	if spec := read(); len(spec) != 7 {
+		t.Errorf("after a GPU vanished the spec has %d devices, want 7", len(spec))
+	}
+}
+
+func mustRead(t *testing.T, file string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func TestDGX(t *testing.T) {

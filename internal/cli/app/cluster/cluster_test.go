@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/app"
 )
 
@@ -29,18 +31,40 @@ func TestRunHasTheClusterCommands(t *testing.T) {
 	}
 }
 
-func TestPodGetter(t *testing.T) {
+// TestPodHealth: the allocatedResourcesStatus of containers and init
+// containers, by container, resource and ID; a pod without status has
+// none; a pod the API server does not have is nil.
+func TestPodHealth(t *testing.T) {
 	t.Parallel()
-	getPod := PodGetter(fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}))
-	pod, err := getPod(context.Background(), "ns", "p")
-	if err != nil || pod == nil || pod.Name != "p" {
-		t.Errorf("an existing pod: %v, %v", pod, err)
+	getHealth := PodHealth(fake.NewClientset(
+		&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+			Status: corev1.PodStatus{
+				InitContainerStatuses: []corev1.ContainerStatus{{Name: "side", AllocatedResourcesStatus: []corev1.ResourceStatus{
+					{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "s0", Health: corev1.ResourceHealthStatusUnknown}}},
+				}}},
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "app", AllocatedResourcesStatus: []corev1.ResourceStatus{
+					{Name: "example.com/foo", Resources: []corev1.ResourceHealth{{ResourceID: "d0", Health: corev1.ResourceHealthStatusHealthy}, {ResourceID: "d1", Health: corev1.ResourceHealthStatusUnhealthy}}},
+				}}},
+			},
+		},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "bare"}},
+	))
+	h, err := getHealth(context.Background(), "ns", "p")
+	want := cli.DeviceHealth{
+		"side": {"example.com/foo": {"s0": "Unknown"}},
+		"app":  {"example.com/foo": {"d0": "Healthy", "d1": "Unhealthy"}},
 	}
-	pod, err = getPod(context.Background(), "ns", "gone")
-	if err != nil || pod != nil {
-		t.Errorf("a pod the API server does not have: %v, %v; want nil, nil", pod, err)
+	if err != nil || !reflect.DeepEqual(h, want) {
+		t.Errorf("a pod with device health: %v, %v; want %v", h, err, want)
 	}
-	if _, err := (kubeClients{}).PodGetter("/no/such/kubeconfig"); err == nil || !strings.Contains(err.Error(), "/no/such/kubeconfig") {
+	if h, err := getHealth(context.Background(), "ns", "bare"); err != nil || h == nil || len(h) != 0 {
+		t.Errorf("a pod without status: %v, %v; want empty health", h, err)
+	}
+	if h, err := getHealth(context.Background(), "ns", "gone"); err != nil || h != nil {
+		t.Errorf("a pod the API server does not have: %v, %v; want nil, nil", h, err)
+	}
+	if _, err := (kubeClients{}).PodHealth("/no/such/kubeconfig"); err == nil || !strings.Contains(err.Error(), "/no/such/kubeconfig") {
 		t.Errorf("a missing kubeconfig: %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,7 +16,7 @@ import (
 // kubeClients is cli.Cluster through client-go.
 type kubeClients struct{}
 
-func (kubeClients) PodGetter(kubeconfig string) (cli.PodGetter, error) {
+func (kubeClients) PodHealth(kubeconfig string) (cli.PodHealthGetter, error) {
 	rc, err := kubeconfigpkg.Load(kubeconfig)
 	if err != nil {
 		return nil, err
@@ -24,17 +25,39 @@ func (kubeClients) PodGetter(kubeconfig string) (cli.PodGetter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return PodGetter(client), nil
+	return PodHealth(client), nil
 }
 
-// PodGetter reads pods through client; a pod the API server does not
-// have is nil, with no error.
-func PodGetter(client kubernetes.Interface) cli.PodGetter {
-	return func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+// PodHealth reads pods' device health through client; a pod the API
+// server does not have is nil, with no error.
+func PodHealth(client kubernetes.Interface) cli.PodHealthGetter {
+	return func(ctx context.Context, namespace, name string) (cli.DeviceHealth, error) {
 		pod, err := client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil, nil
 		}
-		return pod, err
+		if err != nil {
+			return nil, err
+		}
+		return deviceHealth(pod), nil
 	}
+}
+
+// deviceHealth collects the allocatedResourcesStatus of pod's init
+// containers and containers.
+func deviceHealth(pod *corev1.Pod) cli.DeviceHealth {
+	out := cli.DeviceHealth{}
+	for _, cs := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
+		for _, rs := range cs.AllocatedResourcesStatus {
+			if out[cs.Name] == nil {
+				out[cs.Name] = map[string]map[string]string{}
+			}
+			h := map[string]string{}
+			for _, r := range rs.Resources {
+				h[string(r.ResourceID)] = string(r.Health)
+			}
+			out[cs.Name][string(rs.Name)] = h
+		}
+	}
+	return out
 }
