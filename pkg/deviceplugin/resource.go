@@ -513,9 +513,14 @@ func (r *resource) registerLoop(ctx context.Context) {
 		if len(reasons) == 0 {
 			continue
 		}
-		if reason := reasons[0]; reason != reasonStart && reason != reasonRetry {
-			r.metrics.reregistration(r.name, reason)
-			r.log.Info("Registering again", "reason", reason)
+		// A registration is a re-registration when anything but the
+		// start or a retry asked for it, whatever came first.
+		for _, reason := range reasons {
+			if reason != reasonStart && reason != reasonRetry {
+				r.metrics.reregistration(r.name, reason)
+				r.log.Info("Registering again", "reason", reason)
+				break
+			}
 		}
 		r.setRegistered(false, nil)
 		b.Reset()
