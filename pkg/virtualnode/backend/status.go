@@ -92,9 +92,14 @@ func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deletin
 		started := init[i].State.Running != nil
 		init[i].Started = &started
 	}
-	// The kubelet's reasons (pkg/kubelet/status/generate.go): once the
-	// pod is terminal, ContainersReady and Ready read PodCompleted or
-	// PodFailed, and Initialized of a Succeeded pod PodCompleted.
+	setConditions(st, pod.Generation, phase, initDone, ready)
+}
+
+// setConditions sets the pod's conditions with the kubelet's reasons
+// (pkg/kubelet/status/generate.go): once the pod is terminal,
+// ContainersReady and Ready read PodCompleted or PodFailed, and
+// Initialized of a Succeeded pod PodCompleted.
+func setConditions(st *corev1.PodStatus, generation int64, phase corev1.PodPhase, initDone, ready bool) {
 	initReason, readyReason := "", ""
 	if !initDone {
 		initReason = "ContainersNotInitialized"
@@ -108,11 +113,11 @@ func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deletin
 	case corev1.PodFailed:
 		readyReason = "PodFailed"
 	}
-	st.ObservedGeneration = pod.Generation
-	setCondition(st, pod.Generation, corev1.PodScheduled, true, "")
-	setCondition(st, pod.Generation, corev1.PodInitialized, initDone, initReason)
-	setCondition(st, pod.Generation, corev1.ContainersReady, ready, readyReason)
-	setCondition(st, pod.Generation, corev1.PodReady, ready, readyReason)
+	st.ObservedGeneration = generation
+	setCondition(st, generation, corev1.PodScheduled, true, "")
+	setCondition(st, generation, corev1.PodInitialized, initDone, initReason)
+	setCondition(st, generation, corev1.ContainersReady, ready, readyReason)
+	setCondition(st, generation, corev1.PodReady, ready, readyReason)
 }
 
 func isSidecar(pod *corev1.Pod, i int) bool {
