@@ -92,14 +92,32 @@ func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deletin
 		started := init[i].State.Running != nil
 		init[i].Started = &started
 	}
-	setCondition(st, corev1.PodScheduled, true, "")
-	setCondition(st, corev1.PodInitialized, initDone, "ContainersNotInitialized")
-	setCondition(st, corev1.ContainersReady, ready, "ContainersNotReady")
-	setCondition(st, corev1.PodReady, ready, "ContainersNotReady")
-	if phase == corev1.PodSucceeded || phase == corev1.PodFailed {
-		setCondition(st, corev1.ContainersReady, false, "PodCompleted")
-		setCondition(st, corev1.PodReady, false, "PodCompleted")
+	setConditions(st, pod.Generation, phase, initDone, ready)
+}
+
+// setConditions sets the pod's conditions with the kubelet's reasons
+// (pkg/kubelet/status/generate.go): once the pod is terminal,
+// ContainersReady and Ready read PodCompleted or PodFailed, and
+// Initialized of a Succeeded pod PodCompleted.
+func setConditions(st *corev1.PodStatus, generation int64, phase corev1.PodPhase, initDone, ready bool) {
+	initReason, readyReason := "", ""
+	if !initDone {
+		initReason = "ContainersNotInitialized"
 	}
+	if !ready {
+		readyReason = "ContainersNotReady"
+	}
+	switch phase {
+	case corev1.PodSucceeded:
+		initDone, initReason, readyReason = true, "PodCompleted", "PodCompleted"
+	case corev1.PodFailed:
+		readyReason = "PodFailed"
+	}
+	st.ObservedGeneration = generation
+	setCondition(st, generation, corev1.PodScheduled, true, "")
+	setCondition(st, generation, corev1.PodInitialized, initDone, initReason)
+	setCondition(st, generation, corev1.ContainersReady, ready, readyReason)
+	setCondition(st, generation, corev1.PodReady, ready, readyReason)
 }
 
 func isSidecar(pod *corev1.Pod, i int) bool {
@@ -110,11 +128,13 @@ func isSidecar(pod *corev1.Pod, i int) bool {
 	return p != nil && *p == corev1.ContainerRestartPolicyAlways
 }
 
-func setCondition(st *corev1.PodStatus, t corev1.PodConditionType, ok bool, reason string) {
+// setCondition sets a condition's status and reason, and the pod
+// generation it was computed for; its transition time changes only with
+// its status, as the kubelet's does.
+func setCondition(st *corev1.PodStatus, generation int64, t corev1.PodConditionType, ok bool, reason string) {
 	status := corev1.ConditionFalse
 	if ok {
 		status = corev1.ConditionTrue
-		reason = ""
 	}
 	for i := range st.Conditions {
 		c := &st.Conditions[i]
@@ -123,12 +143,13 @@ func setCondition(st *corev1.PodStatus, t corev1.PodConditionType, ok bool, reas
 		}
 		if c.Status != status {
 			c.Status = status
-			c.Reason = reason
 			c.LastTransitionTime = Now()
 		}
+		c.Reason = reason
+		c.ObservedGeneration = generation
 		return
 	}
-	st.Conditions = append(st.Conditions, corev1.PodCondition{Type: t, Status: status, Reason: reason, LastTransitionTime: Now()})
+	st.Conditions = append(st.Conditions, corev1.PodCondition{Type: t, Status: status, Reason: reason, ObservedGeneration: generation, LastTransitionTime: Now()})
 }
 
 // WaitingStatuses returns Waiting statuses (reason PodInitializing for

@@ -64,3 +64,67 @@ func TestComputeStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestComputeStatusConditions: the kubelet's condition reasons as a pod
+// ends (seen side by side with a real kubelet in TestRealNodeSideBySide),
+// also when the condition was already False before (a container that
+// ended before it was ever reported Running), with the pod's generation.
+func TestComputeStatusConditions(t *testing.T) {
+	t.Parallel()
+	wait := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}
+	run := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	exit := func(code int32) corev1.ContainerState {
+		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code}}
+	}
+	type cond struct {
+		status corev1.ConditionStatus
+		reason string
+	}
+	for _, tc := range []struct {
+		name   string
+		before corev1.ContainerState
+		end    corev1.ContainerState
+		want   map[corev1.PodConditionType]cond
+	}{
+		{"succeeded after running", run, exit(0), map[corev1.PodConditionType]cond{
+			corev1.PodInitialized: {"True", "PodCompleted"}, corev1.ContainersReady: {"False", "PodCompleted"}, corev1.PodReady: {"False", "PodCompleted"}, corev1.PodScheduled: {"True", ""},
+		}},
+		{"succeeded, never seen running", wait, exit(0), map[corev1.PodConditionType]cond{
+			corev1.PodInitialized: {"True", "PodCompleted"}, corev1.ContainersReady: {"False", "PodCompleted"}, corev1.PodReady: {"False", "PodCompleted"},
+		}},
+		{"failed after running", run, exit(1), map[corev1.PodConditionType]cond{
+			corev1.PodInitialized: {"True", ""}, corev1.ContainersReady: {"False", "PodFailed"}, corev1.PodReady: {"False", "PodFailed"},
+		}},
+		{"failed, never seen running", wait, exit(1), map[corev1.PodConditionType]cond{
+			corev1.ContainersReady: {"False", "PodFailed"}, corev1.PodReady: {"False", "PodFailed"},
+		}},
+		{"running", wait, run, map[corev1.PodConditionType]cond{
+			corev1.PodInitialized: {"True", ""}, corev1.ContainersReady: {"True", ""}, corev1.PodReady: {"True", ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pod := &corev1.Pod{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "app"}}}}
+			pod.Generation = 3
+			st := &corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "app", State: tc.before}}}
+			ComputeStatus(pod, st, "", false)
+			st.ContainerStatuses[0].State = tc.end
+			ComputeStatus(pod, st, "", false)
+			got := map[corev1.PodConditionType]cond{}
+			for _, c := range st.Conditions {
+				got[c.Type] = cond{c.Status, c.Reason}
+				if c.ObservedGeneration != 3 {
+					t.Errorf("%s: observedGeneration %d, want the pod's 3", c.Type, c.ObservedGeneration)
+				}
+			}
+			for typ, want := range tc.want {
+				if got[typ] != want {
+					t.Errorf("%s: %v, want %v (all: %v)", typ, got[typ], want, got)
+				}
+			}
+			if st.ObservedGeneration != 3 {
+				t.Errorf("status observedGeneration %d, want 3", st.ObservedGeneration)
+			}
+		})
+	}
+}

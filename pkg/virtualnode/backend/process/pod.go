@@ -319,6 +319,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			code, reason := readExit(pr.exitFile(c.Name, restart))
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 				s.State = backend.Terminated(code, reason, "", prev.State.Running.StartedAt, backend.Now())
+				s.State.Terminated.ContainerID = s.ContainerID
 			})
 			return code, true
 		}
@@ -410,6 +411,8 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 	}
 	pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 		s.State = backend.Terminated(p.code, reason, "", started, p.finished)
+		// The kubelet names the container in its terminated state too.
+		s.State.Terminated.ContainerID = s.ContainerID
 	})
 	return p.code, true
 }

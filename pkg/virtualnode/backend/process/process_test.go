@@ -255,6 +255,9 @@ func TestGracefulDelete(t *testing.T) {
 			if st == nil || st.ExitCode != tc.code {
 				t.Fatalf("terminated %+v, want exit code %d", st, tc.code)
 			}
+			if id := p.Status.ContainerStatuses[0].ContainerID; st.ContainerID != id || id == "" {
+				t.Errorf("terminated container ID %q, want the container's %q (as the kubelet reports it)", st.ContainerID, id)
+			}
 			if err := b.Forget(context.Background(), pod); err != nil {
 				t.Fatal(err)
 			}
@@ -318,8 +321,12 @@ func TestAdoptAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := rec2.wait(t, pod.UID, "failed with the process's exit code", phase(corev1.PodFailed))
-	if st := p.Status.ContainerStatuses[0].State.Terminated; st == nil || st.ExitCode != 4 {
+	st := p.Status.ContainerStatuses[0].State.Terminated
+	if st == nil || st.ExitCode != 4 {
 		t.Fatalf("terminated %+v, want exit code 4", st)
+	}
+	if want := running.Status.ContainerStatuses[0].ContainerID; st.ContainerID != want {
+		t.Errorf("terminated container ID %q, want the adopted process's %q", st.ContainerID, want)
 	}
 	if logs := readLogs(t, b2, "adopt", "app", backend.LogOptions{Tail: -1}); logs != "before\nafter\n" {
 		t.Errorf("logs %q, want before and after", logs)
