@@ -10,7 +10,7 @@ LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
 # The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
 LEAN_TAGS := dpkit_lean grpcnotrace
 
-.PHONY: all build build-lean images test test-short verify lint bench controlplane kwok clean
+.PHONY: all build build-lean image images test test-short verify lint bench controlplane kwok clean
 
 all: build
 
@@ -22,6 +22,8 @@ build-lean: ## dpkit with "plugin" and "version" only, for device plugin DaemonS
 
 images: ## $(BIN)/images/dpkit-plugin.tar and dpkit.tar, tagged $(IMAGE_REPO)/...:$(VERSION); no Docker needed
 	VERSION='$(VERSION)' IMAGE_REPO='$(IMAGE_REPO)' ARCH='$(ARCH)' BIN='$(BIN)' GO='$(GO)' bash hack/images.sh
+
+image: images ## the same as images
 
 test: ## every test, with -race and coverage; builds the test control plane on first use
 	bash hack/test.sh
