@@ -268,6 +268,10 @@ func (p *provider) runDRA(ctx context.Context) {
 				p.draq.mu.Lock()
 				p.draq.unprepare[pod.UID] = pod
 				p.draq.mu.Unlock()
+				continue
+			}
+			if p.unprepared != nil {
+				p.unprepared(pod)
 			}
 		}
 		slices.SortFunc(waiting, byKey)

@@ -323,7 +323,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		return p
 	}
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
-		PodClient:         cfg.Client.CoreV1(),
+		PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
 		PodInformer:       podInformer,
 		EventRecorder:     recorder,
 		Provider:          n.prov,
@@ -340,7 +340,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	if _, err := podInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
 		FilterFunc: func(obj any) bool {
 			p, ok := obj.(*corev1.Pod)
-			return ok && p.Spec.NodeName == cfg.Name && p.DeletionTimestamp != nil && terminal(p)
+			return ok && n.deletable(p)
 		},
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { n.finishDeletion(ctx, obj.(*corev1.Pod)) },
@@ -348,6 +348,11 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		},
 	}); err != nil {
 		return err
+	}
+	n.prov.unprepared = func(pod *corev1.Pod) {
+		if api, err := podLister.Pods(pod.Namespace).Get(pod.Name); err == nil && api.UID == pod.UID && n.deletable(api) {
+			n.finishDeletion(ctx, api)
+		}
 	}
 	n.rememberPluginResources(ctx)
 	n.node = n.nodeObject()
@@ -581,6 +586,17 @@ func (n *Node) rememberPluginResources(ctx context.Context) {
 			n.pluginResources[k] = true
 		}
 	}
+}
+
+// deletable reports whether the node is done with pod, a pod being
+// deleted: it runs on this node, its terminal status is in the API server
+// and its claims are unprepared. Until they are, the pod stays, as the
+// kubelet keeps it until its resources are reclaimed
+// (PodMightNeedToUnprepareResources): deleting it would let the claim be
+// deallocated and its devices given to another pod while the driver still
+// has them prepared.
+func (n *Node) deletable(p *corev1.Pod) bool {
+	return p.Spec.NodeName == n.cfg.Name && p.DeletionTimestamp != nil && terminal(p) && !n.dra.PodMightNeedToUnprepareResources(p.UID)
 }
 
 // finishDeletion removes a pod being deleted from the API server once its

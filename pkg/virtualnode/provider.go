@@ -43,6 +43,9 @@ type provider struct {
 	// informer's cache) has it, nil when it has none; set before pods
 	// arrive. Nil means never found.
 	apiPod func(namespace, name string) *corev1.Pod
+	// unprepared, when set, is called by the DRA loop once the claims of
+	// an ended pod are unprepared.
+	unprepared func(*corev1.Pod)
 	// envs holds the environment virtual-kubelet resolved for each pod
 	// (Secrets' values included), in memory only: see podenv.go.
 	envs podEnvs

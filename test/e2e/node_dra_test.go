@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -312,4 +313,66 @@ func TestVirtualNodeDRARestart(t *testing.T) {
 	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
 		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s] (and no second NodePrepareResources)", m, uids, claim.UID)
 	}
+}
+
+// TestVirtualNodeDRADeleteWaitsForUnprepare: a pod with a prepared claim
+// that is deleted stays in the API server, terminated, until its claim is
+// unprepared, as the kubelet keeps it until its resources are reclaimed:
+// gone sooner, its claim would be deallocated and its devices given to
+// another pod while the driver still has them prepared. The driver fails
+// Unprepare until healed (the node tries again), then the pod goes.
+func TestVirtualNodeDRADeleteWaitsForUnprepare(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drad")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vn-drad")
+	claim, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "dra", name, "one", []string{"sleep", "3600"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running := waitPod(t, ctx, c, ns, "dra", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	if m, _ := drv.NextCall(t); m != "NodePrepareResources" {
+		t.Fatalf("driver call %s, want NodePrepareResources", m)
+	}
+	drv.Send(t, "fail-unprepare device still busy")
+	if err := c.CoreV1().Pods(ns).Delete(ctx, "dra", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(1))}); err != nil {
+		t.Fatal(err)
+	}
+	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s]", m, uids, claim.UID)
+	}
+	waitPod(t, ctx, c, ns, "dra", "terminated in the API server", func(p *corev1.Pod) bool {
+		return p.UID == running.UID && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded)
+	})
+	// The node tries again (every 10s); by then it has long seen the
+	// terminal status that would let it finish the deletion.
+	drv.DrainCalls()
+	if m, _ := drv.NextCall(t); m != "NodeUnprepareResources" {
+		t.Fatalf("driver call %s, want NodeUnprepareResources again", m)
+	}
+	if _, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the pod is gone while its claim is still prepared: %v", err)
+	}
+	drv.Send(t, "heal")
+	if m, _ := drv.NextCall(t); m != "NodeUnprepareResources" {
+		t.Fatalf("driver call %s, want NodeUnprepareResources", m)
+	}
+	poll(t, ctx, "the pod to be gone once its claim is unprepared", func(ctx context.Context) (bool, string, error) {
+		p, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		return false, fmt.Sprintf("phase %s", p.Status.Phase), nil
+	})
 }
