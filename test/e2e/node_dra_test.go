@@ -417,7 +417,9 @@ func TestVirtualNodeDRAExample(t *testing.T) {
 		switch o := obj.(type) {
 		case *resourcev1.DeviceClass:
 			_, err = c.ResourceV1().DeviceClasses().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { _ = c.ResourceV1().DeviceClasses().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
+			t.Cleanup(func() {
+				_ = c.ResourceV1().DeviceClasses().Delete(context.Background(), o.Name, metav1.DeleteOptions{})
+			})
 		case *resourcev1.ResourceClaim:
 			_, err = c.ResourceV1().ResourceClaims(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 			t.Cleanup(func() {
@@ -445,4 +447,48 @@ func TestVirtualNodeDRAExample(t *testing.T) {
 	if !regexp.MustCompile(`^DPKIT_CDI_DEVICES=fake\.dpkit\.io/device=dev-\d,fake\.dpkit\.io/device=dev-\d\n$`).Match(b) {
 		t.Fatalf("example pod's log %q, want DPKIT_CDI_DEVICES with two CDI device IDs", b)
 	}
+}
+
+// TestVirtualNodeDRADriverKilled: the driver of a running pod's claim
+// killed, the claim's devices go Unknown in the pod's status; a driver
+// back on the node reports them Healthy again.
+func TestVirtualNodeDRADriverKilled(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drak")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vn-drak")
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "dra", name, "one", []string{"sleep", "3600"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	healthIs := func(want corev1.ResourceHealthStatus) {
+		t.Helper()
+		poll(t, ctx, "the claim's device "+string(want)+" in the pod's status", func(ctx context.Context) (bool, string, error) {
+			p, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{})
+			if err != nil {
+				return false, "", err
+			}
+			var got []string
+			for _, cs := range p.Status.ContainerStatuses {
+				for _, rs := range cs.AllocatedResourcesStatus {
+					for _, h := range rs.Resources {
+						got = append(got, string(rs.Name)+" "+string(h.ResourceID)+" "+string(h.Health))
+					}
+				}
+			}
+			return slices.Equal(got, []string{"claim:devices " + dratest.CDIDeviceID("dev-0") + " " + string(want)}), fmt.Sprintf("phase %s health %v", p.Status.Phase, got), nil
+		})
+	}
+	healthIs(corev1.ResourceHealthStatusHealthy)
+	drv.Kill()
+	healthIs(corev1.ResourceHealthStatusUnknown)
+	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+	healthIs(corev1.ResourceHealthStatusHealthy)
 }
