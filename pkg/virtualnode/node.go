@@ -1,7 +1,9 @@
 // Package virtualnode runs a Kubernetes node without a kubelet on
 // virtual-kubelet: the node registers itself, heartbeats with a Lease,
 // embeds dpkit's device manager (device plugins register with it under
-// Config.Root exactly as with a kubelet), admits pods' device requests,
+// Config.Root exactly as with a kubelet) and DRA manager (DRA drivers
+// register in Config.Root/plugins_registry), admits pods' device requests,
+// prepares their ResourceClaims (read from the API server),
 // serves the PodResources API and the kubelet API (logs, exec, /pods,
 // /stats/summary) with webhook authentication and authorization, and hands
 // pods to a backend (package backend: process or sim).
@@ -44,6 +46,7 @@ import (
 	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
@@ -158,6 +161,7 @@ type Node struct {
 	cfg      Config
 	log      *slog.Logger
 	mgr      *devicemanager.Manager
+	dra      *dramanager.Manager
 	watcher  *pluginwatcher.Watcher
 	prov     *provider
 	be       backend.Backend
@@ -177,6 +181,9 @@ type Node struct {
 
 // DeviceManager returns the node's device manager.
 func (n *Node) DeviceManager() *devicemanager.Manager { return n.mgr }
+
+// DRAManager returns the node's DRA manager.
+func (n *Node) DRAManager() *dramanager.Manager { return n.dra }
 
 // Backend returns the node's backend.
 func (n *Node) Backend() backend.Backend { return n.be }
@@ -249,13 +256,15 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		TopologyScope:  cfg.TopologyScope,
 		NUMANodes:      cfg.NUMANodes,
 		GracePeriod:    cfg.DeviceGracePeriod,
+		Claims:         apiClaims{cfg.Client},
 	})
 	if err != nil {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), host)
+	n.prov.nodeIP = cfg.NodeIP
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
 		Notify:       n.prov.backendNotify,
 		ContainerEnv: n.prov.containerEnv,
@@ -314,7 +323,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		return p
 	}
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
-		PodClient:         cfg.Client.CoreV1(),
+		PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
 		PodInformer:       podInformer,
 		EventRecorder:     recorder,
 		Provider:          n.prov,
@@ -331,7 +340,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	if _, err := podInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
 		FilterFunc: func(obj any) bool {
 			p, ok := obj.(*corev1.Pod)
-			return ok && p.Spec.NodeName == cfg.Name && p.DeletionTimestamp != nil && terminal(p)
+			return ok && n.deletable(p)
 		},
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { n.finishDeletion(ctx, obj.(*corev1.Pod)) },
@@ -339,6 +348,11 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		},
 	}); err != nil {
 		return err
+	}
+	n.prov.unprepared = func(pod *corev1.Pod) {
+		if api, err := podLister.Pods(pod.Namespace).Get(pod.Name); err == nil && api.UID == pod.UID && n.deletable(api) {
+			n.finishDeletion(ctx, api)
+		}
 	}
 	n.rememberPluginResources(ctx)
 	n.node = n.nodeObject()
@@ -380,6 +394,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	factory.Start(gctx.Done())
 	g.Go(func() error { n.watchDevices(gctx); return nil })
 	g.Go(func() error { n.prov.watchHealth(gctx); return nil })
+	g.Go(func() error { n.prov.runDRA(gctx); return nil })
 	if cfg.Port > 0 {
 		if err := n.startAPI(gctx, g); err != nil {
 			cancel()
@@ -571,6 +586,17 @@ func (n *Node) rememberPluginResources(ctx context.Context) {
 			n.pluginResources[k] = true
 		}
 	}
+}
+
+// deletable reports whether the node is done with pod, a pod being
+// deleted: it runs on this node, its terminal status is in the API server
+// and its claims are unprepared. Until they are, the pod stays, as the
+// kubelet keeps it until its resources are reclaimed
+// (PodMightNeedToUnprepareResources): deleting it would let the claim be
+// deallocated and its devices given to another pod while the driver still
+// has them prepared.
+func (n *Node) deletable(p *corev1.Pod) bool {
+	return p.Spec.NodeName == n.cfg.Name && p.DeletionTimestamp != nil && terminal(p) && !n.dra.PodMightNeedToUnprepareResources(p.UID)
 }
 
 // finishDeletion removes a pod being deleted from the API server once its

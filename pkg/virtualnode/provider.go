@@ -15,6 +15,7 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
@@ -25,7 +26,13 @@ import (
 type provider struct {
 	log *slog.Logger
 	mgr *devicemanager.Manager
-	be  backend.Backend
+	// dra prepares and unprepares pods' ResourceClaims; draq is the work
+	// of its loop (runDRA).
+	dra  *dramanager.Manager
+	draq draQueue
+	be   backend.Backend
+	// nodeIP is reported in the status of pods waiting for their claims.
+	nodeIP string
 	// recorder records the kubelet's events; set before pods arrive.
 	recorder record.EventRecorder
 	// inAPI reports whether the API server (the pod informer's cache)
@@ -36,6 +43,9 @@ type provider struct {
 	// informer's cache) has it, nil when it has none; set before pods
 	// arrive. Nil means never found.
 	apiPod func(namespace, name string) *corev1.Pod
+	// unprepared, when set, is called by the DRA loop once the claims of
+	// an ended pod are unprepared.
+	unprepared func(*corev1.Pod)
 	// envs holds the environment virtual-kubelet resolved for each pod
 	// (Secrets' values included), in memory only: see podenv.go.
 	envs podEnvs
@@ -57,7 +67,9 @@ type provider struct {
 // newProvider returns a provider admitting through host's device manager
 // and keeping its pods in host's pod store.
 func newProvider(log *slog.Logger, host *devicehost.Host) *provider {
-	return &provider{log: log, mgr: host.Manager, pods: host.Pods}
+	p := &provider{log: log, mgr: host.Manager, dra: host.DRA, pods: host.Pods}
+	p.draq.init()
+	return p
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -73,7 +85,7 @@ func (p *provider) backendNotify(pod *corev1.Pod) {
 			stale = true // a report about a replaced pod
 			return nil
 		}
-		setResourcesStatus(pod, p.mgr.AllocatedResourcesStatus(pod.UID), cur)
+		setResourcesStatus(pod, p.resourcesStatus(pod), cur)
 		return pod
 	})
 	if stale {
@@ -81,10 +93,40 @@ func (p *provider) backendNotify(pod *corev1.Pod) {
 	}
 	if terminal(pod) {
 		// The kubelet frees the devices of pods that are no longer
-		// active; a terminated pod is not.
+		// active; a terminated pod is not. Its claims are unprepared
+		// once its containers stopped.
 		p.mgr.RemovePod(pod.UID)
 	}
 	p.publish(pod.Namespace, pod.Name)
+	if terminal(pod) {
+		p.queueUnprepare(pod)
+	}
+}
+
+// resourcesStatus returns the allocatedResourcesStatus of pod's containers
+// by name: the device plugins' devices (the device manager) and the
+// devices of their claims (the DRA manager, claim:<name>[/<request>]).
+// Nil when the pod holds neither.
+func (p *provider) resourcesStatus(pod *corev1.Pod) map[string][]corev1.ResourceStatus {
+	byContainer := p.mgr.AllocatedResourcesStatus(pod.UID)
+	if !p.dra.PodMightNeedToUnprepareResources(pod.UID) {
+		return byContainer
+	}
+	st := corev1.PodStatus{}
+	for _, c := range pod.Spec.Containers {
+		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, AllocatedResourcesStatus: byContainer[c.Name]})
+	}
+	p.dra.UpdateAllocatedResourcesStatus(p.withClaimStatus(pod), &st)
+	for _, cs := range st.ContainerStatuses {
+		if len(cs.AllocatedResourcesStatus) == 0 {
+			continue
+		}
+		if byContainer == nil {
+			byContainer = map[string][]corev1.ResourceStatus{}
+		}
+		byContainer[cs.Name] = cs.AllocatedResourcesStatus
+	}
+	return byContainer
 }
 
 // publish hands the pod stored as namespace/name to the pod controller.
@@ -145,13 +187,15 @@ func resourcesStatusDiffers(pod *corev1.Pod, byContainer map[string][]corev1.Res
 }
 
 // watchHealth reports again every active pod whose devices' health
-// changed, as the kubelet resyncs the pods a device plugin's health update
-// concerns; it returns when ctx ends. The device manager's notifications
-// cover health changes, devices no longer listed, plugins connecting and
-// going away and resources removed.
+// changed, as the kubelet resyncs the pods a device plugin's or a DRA
+// driver's health update concerns; it returns when ctx ends. The device
+// manager's notifications cover health changes, devices no longer listed,
+// plugins connecting and going away and resources removed; the DRA
+// manager's (Updates) health reports and drivers' health streams ending.
 func (p *provider) watchHealth(ctx context.Context) {
 	ch, cancel := p.mgr.Subscribe()
 	defer cancel()
+	draUpdates := p.dra.Updates()
 	for {
 		for _, pod := range p.refreshHealth() {
 			p.publish(pod.Namespace, pod.Name)
@@ -163,6 +207,7 @@ func (p *provider) watchHealth(ctx context.Context) {
 			if !ok {
 				return
 			}
+		case <-draUpdates:
 		}
 	}
 }
@@ -178,7 +223,7 @@ func (p *provider) refreshHealth() []*corev1.Pod {
 			if cur == nil || cur.UID != pod.UID || terminal(cur) {
 				return nil // changed since listed
 			}
-			st := p.mgr.AllocatedResourcesStatus(cur.UID)
+			st := p.resourcesStatus(cur)
 			if st == nil || !resourcesStatusDiffers(cur, st) {
 				return nil
 			}
@@ -201,10 +246,11 @@ func (p *provider) adopt(pods []*corev1.Pod) {
 	}
 }
 
-// CreatePod admits the pod's device requests and hands it to the backend.
-// A pod the device manager rejects is marked Failed with the kubelet's
-// reason and message, and a Warning event records it, as the kubelet's
-// rejectPod does.
+// CreatePod admits the pod's device requests, prepares its ResourceClaims
+// and hands it to the backend. A pod the device manager rejects is marked
+// Failed with the kubelet's reason and message, and a Warning event
+// records it, as the kubelet's rejectPod does. A pod whose claims cannot
+// be prepared waits, Pending (startWithClaims).
 func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err := p.dropReplaced(ctx, pod); err != nil {
 		return err
@@ -232,6 +278,9 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	p.pods.Add(pod)
+	if hasClaims(pod) {
+		return p.startWithClaims(ctx, pod)
+	}
 	if err := p.be.CreatePod(ctx, pod); err != nil {
 		p.mgr.RemovePod(pod.UID)
 		return err
@@ -275,6 +324,8 @@ func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
 	}
 	p.log.Info("Forgetting a pod replaced by one of the same name", "pod", key(pod.Namespace, pod.Name), "uid", cur.UID, "new", pod.UID)
 	p.mgr.RemovePod(cur.UID)
+	p.draq.take(cur.UID)
+	p.queueUnprepare(cur)
 	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)
 }
@@ -291,6 +342,9 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	// is forgotten, stopped at once if it still runs.
 	gone := p.inAPI != nil && !p.inAPI(cur.Namespace, cur.Name, cur.UID)
 	if !gone && pod.DeletionTimestamp != nil && !terminal(cur) {
+		if p.stopWaiting(cur) {
+			return nil
+		}
 		return p.be.DeletePod(ctx, pod)
 	}
 	if !gone && pod.DeletionTimestamp != nil {
@@ -301,6 +355,8 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	p.pods.Delete(cur.Namespace, cur.Name, cur.UID)
 	p.mgr.RemovePod(cur.UID)
+	p.draq.take(cur.UID)
+	p.queueUnprepare(cur)
 	p.envs.forget(cur.UID)
 	return p.be.Forget(ctx, cur)
 }
@@ -348,7 +404,8 @@ func (p *provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
 }
 
 // containerEnv returns a container's resolved environment, waiting for it
-// after a restart, then the device plugins' variables.
+// after a restart, then the device plugins' variables, then the CDI
+// devices of its claims (CDIDevicesEnv).
 func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container string) ([]corev1.EnvVar, error) {
 	env, err := p.envs.get(ctx, pod.UID, container)
 	if err != nil {
@@ -358,6 +415,13 @@ func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container 
 		for _, kv := range o.Envs {
 			env = append(env, corev1.EnvVar{Name: kv.Name, Value: kv.Value})
 		}
+	}
+	cdi, err := p.cdiEnv(pod, container)
+	if err != nil {
+		return nil, err
+	}
+	if cdi != nil {
+		env = append(env, *cdi)
 	}
 	return env, nil
 }

@@ -27,6 +27,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
 )
 
 // change is a "something changed" signal for many waiters.
@@ -80,6 +82,11 @@ type Config struct {
 	// change, so that it never goes stale (the kubelet shows a device
 	// Unknown 30s after its last report). Default 10s.
 	ResendEvery time.Duration
+	// NodeName, when set, is the node the driver runs for: it publishes
+	// one ResourceSlice of its devices for that node through Client (an
+	// API server's client then), as a real driver does, and the slice
+	// is removed when the driver stops.
+	NodeName string
 	// Options are passed to kubeletplugin.Start after the driver's own
 	// (NodeV1(false), HealthV1(false), ...).
 	Options []kubeletplugin.Option
@@ -146,12 +153,28 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 	if cfg.RollingUpdate != "" {
 		opts = append(opts, kubeletplugin.RollingUpdate(cfg.RollingUpdate))
 	}
+	if cfg.NodeName != "" {
+		opts = append(opts, kubeletplugin.NodeName(cfg.NodeName))
+	}
 	opts = append(opts, cfg.Options...)
 	h, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("fakedra: %w", err)
 	}
 	d.helper = h
+	if cfg.NodeName != "" {
+		devices := make([]resourcev1.Device, 0, len(cfg.Devices))
+		for _, name := range cfg.Devices {
+			devices = append(devices, resourcev1.Device{Name: name})
+		}
+		err := h.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+			cfg.Pool: {Slices: []resourceslice.Slice{{Devices: devices}}},
+		}})
+		if err != nil {
+			h.Stop()
+			return nil, fmt.Errorf("fakedra: publish the ResourceSlice of node %s: %w", cfg.NodeName, err)
+		}
+	}
 	return d, nil
 }
 
@@ -265,9 +288,11 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 	return out, nil
 }
 
-// HandleError ignores the helper's background errors: the driver has no
-// ResourceSlice controller to fail.
-func (d *Driver) HandleError(context.Context, error, string) {}
+// HandleError logs the helper's background errors (publishing the
+// ResourceSlice) to the driver's log.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	klog.FromContext(ctx).Error(err, msg)
+}
 
 // WatchHealthStatus sends a report of every device now, after every
 // change and every ResendEvery, until ctx ends.

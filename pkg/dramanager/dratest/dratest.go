@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -205,13 +206,23 @@ func (d *Driver) Send(t testing.TB, line string) {
 	}
 }
 
+// EventTimeout bounds the wait for the driver's next event (a call, a
+// command's answer), so that a call that never comes fails the test with
+// a message instead of hanging it.
+const EventTimeout = time.Minute
+
 func (d *Driver) next(t testing.TB) map[string]any {
 	t.Helper()
-	ev, ok := <-d.events
-	if !ok {
-		t.Fatal("the fake driver exited")
+	select {
+	case ev, ok := <-d.events:
+		if !ok {
+			t.Fatal("the fake driver exited")
+		}
+		return ev
+	case <-time.After(EventTimeout):
+		t.Fatalf("the fake driver reported nothing for %v (a call that never came?)", EventTimeout)
+		return nil
 	}
-	return ev
 }
 
 // NextCall returns the next call the driver received: its method and the
@@ -228,6 +239,26 @@ func (d *Driver) NextCall(t testing.TB) (string, []string) {
 			uids = append(uids, u.(string))
 		}
 		return ev["method"].(string), uids
+	}
+}
+
+// DrainCalls discards the calls the driver reported so far and not yet
+// returned by NextCall, and returns how many there were. A call still on
+// its way from the driver's process may be left for NextCall.
+func (d *Driver) DrainCalls() int {
+	n := 0
+	for {
+		select {
+		case ev, ok := <-d.events:
+			if !ok {
+				return n
+			}
+			if ev["event"] == "call" {
+				n++
+			}
+		default:
+			return n
+		}
 	}
 }
 

@@ -1,7 +1,10 @@
 // Command dpkit-fakedra runs the fake DRA driver (hack/tools/fakedra), built
 // on the upstream kubeletplugin helper, as a process for dpkit's tests and
-// demos. The helper reads ResourceClaims through a client: here a fake
-// clientset that answers every get of a claim from the file
+// demos. The helper reads ResourceClaims through a client. With
+// --kubeconfig and --node-name it is an API server's: the driver publishes
+// a ResourceSlice of its devices for the node and reads the claims the
+// scheduler allocated, as a real driver. Otherwise it is a fake clientset
+// that answers every get of a claim from the file
 // <claims-dir>/<namespace>_<name>.json (a resource.k8s.io/v1
 // ResourceClaim), read at the time of the call, so a test writes a claim
 // there before the kubelet side asks for it.
@@ -43,8 +46,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/dpkit/dpkit/hack/tools/fakedra"
@@ -59,24 +64,31 @@ func main() {
 
 func run() error {
 	var (
-		driver    = flag.String("driver", fakedra.DefaultDriverName, "DRA driver name")
-		registry  = flag.String("registry-dir", "", "the kubelet's plugins_registry directory (required)")
-		pluginDir = flag.String("plugin-dir", "", "directory of the driver's service socket (default <registry-dir>/../plugins/<driver>)")
-		claimsDir = flag.String("claims-dir", "", "directory of <namespace>_<name>.json ResourceClaims (required)")
-		devices   = flag.String("devices", "dev-0,dev-1", "comma-separated device names")
-		pool      = flag.String("pool", "pool", "pool name of the devices")
-		rolling   = flag.String("rolling-update", "", "register as a rolling-update instance with this pod UID")
-		noHealth  = flag.Bool("no-health", false, "decline health reporting (the health service answers Unimplemented)")
-		v1beta1   = flag.Bool("v1beta1-only", false, "serve only the v1beta1 DRAPlugin service")
-		resend    = flag.Duration("resend", 10*time.Second, "how often the health report is sent again without a change")
+		driver     = flag.String("driver", fakedra.DefaultDriverName, "DRA driver name")
+		registry   = flag.String("registry-dir", "", "the kubelet's plugins_registry directory (required)")
+		pluginDir  = flag.String("plugin-dir", "", "directory of the driver's service socket (default <registry-dir>/../plugins/<driver>)")
+		claimsDir  = flag.String("claims-dir", "", "directory of <namespace>_<name>.json ResourceClaims (required without --kubeconfig)")
+		kubeconfig = flag.String("kubeconfig", "", "kubeconfig of the API server to read claims from and publish the node's ResourceSlice to (with --node-name)")
+		nodeName   = flag.String("node-name", "", "the node the driver runs for (with --kubeconfig)")
+		devices    = flag.String("devices", "dev-0,dev-1", "comma-separated device names")
+		pool       = flag.String("pool", "pool", "pool name of the devices")
+		rolling    = flag.String("rolling-update", "", "register as a rolling-update instance with this pod UID")
+		noHealth   = flag.Bool("no-health", false, "decline health reporting (the health service answers Unimplemented)")
+		v1beta1    = flag.Bool("v1beta1-only", false, "serve only the v1beta1 DRAPlugin service")
+		resend     = flag.Duration("resend", 10*time.Second, "how often the health report is sent again without a change")
 	)
 	flag.Parse()
 	var errs []error
 	if *registry == "" {
 		errs = append(errs, errors.New("--registry-dir is required: the kubelet's plugins_registry directory"))
 	}
-	if *claimsDir == "" {
-		errs = append(errs, errors.New("--claims-dir is required: where the ResourceClaims to prepare are read"))
+	switch {
+	case *kubeconfig != "" && *nodeName == "":
+		errs = append(errs, errors.New("--node-name is required with --kubeconfig: the node whose ResourceSlice the driver publishes"))
+	case *kubeconfig == "" && *nodeName != "":
+		errs = append(errs, errors.New("--kubeconfig is required with --node-name: the API server to publish the ResourceSlice to"))
+	case *kubeconfig == "" && *claimsDir == "":
+		errs = append(errs, errors.New("--claims-dir is required without --kubeconfig: where the ResourceClaims to prepare are read"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -88,22 +100,18 @@ func run() error {
 		return err
 	}
 
-	client := fake.NewClientset()
-	client.PrependReactor("get", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		g := a.(k8stesting.GetAction)
-		blob, err := os.ReadFile(filepath.Join(*claimsDir, g.GetNamespace()+"_"+g.GetName()+".json"))
-		if errors.Is(err, os.ErrNotExist) {
-			return true, nil, apierrors.NewNotFound(resourcev1.Resource("resourceclaims"), g.GetName())
-		}
+	var client kubernetes.Interface
+	if *kubeconfig != "" {
+		rc, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 		if err != nil {
-			return true, nil, err
+			return fmt.Errorf("--kubeconfig: %w", err)
 		}
-		var c resourcev1.ResourceClaim
-		if err := json.Unmarshal(blob, &c); err != nil {
-			return true, nil, err
+		if client, err = kubernetes.NewForConfig(rc); err != nil {
+			return fmt.Errorf("--kubeconfig: %w", err)
 		}
-		return true, &c, nil
-	})
+	} else {
+		client = fileClaims(*claimsDir)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -118,6 +126,7 @@ func run() error {
 		Pool:          *pool,
 		Devices:       strings.Split(*devices, ","),
 		Client:        client,
+		NodeName:      *nodeName,
 		RollingUpdate: types.UID(*rolling),
 		NoHealth:      *noHealth,
 		ResendEvery:   *resend,
@@ -127,7 +136,34 @@ func run() error {
 		return err
 	}
 	defer d.Stop()
+	return serve(ctx, d, *driver)
+}
 
+// fileClaims is a fake clientset answering gets of ResourceClaims from
+// dir/<namespace>_<name>.json.
+func fileClaims(dir string) kubernetes.Interface {
+	client := fake.NewClientset()
+	client.PrependReactor("get", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		g := a.(k8stesting.GetAction)
+		blob, err := os.ReadFile(filepath.Join(dir, g.GetNamespace()+"_"+g.GetName()+".json"))
+		if errors.Is(err, os.ErrNotExist) {
+			return true, nil, apierrors.NewNotFound(resourcev1.Resource("resourceclaims"), g.GetName())
+		}
+		if err != nil {
+			return true, nil, err
+		}
+		var c resourcev1.ResourceClaim
+		if err := json.Unmarshal(blob, &c); err != nil {
+			return true, nil, err
+		}
+		return true, &c, nil
+	})
+	return client
+}
+
+// serve reports the driver's calls on stdout and runs the commands of
+// stdin until ctx ends or stdin closes.
+func serve(ctx context.Context, d *fakedra.Driver, driver string) error {
 	var outMu sync.Mutex
 	enc := json.NewEncoder(os.Stdout)
 	emit := func(v any) {
@@ -152,7 +188,7 @@ func run() error {
 			}
 		}
 	}()
-	emit(map[string]any{"event": "ready", "driver": *driver})
+	emit(map[string]any{"event": "ready", "driver": driver})
 
 	lines := make(chan string)
 	go func() {

@@ -1,0 +1,323 @@
+package virtualnode
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// CDIDevicesEnv is the environment variable in which the process backend
+// gives a container the CDI device IDs of the devices its ResourceClaims
+// got (comma-separated, in the order of the container's claims), what the
+// kubelet passes to the container runtime. It is set only for containers
+// that use claims.
+const CDIDevicesEnv = "DPKIT_CDI_DEVICES"
+
+// FailedPrepareDynamicResources is the reason of the Warning event a pod
+// gets each time its claims cannot be prepared (the kubelet's).
+const FailedPrepareDynamicResources = "FailedPrepareDynamicResources"
+
+// draRetryPeriod is how often the claims of pods that could not be
+// prepared are tried again besides when a DRA driver registers: the
+// kubelet's pod worker back-off.
+const draRetryPeriod = 10 * time.Second
+
+// apiClaims reads ResourceClaims from the API server at the time a pod's
+// claims are prepared, as the kubelet does (a GET per claim, no watch):
+// the claim must be fresh (allocated and reserved for the pod), and a
+// node identity may get the claims of its pods but not list every claim
+// of the cluster.
+type apiClaims struct{ client kubernetes.Interface }
+
+func (c apiClaims) GetResourceClaim(ctx context.Context, namespace, name string) (*resourcev1.ResourceClaim, error) {
+	return c.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// draQueue holds the pods the DRA loop works for: pods admitted whose
+// claims could not be prepared yet (they wait, Pending, and start once
+// prepared), and pods that ended whose claims must be unprepared.
+type draQueue struct {
+	mu        sync.Mutex
+	waiting   map[types.UID]*corev1.Pod
+	unprepare map[types.UID]*corev1.Pod
+	kick      chan struct{} // one slot: the loop has work
+}
+
+func (q *draQueue) init() {
+	q.waiting = map[types.UID]*corev1.Pod{}
+	q.unprepare = map[types.UID]*corev1.Pod{}
+	q.kick = make(chan struct{}, 1)
+}
+
+func (q *draQueue) wake() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take removes and returns the waiting pod of uid, if any: whoever takes
+// it is the only one trying to start it.
+func (q *draQueue) take(uid types.UID) (*corev1.Pod, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	pod, ok := q.waiting[uid]
+	delete(q.waiting, uid)
+	return pod, ok
+}
+
+func (q *draQueue) takeAll() (waiting, unprepare []*corev1.Pod) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for uid, pod := range q.waiting {
+		waiting = append(waiting, pod)
+		delete(q.waiting, uid)
+	}
+	for uid, pod := range q.unprepare {
+		unprepare = append(unprepare, pod)
+		delete(q.unprepare, uid)
+	}
+	return waiting, unprepare
+}
+
+// hasClaims reports whether pod uses ResourceClaims, its own or one the
+// scheduler made for its DRA-backed extended resources.
+func hasClaims(pod *corev1.Pod) bool {
+	return len(pod.Spec.ResourceClaims) > 0 || pod.Status.ExtendedResourceClaimStatus != nil
+}
+
+// withClaimStatus returns pod with the claim fields of its status
+// (resourceClaimStatuses, extendedResourceClaimStatus) as the API server
+// has them: the scheduler and the resource claim controller write them,
+// and the pod a backend reports carries the backend's status.
+func (p *provider) withClaimStatus(pod *corev1.Pod) *corev1.Pod {
+	if p.apiPod == nil {
+		return pod
+	}
+	api := p.apiPod(pod.Namespace, pod.Name)
+	if api == nil || api.UID != pod.UID {
+		return pod
+	}
+	if pod.Status.ResourceClaimStatuses != nil && pod.Status.ExtendedResourceClaimStatus != nil {
+		return pod
+	}
+	out := pod.DeepCopy()
+	if out.Status.ResourceClaimStatuses == nil {
+		out.Status.ResourceClaimStatuses = api.Status.ResourceClaimStatuses
+	}
+	if out.Status.ExtendedResourceClaimStatus == nil {
+		out.Status.ExtendedResourceClaimStatus = api.Status.ExtendedResourceClaimStatus
+	}
+	return out
+}
+
+// startWithClaims prepares the claims of an admitted pod and hands it to
+// the backend. When they cannot be prepared (no such driver on the node,
+// the driver failed, the claim is not reserved for the pod yet), the pod
+// does not start, as with the kubelet: a Warning event
+// FailedPrepareDynamicResources says why, the pod stays Pending with its
+// containers waiting (ContainerCreating, the error as their message), and
+// the DRA loop tries again when a driver registers and every
+// draRetryPeriod. It returns the backend's error.
+func (p *provider) startWithClaims(ctx context.Context, pod *corev1.Pod) error {
+	for {
+		changed := p.dra.PluginsChanged()
+		err := p.dra.PrepareResources(ctx, p.withClaimStatus(pod))
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !p.current(pod) {
+			// Deleted or replaced meanwhile; a failed prepare may have
+			// recorded the pod's references.
+			p.queueUnprepare(pod)
+			return nil
+		}
+		msg := "Failed to prepare dynamic resources: " + err.Error()
+		p.log.Info("Pod waits for its ResourceClaims", "pod", key(pod.Namespace, pod.Name), "err", err)
+		if p.recorder != nil {
+			p.recorder.Event(pod, corev1.EventTypeWarning, FailedPrepareDynamicResources, msg)
+		}
+		p.publishWaiting(pod, msg)
+		p.draq.mu.Lock()
+		p.draq.waiting[pod.UID] = pod
+		p.draq.mu.Unlock()
+		select {
+		case <-changed:
+			// A driver came or went while preparing: try again now
+			// unless the loop took the pod meanwhile.
+			if _, ok := p.draq.take(pod.UID); ok {
+				continue
+			}
+		default:
+		}
+		return nil
+	}
+	if !p.current(pod) {
+		// Deleted while preparing: the DRA loop unprepares.
+		p.queueUnprepare(pod)
+		return nil
+	}
+	if err := p.be.CreatePod(ctx, pod); err != nil {
+		p.mgr.RemovePod(pod.UID)
+		return err
+	}
+	return nil
+}
+
+// current reports whether pod is still the node's pod of its name and
+// has not ended.
+func (p *provider) current(pod *corev1.Pod) bool {
+	cur, ok := p.pods.Get(pod.Namespace, pod.Name)
+	return ok && cur.UID == pod.UID && !terminal(cur)
+}
+
+// publishWaiting stores and publishes pod as waiting for its claims:
+// Pending, every container Waiting (ContainerCreating or PodInitializing)
+// with msg.
+func (p *provider) publishWaiting(pod *corev1.Pod, msg string) {
+	w := pod.DeepCopy()
+	init, app := backend.WaitingStatuses(pod)
+	for _, list := range [][]corev1.ContainerStatus{init, app} {
+		for i := range list {
+			list[i].State.Waiting.Message = msg
+		}
+	}
+	w.Status = corev1.PodStatus{QOSClass: pod.Status.QOSClass, InitContainerStatuses: init, ContainerStatuses: app}
+	if prev, ok := p.pods.Get(pod.Namespace, pod.Name); ok && prev.UID == pod.UID {
+		w.Status.StartTime = prev.Status.StartTime
+		w.Status.Conditions = prev.Status.Conditions
+	}
+	backend.ComputeStatus(pod, &w.Status, p.nodeIP, false)
+	updated := false
+	p.pods.Update(pod.Namespace, pod.Name, func(cur *corev1.Pod) *corev1.Pod {
+		if cur == nil || cur.UID != pod.UID || terminal(cur) {
+			return nil
+		}
+		updated = true
+		return w
+	})
+	if updated {
+		p.publish(pod.Namespace, pod.Name)
+	}
+}
+
+// stopWaiting ends a pod that waits for its claims and is being deleted:
+// it never started, so it is Failed at once, as the kubelet makes a
+// terminal pod with waiting containers. It reports whether pod waited.
+func (p *provider) stopWaiting(pod *corev1.Pod) bool {
+	w, ok := p.draq.take(pod.UID)
+	if !ok {
+		return false
+	}
+	cur, ok := p.pods.Get(w.Namespace, w.Name)
+	if !ok || cur.UID != w.UID {
+		return true
+	}
+	failed := cur.DeepCopy()
+	backend.ComputeStatus(failed, &failed.Status, p.nodeIP, true)
+	failed.Status.Phase = corev1.PodFailed
+	p.backendNotify(failed)
+	return true
+}
+
+// queueUnprepare has the DRA loop unprepare the claims of pod.
+func (p *provider) queueUnprepare(pod *corev1.Pod) {
+	if !hasClaims(pod) && !p.dra.PodMightNeedToUnprepareResources(pod.UID) {
+		return
+	}
+	p.draq.mu.Lock()
+	p.draq.unprepare[pod.UID] = pod
+	p.draq.mu.Unlock()
+	p.draq.wake()
+}
+
+// runDRA is the DRA loop: it tries again to start the pods waiting for
+// their claims whenever a DRA driver registers or goes, and every
+// draRetryPeriod, and unprepares the claims of pods that ended (as the
+// kubelet does once a pod's containers stopped); an unprepare that fails
+// is tried again every draRetryPeriod (and the DRA manager's reconcile
+// loop unprepares the claims of pods no longer active too). It returns
+// when ctx ends.
+func (p *provider) runDRA(ctx context.Context) {
+	t := time.NewTicker(draRetryPeriod)
+	defer t.Stop()
+	for {
+		changed := p.dra.PluginsChanged()
+		waiting, ended := p.draq.takeAll()
+		slices.SortFunc(ended, byKey)
+		for _, pod := range ended {
+			if err := p.dra.UnprepareResources(ctx, p.withClaimStatus(pod)); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				p.log.Info("Unpreparing the claims of an ended pod failed, will retry", "pod", key(pod.Namespace, pod.Name), "err", err)
+				p.draq.mu.Lock()
+				p.draq.unprepare[pod.UID] = pod
+				p.draq.mu.Unlock()
+				continue
+			}
+			if p.unprepared != nil {
+				p.unprepared(pod)
+			}
+		}
+		slices.SortFunc(waiting, byKey)
+		for _, pod := range waiting {
+			if err := p.startWithClaims(ctx, pod); err != nil && ctx.Err() == nil {
+				p.log.Warn("Starting a pod whose claims are prepared", "pod", key(pod.Namespace, pod.Name), "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-p.draq.kick:
+		case <-t.C:
+		}
+	}
+}
+
+func byKey(a, b *corev1.Pod) int {
+	return strings.Compare(key(a.Namespace, a.Name), key(b.Namespace, b.Name))
+}
+
+// cdiEnv returns the CDIDevicesEnv variable of container, nil when it
+// uses no claims.
+func (p *provider) cdiEnv(pod *corev1.Pod, container string) (*corev1.EnvVar, error) {
+	pod = p.withClaimStatus(pod)
+	if !hasClaims(pod) {
+		return nil, nil
+	}
+	var c *corev1.Container
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			if list[i].Name == container {
+				c = &list[i]
+			}
+		}
+	}
+	if c == nil {
+		return nil, nil
+	}
+	ids, err := p.dra.CDIDevices(pod, c)
+	if err != nil {
+		return nil, fmt.Errorf("CDI devices of container %s: %w", container, err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	return &corev1.EnvVar{Name: CDIDevicesEnv, Value: strings.Join(ids, ",")}, nil
+}

@@ -1,0 +1,494 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/dpkit/dpkit/internal/repopath"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
+	"github.com/dpkit/dpkit/pkg/virtualnode"
+)
+
+// startDRADriver runs the fake DRA driver (the upstream kubeletplugin
+// helper) for node: it registers in root/plugins_registry, publishes a
+// ResourceSlice of devices for the node and reads claims from the API
+// server. It waits until the slice is there. The pool is named after the
+// node, as real drivers do: a pool name is unique per driver in the
+// cluster, and two nodes' slices in one pool make it unusable.
+func startDRADriver(t *testing.T, ctx context.Context, c kubernetes.Interface, kubeconfig, node, root string, devices ...string) *dratest.Driver {
+	t.Helper()
+	drv := dratest.Start(t, root, "", "--kubeconfig", kubeconfig, "--node-name", node, "--pool", node, "--devices", strings.Join(devices, ","))
+	poll(t, ctx, "the driver's ResourceSlice for "+node, func(ctx context.Context) (bool, string, error) {
+		list, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+		if err != nil {
+			return false, "", err
+		}
+		var names []string
+		for _, s := range list.Items {
+			if s.Spec.Driver == dratest.DriverName {
+				for _, d := range s.Spec.Devices {
+					names = append(names, d.Name)
+				}
+			}
+		}
+		slices.Sort(names)
+		return slices.Equal(names, devices), fmt.Sprintf("devices %v", names), nil
+	})
+	return drv
+}
+
+// deviceClass creates a DeviceClass selecting the fake driver's devices,
+// removed when the test ends.
+func deviceClass(t *testing.T, ctx context.Context, c kubernetes.Interface, extendedResource string) string {
+	t.Helper()
+	dc := &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: unique("fake-dra")},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", dratest.DriverName)},
+		}}},
+	}
+	if extendedResource != "" {
+		dc.Spec.ExtendedResourceName = &extendedResource
+	}
+	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.ResourceV1().DeviceClasses().Delete(context.Background(), dc.Name, metav1.DeleteOptions{})
+	})
+	return dc.Name
+}
+
+// claimFor returns a ResourceClaim asking for count devices of class
+// (request "req").
+func claimFor(ns, name, class string, count int64) *resourcev1.ResourceClaim {
+	return &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name:    "req",
+			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: count},
+		}}}},
+	}
+}
+
+// claimPod returns a pod on node whose container "app" uses the claim
+// named claim and runs cmd.
+func claimPod(ns, name, node, claim string, cmd []string) *corev1.Pod {
+	pod := devicePod(ns, name, node, "0", cmd)
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "devices"}}}
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "devices", ResourceClaimName: &claim}}
+	return pod
+}
+
+// TestVirtualNodeDRA is the DRA must-show flow on dpkit node with
+// kube-scheduler: the fake DRA driver (the upstream kubeletplugin helper,
+// as a process) registers with the node and publishes a ResourceSlice of
+// three devices for it; a pod with a ResourceClaim for two devices is
+// allocated by the scheduler, its claim prepared by the driver before it
+// starts, its logs show the two CDI device IDs, its status the devices'
+// health; a claim for four devices leaves its pod unscheduled; and once
+// the pod ended the driver is asked to unprepare the claim.
+func TestVirtualNodeDRA(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-dra")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1", "dev-2")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vn-dra")
+
+	claim, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "two", class, 2), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := filepath.Join(root, "release")
+	script := fmt.Sprintf("echo cdi=$%s; while [ ! -e %s ]; do sleep 0.05; done; echo done", virtualnode.CDIDevicesEnv, release)
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "dra", name, "two", []string{"sh", "-c", script}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, c, ns, "dra", "Running on "+name, func(p *corev1.Pod) bool {
+		return p.Spec.NodeName == name && p.Status.Phase == corev1.PodRunning
+	})
+	if m, uids := drv.NextCall(t); m != "NodePrepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodePrepareResources [%s]", m, uids, claim.UID)
+	}
+
+	// The scheduler allocated two of the node's devices; the container
+	// got their CDI device IDs.
+	allocated, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "two", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, r := range allocated.Status.Allocation.Devices.Results {
+		want = append(want, dratest.CDIDeviceID(r.Device))
+	}
+	if len(want) != 2 {
+		t.Fatalf("claim allocation %+v, want two devices", allocated.Status.Allocation)
+	}
+	var logs string
+	poll(t, ctx, "the pod's cdi= log line", func(ctx context.Context) (bool, string, error) {
+		b, err := c.CoreV1().Pods(ns).GetLogs("dra", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		logs = string(b)
+		return strings.Contains(logs, "cdi="), logs, nil
+	})
+	m := regexp.MustCompile(`cdi=(\S*)`).FindStringSubmatch(logs)
+	if got := strings.Split(m[1], ","); !slices.Equal(got, want) {
+		t.Fatalf("logs show CDI devices %q, want %q (the claim's allocation)", m[1], want)
+	}
+
+	// The pod's status names the claim's devices with their health.
+	poll(t, ctx, "allocatedResourcesStatus claim:devices with both devices Healthy", func(ctx context.Context) (bool, string, error) {
+		p, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		var got []string
+		for _, cs := range p.Status.ContainerStatuses {
+			for _, rs := range cs.AllocatedResourcesStatus {
+				for _, h := range rs.Resources {
+					got = append(got, string(rs.Name)+" "+string(h.ResourceID)+" "+string(h.Health))
+				}
+			}
+		}
+		slices.Sort(got)
+		exp := []string{"claim:devices " + want[0] + " Healthy", "claim:devices " + want[1] + " Healthy"}
+		slices.Sort(exp)
+		return slices.Equal(got, exp), fmt.Sprintf("%v", got), nil
+	})
+
+	// More devices than the node has: never scheduled.
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "four", class, 4), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "too-many", name, "four", []string{"true"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, ctx, c, ns, "too-many", "FailedScheduling", "")
+	if p, err := c.CoreV1().Pods(ns).Get(ctx, "too-many", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if p.Spec.NodeName != "" || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("pod asking for 4 devices: node %q phase %s, want unbound and Pending", p.Spec.NodeName, p.Status.Phase)
+	}
+
+	// Once the pod ended, the driver is asked to unprepare the claim.
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, c, ns, "dra", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s]", m, uids, claim.UID)
+	}
+}
+
+// TestVirtualNodeDRAExtendedResource: a DeviceClass with
+// extendedResourceName lets a pod's plain extended-resource request be
+// served by DRA (KEP-5004): the scheduler allocates a claim for the pod
+// on the node (status.extendedResourceClaimStatus), the node prepares it
+// and the container gets its CDI device; the claim is unprepared once
+// the pod ended.
+func TestVirtualNodeDRAExtendedResource(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drax")
+	const res = corev1.ResourceName("example.com/dra-foo")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1")
+	deviceClass(t, ctx, c, string(res))
+	ns := createNamespace(t, c, "vn-drax")
+
+	pod := devicePod(ns, "ext", name, "1", []string{"sh", "-c", "echo cdi=$" + virtualnode.CDIDevicesEnv})
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse("1")}}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := waitPod(t, ctx, c, ns, "ext", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	s := done.Status.ExtendedResourceClaimStatus
+	if s == nil {
+		t.Fatal("status.extendedResourceClaimStatus is empty: the scheduler did not serve example.com/dra-foo through DRA")
+	}
+	claim, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, s.ResourceClaimName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := claim.Status.Allocation.Devices.Results
+	if len(results) != 1 {
+		t.Fatalf("claim %s allocation %+v, want one device", claim.Name, claim.Status.Allocation)
+	}
+	b, err := c.CoreV1().Pods(ns).GetLogs("ext", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "cdi=" + dratest.CDIDeviceID(results[0].Device) + "\n"; string(b) != want {
+		t.Fatalf("logs %q, want %q", b, want)
+	}
+	for _, want := range []string{"NodePrepareResources", "NodeUnprepareResources"} {
+		if m, uids := drv.NextCall(t); m != want || !slices.Equal(uids, []string{string(claim.UID)}) {
+			t.Fatalf("driver call %s %v, want %s [%s]", m, uids, want, claim.UID)
+		}
+	}
+}
+
+// TestVirtualNodeDRARestart: dpkit node restarted while a pod's claim is
+// prepared restores the claim from its checkpoint (dra_manager_state): the
+// driver, which registers again, is not asked to prepare it a second
+// time, the container keeps running, and the claim is unprepared once the
+// pod ended.
+func TestVirtualNodeDRARestart(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drar")
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	n, stop := runNode(t, ctx, o)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vn-drar")
+	claim, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := filepath.Join(root, "release")
+	script := fmt.Sprintf("echo cdi=$%s; while [ ! -e %s ]; do sleep 0.05; done; echo done", virtualnode.CDIDevicesEnv, release)
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "dra", name, "one", []string{"sh", "-c", script}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := waitPod(t, ctx, c, ns, "dra", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	if m, _ := drv.NextCall(t); m != "NodePrepareResources" {
+		t.Fatalf("driver call %s, want NodePrepareResources", m)
+	}
+
+	stop()
+	if _, err := os.Stat(filepath.Join(root, "dra_manager_state")); err != nil {
+		t.Fatalf("checkpoint after the node stopped: %v", err)
+	}
+	n2, _ := runNode(t, ctx, o)
+	// The driver registers with the new node (its socket is still in
+	// plugins_registry).
+	for {
+		ch := n2.DRAManager().PluginsChanged()
+		if ps := n2.DRAManager().Plugins(); len(ps) == 1 && ps[0].Connected {
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("the DRA driver did not register with the restarted node: %v", n2.DRAManager().Plugins())
+		}
+	}
+	if got := n2.DRAManager().Claims(); len(got) != 1 || got[0].ClaimUID != string(claim.UID) {
+		t.Fatalf("claims restored after the restart: %+v, want %s", got, claim.UID)
+	}
+	_ = n
+
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := waitPod(t, ctx, c, ns, "dra", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	if a, b := before.Status.ContainerStatuses[0].ContainerID, done.Status.ContainerStatuses[0].ContainerID; a != b {
+		t.Errorf("container %s after the restart, was %s: it was started again", b, a)
+	}
+	// The next call is the Unprepare: a second Prepare would come first.
+	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s] (and no second NodePrepareResources)", m, uids, claim.UID)
+	}
+}
+
+// TestVirtualNodeDRADeleteWaitsForUnprepare: a pod with a prepared claim
+// that is deleted stays in the API server, terminated, until its claim is
+// unprepared, as the kubelet keeps it until its resources are reclaimed:
+// gone sooner, its claim would be deallocated and its devices given to
+// another pod while the driver still has them prepared. The driver fails
+// Unprepare until healed (the node tries again), then the pod goes.
+func TestVirtualNodeDRADeleteWaitsForUnprepare(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drad")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vn-drad")
+	claim, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "dra", name, "one", []string{"sleep", "3600"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running := waitPod(t, ctx, c, ns, "dra", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	if m, _ := drv.NextCall(t); m != "NodePrepareResources" {
+		t.Fatalf("driver call %s, want NodePrepareResources", m)
+	}
+	drv.Send(t, "fail-unprepare device still busy")
+	if err := c.CoreV1().Pods(ns).Delete(ctx, "dra", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(1))}); err != nil {
+		t.Fatal(err)
+	}
+	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s]", m, uids, claim.UID)
+	}
+	waitPod(t, ctx, c, ns, "dra", "terminated in the API server", func(p *corev1.Pod) bool {
+		return p.UID == running.UID && (p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded)
+	})
+	// The node tries again (every 10s); by then it has long seen the
+	// terminal status that would let it finish the deletion.
+	drv.DrainCalls()
+	if m, _ := drv.NextCall(t); m != "NodeUnprepareResources" {
+		t.Fatalf("driver call %s, want NodeUnprepareResources again", m)
+	}
+	if _, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the pod is gone while its claim is still prepared: %v", err)
+	}
+	drv.Send(t, "heal")
+	if m, _ := drv.NextCall(t); m != "NodeUnprepareResources" {
+		t.Fatalf("driver call %s, want NodeUnprepareResources", m)
+	}
+	poll(t, ctx, "the pod to be gone once its claim is unprepared", func(ctx context.Context) (bool, string, error) {
+		p, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		if err != nil {
+			return false, "", err
+		}
+		return false, fmt.Sprintf("phase %s", p.Status.Phase), nil
+	})
+}
+
+// TestVirtualNodeDRAExample runs docs/dra-example.yaml as docs/dra.md
+// says: dpkit node named dra-node, the fake driver with three devices in
+// pool dra-node, then the example's DeviceClass, claim and pod, whose log
+// shows two CDI device IDs.
+func TestVirtualNodeDRAExample(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	const node = "dra-node"
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, node, root, nil)
+	startDRADriver(t, ctx, c, cp.Kubeconfig, node, root, "dev-0", "dev-1", "dev-2")
+
+	f, err := os.Open(repopath.Find("docs/dra-example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var pod *corev1.Pod
+	for {
+		var raw runtime.RawExtension
+		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(raw.Raw, nil, nil)
+		if err != nil {
+			t.Fatalf("docs/dra-example.yaml: %v", err)
+		}
+		switch o := obj.(type) {
+		case *resourcev1.DeviceClass:
+			_, err = c.ResourceV1().DeviceClasses().Create(ctx, o, metav1.CreateOptions{})
+			t.Cleanup(func() {
+				_ = c.ResourceV1().DeviceClasses().Delete(context.Background(), o.Name, metav1.DeleteOptions{})
+			})
+		case *resourcev1.ResourceClaim:
+			_, err = c.ResourceV1().ResourceClaims(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			t.Cleanup(func() {
+				_ = c.ResourceV1().ResourceClaims(o.Namespace).Delete(context.Background(), o.Name, metav1.DeleteOptions{})
+			})
+		case *corev1.Pod:
+			pod = o
+			_, err = c.CoreV1().Pods(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			t.Cleanup(func() { _ = c.CoreV1().Pods(o.Namespace).Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
+		default:
+			t.Fatalf("docs/dra-example.yaml: unexpected %T", obj)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pod == nil {
+		t.Fatal("docs/dra-example.yaml has no pod")
+	}
+	waitPod(t, ctx, c, pod.Namespace, pod.Name, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	b, err := c.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^DPKIT_CDI_DEVICES=fake\.dpkit\.io/device=dev-\d,fake\.dpkit\.io/device=dev-\d\n$`).Match(b) {
+		t.Fatalf("example pod's log %q, want DPKIT_CDI_DEVICES with two CDI device IDs", b)
+	}
+}
+
+// TestVirtualNodeDRADriverKilled: the driver of a running pod's claim
+// killed, the claim's devices go Unknown in the pod's status; a driver
+// back on the node reports them Healthy again.
+func TestVirtualNodeDRADriverKilled(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drak")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vn-drak")
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, claimPod(ns, "dra", name, "one", []string{"sleep", "3600"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	healthIs := func(want corev1.ResourceHealthStatus) {
+		t.Helper()
+		poll(t, ctx, "the claim's device "+string(want)+" in the pod's status", func(ctx context.Context) (bool, string, error) {
+			p, err := c.CoreV1().Pods(ns).Get(ctx, "dra", metav1.GetOptions{})
+			if err != nil {
+				return false, "", err
+			}
+			var got []string
+			for _, cs := range p.Status.ContainerStatuses {
+				for _, rs := range cs.AllocatedResourcesStatus {
+					for _, h := range rs.Resources {
+						got = append(got, string(rs.Name)+" "+string(h.ResourceID)+" "+string(h.Health))
+					}
+				}
+			}
+			return slices.Equal(got, []string{"claim:devices " + dratest.CDIDeviceID("dev-0") + " " + string(want)}), fmt.Sprintf("phase %s health %v", p.Status.Phase, got), nil
+		})
+	}
+	healthIs(corev1.ResourceHealthStatusHealthy)
+	drv.Kill()
+	healthIs(corev1.ResourceHealthStatusUnknown)
+	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+	healthIs(corev1.ResourceHealthStatusHealthy)
+}
