@@ -102,10 +102,7 @@ func hasClaims(pod *corev1.Pod) bool {
 // has them: the scheduler and the resource claim controller write them,
 // and the pod a backend reports carries the backend's status.
 func (p *provider) withClaimStatus(pod *corev1.Pod) *corev1.Pod {
-	if p.apiPod == nil {
-		return pod
-	}
-	api := p.apiPod(pod.Namespace, pod.Name)
+	api := p.podFromAPI(pod.Namespace, pod.Name)
 	if api == nil || api.UID != pod.UID {
 		return pod
 	}

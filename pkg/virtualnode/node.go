@@ -314,14 +314,16 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	n.prov.recorder = recorder
 	podInformer := podFactory.Core().V1().Pods()
 	podLister := podInformer.Lister()
-	n.prov.inAPI = func(namespace, name string, uid types.UID) bool {
-		p, err := podLister.Pods(namespace).Get(name)
-		return err == nil && p.UID == uid
-	}
-	n.prov.apiPod = func(namespace, name string) *corev1.Pod {
-		p, _ := podLister.Pods(namespace).Get(name)
-		return p
-	}
+	n.prov.api.Store(&apiView{
+		inAPI: func(namespace, name string, uid types.UID) bool {
+			p, err := podLister.Pods(namespace).Get(name)
+			return err == nil && p.UID == uid
+		},
+		apiPod: func(namespace, name string) *corev1.Pod {
+			p, _ := podLister.Pods(namespace).Get(name)
+			return p
+		},
+	})
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
 		PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
 		PodInformer:       podInformer,

@@ -75,12 +75,12 @@ func TestProviderKeepsResolvedEnvInMemory(t *testing.T) {
 	be := &givenBackend{Backend: sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})}
 	p.be = be
 	api, resolved := secretPods()
-	p.apiPod = func(ns, name string) *corev1.Pod {
+	p.api.Store(&apiView{apiPod: func(ns, name string) *corev1.Pod {
 		if ns == api.Namespace && name == api.Name {
 			return api
 		}
 		return nil
-	}
+	}})
 	if err := p.CreatePod(ctx, resolved.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestProviderKeepsResolvedEnvInMemory(t *testing.T) {
 	}
 
 	// Gone from the API server: forgotten, resolved values included.
-	p2.inAPI = func(string, string, types.UID) bool { return false }
+	p2.api.Store(&apiView{inAPI: func(string, string, types.UID) bool { return false }})
 	if err := p2.DeletePod(ctx, stored); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
@@ -35,14 +36,11 @@ type provider struct {
 	nodeIP string
 	// recorder records the kubelet's events; set before pods arrive.
 	recorder record.EventRecorder
-	// inAPI reports whether the API server (the pod informer's cache)
-	// still has the pod of that UID; set before pods arrive. Nil means
-	// always.
-	inAPI func(namespace, name string, uid types.UID) bool
-	// apiPod returns the pod of that name as the API server (the pod
-	// informer's cache) has it, nil when it has none; set before pods
-	// arrive. Nil means never found.
-	apiPod func(namespace, name string) *corev1.Pod
+	// api answers questions about the API server's pods (the pod
+	// informer's cache). It is set once the informer exists, which can be
+	// after the pods adopted from a previous run report their state, so
+	// it is read and written atomically. Nil: see podInAPI, podFromAPI.
+	api atomic.Pointer[apiView]
 	// unprepared, when set, is called by the DRA loop once the claims of
 	// an ended pod are unprepared.
 	unprepared func(*corev1.Pod)
@@ -62,6 +60,33 @@ type provider struct {
 	// stored state even when the backend and the health watcher report
 	// the same pod at once.
 	publishing [32]sync.Mutex
+}
+
+// apiView is what the provider asks the API server's pod cache.
+type apiView struct {
+	// inAPI reports whether the API server still has the pod of that
+	// UID.
+	inAPI func(namespace, name string, uid types.UID) bool
+	// apiPod returns the pod of that name as the API server has it, nil
+	// when it has none.
+	apiPod func(namespace, name string) *corev1.Pod
+}
+
+// podInAPI reports whether the API server still has the pod of that UID;
+// true until the pod cache is there.
+func (p *provider) podInAPI(namespace, name string, uid types.UID) bool {
+	v := p.api.Load()
+	return v == nil || v.inAPI == nil || v.inAPI(namespace, name, uid)
+}
+
+// podFromAPI returns the pod of that name as the API server has it; nil
+// when it has none or the pod cache is not there yet.
+func (p *provider) podFromAPI(namespace, name string) *corev1.Pod {
+	v := p.api.Load()
+	if v == nil || v.apiPod == nil {
+		return nil
+	}
+	return v.apiPod(namespace, name)
 }
 
 // newProvider returns a provider admitting through host's device manager
@@ -309,9 +334,7 @@ func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 // containers' env and envFrom as the API server has them.
 func (p *provider) withoutResolvedEnv(pod *corev1.Pod) *corev1.Pod {
 	var api *corev1.Pod
-	if p.apiPod != nil {
-		api = p.apiPod(pod.Namespace, pod.Name)
-	}
+	api = p.podFromAPI(pod.Namespace, pod.Name)
 	return asInAPI(pod, api)
 }
 
@@ -340,7 +363,7 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	// A pod still in the API server is being deleted: stop it and report
 	// its end. One gone from it (or replaced by another of the same name)
 	// is forgotten, stopped at once if it still runs.
-	gone := p.inAPI != nil && !p.inAPI(cur.Namespace, cur.Name, cur.UID)
+	gone := !p.podInAPI(cur.Namespace, cur.Name, cur.UID)
 	if !gone && pod.DeletionTimestamp != nil && !terminal(cur) {
 		if p.stopWaiting(cur) {
 			return nil

@@ -136,7 +136,7 @@ func TestPodReplacedBySameName(t *testing.T) {
 	ctx, _, p := startProvider(t, shortRoot(t))
 	p.be = sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})
 	apiUID := types.UID("")
-	p.inAPI = func(_, _ string, uid types.UID) bool { return uid == apiUID }
+	p.api.Store(&apiView{inAPI: func(_, _ string, uid types.UID) bool { return uid == apiUID }})
 	newPod := func(uid types.UID) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", UID: uid},
