@@ -333,9 +333,7 @@ func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 // withoutResolvedEnv returns pod, as virtual-kubelet resolved it, with its
 // containers' env and envFrom as the API server has them.
 func (p *provider) withoutResolvedEnv(pod *corev1.Pod) *corev1.Pod {
-	var api *corev1.Pod
-	api = p.podFromAPI(pod.Namespace, pod.Name)
-	return asInAPI(pod, api)
+	return asInAPI(pod, p.podFromAPI(pod.Namespace, pod.Name))
 }
 
 // dropReplaced forgets the pod of pod's namespace and name when it has
