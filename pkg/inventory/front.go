@@ -1,0 +1,98 @@
+package inventory
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+)
+
+// DevicePluginFront returns the plugin a deviceplugin.Server serves when
+// the inventory's devices are also served through DRA. Its Scan follows
+// the inventory (Run must be running) and leaves out the devices claims
+// hold; its Allocate refuses a device a claim holds (codes.FailedPrecondition,
+// naming the claim) and otherwise records a device plugin hold before
+// calling the real plugin's Allocate. The real plugin's PreferredAllocator
+// and PreStarter pass through, and the front implements them only when the
+// real plugin does, so the SDK offers the kubelet the same options.
+func (inv *Inventory) DevicePluginFront() deviceplugin.Plugin {
+	f := &front{inv: inv}
+	pa, isPA := inv.plugin.(deviceplugin.PreferredAllocator)
+	ps, isPS := inv.plugin.(deviceplugin.PreStarter)
+	switch {
+	case isPA && isPS:
+		return struct {
+			*front
+			deviceplugin.PreferredAllocator
+			deviceplugin.PreStarter
+		}{f, pa, ps}
+	case isPA:
+		return struct {
+			*front
+			deviceplugin.PreferredAllocator
+		}{f, pa}
+	case isPS:
+		return struct {
+			*front
+			deviceplugin.PreStarter
+		}{f, ps}
+	}
+	return f
+}
+
+type front struct{ inv *Inventory }
+
+// Scan reports the inventory's devices less those claims hold, on every
+// change of either, until ctx ends.
+func (f *front) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	ch, stop := f.inv.Watch()
+	defer stop()
+	for {
+		if devs, known := f.inv.devicePluginView(); known {
+			notify(devs)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ch:
+		}
+	}
+}
+
+// devicePluginView is the snapshot without the devices held through DRA.
+func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	out := make([]deviceplugin.Device, 0, len(inv.devices))
+	for _, d := range inv.devices {
+		if h, ok := inv.holds[d.ID]; ok && h.Front == FrontDRA {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out, inv.known
+}
+
+// Allocate holds the devices for the device plugin front, then asks the
+// real plugin; when that fails, the holds it took are released.
+func (f *front) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
+	added, err := f.inv.acquire(ids, dp)
+	if err != nil {
+		var ce *ConflictError
+		if errors.As(err, &ce) {
+			return nil, status.Error(codes.FailedPrecondition, "device plugin Allocate refused: "+err.Error())
+		}
+		return nil, err
+	}
+	resp, err := f.inv.plugin.Allocate(ctx, ids)
+	if err != nil {
+		f.inv.releaseIDs(added, dp)
+		return nil, err
+	}
+	return resp, nil
+}
