@@ -1,0 +1,185 @@
+package dra
+
+import (
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/inventory"
+)
+
+// Standard attribute names (k8s.io/dynamic-resource-allocation/deviceattribute).
+const (
+	AttrNUMANode = "resource.kubernetes.io/numaNode"
+	AttrPCIBusID = "resource.kubernetes.io/pciBusID"
+	AttrPCIeRoot = "resource.kubernetes.io/pcieRoot"
+)
+
+// maxAttrs is how many attributes and capacities one device may carry.
+const maxAttrs = 32
+
+// UnhealthyTaintKey returns the key of the NoSchedule taint an unhealthy
+// device is published with.
+func UnhealthyTaintKey(driver string) string { return driver + "/unhealthy" }
+
+// naming maps device IDs to their published names and back, for one
+// snapshot.
+type naming struct {
+	byName map[string]string // name -> ID
+	byID   map[string]string // ID -> name
+}
+
+// nameDevices names every device; a name already taken by an earlier
+// device (a hash collision) leaves the later device out, logged.
+func nameDevices(devs []deviceplugin.Device, log *slog.Logger) naming {
+	n := naming{byName: make(map[string]string, len(devs)), byID: make(map[string]string, len(devs))}
+	for _, d := range devs {
+		name := DeviceName(d.ID)
+		if other, dup := n.byName[name]; dup {
+			log.Error("Two device IDs have the same DRA device name; the second is not published", "name", name, "id", other, "leftOut", d.ID)
+			continue
+		}
+		n.byName[name], n.byID[d.ID] = d.ID, name
+	}
+	return n
+}
+
+var bdf = regexp.MustCompile(`^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-9a-f]{1})$`)
+
+var cIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,31}$`)
+
+// PCIeRoot returns the PCIe root complex of a PCI device, "pci<domain>:<bus>",
+// as k8s.io/dynamic-resource-allocation/deviceattribute does: the first
+// element under devices/ of the target of
+// <sysfsRoot>/bus/pci/devices/<pciBusID>.
+func PCIeRoot(sysfsRoot, pciBusID string) (string, error) {
+	if !bdf.MatchString(pciBusID) {
+		return "", fmt.Errorf("invalid PCI Bus ID format: %s", pciBusID)
+	}
+	link := filepath.Join("bus", "pci", "devices", pciBusID)
+	target, err := fs.ReadLink(os.DirFS(sysfsRoot), link)
+	if err != nil {
+		return "", fmt.Errorf("failed to read symlink for PCI Bus ID %s: %w", link, err)
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Clean(filepath.Join(filepath.Dir(link), target))
+	}
+	prefix := filepath.Join("devices", "pci")
+	if !strings.HasPrefix(target, prefix) {
+		return "", fmt.Errorf("symlink target for PCI Bus ID %s is invalid: it must start with %s: %s", pciBusID, prefix, target)
+	}
+	if filepath.Base(target) != pciBusID {
+		return "", fmt.Errorf("symlink target for PCI Bus ID %s is invalid: it must end with %s: %s", pciBusID, pciBusID, target)
+	}
+	return strings.Split(strings.TrimPrefix(target, "devices"+string(filepath.Separator)), string(filepath.Separator))[0], nil
+}
+
+// sliceDevices returns the ResourceSlice devices of a snapshot: every
+// device not held through the device plugin front, by name.
+func (d *Driver) sliceDevices() ([]resourcev1.Device, bool) {
+	devs, known := d.inv.Devices()
+	if !known {
+		return nil, false
+	}
+	names := nameDevices(devs, d.log)
+	describer, _ := d.inv.Plugin().(deviceplugin.Describer)
+	out := make([]resourcev1.Device, 0, len(devs))
+	for _, dev := range devs {
+		name, ok := names.byID[dev.ID]
+		if !ok {
+			continue
+		}
+		if h, held := d.inv.HeldBy(dev.ID); held && h.Front == inventory.FrontDevicePlugin {
+			continue
+		}
+		out = append(out, d.sliceDevice(name, dev, describer))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, true
+}
+
+func str(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: &s} }
+
+func (d *Driver) sliceDevice(name string, dev deviceplugin.Device, describer deviceplugin.Describer) resourcev1.Device {
+	drv := d.cfg.DriverName
+	log := d.log.With("device", dev.ID)
+	out := resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{}}
+	if len(dev.ID) <= resourcev1.DeviceAttributeMaxValueLength {
+		out.Attributes[resourcev1.QualifiedName(drv+"/id")] = str(dev.ID)
+	} else {
+		log.Warn("Device ID longer than an attribute value may be; published without its id attribute", "max", resourcev1.DeviceAttributeMaxValueLength)
+	}
+	if len(dev.NUMANodes) == 1 {
+		n := dev.NUMANodes[0]
+		out.Attributes[AttrNUMANode] = resourcev1.DeviceAttribute{IntValue: &n}
+	}
+	if !dev.Healthy {
+		out.Taints = []resourcev1.DeviceTaint{{Key: UnhealthyTaintKey(drv), Effect: resourcev1.DeviceTaintEffectNoSchedule}}
+	}
+	if describer == nil {
+		return out
+	}
+	info, ok := describer.Describe(dev.ID)
+	if !ok {
+		return out
+	}
+	if info.PCIBusID != "" {
+		if !bdf.MatchString(info.PCIBusID) {
+			log.Warn("PCI bus ID not in domain:bus:device.function form; not published", "pciBusID", info.PCIBusID)
+		} else {
+			out.Attributes[AttrPCIBusID] = str(info.PCIBusID)
+			if root, err := PCIeRoot(d.cfg.SysfsRoot, info.PCIBusID); err != nil {
+				log.Debug("No PCIe root for the device", "err", err)
+			} else {
+				out.Attributes[AttrPCIeRoot] = str(root)
+			}
+		}
+	}
+	for _, k := range sortedKeys(info.Attributes) {
+		a := info.Attributes[k]
+		if !cIdentifier.MatchString(k) {
+			log.Warn("Attribute name is not a C identifier of at most 32 characters; not published", "attribute", k)
+			continue
+		}
+		if len(out.Attributes) >= maxAttrs {
+			log.Warn("More than 32 attributes; the rest are not published", "attribute", k)
+			break
+		}
+		v := resourcev1.DeviceAttribute{IntValue: a.Int, BoolValue: a.Bool, StringValue: a.String, VersionValue: a.Version}
+		out.Attributes[resourcev1.QualifiedName(drv+"/"+k)] = v
+	}
+	for _, k := range sortedKeys(info.Capacity) {
+		q, err := resource.ParseQuantity(info.Capacity[k])
+		if err != nil || !cIdentifier.MatchString(k) {
+			log.Warn("Capacity is not a C identifier with a quantity; not published", "capacity", k, "value", info.Capacity[k])
+			continue
+		}
+		if len(out.Attributes)+len(out.Capacity) >= maxAttrs {
+			log.Warn("More than 32 attributes and capacities; the rest are not published", "capacity", k)
+			break
+		}
+		if out.Capacity == nil {
+			out.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{}
+		}
+		out.Capacity[resourcev1.QualifiedName(drv+"/"+k)] = resourcev1.DeviceCapacity{Value: q}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
