@@ -134,7 +134,7 @@ func (d *Driver) sliceDevice(name string, dev deviceplugin.Device, describer dev
 	}
 	if info.PCIBusID != "" {
 		if !bdf.MatchString(info.PCIBusID) {
-			log.Warn("PCI bus ID not in domain:bus:device.function form; not published", "pciBusID", info.PCIBusID)
+			log.Warn("PCI bus ID not in domain:bus:device.function form; not published", "pciBusId", info.PCIBusID)
 		} else {
 			out.Attributes[AttrPCIBusID] = str(info.PCIBusID)
 			if root, err := PCIeRoot(d.cfg.SysfsRoot, info.PCIBusID); err != nil {

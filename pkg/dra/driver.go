@@ -18,6 +18,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/dpkit/dpkit/internal/backoff"
+	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/inventory"
 )
@@ -35,13 +36,15 @@ type Driver struct {
 	mu       sync.Mutex
 	prepared map[string]*preparedClaim // claim UID -> what was prepared
 
-	statusMu sync.Mutex
-	status   *registerapi.RegistrationStatus
+	statusMu      sync.Mutex
+	status        *registerapi.RegistrationStatus
+	statusChanged broadcast.Change
 }
 
 // New validates cfg, applies its defaults and returns a driver for inv.
-// It reads the checkpoint of an earlier run; a corrupt one is an error
-// naming the file (remove it only once no claim is prepared).
+// It reads the checkpoint of an earlier run (a corrupt one is an error
+// naming the file), acquires the devices of the claims it lists in the
+// inventory and writes their CDI specs again where they are gone.
 func New(cfg Config, inv *inventory.Inventory) (*Driver, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -68,6 +71,9 @@ func New(cfg Config, inv *inventory.Inventory) (*Driver, error) {
 		return nil, err
 	}
 	d.prepared = prepared
+	// Hold the checkpointed claims' devices before anything else can give
+	// them out (the device plugin front may run already).
+	d.restore()
 	return d, nil
 }
 
@@ -85,12 +91,15 @@ func (d *Driver) RegistrationStatus() *registerapi.RegistrationStatus {
 	return d.status
 }
 
-// Run restores what the checkpoint holds (holds in the inventory, CDI spec
-// files that are gone), serves the driver's sockets and publishes its
+// RegistrationChanged returns a channel closed when the kubelet next says
+// something about the registration. Take it before reading
+// RegistrationStatus.
+func (d *Driver) RegistrationChanged() <-chan struct{} { return d.statusChanged.C() }
+
+// Run serves the driver's sockets and publishes its
 // devices until ctx ends; then it stops serving and removes its sockets.
 // Run the inventory (inventory.Run) beside it.
 func (d *Driver) Run(ctx context.Context) error {
-	d.restore()
 	srv := grpc.NewServer()
 	drav1.RegisterDRAPluginServer(srv, nodeService{d: d})
 	drahealthv1.RegisterDRAResourceHealthServer(srv, healthService{d: d})
@@ -243,6 +252,7 @@ func (r registrationService) NotifyRegistrationStatus(_ context.Context, st *reg
 	r.d.statusMu.Lock()
 	r.d.status = st
 	r.d.statusMu.Unlock()
+	r.d.statusChanged.Broadcast()
 	if st.PluginRegistered {
 		r.d.log.Info("Registered with the kubelet")
 	} else {

@@ -11,8 +11,8 @@ import (
 	"sort"
 	"strings"
 
-	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/internal/fileutil"

@@ -220,4 +220,3 @@ func sameSlice(old, want *resourcev1.ResourceSlice) bool {
 	}
 	return apiequality.Semantic.DeepEqual(*o, want.Spec) && apiequality.Semantic.DeepEqual(old.OwnerReferences, want.OwnerReferences)
 }
-

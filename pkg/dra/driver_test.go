@@ -1,0 +1,488 @@
+package dra_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/dra"
+	"github.com/dpkit/dpkit/pkg/dramanager"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
+	"github.com/dpkit/dpkit/pkg/inventory"
+	"github.com/dpkit/dpkit/pkg/pluginwatcher"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const driverName = dratest.DriverName
+
+// plugin is a device plugin whose snapshots the test sends and whose
+// Allocate calls it counts.
+type plugin struct {
+	snaps chan []deviceplugin.Device
+	mu    sync.Mutex
+	calls [][]string
+}
+
+func newPlugin() *plugin { return &plugin{snaps: make(chan []deviceplugin.Device, 8)} }
+
+func (p *plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case s := <-p.snaps:
+			notify(s)
+		}
+	}
+}
+
+func (p *plugin) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	p.mu.Lock()
+	p.calls = append(p.calls, slices.Clone(ids))
+	p.mu.Unlock()
+	return &pluginapi.ContainerAllocateResponse{
+		Envs:        map[string]string{"DEVICES": strings.Join(ids, ",")},
+		Mounts:      []*pluginapi.Mount{{HostPath: "/opt/lib", ContainerPath: "/usr/lib/dev", ReadOnly: true}},
+		Devices:     []*pluginapi.DeviceSpec{{HostPath: "/dev/" + ids[0], ContainerPath: "/dev/" + ids[0], Permissions: "rw"}},
+		CdiDevices:  []*pluginapi.CDIDevice{{Name: "vendor.com/dev=" + ids[0]}},
+		Annotations: map[string]string{"ignored": "yes"},
+	}, nil
+}
+
+func (p *plugin) allocations() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.calls)
+}
+
+func healthy(ids ...string) []deviceplugin.Device {
+	out := make([]deviceplugin.Device, len(ids))
+	for i, id := range ids {
+		out[i] = deviceplugin.Device{ID: id, Healthy: true, NUMANodes: []int64{0}}
+	}
+	return out
+}
+
+// node is a kubelet root with dpkit's DRA manager and plugin watcher on
+// it, and a claims directory both sides read.
+type node struct {
+	root   string
+	claims dratest.Claims
+	m      *dramanager.Manager
+}
+
+func newNode(t *testing.T) *node {
+	t.Helper()
+	root := t.TempDir()
+	n := &node{root: root, claims: dratest.Claims(filepath.Join(root, "claims"))}
+	m, err := dramanager.New(dramanager.Config{Root: root, Claims: n.claims})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.m = m
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := pluginwatcher.New(pluginwatcher.Config{
+		Dir:      filepath.Join(root, "plugins_registry"),
+		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DRAPlugin: m.PluginHandler()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-w.Done()
+		m.Stop()
+	})
+	return n
+}
+
+// waitRegistered waits until the manager has the driver connected.
+func (n *node) waitRegistered(t *testing.T) {
+	t.Helper()
+	for {
+		ch := n.m.PluginsChanged()
+		for _, p := range n.m.Plugins() {
+			if p.Driver == driverName && p.Connected {
+				return
+			}
+		}
+		<-ch
+	}
+}
+
+// driver is a running inventory and DRA driver on the node.
+type driver struct {
+	p    *plugin
+	inv  *inventory.Inventory
+	drv  *dra.Driver
+	stop func()
+}
+
+func (n *node) startDriver(t *testing.T, p *plugin, first []deviceplugin.Device) *driver {
+	t.Helper()
+	inv := inventory.New("example.com/dev", p, nil)
+	drv, err := dra.New(dra.Config{
+		DriverName:  driverName,
+		NodeName:    "node-1",
+		PoolName:    dratest.Pool,
+		PluginsDir:  filepath.Join(n.root, "plugins"),
+		RegistryDir: filepath.Join(n.root, "plugins_registry"),
+		CDIDir:      filepath.Join(n.root, "cdi"),
+		Claims:      n.claims,
+	}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := inv.Run(ctx); err != nil {
+			t.Errorf("inventory: %v", err)
+		}
+	})
+	wg.Go(func() {
+		if err := drv.Run(ctx); err != nil {
+			t.Errorf("driver: %v", err)
+		}
+	})
+	ch, stop := inv.Watch()
+	p.snaps <- first
+	for {
+		if _, known := inv.Devices(); known {
+			break
+		}
+		<-ch
+	}
+	stop()
+	d := &driver{p: p, inv: inv, drv: drv}
+	var once sync.Once
+	d.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(d.stop)
+	return d
+}
+
+func (n *node) specPath(uid string) string {
+	return filepath.Join(n.root, "cdi", dra.CDISpecFile(driverName, uid))
+}
+
+func dial(t *testing.T, endpoint string) *grpc.ClientConn {
+	t.Helper()
+	// WaitForReady: a call waits for the socket to be served.
+	conn, err := grpc.NewClient("unix://"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// TestPrepareThroughKubeletManager: dpkit's DRA manager finds the driver
+// through the plugin watcher, prepares a pod's claim through it, and the
+// container gets a CDI device whose spec holds what the plugin's Allocate
+// said; unprepare removes the spec and frees the device.
+func TestPrepareThroughKubeletManager(t *testing.T) {
+	n := newNode(t)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.waitRegistered(t)
+	for {
+		ch := d.drv.RegistrationChanged()
+		if st := d.drv.RegistrationStatus(); st != nil {
+			if !st.PluginRegistered {
+				t.Fatalf("registration status %v, want registered", st)
+			}
+			break
+		}
+		<-ch
+	}
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
+	pod := dratest.Pod("default", "p", "pod-1", "a")
+	ctx := context.Background()
+	if err := n.m.PrepareResources(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	cdi, err := n.m.CDIDevices(pod, &pod.Spec.Containers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{driverName + "/claim=uid-a-req", "vendor.com/dev=dev-1"}; !reflect.DeepEqual(cdi, want) {
+		t.Fatalf("CDI devices %v, want %v", cdi, want)
+	}
+	blob, err := os.ReadFile(n.specPath("uid-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(blob, &spec); err != nil {
+		t.Fatal(err)
+	}
+	want := cdispec.Spec{
+		Version: spec.Version, Kind: driverName + "/claim",
+		Devices: []cdispec.Device{{Name: "uid-a-req", ContainerEdits: cdispec.ContainerEdits{
+			Env:         []string{"DEVICES=dev-1"},
+			DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/dev-1", HostPath: "/dev/dev-1", Permissions: "rw"}},
+			Mounts:      []*cdispec.Mount{{HostPath: "/opt/lib", ContainerPath: "/usr/lib/dev", Options: []string{"rbind", "ro"}}},
+		}}},
+	}
+	if !reflect.DeepEqual(spec, want) || spec.Version == "" {
+		t.Fatalf("CDI spec\n%s\nwant %+v", blob, want)
+	}
+	if h, _ := d.inv.HeldBy("dev-1"); h != inventory.ClaimHolder("default", "a", "uid-a") {
+		t.Fatalf("dev-1 held by %v, want claim a", h)
+	}
+
+	if err := n.m.UnprepareResources(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(n.specPath("uid-a")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("CDI spec after unprepare: %v, want it gone", err)
+	}
+	if h, held := d.inv.HeldBy("dev-1"); held {
+		t.Fatalf("dev-1 still held by %v after unprepare", h)
+	}
+}
+
+// TestPrepareIdempotentAndRestart: a second Prepare of a claim answers the
+// same without a second Allocate; a new driver on the same directories
+// writes a lost CDI spec again and holds the claim's devices again;
+// Unprepare of an unknown claim succeeds.
+func TestPrepareIdempotentAndRestart(t *testing.T) {
+	n := newNode(t)
+	p := newPlugin()
+	d := n.startDriver(t, p, healthy("dev-0", "dev-1"))
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	ctx := context.Background()
+	client := drav1.NewDRAPluginClient(dial(t, d.drv.Endpoint()))
+	req := &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{{Namespace: "default", Name: "a", Uid: "uid-a"}}}
+	first, err := client.NodePrepareResources(ctx, req)
+	if err != nil || first.Claims["uid-a"].GetError() != "" {
+		t.Fatalf("prepare: %v %v", first, err)
+	}
+	second, err := client.NodePrepareResources(ctx, req)
+	if err != nil || !reflect.DeepEqual(first.Claims["uid-a"].GetDevices(), second.Claims["uid-a"].GetDevices()) {
+		t.Fatalf("second prepare %v (%v), want the first's answer %v", second, err, first)
+	}
+	if got := p.allocations(); got != 1 {
+		t.Fatalf("Allocate called %d times, want 1", got)
+	}
+
+	d.stop()
+	if err := os.Remove(n.specPath("uid-a")); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newPlugin()
+	d2 := n.startDriver(t, p2, healthy("dev-0", "dev-1"))
+	if _, err := os.Stat(n.specPath("uid-a")); err != nil {
+		t.Fatalf("CDI spec after a restart: %v, want it written again", err)
+	}
+	if h, _ := d2.inv.HeldBy("dev-0"); h != inventory.ClaimHolder("default", "a", "uid-a") {
+		t.Fatalf("dev-0 held by %v after a restart, want claim a", h)
+	}
+	client = drav1.NewDRAPluginClient(dial(t, d2.drv.Endpoint()))
+	third, err := client.NodePrepareResources(ctx, req)
+	if err != nil || !reflect.DeepEqual(first.Claims["uid-a"].GetDevices(), third.Claims["uid-a"].GetDevices()) || p2.allocations() != 0 {
+		t.Fatalf("prepare after restart %v (%v, %d Allocates), want the first answer without Allocate", third, err, p2.allocations())
+	}
+	unreq := &drav1.NodeUnprepareResourcesRequest{Claims: []*drav1.Claim{{Namespace: "default", Name: "a", Uid: "uid-a"}, {Namespace: "default", Name: "x", Uid: "uid-x"}}}
+	for range 2 {
+		resp, err := client.NodeUnprepareResources(ctx, unreq)
+		if err != nil || resp.Claims["uid-a"].GetError() != "" || resp.Claims["uid-x"].GetError() != "" {
+			t.Fatalf("unprepare: %v %v", resp, err)
+		}
+	}
+}
+
+// TestArbiterRefusals: a claimed device is refused to the device plugin
+// front, and a device the device plugin front gave out is refused to a
+// claim, each naming the holder.
+func TestArbiterRefusals(t *testing.T) {
+	n := newNode(t)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.waitRegistered(t)
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	n.claims.Add(t, "default", "b", "uid-b", []types.UID{"pod-2"}, "dev-1")
+	ctx := context.Background()
+	if err := n.m.PrepareResources(ctx, dratest.Pod("default", "p1", "pod-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	front := d.inv.DevicePluginFront()
+	_, err := front.Allocate(ctx, []string{"dev-0"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ResourceClaim default/a (uid-a)") {
+		t.Fatalf("Allocate of a claimed device: %v, want FailedPrecondition naming claim a", err)
+	}
+	if _, err := front.Allocate(ctx, []string{"dev-1"}); err != nil {
+		t.Fatal(err)
+	}
+	err = n.m.PrepareResources(ctx, dratest.Pod("default", "p2", "pod-2", "b"))
+	if err == nil || !strings.Contains(err.Error(), `"dev-1" is held by device plugin container`) {
+		t.Fatalf("Prepare of a device plugin device: %v, want refused naming the device plugin container", err)
+	}
+	if _, err := os.Stat(n.specPath("uid-b")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("a refused claim left a CDI spec")
+	}
+}
+
+// TestHealthStream: the kubelet's manager sees a device go Unhealthy when
+// the plugin says so.
+func TestHealthStream(t *testing.T) {
+	n := newNode(t)
+	p := newPlugin()
+	d := n.startDriver(t, p, healthy("dev-0"))
+	n.waitRegistered(t)
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	if err := n.m.PrepareResources(context.Background(), dratest.Pod("default", "p", "pod-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	// Straight from the stream: every device, with the timeout.
+	stream, err := drahealthv1.NewDRAResourceHealthClient(dial(t, d.drv.Endpoint())).NodeWatchResources(context.Background(), &drahealthv1.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msg.Devices) != 1 || msg.Devices[0].GetDevice().GetDeviceName() != "dev-0" || msg.Devices[0].GetHealth() != drahealthv1.HealthStatus_HEALTHY || msg.Devices[0].GetHealthCheckTimeoutSeconds() != 30 {
+		t.Fatalf("first health message %v", msg)
+	}
+	p.snaps <- []deviceplugin.Device{{ID: "dev-0", Healthy: false}}
+	for {
+		if h := n.m.DeviceHealth(driverName, dratest.Pool, "dev-0"); h.Health == dramanager.Unhealthy {
+			break
+		}
+		<-n.m.Updates()
+	}
+	msg, err = stream.Recv()
+	if err != nil || msg.Devices[0].GetHealth() != drahealthv1.HealthStatus_UNHEALTHY {
+		t.Fatalf("health message after the change: %v %v", msg, err)
+	}
+}
+
+// TestSocketRecreated: a removed DRAPlugin socket is served again.
+func TestSocketRecreated(t *testing.T) {
+	n := newNode(t)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0"))
+	n.waitRegistered(t)
+	if err := os.Remove(d.drv.RegistrationSocket()); err != nil {
+		t.Fatal(err)
+	}
+	ch := n.m.PluginsChanged()
+	<-ch // deregistered
+	n.waitRegistered(t)
+}
+
+// describing is a plugin that describes its devices.
+type describing struct{ *plugin }
+
+func (describing) Describe(id string) (deviceplugin.DeviceInfo, bool) {
+	return deviceplugin.DeviceInfo{
+		PCIBusID:   "0000:3b:00.0",
+		Attributes: map[string]deviceplugin.Attribute{"model": deviceplugin.StringAttr("X1"), "cores": deviceplugin.IntAttr(8)},
+		Capacity:   map[string]string{"memory": "80Gi"},
+	}, id == "GPU_0"
+}
+
+type recorder chan []resourcev1.Device
+
+func (r recorder) Publish(_ context.Context, pool string, devs []resourcev1.Device) error {
+	if pool != dratest.Pool {
+		return fmt.Errorf("pool %q", pool)
+	}
+	r <- devs
+	return nil
+}
+
+// TestPublishedDevices: the devices published carry their ID, NUMA node
+// and what the plugin describes; an unhealthy one is tainted; one the
+// device plugin front gave out is withdrawn.
+func TestPublishedDevices(t *testing.T) {
+	root := t.TempDir()
+	sys := filepath.Join(root, "sys")
+	if err := os.MkdirAll(filepath.Join(sys, "bus", "pci", "devices"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../devices/pci0000:3a/0000:3b:00.0", filepath.Join(sys, "bus", "pci", "devices", "0000:3b:00.0")); err != nil {
+		t.Fatal(err)
+	}
+	p := newPlugin()
+	inv := inventory.New("example.com/dev", describing{p}, nil)
+	rec := make(recorder, 8)
+	drv, err := dra.New(dra.Config{
+		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
+		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
+		SysfsRoot: sys, Claims: dratest.Claims(filepath.Join(root, "claims")), Slices: rec,
+	}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = inv.Run(ctx) })
+	wg.Go(func() { _ = drv.Run(ctx) })
+	p.snaps <- []deviceplugin.Device{{ID: "GPU_0", Healthy: true, NUMANodes: []int64{1}}, {ID: "gpu-1", Healthy: false}}
+	devs := <-rec
+	if len(devs) != 2 {
+		t.Fatalf("published %d devices, want 2", len(devs))
+	}
+	name0 := dra.DeviceName("GPU_0")
+	str := func(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: &s} }
+	one, eight := int64(1), int64(8)
+	want := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+		driverName + "/id":                str("GPU_0"),
+		"resource.kubernetes.io/numaNode": {IntValue: &one},
+		"resource.kubernetes.io/pciBusID": str("0000:3b:00.0"),
+		"resource.kubernetes.io/pcieRoot": str("pci0000:3a"),
+		driverName + "/model":             str("X1"),
+		driverName + "/cores":             {IntValue: &eight},
+	}
+	for _, d := range devs {
+		switch d.Name {
+		case name0:
+			if !reflect.DeepEqual(d.Attributes, want) || !d.Capacity[driverName+"/memory"].Value.Equal(resource.MustParse("80Gi")) || len(d.Taints) != 0 {
+				t.Fatalf("device %s = %+v, want attributes %v and memory 80Gi", name0, d, want)
+			}
+		case "gpu-1":
+			if len(d.Taints) != 1 || d.Taints[0].Key != dra.UnhealthyTaintKey(driverName) || d.Taints[0].Effect != resourcev1.DeviceTaintEffectNoSchedule {
+				t.Fatalf("unhealthy device %+v, want a NoSchedule taint", d)
+			}
+		default:
+			t.Fatalf("unexpected device %s", d.Name)
+		}
+	}
+	if _, err := inv.DevicePluginFront().Allocate(ctx, []string{"gpu-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if devs := <-rec; len(devs) != 1 || devs[0].Name != name0 {
+		t.Fatalf("published %+v after the device plugin took gpu-1, want only %s", devs, name0)
+	}
+}
