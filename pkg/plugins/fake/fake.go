@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -33,7 +34,10 @@ func NewWithClock(cfg Config, opts plugins.Options, clk clock.WithTicker) ([]dev
 	opts = opts.Defaults()
 	out := make([]deviceplugin.Resource, 0, len(cfg.Resources))
 	for _, rc := range cfg.Resources {
-		p := &Plugin{cfg: rc, clock: clk, log: opts.Logger.With("plugin", "fake", "resource", rc.Name)}
+		p := &Plugin{cfg: rc, clock: clk, log: opts.Logger.With("plugin", "fake", "resource", rc.Name), index: make(map[string]int, rc.Count)}
+		for i := range rc.Count {
+			p.index[deviceID(rc.IDPattern, i)] = i
+		}
 		var plugin deviceplugin.Plugin = p
 		switch {
 		case rc.PreferredAllocation != PreferNone && rc.PreStartRequired:
@@ -53,6 +57,7 @@ type Plugin struct {
 	cfg   ResourceConfig
 	clock clock.WithTicker
 	log   *slog.Logger
+	index map[string]int // device ID -> its number
 
 	mu       sync.Mutex
 	prestart [][]string
@@ -99,6 +104,26 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 	}
 	<-ctx.Done()
 	return nil
+}
+
+var _ deviceplugin.Describer = (*Plugin)(nil)
+
+// Describe returns the configured attributes and capacity of device id,
+// with the attribute index, the device's number.
+func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
+	i, ok := p.index[id]
+	if !ok {
+		return deviceplugin.DeviceInfo{}, false
+	}
+	info := deviceplugin.DeviceInfo{Attributes: make(map[string]deviceplugin.Attribute, len(p.cfg.Attributes)+1)}
+	for name, v := range p.cfg.Attributes {
+		info.Attributes[name] = v.Attribute
+	}
+	info.Attributes[IndexAttribute] = deviceplugin.IntAttr(int64(i))
+	if len(p.cfg.Capacity) > 0 {
+		info.Capacity = maps.Clone(p.cfg.Capacity)
+	}
+	return info, true
 }
 
 // Allocate answers with the configured response.
