@@ -153,6 +153,25 @@ type AllocateConfig struct {
 	Annotations map[string]string `json:"annotations,omitempty"`
 	// Error, when set, makes every Allocate fail with this message.
 	Error string `json:"error,omitempty"`
+	// Failures make Allocate fail at times after the plugin starts, e.g.
+	// [{after: 30s, count: 2, message: "GPU fell off the bus"}]. A call
+	// fails with the first failure, in list order, whose time has come and
+	// that has calls left.
+	Failures []AllocateFailure `json:"failures,omitempty"`
+}
+
+// AllocateFailure makes Allocate fail: Count calls (every call when
+// unset) from After on fail with Message. Every front that allocates
+// through the plugin's Allocate sees it: the kubelet's Allocate, and
+// the DRA front's preparation of a claim.
+type AllocateFailure struct {
+	// Message is the error Allocate returns.
+	Message string `json:"message"`
+	// After is when the failure starts, from the plugin's start (the same
+	// clock as healthChanges). Default 0: at once.
+	After plugins.Duration `json:"after,omitempty"`
+	// Count is how many calls fail; unset means every call from After on.
+	Count *int `json:"count,omitempty"`
 }
 
 // Mount is a bind mount.
@@ -244,6 +263,21 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		}
 		errs = append(errs, r.validateDescription(rp)...)
 		ap := rp.Child("allocate")
+		for j, f := range r.Allocate.Failures {
+			fp := ap.Child("failures").Index(j)
+			if f.Message == "" {
+				errs = append(errs, field.Required(fp.Child("message"), `the error Allocate returns, e.g. "injected failure"`))
+			}
+			if f.After.Duration < 0 {
+				errs = append(errs, field.Invalid(fp.Child("after"), f.After.String(), "must not be negative"))
+			}
+			if f.Count != nil && *f.Count < 1 {
+				errs = append(errs, field.Invalid(fp.Child("count"), *f.Count, "must be at least 1; leave it out to fail every call from after on"))
+			}
+		}
+		if r.Allocate.Error != "" && len(r.Allocate.Failures) > 0 {
+			errs = append(errs, field.Forbidden(ap.Child("failures"), "error already fails every call; remove error, or failures"))
+		}
 		for j, m := range r.Allocate.Mounts {
 			if m.ContainerPath == "" {
 				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("containerPath"), "the path inside the container"))

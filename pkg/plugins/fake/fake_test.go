@@ -240,3 +240,58 @@ func dump(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// TestAllocateFailures: scripted failures fail as many calls as they
+// count, once their time on the plugin's clock has come.
+func TestAllocateFailures(t *testing.T) {
+	t.Parallel()
+	one := 1
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Allocate: fake.AllocateConfig{Failures: []fake.AllocateFailure{
+		{Message: "first call fails", Count: &one},
+		{Message: "broken from 10s on", After: plugins.Duration{Duration: 10 * time.Second}},
+	}}}}}
+	cfg.Default()
+	clk := clocktesting.NewFakeClock(time.Now())
+	resources, err := fake.NewWithClock(cfg, plugins.Options{}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, resources...)
+	k.WaitForDevices(t, "example.com/foo", dptest.Count(8))
+	ctx := context.Background()
+	allocate := func(want string) {
+		t.Helper()
+		_, err := k.Allocate(ctx, "example.com/foo", "dev-0")
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("Allocate: %v, want success", err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("Allocate: %v, want %q", err, want)
+		}
+	}
+	allocate("first call fails")
+	allocate("")
+	allocate("")
+	clk.Step(10 * time.Second)
+	allocate("broken from 10s on")
+	allocate("broken from 10s on")
+
+	zero := 0
+	bad := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Allocate: fake.AllocateConfig{
+		Error:    "always",
+		Failures: []fake.AllocateFailure{{Count: &zero, After: plugins.Duration{Duration: -time.Second}}},
+	}}}}
+	bad.Default()
+	var got []string
+	for _, e := range bad.Validate(nil) {
+		got = append(got, e.Field)
+	}
+	want := []string{
+		"resources[0].allocate.failures[0].message", "resources[0].allocate.failures[0].after",
+		"resources[0].allocate.failures[0].count", "resources[0].allocate.failures",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems at %q, want %q", got, want)
+	}
+}
