@@ -262,46 +262,52 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 			errs = append(errs, field.NotSupported(rp.Child("preferredAllocation"), r.PreferredAllocation, []string{PreferNone, PreferNUMAPacked, PreferFirst}))
 		}
 		errs = append(errs, r.validateDescription(rp)...)
-		ap := rp.Child("allocate")
-		for j, f := range r.Allocate.Failures {
-			fp := ap.Child("failures").Index(j)
-			if f.Message == "" {
-				errs = append(errs, field.Required(fp.Child("message"), `the error Allocate returns, e.g. "injected failure"`))
-			}
-			if f.After.Duration < 0 {
-				errs = append(errs, field.Invalid(fp.Child("after"), f.After.String(), "must not be negative"))
-			}
-			if f.Count != nil && *f.Count < 1 {
-				errs = append(errs, field.Invalid(fp.Child("count"), *f.Count, "must be at least 1; leave it out to fail every call from after on"))
-			}
+		errs = append(errs, r.Allocate.validate(rp.Child("allocate"))...)
+	}
+	return errs
+}
+
+// validate checks the Allocate answer at ap.
+func (a AllocateConfig) validate(ap *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for j, f := range a.Failures {
+		fp := ap.Child("failures").Index(j)
+		if f.Message == "" {
+			errs = append(errs, field.Required(fp.Child("message"), `the error Allocate returns, e.g. "injected failure"`))
 		}
-		if r.Allocate.Error != "" && len(r.Allocate.Failures) > 0 {
-			errs = append(errs, field.Forbidden(ap.Child("failures"), "error already fails every call; remove error, or failures"))
+		if f.After.Duration < 0 {
+			errs = append(errs, field.Invalid(fp.Child("after"), f.After.String(), "must not be negative"))
 		}
-		for j, m := range r.Allocate.Mounts {
-			if m.ContainerPath == "" {
-				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("containerPath"), "the path inside the container"))
-			}
-			if m.HostPath == "" {
-				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("hostPath"), "the path on the host"))
-			}
+		if f.Count != nil && *f.Count < 1 {
+			errs = append(errs, field.Invalid(fp.Child("count"), *f.Count, "must be at least 1; leave it out to fail every call from after on"))
 		}
-		for j, d := range r.Allocate.Devices {
-			dp := ap.Child("devices").Index(j)
-			if d.ContainerPath == "" {
-				errs = append(errs, field.Required(dp.Child("containerPath"), "the device path inside the container"))
-			}
-			if d.HostPath == "" {
-				errs = append(errs, field.Required(dp.Child("hostPath"), "the device path on the host"))
-			}
-			if !permissionsRE.MatchString(d.Permissions) {
-				errs = append(errs, field.Invalid(dp.Child("permissions"), d.Permissions, `use any of "r", "w" and "m", e.g. "rw"`))
-			}
+	}
+	if a.Error != "" && len(a.Failures) > 0 {
+		errs = append(errs, field.Forbidden(ap.Child("failures"), "error already fails every call; remove error, or failures"))
+	}
+	for j, m := range a.Mounts {
+		if m.ContainerPath == "" {
+			errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("containerPath"), "the path inside the container"))
 		}
-		for j, name := range r.Allocate.CDIDevices {
-			if !strings.Contains(name, "=") || !strings.Contains(name, "/") {
-				errs = append(errs, field.Invalid(ap.Child("cdiDevices").Index(j), name, `must be a fully qualified CDI name "vendor.com/class=device", e.g. "example.com/foo={id}"`))
-			}
+		if m.HostPath == "" {
+			errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("hostPath"), "the path on the host"))
+		}
+	}
+	for j, d := range a.Devices {
+		dp := ap.Child("devices").Index(j)
+		if d.ContainerPath == "" {
+			errs = append(errs, field.Required(dp.Child("containerPath"), "the device path inside the container"))
+		}
+		if d.HostPath == "" {
+			errs = append(errs, field.Required(dp.Child("hostPath"), "the device path on the host"))
+		}
+		if !permissionsRE.MatchString(d.Permissions) {
+			errs = append(errs, field.Invalid(dp.Child("permissions"), d.Permissions, `use any of "r", "w" and "m", e.g. "rw"`))
+		}
+	}
+	for j, name := range a.CDIDevices {
+		if !strings.Contains(name, "=") || !strings.Contains(name, "/") {
+			errs = append(errs, field.Invalid(ap.Child("cdiDevices").Index(j), name, `must be a fully qualified CDI name "vendor.com/class=device", e.g. "example.com/foo={id}"`))
 		}
 	}
 	return errs
