@@ -37,6 +37,9 @@ type PluginConfig struct {
 	Host HostConfig `json:"host,omitempty"`
 	// Plugins lists the plugins to run; each entry sets exactly one kind.
 	Plugins []PluginSpec `json:"plugins"`
+	// DRA says where the DRA front of the entries that have it meets the
+	// kubelet and the API server.
+	DRA DRAConfig `json:"dra,omitempty"`
 }
 
 // HostConfig locates the host's filesystems (--sysfs-root, --dev-root,
@@ -47,8 +50,15 @@ type HostConfig struct {
 	ProcRoot  string `json:"procRoot,omitempty"`
 }
 
-// PluginSpec is one plugin. Exactly one field is set.
+// PluginSpec is one plugin: exactly one of Fake, Generic, AMDGPU and
+// NVIDIA is set, with the fronts that serve its resources.
 type PluginSpec struct {
+	// Fronts are how the plugin's resources reach the kubelet:
+	// deviceplugin, dra or both. Default [deviceplugin].
+	Fronts []string `json:"fronts,omitempty"`
+	// DRA names the entry's DRA driver and DeviceClass (dra front only).
+	DRA *PluginDRA `json:"dra,omitempty"`
+
 	// Fake serves made-up devices for testing (docs: README, "Fake plugin").
 	Fake *fake.Config `json:"fake,omitempty"`
 	// Generic serves host devices: paths and globs, USB and PCI devices
@@ -68,25 +78,42 @@ type section interface {
 }
 
 type kind struct {
-	name  string
-	cfg   section
-	build func(plugins.Options) ([]deviceplugin.Resource, error)
+	name      string
+	cfg       section
+	build     func(plugins.Options) ([]deviceplugin.Resource, error)
+	resources func() []string // the resource names, from the defaulted config
 }
 
 // kinds returns the plugin kinds set in p, with how to build each.
 func (p *PluginSpec) kinds() []kind {
 	var out []kind
 	if p.Fake != nil {
-		out = append(out, kind{"fake", p.Fake, func(o plugins.Options) ([]deviceplugin.Resource, error) { return fake.New(*p.Fake, o) }})
+		out = append(out, kind{"fake", p.Fake, func(o plugins.Options) ([]deviceplugin.Resource, error) { return fake.New(*p.Fake, o) }, func() []string {
+			names := make([]string, len(p.Fake.Resources))
+			for i, r := range p.Fake.Resources {
+				names[i] = r.Name
+			}
+			return names
+		}})
 	}
 	if p.Generic != nil {
-		out = append(out, kind{"generic", p.Generic, func(o plugins.Options) ([]deviceplugin.Resource, error) { return generic.New(*p.Generic, o) }})
+		out = append(out, kind{"generic", p.Generic, func(o plugins.Options) ([]deviceplugin.Resource, error) { return generic.New(*p.Generic, o) }, func() []string {
+			names := make([]string, len(p.Generic.Groups))
+			for i, g := range p.Generic.Groups {
+				names[i] = p.Generic.ResourceName(g)
+			}
+			return names
+		}})
 	}
 	if p.AMDGPU != nil {
-		out = append(out, kind{"amdgpu", p.AMDGPU, func(o plugins.Options) ([]deviceplugin.Resource, error) { return amdgpu.New(*p.AMDGPU, o) }})
+		out = append(out, kind{"amdgpu", p.AMDGPU, func(o plugins.Options) ([]deviceplugin.Resource, error) { return amdgpu.New(*p.AMDGPU, o) }, func() []string {
+			return []string{p.AMDGPU.ResourceName}
+		}})
 	}
 	if p.NVIDIA != nil {
-		out = append(out, kind{"nvidia", p.NVIDIA, func(o plugins.Options) ([]deviceplugin.Resource, error) { return nvidia.New(*p.NVIDIA, o) }})
+		out = append(out, kind{"nvidia", p.NVIDIA, func(o plugins.Options) ([]deviceplugin.Resource, error) { return nvidia.New(*p.NVIDIA, o) }, func() []string {
+			return []string{p.NVIDIA.ResourceName}
+		}})
 	}
 	return out
 }
@@ -129,6 +156,7 @@ func (c *PluginConfig) Default() {
 			k.cfg.Default()
 		}
 	}
+	c.defaultFronts()
 }
 
 // Validate reports every problem with its field path.
@@ -157,7 +185,7 @@ func (c *PluginConfig) Validate() field.ErrorList {
 			errs = append(errs, k.cfg.Validate(pp.Child(k.name))...)
 		}
 	}
-	return errs
+	return append(errs, c.validateFronts()...)
 }
 
 // Built is one configured plugin, built: its kind (fake, generic, amdgpu,

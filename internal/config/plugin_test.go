@@ -18,6 +18,7 @@ func TestDecodePluginConfig(t *testing.T) {
 		{"generic example", mustRead(t, "../../examples/generic.yaml"), nil},
 		{"amdgpu example", mustRead(t, "../../examples/amdgpu.yaml"), nil},
 		{"nvidia example", mustRead(t, "../../examples/nvidia.yaml"), nil},
+		{"nvidia DRA example", mustRead(t, "../../examples/nvidia-dra.yaml"), nil},
 		{"json works too", `{"apiVersion":"dpkit.io/v1alpha1","kind":"PluginConfig","plugins":[{"fake":{"resources":[{"name":"example.com/foo"}]}}]}`, nil},
 		// The wording every dpkit configuration file shares (pkg/configfile).
 		{"wrong version and kind", "apiVersion: v1\nkind: Pod\n", []string{

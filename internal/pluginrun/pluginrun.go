@@ -4,7 +4,11 @@ package pluginrun
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -19,11 +23,34 @@ import (
 // both are set up, before registration.
 type Started func(srv *deviceplugin.Server, metricsAddr string)
 
+// ErrNoDRAFront is CheckFronts' error: this build serves resources only
+// through the device plugin API.
+var ErrNoDRAFront = errors.New("the DRA front is not available in this build of dpkit")
+
+// CheckFronts returns an error wrapping ErrNoDRAFront, naming the entries
+// and the fix, when cfg asks for a front Run cannot serve. It is the one
+// place that says which fronts this build serves.
+func CheckFronts(cfg *config.PluginConfig) error {
+	var entries []string
+	for i, p := range cfg.Plugins {
+		if slices.Contains(p.Fronts, config.FrontDRA) {
+			entries = append(entries, fmt.Sprintf("plugins[%d].fronts", i))
+		}
+	}
+	if len(entries) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %w; remove dra from fronts to serve the resources through the device plugin API (dpkit deviceclass prints the DeviceClasses of the config as it is)", strings.Join(entries, ", "), ErrNoDRAFront)
+}
+
 // Run serves cfg's plugins until ctx ends, with metrics and probes on
 // cfg.MetricsAddress when set. started may be nil; log may be nil.
 func Run(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, started Started) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if err := CheckFronts(cfg); err != nil {
+		return err
 	}
 	opts := cfg.HostOptions()
 	opts.Logger = log

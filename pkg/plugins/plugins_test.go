@@ -32,3 +32,25 @@ func TestSharing(t *testing.T) {
 		})
 	}
 }
+
+func TestVersionAttr(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in, version, str string
+	}{
+		{"580.65.6", "580.65.6", ""},
+		{"550.90.07", "550.90.7", ""},
+		{"1.2.3-rc.1+build.5", "1.2.3-rc.1+build.5", ""},
+		{"535.104", "", "535.104"},
+		{"6.8.0-01", "", "6.8.0-01"},
+		{"v1.2.3", "", "v1.2.3"},
+	} {
+		a := VersionAttr(tc.in)
+		switch {
+		case tc.version != "" && (a.Version == nil || *a.Version != tc.version || a.String != nil):
+			t.Errorf("VersionAttr(%q) = %+v, want version %q", tc.in, a, tc.version)
+		case tc.str != "" && (a.String == nil || *a.String != tc.str || a.Version != nil):
+			t.Errorf("VersionAttr(%q) = %+v, want string %q", tc.in, a, tc.str)
+		}
+	}
+}

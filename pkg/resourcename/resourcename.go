@@ -48,3 +48,36 @@ func Problems(name string) []string {
 
 // Valid reports whether name is an extended resource name.
 func Valid(name string) bool { return len(Problems(name)) == 0 }
+
+// DriverName returns the default DRA driver name for the extended
+// resource name: "class.vendor.com" for "vendor.com/class" (nvidia.com/gpu
+// becomes gpu.nvidia.com, example.com/foo becomes foo.example.com), the
+// class lower-cased and made a DNS label: every character other than a-z,
+// 0-9 and "-" becomes "-", and leading or trailing "-" are dropped. A name
+// without a domain is returned lower-cased, as is. The result is not
+// checked: a driver name must also be a DNS subdomain of at most 63
+// characters, which a long domain can exceed.
+func DriverName(resource string) string {
+	domain, class, ok := strings.Cut(resource, "/")
+	if !ok {
+		return strings.ToLower(resource)
+	}
+	label := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '-'
+	}, class)
+	label = strings.Trim(label, "-")
+	if len(label) > 63 {
+		label = strings.TrimRight(label[:63], "-")
+	}
+	domain = strings.ToLower(domain)
+	if label == "" {
+		return domain
+	}
+	return label + "." + domain
+}

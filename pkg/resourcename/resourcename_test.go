@@ -35,3 +35,21 @@ func TestProblems(t *testing.T) {
 		}
 	}
 }
+
+func TestDriverName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ resource, want string }{
+		{"nvidia.com/gpu", "gpu.nvidia.com"},
+		{"amd.com/gpu", "gpu.amd.com"},
+		{"example.com/foo", "foo.example.com"},
+		{"Example.COM/Foo", "foo.example.com"},
+		{"example.com/my_dev.v2", "my-dev-v2.example.com"},
+		{"example.com/-x_", "x.example.com"},
+		{"dpkit.io/serial", "serial.dpkit.io"},
+		{"example.com/" + strings.Repeat("a", 62) + "_b", strings.Repeat("a", 62) + ".example.com"},
+	} {
+		if got := DriverName(tc.resource); got != tc.want {
+			t.Errorf("DriverName(%q) = %q, want %q", tc.resource, got, tc.want)
+		}
+	}
+}

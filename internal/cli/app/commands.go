@@ -8,6 +8,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/admit"
 	"github.com/dpkit/dpkit/internal/cli/deletecmd"
+	"github.com/dpkit/dpkit/internal/cli/deviceclass"
 	"github.com/dpkit/dpkit/internal/cli/get"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
@@ -25,6 +26,7 @@ func baseCommands(d *dispatcher) []func(*cli.Env) *cobra.Command {
 	return []func(*cli.Env) *cobra.Command{
 		versioncmd.NewCommand,
 		plugin.NewCommand,
+		deviceclass.NewCommand,
 		kubelet.NewCommand,
 		get.NewCommand,
 		deletecmd.NewCommand,

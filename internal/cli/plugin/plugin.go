@@ -4,6 +4,7 @@
 package plugin
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -156,6 +157,10 @@ type report struct {
 	Registration string `json:"registration"`
 	// RegistryDir is the plugin watcher directory.
 	RegistryDir string `json:"registryDir"`
+	// Resources are every resource with its fronts and DRA names.
+	Resources []config.ResourceFront `json:"resources"`
+	// DRA is the dra section, when a resource has the dra front.
+	DRA *config.DRAConfig `json:"dra,omitempty"`
 }
 
 type pluginReport struct {
@@ -171,7 +176,10 @@ func validate(cmd *cobra.Command, env *cli.Env, cfg *config.PluginConfig, format
 		return cli.Exit(2, err)
 	}
 	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
-	r := report{Plugins: []pluginReport{}, PluginDir: filepath.Clean(pluginDir), RegistryDir: filepath.Clean(registryDir)}
+	r := report{Plugins: []pluginReport{}, PluginDir: filepath.Clean(pluginDir), RegistryDir: filepath.Clean(registryDir), Resources: cfg.Fronts()}
+	if cfg.UsesFront(config.FrontDRA) {
+		r.DRA = &cfg.DRA
+	}
 	hostDevices := false
 	for _, b := range built {
 		pr := pluginReport{Kind: b.Kind, Resources: []string{}}
@@ -217,6 +225,11 @@ func validate(cmd *cobra.Command, env *cli.Env, cfg *config.PluginConfig, format
 	if len(errs) > 0 {
 		return cli.Exit(1, fmt.Errorf("the config is valid, but this machine is not ready for it:\n%w", configfile.Problems(nameFlags(cmd, errs))))
 	}
+	if err := pluginrun.CheckFronts(cfg); err != nil {
+		if _, err := fmt.Fprintln(env.Err, "Warning: dpkit plugin will not serve this config:", err); err != nil {
+			return err
+		}
+	}
 	return output.Write(env.Out, format, r, r.table)
 }
 
@@ -235,6 +248,21 @@ func (r report) table(w *tabwriter.Writer) error {
 	}
 	if _, err := fmt.Fprintf(w, "config OK: %d %s: %s\n", len(r.Plugins), noun, strings.Join(parts, ", ")); err != nil {
 		return err
+	}
+	for _, rf := range r.Resources {
+		line := fmt.Sprintf("  %s: %s", rf.Resource, strings.Join(rf.Fronts, ", "))
+		if rf.Has(config.FrontDRA) {
+			line += fmt.Sprintf(" (driver %s, DeviceClass %s)", rf.DriverName, rf.DeviceClass)
+		}
+		if _, err := fmt.Fprintln(w, line); err != nil {
+			return err
+		}
+	}
+	if d := r.DRA; d != nil {
+		node := cmp.Or(d.NodeName, "$"+config.EnvNodeName)
+		if _, err := fmt.Fprintf(w, "dra: node %s, plugins in %s, CDI specs in %s\n", node, d.PluginsDir, d.CDIDir); err != nil {
+			return err
+		}
 	}
 	where := "through " + filepath.Join(r.PluginDir, filepath.Base(pluginapi.KubeletSocket))
 	if r.Registration == string(deviceplugin.RegistrationRegistry) {

@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -140,6 +141,10 @@ func TestPluginValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	example := "../../../examples/fake.yaml"
+	dra := filepath.Join(root, "dra.yaml")
+	if err := os.WriteFile(dra, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources: [{name: example.com/foo}, {name: example.com/bar}]\n  fronts: [deviceplugin, dra]\n- nvidia: {}\nhost: {sysfsRoot: /, devRoot: /, procRoot: /}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -148,7 +153,14 @@ func TestPluginValidate(t *testing.T) {
 		err  string // a part of the error, otherwise
 	}{
 		{"valid", []string{"--config", example, "--plugin-dir", pluginDir}, 0,
-			"config OK: 1 plugin: fake (example.com/foo)\nregistration: kubelet, through " + filepath.Join(pluginDir, "kubelet.sock") + "\n", ""},
+			"config OK: 1 plugin: fake (example.com/foo)\n  example.com/foo: deviceplugin\nregistration: kubelet, through " + filepath.Join(pluginDir, "kubelet.sock") + "\n", ""},
+		{"dra", []string{"--config", dra, "--plugin-dir", pluginDir}, 0,
+			"config OK: 2 plugins: fake (example.com/foo, example.com/bar), nvidia (nvidia.com/gpu)\n" +
+				"  example.com/foo: deviceplugin, dra (driver foo.example.com, DeviceClass foo.example.com)\n" +
+				"  example.com/bar: deviceplugin, dra (driver bar.example.com, DeviceClass bar.example.com)\n" +
+				"  nvidia.com/gpu: deviceplugin\n" +
+				"dra: node $NODE_NAME, plugins in /var/lib/kubelet/plugins, CDI specs in /var/run/cdi\n" +
+				"registration: kubelet, through " + filepath.Join(pluginDir, "kubelet.sock") + "\n", ""},
 		{"json", []string{"--config", example, "--plugin-dir", pluginDir, "--registration", "kubelet", "-o", "json"}, 0,
 			`{
   "plugins": [
@@ -161,7 +173,18 @@ func TestPluginValidate(t *testing.T) {
   ],
   "pluginDir": "` + pluginDir + `",
   "registration": "kubelet",
-  "registryDir": "` + filepath.Join(root, "plugins_registry") + `"
+  "registryDir": "` + filepath.Join(root, "plugins_registry") + `",
+  "resources": [
+    {
+      "kind": "fake",
+      "resource": "example.com/foo",
+      "fronts": [
+        "deviceplugin"
+      ],
+      "driverName": "foo.example.com",
+      "deviceClass": "foo.example.com"
+    }
+  ]
 }
 `, ""},
 		{"no plugin directory", []string{"--config", example, "--plugin-dir", filepath.Join(root, "nope")}, 1, "",
@@ -223,5 +246,40 @@ func TestPluginHelpDefaults(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}
+	}
+}
+
+// TestPluginRefusesDRAFront: a config that asks for the dra front is
+// refused at run time (exit 1) with what to do, and serves nothing;
+// --validate prints it with a warning.
+func TestPluginRefusesDRAFront(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	pluginDir := filepath.Join(root, "device-plugins")
+	if err := os.Mkdir(pluginDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(root, "dra.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake: {resources: [{name: example.com/foo}]}\n- fake: {resources: [{name: example.com/bar}]}\n  fronts: [dra]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	err := app.Run(context.Background(), []string{"plugin", "--config", cfg, "--plugin-dir", pluginDir, "--registration", "kubelet"}, nil, &out, &errOut)
+	want := "plugins[1].fronts: the DRA front is not available in this build of dpkit; remove dra from fronts"
+	if err == nil || !errors.Is(err, pluginrun.ErrNoDRAFront) || !strings.Contains(err.Error(), want) || app.ExitCode(err) != 1 {
+		t.Errorf("err = %v (exit %d), want exit 1 and %q", err, app.ExitCode(err), want)
+	}
+	if entries, err := os.ReadDir(pluginDir); err != nil || len(entries) != 0 {
+		t.Errorf("plugin directory holds %v (%v)", entries, err)
+	}
+
+	out.Reset()
+	errOut.Reset()
+	if err := app.Run(context.Background(), []string{"plugin", "--validate", "--config", cfg, "--plugin-dir", pluginDir}, nil, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "  example.com/bar: dra (driver bar.example.com, DeviceClass bar.example.com)\n") ||
+		!strings.Contains(errOut.String(), "Warning: dpkit plugin will not serve this config: "+want) {
+		t.Errorf("--validate printed\n%s\nand on stderr\n%s", out.String(), errOut.String())
 	}
 }

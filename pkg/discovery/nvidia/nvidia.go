@@ -153,3 +153,40 @@ func (info Information) gpu(dirName string) (GPU, error) {
 	}
 	return g, nil
 }
+
+// VersionFile is the driver's version file, relative to the procfs root.
+const VersionFile = "driver/nvidia/version"
+
+// DriverVersion returns the kernel driver's version, such as "550.90.07",
+// from the first line of /proc/driver/nvidia/version ("NVRM version:
+// NVIDIA UNIX ... Kernel Module  550.90.07  Release Build ..."). It
+// returns an error when the file is missing or names no version.
+func DriverVersion(procRoot string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, VersionFile))
+	if err != nil {
+		return "", fmt.Errorf("read the NVIDIA driver version: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	if _, rest, ok := strings.Cut(first, "NVRM version:"); ok {
+		for _, f := range strings.Fields(rest) {
+			if isDottedNumber(f) {
+				return f, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%s names no version: %q", VersionFile, first)
+}
+
+// isDottedNumber reports whether s is two or more dot-separated numbers.
+func isDottedNumber(s string) bool {
+	parts := strings.Split(s, ".")
+	if len(parts) < 2 {
+		return false
+	}
+	for _, p := range parts {
+		if p == "" || strings.Trim(p, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
+}

@@ -87,3 +87,24 @@ func FuzzParseInformation(f *testing.F) {
 		}
 	})
 }
+
+func TestDriverVersion(t *testing.T) {
+	t.Parallel()
+	v, err := DriverVersion("../testdata/hosts/dgx-h100/proc")
+	if err != nil || v != "550.90.07" {
+		t.Fatalf("DriverVersion(dgx-h100) = %q, %v; want 550.90.07", v, err)
+	}
+	root := t.TempDir()
+	if _, err := DriverVersion(root); err == nil {
+		t.Error("DriverVersion without the file: no error")
+	}
+	if err := os.MkdirAll(filepath.Join(root, "driver/nvidia"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, VersionFile), []byte("NVRM version: something else\nGCC version: 12.3.0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := DriverVersion(root); err == nil {
+		t.Errorf("DriverVersion of a line without a version = %q, want an error", v)
+	}
+}

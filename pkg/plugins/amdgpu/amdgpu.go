@@ -109,7 +109,10 @@ type gpu struct {
 	present bool
 }
 
-var _ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+var (
+	_ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+	_ deviceplugin.Describer          = (*Plugin)(nil)
+)
 
 // Scan watches /dev and /dev/dri and rereads the topology periodically.
 func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
@@ -172,6 +175,38 @@ func (p *Plugin) rescan() []deviceplugin.Device {
 		out = append(out, deviceplugin.Device{ID: id, Healthy: g.healthy, NUMANodes: numa.Nodes(g.NUMANode)})
 	}
 	return out
+}
+
+// Describe returns what the KFD topology and the PCI device say about the
+// GPU (or partition) id: its PCI address and the attributes deviceID (PCI
+// device ID, lower-case hex), renderMinor, and productName, uniqueID,
+// computePartition and memoryPartition when the GPU reports them. The
+// topology has no memory size dpkit reads, so no capacity is published.
+func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.gpus[id]
+	if !ok {
+		return deviceplugin.DeviceInfo{}, false
+	}
+	info := deviceplugin.DeviceInfo{
+		PCIBusID:   g.BusID,
+		Attributes: map[string]deviceplugin.Attribute{"deviceID": deviceplugin.StringAttr(g.DeviceID)},
+	}
+	for name, v := range map[string]string{
+		"productName":      g.ProductName,
+		"uniqueID":         g.UniqueID,
+		"computePartition": g.ComputePartition,
+		"memoryPartition":  g.MemoryPartition,
+	} {
+		if v != "" {
+			info.Attributes[name] = deviceplugin.StringAttr(v)
+		}
+	}
+	if g.RenderMinor >= 0 {
+		info.Attributes["renderMinor"] = deviceplugin.IntAttr(int64(g.RenderMinor))
+	}
+	return info, true
 }
 
 func (p *Plugin) check(g gpu) gpu {

@@ -2,9 +2,11 @@ package amdgpu_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -162,3 +164,45 @@ func TestNoGPUs(t *testing.T) {
 }
 
 var _ deviceplugin.PreferredAllocator = (*amdgpu.Plugin)(nil)
+
+func TestDescribe(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(hosts, "mi250")
+	cfg := amdgpu.Config{}
+	cfg.Default()
+	res, err := amdgpu.New(cfg, plugins.Options{SysfsRoot: filepath.Join(root, "sys"), DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, res...)
+	k.WaitForDevices(t, "amd.com/gpu", dptest.Healthy(4))
+	d, ok := res[0].Plugin.(deviceplugin.Describer)
+	if !ok {
+		t.Fatalf("%T is not a deviceplugin.Describer", res[0].Plugin)
+	}
+	info, ok := d.Describe("0000:29:00.0")
+	if !ok {
+		t.Fatal("Describe(0000:29:00.0): unknown")
+	}
+	want := deviceplugin.DeviceInfo{
+		PCIBusID: "0000:29:00.0",
+		Attributes: map[string]deviceplugin.Attribute{
+			"deviceID":    deviceplugin.StringAttr("740c"),
+			"productName": deviceplugin.StringAttr("AMD Instinct MI250X/MI250"),
+			"uniqueID":    deviceplugin.StringAttr("8829184918163153002"),
+			"renderMinor": deviceplugin.IntAttr(128),
+		},
+	}
+	if !reflect.DeepEqual(info, want) {
+		t.Errorf("Describe(0000:29:00.0) =\n%s\nwant\n%s", dump(info), dump(want))
+	}
+	if _, ok := d.Describe("0000:03:00.0"); ok {
+		t.Error("Describe(0000:03:00.0), not a GPU, is known")
+	}
+}
+
+func dump(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

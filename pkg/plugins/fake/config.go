@@ -1,12 +1,17 @@
 package fake
 
 import (
+	"bytes"
 	"cmp"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -54,7 +59,72 @@ type ResourceConfig struct {
 	PreStartRequired bool `json:"preStartRequired,omitempty"`
 	// Allocate is what Allocate returns.
 	Allocate AllocateConfig `json:"allocate,omitempty"`
+	// Attributes describe every device of the resource to fronts that
+	// publish attributes (the DRA front): name -> a string, a whole number
+	// or true/false, e.g. {model: fake-a100, generation: 3, ecc: true}.
+	// Every device also gets the attribute index, its number 0..Count-1.
+	// Names are C identifiers of at most 32 characters.
+	Attributes map[string]AttributeValue `json:"attributes,omitempty"`
+	// Capacity gives every device quantities, e.g. {memory: 80Gi}. Names
+	// follow the rule of Attributes.
+	Capacity map[string]string `json:"capacity,omitempty"`
 }
+
+// AttributeValue is one fake device attribute: a string, a whole number
+// or a boolean, typed as YAML writes it ("3" is a string, 3 a number).
+type AttributeValue struct {
+	deviceplugin.Attribute
+}
+
+// UnmarshalJSON accepts a JSON string, integer or boolean.
+func (v *AttributeValue) UnmarshalJSON(b []byte) error {
+	var x any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&x); err != nil {
+		return err
+	}
+	switch x := x.(type) {
+	case string:
+		v.Attribute = deviceplugin.StringAttr(x)
+	case bool:
+		v.Attribute = deviceplugin.BoolAttr(x)
+	case json.Number:
+		n, err := strconv.ParseInt(x.String(), 10, 64)
+		if err != nil {
+			return fmt.Errorf("must be a string, a whole number or true/false, not %s", x)
+		}
+		v.Attribute = deviceplugin.IntAttr(n)
+	default:
+		return fmt.Errorf("must be a string, a whole number or true/false, not %s", bytes.TrimSpace(b))
+	}
+	return nil
+}
+
+// MarshalJSON writes the value as its JSON string, number or boolean.
+func (v AttributeValue) MarshalJSON() ([]byte, error) {
+	switch {
+	case v.String != nil:
+		return json.Marshal(*v.String)
+	case v.Int != nil:
+		return json.Marshal(*v.Int)
+	case v.Bool != nil:
+		return json.Marshal(*v.Bool)
+	case v.Version != nil:
+		return json.Marshal(*v.Version)
+	}
+	return []byte("null"), nil
+}
+
+// IndexAttribute is the attribute every fake device gets: its number,
+// 0..Count-1.
+const IndexAttribute = "index"
+
+// maxAttributes is how many attributes and capacities the DRA API allows
+// one device.
+const maxAttributes = 32
+
+var attributeNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,31}$`)
 
 // HealthChange sets a device's health at a time after the plugin starts,
 // e.g. {device: dev-3, after: 5s, health: Unhealthy}.
@@ -83,6 +153,25 @@ type AllocateConfig struct {
 	Annotations map[string]string `json:"annotations,omitempty"`
 	// Error, when set, makes every Allocate fail with this message.
 	Error string `json:"error,omitempty"`
+	// Failures make Allocate fail at times after the plugin starts, e.g.
+	// [{after: 30s, count: 2, message: "GPU fell off the bus"}]. A call
+	// fails with the first failure, in list order, whose time has come and
+	// that has calls left.
+	Failures []AllocateFailure `json:"failures,omitempty"`
+}
+
+// AllocateFailure makes Allocate fail: Count calls (every call when
+// unset) from After on fail with Message. Every front that allocates
+// through the plugin's Allocate sees it: the kubelet's Allocate, and
+// the DRA front's preparation of a claim.
+type AllocateFailure struct {
+	// Message is the error Allocate returns.
+	Message string `json:"message"`
+	// After is when the failure starts, from the plugin's start (the same
+	// clock as healthChanges). Default 0: at once.
+	After plugins.Duration `json:"after,omitempty"`
+	// Count is how many calls fail; unset means every call from After on.
+	Count *int `json:"count,omitempty"`
 }
 
 // Mount is a bind mount.
@@ -172,32 +261,88 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		default:
 			errs = append(errs, field.NotSupported(rp.Child("preferredAllocation"), r.PreferredAllocation, []string{PreferNone, PreferNUMAPacked, PreferFirst}))
 		}
-		ap := rp.Child("allocate")
-		for j, m := range r.Allocate.Mounts {
-			if m.ContainerPath == "" {
-				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("containerPath"), "the path inside the container"))
-			}
-			if m.HostPath == "" {
-				errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("hostPath"), "the path on the host"))
-			}
+		errs = append(errs, r.validateDescription(rp)...)
+		errs = append(errs, r.Allocate.validate(rp.Child("allocate"))...)
+	}
+	return errs
+}
+
+// validate checks the Allocate answer at ap.
+func (a AllocateConfig) validate(ap *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for j, f := range a.Failures {
+		fp := ap.Child("failures").Index(j)
+		if f.Message == "" {
+			errs = append(errs, field.Required(fp.Child("message"), `the error Allocate returns, e.g. "injected failure"`))
 		}
-		for j, d := range r.Allocate.Devices {
-			dp := ap.Child("devices").Index(j)
-			if d.ContainerPath == "" {
-				errs = append(errs, field.Required(dp.Child("containerPath"), "the device path inside the container"))
-			}
-			if d.HostPath == "" {
-				errs = append(errs, field.Required(dp.Child("hostPath"), "the device path on the host"))
-			}
-			if !permissionsRE.MatchString(d.Permissions) {
-				errs = append(errs, field.Invalid(dp.Child("permissions"), d.Permissions, `use any of "r", "w" and "m", e.g. "rw"`))
-			}
+		if f.After.Duration < 0 {
+			errs = append(errs, field.Invalid(fp.Child("after"), f.After.String(), "must not be negative"))
 		}
-		for j, name := range r.Allocate.CDIDevices {
-			if !strings.Contains(name, "=") || !strings.Contains(name, "/") {
-				errs = append(errs, field.Invalid(ap.Child("cdiDevices").Index(j), name, `must be a fully qualified CDI name "vendor.com/class=device", e.g. "example.com/foo={id}"`))
-			}
+		if f.Count != nil && *f.Count < 1 {
+			errs = append(errs, field.Invalid(fp.Child("count"), *f.Count, "must be at least 1; leave it out to fail every call from after on"))
 		}
+	}
+	if a.Error != "" && len(a.Failures) > 0 {
+		errs = append(errs, field.Forbidden(ap.Child("failures"), "error already fails every call; remove error, or failures"))
+	}
+	for j, m := range a.Mounts {
+		if m.ContainerPath == "" {
+			errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("containerPath"), "the path inside the container"))
+		}
+		if m.HostPath == "" {
+			errs = append(errs, field.Required(ap.Child("mounts").Index(j).Child("hostPath"), "the path on the host"))
+		}
+	}
+	for j, d := range a.Devices {
+		dp := ap.Child("devices").Index(j)
+		if d.ContainerPath == "" {
+			errs = append(errs, field.Required(dp.Child("containerPath"), "the device path inside the container"))
+		}
+		if d.HostPath == "" {
+			errs = append(errs, field.Required(dp.Child("hostPath"), "the device path on the host"))
+		}
+		if !permissionsRE.MatchString(d.Permissions) {
+			errs = append(errs, field.Invalid(dp.Child("permissions"), d.Permissions, `use any of "r", "w" and "m", e.g. "rw"`))
+		}
+	}
+	for j, name := range a.CDIDevices {
+		if !strings.Contains(name, "=") || !strings.Contains(name, "/") {
+			errs = append(errs, field.Invalid(ap.Child("cdiDevices").Index(j), name, `must be a fully qualified CDI name "vendor.com/class=device", e.g. "example.com/foo={id}"`))
+		}
+	}
+	return errs
+}
+
+// validateDescription checks the attributes and capacity of r.
+func (r ResourceConfig) validateDescription(rp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	name := func(p *field.Path, n string) {
+		if !attributeNameRE.MatchString(n) {
+			errs = append(errs, field.Invalid(p, n, "must be a C identifier of at most 32 characters (letters, digits and _, not starting with a digit), e.g. model or memory_gb"))
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(r.Attributes)) {
+		p := rp.Child("attributes").Key(n)
+		name(p, n)
+		if n == IndexAttribute {
+			errs = append(errs, field.Forbidden(p, "every device gets index, its number, from the plugin; use another name"))
+		}
+		if v := r.Attributes[n]; v.String == nil && v.Int == nil && v.Bool == nil && v.Version == nil {
+			errs = append(errs, field.Required(p, "give a string, a whole number or true/false"))
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(r.Capacity)) {
+		p := rp.Child("capacity").Key(n)
+		name(p, n)
+		if _, ok := r.Attributes[n]; ok {
+			errs = append(errs, field.Duplicate(p, n+" is also an attribute; rename one of the two"))
+		}
+		if _, err := resource.ParseQuantity(r.Capacity[n]); err != nil {
+			errs = append(errs, field.Invalid(p, r.Capacity[n], `must be a quantity, e.g. "80Gi" or "4"`))
+		}
+	}
+	if n := len(r.Attributes) + len(r.Capacity) + 1; n > maxAttributes {
+		errs = append(errs, field.Invalid(rp.Child("attributes"), len(r.Attributes), fmt.Sprintf("a device may have at most %d attributes and capacities, index included; this resource gives %d: remove some", maxAttributes, n)))
 	}
 	return errs
 }

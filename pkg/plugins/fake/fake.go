@@ -8,9 +8,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/utils/clock"
@@ -33,7 +35,17 @@ func NewWithClock(cfg Config, opts plugins.Options, clk clock.WithTicker) ([]dev
 	opts = opts.Defaults()
 	out := make([]deviceplugin.Resource, 0, len(cfg.Resources))
 	for _, rc := range cfg.Resources {
-		p := &Plugin{cfg: rc, clock: clk, log: opts.Logger.With("plugin", "fake", "resource", rc.Name)}
+		p := &Plugin{cfg: rc, clock: clk, log: opts.Logger.With("plugin", "fake", "resource", rc.Name), index: make(map[string]int, rc.Count), start: clk.Now()}
+		for _, f := range rc.Allocate.Failures {
+			left := -1
+			if f.Count != nil {
+				left = *f.Count
+			}
+			p.failLeft = append(p.failLeft, left)
+		}
+		for i := range rc.Count {
+			p.index[deviceID(rc.IDPattern, i)] = i
+		}
 		var plugin deviceplugin.Plugin = p
 		switch {
 		case rc.PreferredAllocation != PreferNone && rc.PreStartRequired:
@@ -53,9 +65,12 @@ type Plugin struct {
 	cfg   ResourceConfig
 	clock clock.WithTicker
 	log   *slog.Logger
+	index map[string]int // device ID -> its number
 
 	mu       sync.Mutex
 	prestart [][]string
+	start    time.Time // the plugin's start, for the scripted failures
+	failLeft []int     // calls left to fail per failure; -1: every call
 }
 
 // Scan reports the devices, then applies the health changes as their time
@@ -79,6 +94,9 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 	// Times count from before the first report, so a clock that moves
 	// right after it cannot be missed.
 	start := p.clock.Now()
+	p.mu.Lock()
+	p.start = start
+	p.mu.Unlock()
 	notify(devs)
 
 	for _, hc := range rc.schedule() {
@@ -101,11 +119,34 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 	return nil
 }
 
+var _ deviceplugin.Describer = (*Plugin)(nil)
+
+// Describe returns the configured attributes and capacity of device id,
+// with the attribute index, the device's number.
+func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
+	i, ok := p.index[id]
+	if !ok {
+		return deviceplugin.DeviceInfo{}, false
+	}
+	info := deviceplugin.DeviceInfo{Attributes: make(map[string]deviceplugin.Attribute, len(p.cfg.Attributes)+1)}
+	for name, v := range p.cfg.Attributes {
+		info.Attributes[name] = v.Attribute
+	}
+	info.Attributes[IndexAttribute] = deviceplugin.IntAttr(int64(i))
+	if len(p.cfg.Capacity) > 0 {
+		info.Capacity = maps.Clone(p.cfg.Capacity)
+	}
+	return info, true
+}
+
 // Allocate answers with the configured response.
 func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	a := p.cfg.Allocate
 	if a.Error != "" {
 		return nil, errors.New(a.Error)
+	}
+	if err := p.scriptedFailure(); err != nil {
+		return nil, err
 	}
 	joined := strings.Join(ids, ",")
 	expand := func(s string) string { return strings.ReplaceAll(s, "{ids}", joined) }
@@ -135,6 +176,29 @@ func (p *Plugin) Allocate(_ context.Context, ids []string) (*pluginapi.Container
 		}
 	}
 	return resp, nil
+}
+
+// scriptedFailure returns the error of the first configured failure whose
+// time has come and that has calls left, counting the call.
+func (p *Plugin) scriptedFailure() error {
+	failures := p.cfg.Allocate.Failures
+	if len(failures) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	since := p.clock.Since(p.start)
+	for i, f := range failures {
+		if since < f.After.Duration || p.failLeft[i] == 0 {
+			continue
+		}
+		if p.failLeft[i] > 0 {
+			p.failLeft[i]--
+		}
+		p.log.Info("Allocate fails as scripted", "failure", i, "message", f.Message)
+		return errors.New(f.Message)
+	}
+	return nil
 }
 
 // perDevice returns ids when s has a per-device placeholder, and a single

@@ -2,13 +2,19 @@ package fake_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/yaml"
 
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
@@ -139,5 +145,153 @@ func TestValidate(t *testing.T) {
 	empty := fake.Config{}
 	if errs := empty.Validate(nil); len(errs) != 1 {
 		t.Errorf("empty config: %v", errs)
+	}
+}
+
+// TestDescribe: attributes are typed as YAML writes them, and every device
+// gets them with its index.
+func TestDescribe(t *testing.T) {
+	t.Parallel()
+	var cfg fake.Config
+	doc := `
+resources:
+- name: example.com/foo
+  count: 3
+  idPattern: gpu-{index}
+  preferredAllocation: first
+  attributes: {model: fake-a100, generation: 3, ecc: true, code: "3"}
+  capacity: {memory: 80Gi}
+`
+	if err := yaml.UnmarshalStrict([]byte(doc), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Default()
+	resources, err := fake.New(cfg, plugins.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok := resources[0].Plugin.(deviceplugin.Describer)
+	if !ok {
+		t.Fatalf("%T is not a deviceplugin.Describer", resources[0].Plugin)
+	}
+	got, ok := d.Describe("gpu-2")
+	want := deviceplugin.DeviceInfo{
+		Attributes: map[string]deviceplugin.Attribute{
+			"model":      deviceplugin.StringAttr("fake-a100"),
+			"generation": deviceplugin.IntAttr(3),
+			"ecc":        deviceplugin.BoolAttr(true),
+			"code":       deviceplugin.StringAttr("3"),
+			"index":      deviceplugin.IntAttr(2),
+		},
+		Capacity: map[string]string{"memory": "80Gi"},
+	}
+	if !ok || !reflect.DeepEqual(got, want) {
+		t.Errorf("Describe(gpu-2) = %s, %v; want %s", dump(got), ok, dump(want))
+	}
+	if _, ok := d.Describe("gpu-3"); ok {
+		t.Error("Describe(gpu-3) of 3 devices is known")
+	}
+
+	for _, bad := range []string{"1.5", "[a]", "{a: b}", "99999999999999999999"} {
+		var c fake.Config
+		err := yaml.UnmarshalStrict([]byte("resources: [{name: example.com/foo, attributes: {x: "+bad+"}}]"), &c)
+		if err == nil || !strings.Contains(err.Error(), "must be a string, a whole number or true/false") {
+			t.Errorf("attribute %s: %v, want it refused", bad, err)
+		}
+	}
+}
+
+func TestValidateDescription(t *testing.T) {
+	t.Parallel()
+	attrs := map[string]fake.AttributeValue{
+		"index":                             {Attribute: deviceplugin.IntAttr(1)},
+		"9lives":                            {Attribute: deviceplugin.StringAttr("x")},
+		"memory":                            {Attribute: deviceplugin.StringAttr("x")},
+		"empty":                             {},
+		"a23456789012345678901234567890123": {Attribute: deviceplugin.BoolAttr(true)},
+	}
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Attributes: attrs, Capacity: map[string]string{"memory": "80Gi", "cores": "many"}}}}
+	cfg.Default()
+	var got []string
+	for _, e := range cfg.Validate(nil) {
+		got = append(got, e.Field)
+	}
+	want := []string{
+		"resources[0].attributes[9lives]", "resources[0].attributes[a23456789012345678901234567890123]",
+		"resources[0].attributes[empty]", "resources[0].attributes[index]",
+		"resources[0].capacity[cores]", "resources[0].capacity[memory]",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems at %q, want %q", got, want)
+	}
+
+	many := make(map[string]fake.AttributeValue)
+	for i := range 32 {
+		many[fmt.Sprintf("a%d", i)] = fake.AttributeValue{Attribute: deviceplugin.IntAttr(1)}
+	}
+	cfg = fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Attributes: many}}}
+	cfg.Default()
+	if errs := cfg.Validate(nil); len(errs) != 1 || !strings.Contains(errs[0].Error(), "at most 32 attributes and capacities, index included; this resource gives 33") {
+		t.Errorf("33 attributes: %v", errs)
+	}
+}
+
+func dump(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestAllocateFailures: scripted failures fail as many calls as they
+// count, once their time on the plugin's clock has come.
+func TestAllocateFailures(t *testing.T) {
+	t.Parallel()
+	one := 1
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Allocate: fake.AllocateConfig{Failures: []fake.AllocateFailure{
+		{Message: "first call fails", Count: &one},
+		{Message: "broken from 10s on", After: plugins.Duration{Duration: 10 * time.Second}},
+	}}}}}
+	cfg.Default()
+	clk := clocktesting.NewFakeClock(time.Now())
+	resources, err := fake.NewWithClock(cfg, plugins.Options{}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, resources...)
+	k.WaitForDevices(t, "example.com/foo", dptest.Count(8))
+	ctx := context.Background()
+	allocate := func(want string) {
+		t.Helper()
+		_, err := k.Allocate(ctx, "example.com/foo", "dev-0")
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("Allocate: %v, want success", err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("Allocate: %v, want %q", err, want)
+		}
+	}
+	allocate("first call fails")
+	allocate("")
+	allocate("")
+	clk.Step(10 * time.Second)
+	allocate("broken from 10s on")
+	allocate("broken from 10s on")
+
+	zero := 0
+	bad := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Allocate: fake.AllocateConfig{
+		Error:    "always",
+		Failures: []fake.AllocateFailure{{Count: &zero, After: plugins.Duration{Duration: -time.Second}}},
+	}}}}
+	bad.Default()
+	var got []string
+	for _, e := range bad.Validate(nil) {
+		got = append(got, e.Field)
+	}
+	want := []string{
+		"resources[0].allocate.failures[0].message", "resources[0].allocate.failures[0].after",
+		"resources[0].allocate.failures[0].count", "resources[0].allocate.failures",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems at %q, want %q", got, want)
 	}
 }

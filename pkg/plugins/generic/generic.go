@@ -72,13 +72,46 @@ type device struct {
 	// healthy: every node exists and is readable.
 	healthy bool
 	reason  string
+	// info is what Describe returns for the device's IDs.
+	info deviceplugin.DeviceInfo
 }
 
 type nodeSpec struct {
 	hostPath, containerPath string
 }
 
-var _ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+var (
+	_ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+	_ deviceplugin.Describer          = (*Plugin)(nil)
+)
+
+// attrs builds attributes from name/value pairs, leaving out empty values.
+func attrs(kv ...string) map[string]deviceplugin.Attribute {
+	out := make(map[string]deviceplugin.Attribute, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			out[kv[i]] = deviceplugin.StringAttr(kv[i+1])
+		}
+	}
+	return out
+}
+
+// Describe returns what discovery knows about the device behind id (every
+// share of a shared device is described as the device): for a device
+// node, its host path (attribute path); for a USB device, vendorID,
+// productID and serial (when it has one); for a PCI function, its PCI
+// address, vendorID, deviceID and class. IDs are lower-case hex, as lsusb
+// and lspci show them.
+func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	base := p.sharing().Device(id)
+	d, ok := p.devices[base]
+	if !ok || !slices.Contains(p.sharing().IDs(base), id) {
+		return deviceplugin.DeviceInfo{}, false
+	}
+	return d.info, true
+}
 
 // Scan watches the dev root and rescans sysfs periodically.
 func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
@@ -167,7 +200,8 @@ func (p *Plugin) discover() map[string]*device {
 		if !devfs.HasMeta(ps.Path) {
 			// A named node is always listed; it is unhealthy while missing.
 			cp := cmp.Or(ps.ContainerPath, ps.Path)
-			put(&device{id: pathID(ps.Path), nodes: []nodeSpec{{ps.Path, cp}}, numa: numa.None})
+			put(&device{id: pathID(ps.Path), nodes: []nodeSpec{{ps.Path, cp}}, numa: numa.None,
+				info: deviceplugin.DeviceInfo{Attributes: attrs("path", ps.Path)}})
 			continue
 		}
 		matches, err := devfs.Glob(root, ps.Path)
@@ -179,7 +213,8 @@ func (p *Plugin) discover() map[string]*device {
 			if st := devfs.Stat(root, m); st.Dir {
 				continue // directories matched by a broad glob
 			}
-			put(&device{id: pathID(m), nodes: []nodeSpec{{m, m}}, numa: numa.None})
+			put(&device{id: pathID(m), nodes: []nodeSpec{{m, m}}, numa: numa.None,
+				info: deviceplugin.DeviceInfo{Attributes: attrs("path", m)}})
 		}
 	}
 	if len(p.group.USB) > 0 {
@@ -191,7 +226,9 @@ func (p *Plugin) discover() map[string]*device {
 			if !matchUSB(p.group.USB, u) {
 				continue
 			}
-			d := &device{id: "usb-" + u.Name, numa: u.NUMANode}
+			d := &device{id: "usb-" + u.Name, numa: u.NUMANode, info: deviceplugin.DeviceInfo{
+				Attributes: attrs("vendorID", u.Vendor, "productID", u.Product, "serial", u.Serial),
+			}}
 			d.nodes = append(d.nodes, nodeSpec{u.Node(), u.Node()})
 			for _, t := range u.TTYs {
 				d.nodes = append(d.nodes, nodeSpec{t, t})
@@ -208,7 +245,10 @@ func (p *Plugin) discover() map[string]*device {
 			if !matchPCI(p.group.PCI, f) {
 				continue
 			}
-			d := &device{id: "pci-" + f.Address, numa: f.NUMANode}
+			d := &device{id: "pci-" + f.Address, numa: f.NUMANode, info: deviceplugin.DeviceInfo{
+				PCIBusID:   f.Address,
+				Attributes: attrs("vendorID", f.Vendor, "deviceID", f.Device, "class", f.Class),
+			}}
 			if f.Driver == "vfio-pci" && f.IOMMUGroup != "" {
 				d.nodes = append(d.nodes, nodeSpec{"/dev/vfio/vfio", "/dev/vfio/vfio"}, nodeSpec{f.VFIONode(), f.VFIONode()})
 			} else {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -334,4 +335,63 @@ func TestCDI(t *testing.T) {
 	if strings.Contains(string(b), "tmp") {
 		t.Errorf("spec mentions the fixture path: %s", b)
 	}
+}
+
+// TestDescribe: every kind of device is described from what discovery
+// read, every share of a shared device as the device.
+func TestDescribe(t *testing.T) {
+	t.Parallel()
+	o := opts(filepath.Join(hosts, "laptop"))
+	cfg := generic.Config{Groups: []generic.Group{
+		{Name: "serial", Paths: []generic.PathSpec{{Path: "/dev/ttyUSB*"}}},
+		{Name: "example.com/ftdi", USB: []generic.USBSpec{{Vendor: "0403"}}},
+		{Name: "fuse", Paths: []generic.PathSpec{{Path: "/dev/fuse"}}, Count: 2},
+		{Name: "igpu", PCI: []generic.PCISpec{{Vendor: "8086", Class: "03"}}, Count: 2},
+	}}
+	res := newResources(t, cfg, o)
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, res...)
+	describers := make(map[string]deviceplugin.Describer)
+	for _, r := range res {
+		d, ok := r.Plugin.(deviceplugin.Describer)
+		if !ok {
+			t.Fatalf("%T is not a deviceplugin.Describer", r.Plugin)
+		}
+		describers[r.Name] = d
+	}
+	str := deviceplugin.StringAttr
+	for _, tt := range []struct {
+		resource string
+		devices  int
+		ids      []string
+		want     deviceplugin.DeviceInfo
+	}{
+		{"dpkit.io/serial", 2, []string{"ttyUSB1"}, deviceplugin.DeviceInfo{Attributes: map[string]deviceplugin.Attribute{"path": str("/dev/ttyUSB1")}}},
+		{"example.com/ftdi", 1, []string{"usb-1-2"}, deviceplugin.DeviceInfo{Attributes: map[string]deviceplugin.Attribute{
+			"vendorID": str("0403"), "productID": str("6001"), "serial": str("A50285BI"),
+		}}},
+		{"dpkit.io/fuse", 2, []string{"fuse-0", "fuse-1"}, deviceplugin.DeviceInfo{Attributes: map[string]deviceplugin.Attribute{"path": str("/dev/fuse")}}},
+		{"dpkit.io/igpu", 2, []string{"pci-0000:00:02.0-0", "pci-0000:00:02.0-1"}, deviceplugin.DeviceInfo{
+			PCIBusID:   "0000:00:02.0",
+			Attributes: map[string]deviceplugin.Attribute{"vendorID": str("8086"), "deviceID": str("a7a0"), "class": str("030000")},
+		}},
+	} {
+		k.WaitForDevices(t, tt.resource, dptest.Count(tt.devices))
+		for _, id := range tt.ids {
+			got, ok := describers[tt.resource].Describe(id)
+			if !ok || !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("%s: Describe(%s) = %s, %v; want %s", tt.resource, id, dump(got), ok, dump(tt.want))
+			}
+		}
+	}
+	for _, id := range []string{"fuse", "fuse-2", "nbd0"} {
+		if _, ok := describers["dpkit.io/fuse"].Describe(id); ok {
+			t.Errorf("Describe(%s) is known", id)
+		}
+	}
+}
+
+func dump(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }

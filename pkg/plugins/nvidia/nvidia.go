@@ -81,6 +81,7 @@ type Plugin struct {
 	gpus    map[string]gpu    // by UUID; vanished GPUs stay, unhealthy
 	checked map[string]string // UUID -> reason, from the HealthChecker
 	notify  func([]deviceplugin.Device)
+	driver  string // the driver's version, "" when unknown
 
 	cdi plugins.CDIWriter // when CDISpecDir is set
 }
@@ -91,7 +92,10 @@ type gpu struct {
 	reason  string // "" when healthy
 }
 
-var _ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+var (
+	_ deviceplugin.PreferredAllocator = (*Plugin)(nil)
+	_ deviceplugin.Describer          = (*Plugin)(nil)
+)
 
 // Scan watches /dev, rereads procfs periodically and runs the health
 // checker, if any, once GPUs are known.
@@ -155,6 +159,10 @@ func (p *Plugin) rescan() []nv.GPU {
 	if err != nil {
 		p.log.Warn("Cannot read /proc/driver/nvidia", "err", err)
 	}
+	driver, err := nv.DriverVersion(p.opts.ProcRoot)
+	if err != nil && len(found) > 0 {
+		p.log.Debug("Driver version unknown", "err", err)
+	}
 	ctl := devfs.Stat(p.opts.DevRoot, nv.ControlNode)
 	current := make(map[string]gpu, len(found))
 	for _, g := range found {
@@ -182,7 +190,35 @@ func (p *Plugin) rescan() []nv.GPU {
 		}
 	}
 	p.gpus = current
+	p.driver = driver
 	return found
+}
+
+// Describe returns what the driver's procfs says about the GPU behind id
+// (a UUID, or a replica of one when time-sliced): its PCI address and the
+// attributes productName, uuid, minor and driverVersion, each only when
+// known. The driver lists no memory size, so no capacity is published.
+func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.gpus[GPUOf(id)]
+	if !ok || !slices.Contains(p.ids(g.UUID), id) {
+		return deviceplugin.DeviceInfo{}, false
+	}
+	info := deviceplugin.DeviceInfo{
+		PCIBusID:   g.BusID,
+		Attributes: map[string]deviceplugin.Attribute{"uuid": deviceplugin.StringAttr(g.UUID)},
+	}
+	if g.Model != "" {
+		info.Attributes["productName"] = deviceplugin.StringAttr(g.Model)
+	}
+	if g.Minor >= 0 {
+		info.Attributes["minor"] = deviceplugin.IntAttr(int64(g.Minor))
+	}
+	if p.driver != "" {
+		info.Attributes["driverVersion"] = plugins.VersionAttr(p.driver)
+	}
+	return info, true
 }
 
 // cdiSpec is the CDI spec of the GPUs present: one device per UUID with

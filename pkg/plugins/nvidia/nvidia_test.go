@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	nv "github.com/dpkit/dpkit/pkg/discovery/nvidia"
 	"github.com/dpkit/dpkit/pkg/plugins"
@@ -362,4 +364,68 @@ func TestNoDriver(t *testing.T) {
 	t.Parallel()
 	k := serve(t, filepath.Join(hosts, "laptop"), nvidia.Config{}, nil)
 	k.WaitForDevices(t, res, dptest.Count(0))
+}
+
+// describe serves the dgx-h100 fixture with cfg and returns its Describer
+// once the GPUs are listed.
+func describe(t *testing.T, cfg nvidia.Config, devices int) deviceplugin.Describer {
+	t.Helper()
+	cfg.Default()
+	r, err := nvidia.New(cfg, opts(filepath.Join(hosts, "dgx-h100")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, r...)
+	k.WaitForDevices(t, res, dptest.Healthy(devices))
+	d, ok := r[0].Plugin.(deviceplugin.Describer)
+	if !ok {
+		t.Fatalf("%T is not a deviceplugin.Describer", r[0].Plugin)
+	}
+	return d
+}
+
+func TestDescribe(t *testing.T) {
+	t.Parallel()
+	d := describe(t, nvidia.Config{}, 8)
+	info, ok := d.Describe(uuid(5))
+	if !ok {
+		t.Fatalf("Describe(%s): unknown", uuid(5))
+	}
+	want := deviceplugin.DeviceInfo{
+		PCIBusID: "0000:ab:00.0",
+		Attributes: map[string]deviceplugin.Attribute{
+			"uuid":          deviceplugin.StringAttr(uuid(5)),
+			"productName":   deviceplugin.StringAttr("NVIDIA H100 80GB HBM3"),
+			"minor":         deviceplugin.IntAttr(5),
+			"driverVersion": deviceplugin.VersionAttr("550.90.7"),
+		},
+	}
+	if !reflect.DeepEqual(info, want) {
+		t.Errorf("Describe(%s) =\n%s\nwant\n%s", uuid(5), dump(info), dump(want))
+	}
+	for _, id := range []string{"GPU-unknown", uuid(5) + "::0"} {
+		if _, ok := d.Describe(id); ok {
+			t.Errorf("Describe(%s) is known without replicas", id)
+		}
+	}
+
+	// Every replica of a time-sliced GPU is described as the GPU.
+	d = describe(t, nvidia.Config{Replicas: 2}, 16)
+	for _, id := range []string{uuid(5) + "::0", uuid(5) + "::1"} {
+		got, ok := d.Describe(id)
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("Describe(%s) = %s, %v; want the GPU's", id, dump(got), ok)
+		}
+	}
+	for _, id := range []string{uuid(5), uuid(5) + "::2"} {
+		if _, ok := d.Describe(id); ok {
+			t.Errorf("Describe(%s) is known with 2 replicas", id)
+		}
+	}
+}
+
+func dump(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
 }
