@@ -194,6 +194,8 @@ func TestDeployDryRun(t *testing.T) {
 		{"kustomize generic", []string{"kustomize", filepath.Join(deploy, "overlays", "generic")}, []string{"DaemonSet", "ConfigMap"}},
 		{"kustomize amdgpu", []string{"kustomize", filepath.Join(deploy, "overlays", "amdgpu")}, []string{"DaemonSet", "ConfigMap"}},
 		{"kustomize nvidia", []string{"kustomize", filepath.Join(deploy, "overlays", "nvidia")}, []string{"DaemonSet", "ConfigMap"}},
+		{"kustomize generic-dra", []string{"kustomize", filepath.Join(deploy, "overlays", "generic-dra")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
+		{"helm dra", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-dra.yaml")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm all plugins", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-all-plugins.yaml")}, []string{"DaemonSet", "ConfigMap", "ServiceAccount", "Service"}},
 	}
 	for _, tc := range cases {

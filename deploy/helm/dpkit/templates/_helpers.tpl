@@ -16,6 +16,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The image of a plugin with the DRA front: the full binary. */}}
+{{- define "dpkit.draImage" -}}
+{{- printf "%s:%s" .Values.dra.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* "true" when plugin p (a values.plugins entry) has the DRA front. */}}
+{{- define "dpkit.hasDRA" -}}
+{{- if has "dra" (.fronts | default (list "deviceplugin")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when an enabled plugin has the DRA front. */}}
+{{- define "dpkit.anyDRA" -}}
+{{- range $name, $p := .Values.plugins }}{{ if and $p.enabled (include "dpkit.hasDRA" $p) }}true{{ end }}{{ end -}}
+{{- end -}}
+
 {{- define "dpkit.requireOnePlugin" -}}
 {{- $any := false -}}
 {{- range $name, $p := .Values.plugins }}{{ if $p.enabled }}{{ $any = true }}{{ end }}{{ end -}}
