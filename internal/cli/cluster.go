@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+
+	"github.com/dpkit/dpkit/internal/pluginrun"
 )
 
 // Cluster is what commands read from an API server named by a kubeconfig.
@@ -14,6 +16,9 @@ type Cluster interface {
 	// PodHealth returns a function that reads pods' device health
 	// through the API server of kubeconfig.
 	PodHealth(kubeconfig string) (PodHealthGetter, error)
+	// DRAFront starts the DRA front of a plugin's resource (dpkit plugin
+	// with fronts: [dra]).
+	DRAFront() pluginrun.DRAFront
 }
 
 // DeviceHealth is the device health a pod's status reports (its

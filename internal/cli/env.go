@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+
+	"github.com/spf13/cobra"
 )
 
 // Env is handed to every subcommand constructor. Subcommands write their
@@ -24,6 +26,11 @@ type Env struct {
 	// Cluster reads from API servers; nil in the dpkit binary, which runs
 	// dpkit-cluster for the command lines that need it.
 	Cluster Cluster
+	// HandOver runs dpkit-cluster with the whole command line, for a
+	// command that finds it needs Cluster only once it has read its input
+	// (dpkit plugin with a config that has the dra front); nil where
+	// Cluster is set.
+	HandOver func(cmd *cobra.Command) error
 }
 
 // Var returns the environment variable key, read through Getenv.

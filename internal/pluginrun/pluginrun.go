@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/probes"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
 // Started is told the server and the probe address (empty when off) once
@@ -27,10 +29,39 @@ type Started func(srv *deviceplugin.Server, metricsAddr string)
 // through the device plugin API.
 var ErrNoDRAFront = errors.New("the DRA front is not available in this build of dpkit")
 
+// DRAOptions are what the DRA front of one resource is started with.
+type DRAOptions struct {
+	DriverName  string
+	NodeName    string
+	PluginsDir  string
+	RegistryDir string
+	CDIDir      string
+	SysfsRoot   string
+	Kubeconfig  string
+}
+
+// DRAFront starts the DRA front (pkg/dra) of one resource's inventory and
+// returns what serves it until its context ends. dpkit-cluster has one
+// (internal/drafront); the dpkit binary has none, since the front needs
+// the Kubernetes client libraries.
+type DRAFront func(inv *inventory.Inventory, o DRAOptions, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error)
+
+// Options are what RunWith needs beyond the config.
+type Options struct {
+	// DRA starts DRA fronts; nil when this build has none.
+	DRA DRAFront
+	// Getenv reads the environment ($NODE_NAME); nil means os.Getenv.
+	Getenv func(string) string
+}
+
 // CheckFronts returns an error wrapping ErrNoDRAFront, naming the entries
-// and the fix, when cfg asks for a front Run cannot serve. It is the one
-// place that says which fronts this build serves.
-func CheckFronts(cfg *config.PluginConfig) error {
+// and the fix, when cfg asks for a front this build cannot serve
+// (dra without a DRAFront). It is the one place that says which fronts a
+// build serves.
+func CheckFronts(cfg *config.PluginConfig, o Options) error {
+	if o.DRA != nil {
+		return nil
+	}
 	var entries []string
 	for i, p := range cfg.Plugins {
 		if slices.Contains(p.Fronts, config.FrontDRA) {
@@ -40,16 +71,28 @@ func CheckFronts(cfg *config.PluginConfig) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%s: %w; remove dra from fronts to serve the resources through the device plugin API (dpkit deviceclass prints the DeviceClasses of the config as it is)", strings.Join(entries, ", "), ErrNoDRAFront)
+	return fmt.Errorf("%s: %w (it needs the Kubernetes client libraries: run it with dpkit-cluster, or the image ghcr.io/dpkit/dpkit); or remove dra from fronts to serve the resources through the device plugin API", strings.Join(entries, ", "), ErrNoDRAFront)
 }
 
-// Run serves cfg's plugins until ctx ends, with metrics and probes on
-// cfg.MetricsAddress when set. started may be nil; log may be nil.
+// Run serves cfg's plugins through the device plugin API until ctx ends,
+// with metrics and probes on cfg.MetricsAddress when set. started may be
+// nil; log may be nil. A config with the dra front is refused: that needs
+// RunWith and a DRAFront.
 func Run(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, started Started) error {
+	return RunWith(ctx, log, cfg, started, Options{})
+}
+
+// RunWith serves cfg's plugins through their fronts until ctx ends: a
+// resource with the device plugin front only is served by the SDK's
+// server as it is; a resource with the dra front gets one inventory
+// (pkg/inventory) that runs its Scan for both fronts and arbitrates
+// between them, the DRA front started by o.DRA, and, with both fronts, the
+// SDK's server serves the inventory's device plugin front.
+func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, started Started, o Options) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := CheckFronts(cfg); err != nil {
+	if err := CheckFronts(cfg, o); err != nil {
 		return err
 	}
 	opts := cfg.HostOptions()
@@ -63,23 +106,36 @@ func Run(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, starte
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	dpCfg := deviceplugin.Config{
-		PluginDir:    cfg.PluginDir,
-		Registration: deviceplugin.RegistrationMode(cfg.Registration),
-		RegistryDir:  cfg.RegistryDir,
-		Logger:       log,
-	}
-	if reg != nil {
-		dpCfg.Registerer = reg
-	}
-	srv, err := deviceplugin.NewServer(dpCfg, resources...)
+	served, runners, closeFronts, err := fronts(cfg, resources, o, log, reg)
 	if err != nil {
 		return err
 	}
+	defer closeFronts()
 	g, ctx := errgroup.WithContext(ctx)
+	for _, run := range runners {
+		g.Go(func() error { return run(ctx) })
+	}
+	var srv *deviceplugin.Server
+	ready := func() error { return nil }
+	if len(served) > 0 {
+		dpCfg := deviceplugin.Config{
+			PluginDir:    cfg.PluginDir,
+			Registration: deviceplugin.RegistrationMode(cfg.Registration),
+			RegistryDir:  cfg.RegistryDir,
+			Logger:       log,
+		}
+		if reg != nil {
+			dpCfg.Registerer = reg
+		}
+		srv, err = deviceplugin.NewServer(dpCfg, served...)
+		if err != nil {
+			return err
+		}
+		ready = srv.Ready
+	}
 	addr := ""
 	if reg != nil {
-		ps, err := probes.Listen(cfg.MetricsAddress, reg, srv.Ready, log)
+		ps, err := probes.Listen(cfg.MetricsAddress, reg, ready, log)
 		if err != nil {
 			return err
 		}
@@ -87,9 +143,75 @@ func Run(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, starte
 		log.Info("Serving metrics and probes", "address", addr)
 		g.Go(func() error { return ps.Serve(ctx) })
 	}
-	if started != nil {
+	if started != nil && srv != nil {
 		started(srv, addr)
 	}
-	g.Go(func() error { return srv.Run(ctx) })
+	if srv != nil {
+		g.Go(func() error { return srv.Run(ctx) })
+	}
 	return g.Wait()
+}
+
+// fronts returns the resources the device plugin server serves and the
+// runners of the inventories and DRA fronts of the resources that have the
+// dra front.
+func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Options, log *slog.Logger, reg *prometheus.Registry) (served []deviceplugin.Resource, runners []func(context.Context) error, closeAll func(), err error) {
+	closeAll = func() {}
+	byName := map[string]config.ResourceFront{}
+	for _, f := range cfg.Fronts() {
+		byName[f.Resource] = f
+	}
+	if !cfg.UsesFront(config.FrontDRA) {
+		return resources, nil, closeAll, nil
+	}
+	getenv := o.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	node, err := cfg.DRA.Node(getenv)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	// The kubelet's PodResources API says which devices containers still
+	// hold through the device plugin front.
+	lister, conn, err := inventory.DialPodResources(cfg.DRA.PodResourcesSocket)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	closeAll = func() { _ = conn.Close() }
+	// The DRA fronts register where the device plugins do.
+	_, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
+	var registerer prometheus.Registerer
+	if reg != nil {
+		registerer = reg
+	}
+	for _, r := range resources {
+		f, ok := byName[r.Name]
+		if !ok || !f.Has(config.FrontDRA) {
+			served = append(served, r)
+			continue
+		}
+		rlog := log.With("resource", r.Name)
+		inv := inventory.New(r.Name, r.Plugin, rlog, inventory.WithPodResources(lister))
+		runners = append(runners, inv.Run)
+		if f.Has(config.FrontDevicePlugin) {
+			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inv.DevicePluginFront()})
+		}
+		run, err := o.DRA(inv, DRAOptions{
+			DriverName:  f.DriverName,
+			NodeName:    node,
+			PluginsDir:  cfg.DRA.PluginsDir,
+			RegistryDir: registryDir,
+			CDIDir:      cfg.DRA.CDIDir,
+			SysfsRoot:   cfg.Host.SysfsRoot,
+			Kubeconfig:  cfg.DRA.Kubeconfig,
+		}, rlog, registerer)
+		if err != nil {
+			closeAll()
+			return nil, nil, func() {}, fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err)
+		}
+		runners = append(runners, run)
+		rlog.Info("Serving through DRA", "driver", f.DriverName, "node", node, "deviceplugin", f.Has(config.FrontDevicePlugin))
+	}
+	return served, runners, closeAll, nil
 }

@@ -170,6 +170,7 @@ advertiser (dpkit advertise) and virtual nodes (dpkit node).`,
 		root.AddCommand(cmd)
 	}
 	if env.Cluster == nil {
+		env.HandOver = func(cmd *cobra.Command) error { return d.run(cmd, d.args) }
 		for _, cmd := range root.Commands() {
 			if flag, ok := clusterFlags[cmd.Name()]; ok {
 				d.handOver(cmd, flag)

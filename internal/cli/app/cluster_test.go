@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 )
 
 // fakeClusterBinary writes a dpkit-cluster stand-in, a shell script, and
@@ -168,6 +169,8 @@ func TestGetWithoutKubeconfigStays(t *testing.T) {
 type fakeCluster struct{ err error }
 
 func (f fakeCluster) PodHealth(string) (cli.PodHealthGetter, error) { return nil, f.err }
+
+func (fakeCluster) DRAFront() pluginrun.DRAFront { return nil }
 
 // TestClusterOptions checks what cmd/dpkit-cluster relies on: WithCommands
 // replaces the stand-ins, and with WithCluster get --kubeconfig runs in

@@ -85,7 +85,11 @@ is not ready for it (a directory missing).`,
 			if f.Validate {
 				return validate(cmd, env, cfg, f.Output)
 			}
-			return pluginrun.Run(cmd.Context(), env.Logger, cfg, nil)
+			if env.Cluster == nil && cfg.UsesFront(config.FrontDRA) && env.HandOver != nil {
+				// The DRA front needs the Kubernetes client libraries.
+				return env.HandOver(cmd)
+			}
+			return pluginrun.RunWith(cmd.Context(), env.Logger, cfg, nil, runOptions(env))
 		},
 	}
 	fl := cmd.Flags()
@@ -225,7 +229,11 @@ func validate(cmd *cobra.Command, env *cli.Env, cfg *config.PluginConfig, format
 	if len(errs) > 0 {
 		return cli.Exit(1, fmt.Errorf("the config is valid, but this machine is not ready for it:\n%w", configfile.Problems(nameFlags(cmd, errs))))
 	}
-	if err := pluginrun.CheckFronts(cfg); err != nil {
+	if env.Cluster == nil && cfg.UsesFront(config.FrontDRA) && env.HandOver != nil {
+		if _, err := fmt.Fprintln(env.Err, "Note: the dra front needs the Kubernetes client libraries: dpkit plugin hands this config over to dpkit-cluster"); err != nil {
+			return err
+		}
+	} else if err := pluginrun.CheckFronts(cfg, runOptions(env)); err != nil {
 		if _, err := fmt.Fprintln(env.Err, "Warning: dpkit plugin will not serve this config:", err); err != nil {
 			return err
 		}
@@ -270,4 +278,14 @@ func (r report) table(w *tabwriter.Writer) error {
 	}
 	_, err := fmt.Fprintf(w, "registration: %s, %s\n", r.Registration, where)
 	return err
+}
+
+// runOptions are the options of pluginrun.RunWith in this binary: the DRA
+// front where the binary has the client libraries.
+func runOptions(env *cli.Env) pluginrun.Options {
+	o := pluginrun.Options{Getenv: env.Var}
+	if env.Cluster != nil {
+		o.DRA = env.Cluster.DRAFront()
+	}
+	return o
 }

@@ -249,11 +249,13 @@ func TestPluginHelpDefaults(t *testing.T) {
 	}
 }
 
-// TestPluginRefusesDRAFront: a config that asks for the dra front is
-// refused at run time (exit 1) with what to do, and serves nothing;
-// --validate prints it with a warning.
+// TestPluginRefusesDRAFront: dpkit hands a config that asks for the dra
+// front over to dpkit-cluster, and without one says how to get it (exit
+// 1), serving nothing; a binary without a DRA front refuses it with what
+// to do; --validate says where it will be served.
 func TestPluginRefusesDRAFront(t *testing.T) {
-	t.Parallel()
+	// No dpkit-cluster on PATH.
+	t.Setenv("PATH", t.TempDir())
 	root := t.TempDir()
 	pluginDir := filepath.Join(root, "device-plugins")
 	if err := os.Mkdir(pluginDir, 0o755); err != nil {
@@ -264,8 +266,13 @@ func TestPluginRefusesDRAFront(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
-	err := app.Run(context.Background(), []string{"plugin", "--config", cfg, "--plugin-dir", pluginDir, "--registration", "kubelet"}, nil, &out, &errOut)
-	want := "plugins[1].fronts: the DRA front is not available in this build of dpkit; remove dra from fronts"
+	args := []string{"plugin", "--config", cfg, "--plugin-dir", pluginDir, "--registration", "kubelet"}
+	err := app.Run(context.Background(), args, nil, &out, &errOut)
+	if want := "dpkit plugin needs dpkit-cluster"; err == nil || !strings.Contains(err.Error(), want) || app.ExitCode(err) != 1 {
+		t.Errorf("err = %v (exit %d), want exit 1 and %q", err, app.ExitCode(err), want)
+	}
+	err = app.Run(context.Background(), args, nil, &out, &errOut, app.WithCluster(noDRA{}))
+	want := "plugins[1].fronts: the DRA front is not available in this build of dpkit"
 	if err == nil || !errors.Is(err, pluginrun.ErrNoDRAFront) || !strings.Contains(err.Error(), want) || app.ExitCode(err) != 1 {
 		t.Errorf("err = %v (exit %d), want exit 1 and %q", err, app.ExitCode(err), want)
 	}
@@ -279,7 +286,13 @@ func TestPluginRefusesDRAFront(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "  example.com/bar: dra (driver bar.example.com, DeviceClass bar.example.com)\n") ||
-		!strings.Contains(errOut.String(), "Warning: dpkit plugin will not serve this config: "+want) {
+		!strings.Contains(errOut.String(), "dpkit plugin hands this config over to dpkit-cluster") {
 		t.Errorf("--validate printed\n%s\nand on stderr\n%s", out.String(), errOut.String())
 	}
 }
+
+// noDRA is a cli.Cluster of a build without a DRA front.
+type noDRA struct{}
+
+func (noDRA) PodHealth(string) (cli.PodHealthGetter, error) { return nil, errors.New("no API server") }
+func (noDRA) DRAFront() pluginrun.DRAFront                  { return nil }

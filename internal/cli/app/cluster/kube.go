@@ -10,11 +10,16 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/drafront"
 	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 )
 
 // kubeClients is cli.Cluster through client-go.
 type kubeClients struct{}
+
+// DRAFront starts DRA fronts with API server clients.
+func (kubeClients) DRAFront() pluginrun.DRAFront { return drafront.New() }
 
 func (kubeClients) PodHealth(kubeconfig string) (cli.PodHealthGetter, error) {
 	rc, err := kubeconfigpkg.Load(kubeconfig)
