@@ -23,9 +23,12 @@ import (
 // Defaults of the options.
 const (
 	// DefaultAllocateGrace is how long a device plugin hold from an
-	// Allocate the kubelet never recorded (the pod's admission failed
-	// after it) lasts.
-	DefaultAllocateGrace = 2 * time.Minute
+	// Allocate the kubelet has not listed in PodResources lasts. The
+	// kubelet records a container's devices right after Allocate returns,
+	// so a device still unlisted this long after is not in use: the pod's
+	// admission failed after Allocate, or the pod was gone before a
+	// refresh saw it.
+	DefaultAllocateGrace = 5 * time.Second
 	// DefaultRefreshPeriod is how often holds are refreshed from the
 	// kubelet's PodResources API.
 	DefaultRefreshPeriod = 10 * time.Second

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dpkit/dpkit/internal/imagespec"
+	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/pkg/resourcename"
+	"github.com/dpkit/dpkit/test/controlplane"
+)
+
+// fullImage is the full image (dpkit-cluster as dpkit) the tests build from
+// this tree and import into the node: what the DRA front runs in.
+const fullImage = "dpkit.test/dpkit:e2e"
+
+var (
+	fullImageOnce sync.Once
+	fullImageErr  error
+)
+
+// importFullImage builds cmd/dpkit-cluster and its image (as `make
+// images` does) and imports it into the node, once per test run.
+func importFullImage(t *testing.T, n *controlplane.Node) {
+	t.Helper()
+	fullImageOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dpkit-full-image")
+		if err != nil {
+			fullImageErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		bin := filepath.Join(dir, "dpkit")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/dpkit-cluster")
+		cmd.Dir = filepath.Join("..", "..")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fullImageErr = fmt.Errorf("build cmd/dpkit-cluster: %w\n%s", err, out)
+			return
+		}
+		archive := filepath.Join(dir, "dpkit.oci.tar")
+		if _, err := ociimage.WriteFile(archive, imagespec.Full(imagespec.Input{Binary: bin, Name: fullImage, Version: "e2e"})); err != nil {
+			fullImageErr = err
+			return
+		}
+		fullImageErr = n.ImportImage(context.Background(), archive)
+	})
+	if fullImageErr != nil {
+		t.Fatal(fullImageErr)
+	}
+}
+
+// TestRealNodeDRA deploys the generic plugin with the DRA front only from
+// deploy/overlays/generic-dra (the full image, as users do) on the real
+// node (kubelet v1.37, containerd 2.x): its ResourceSlice is published for
+// the node; the DeviceClass dpkit deviceclass prints is applied; a pod with
+// a ResourceClaim gets the device through the CDI spec the front wrote for
+// the claim (the device node and the env, read back from the pod's log),
+// and so does a pod asking the DeviceClass's extended resource name, which
+// the node serves only through DRA.
+func TestRealNodeDRA(t *testing.T) {
+	cp, n := realNode.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	importFullImage(t, n)
+	res := "e2e.dpkit.io/zero-dra"
+	driver := resourcename.DriverName(res)
+	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n" + indent(zeroConfig(res), "    ") + "  fronts: [dra]\n"
+
+	dir := t.TempDir()
+	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic-dra"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(fullImage, ":")
+	writeFile(t, filepath.Join(dir, "kustomization.yaml"), `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- `+rel+`
+images:
+- name: `+imagespec.FullRepository+`
+  newName: `+name+`
+  newTag: `+tag+`
+configMapGenerator:
+- name: dpkit-plugin-config
+  namespace: dpkit-system
+  behavior: replace
+  files:
+  - config.yaml
+`)
+	writeFile(t, filepath.Join(dir, "config.yaml"), config)
+	writeFile(t, filepath.Join(dir, "plugin.yaml"), config)
+	d := deployment{objs: render(t, "kustomize", dir), resource: corev1.ResourceName(res)}
+	for _, o := range d.objs {
+		if o.GetKind() == "DaemonSet" {
+			d.namespace, d.daemonSet = o.GetNamespace(), o.GetName()
+		}
+	}
+	d.apply(t, ctx, cp)
+	poll(t, ctx, "the DRA front's ResourceSlice for "+n.Name, func(ctx context.Context) (bool, string, error) {
+		names, err := sliceDevices(ctx, c, n.Name, driver)
+		return len(names) == 2, fmt.Sprintf("devices %v", names), err
+	})
+	if node, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if q, ok := node.Status.Allocatable[corev1.ResourceName(res)]; ok && !q.IsZero() {
+		t.Fatalf("node allocatable %s = %s: the resource has only the dra front", res, q.String())
+	}
+	class := applyDeviceClasses(t, ctx, c, "--config", filepath.Join(dir, "plugin.yaml"))[0]
+
+	ns := createNamespace(t, c, "dra")
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "zero", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claimPod := zeroPod(ns, "claim", corev1.ResourceName(res), "1")
+	claimPod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "zero"}}}
+	claimPod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "zero", ResourceClaimName: ptr("zero")}}
+	extPod := zeroPod(ns, "extended", corev1.ResourceName(res), "1")
+	for _, p := range []*corev1.Pod{claimPod, extPod} {
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				describePod(t, c, ns, p.Name)
+			}
+			_ = c.CoreV1().Pods(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		})
+	}
+	for _, p := range []string{"claim", "extended"} {
+		waitPod(t, ctx, c, ns, p, "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		t.Logf("pod %s log:\n%s", p, wantDeviceLogs(t, ctx, c, ns, p))
+	}
+	ext, err := c.CoreV1().Pods(ns).Get(ctx, "extended", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ext.Status.ExtendedResourceClaimStatus == nil {
+		t.Errorf("pod asking %s has no extendedResourceClaimStatus: the node served it some other way", res)
+	}
+	// The claims' CDI specs are on the node while the pods run.
+	specs, _ := filepath.Glob(filepath.Join(n.CDIDir, "dpkit-dra-"+driver+"-*.json"))
+	if len(specs) != 2 {
+		t.Errorf("CDI specs of prepared claims in the node's CDI directory: %v, want 2", specs)
+	}
+	var claims resourcev1.ResourceClaimList
+	if l, err := c.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		claims = *l
+	}
+	for _, cl := range claims.Items {
+		if cl.Status.Allocation != nil {
+			t.Logf("claim %s: %+v", cl.Name, cl.Status.Allocation.Devices.Results)
+		}
+	}
+}
