@@ -297,10 +297,10 @@ func waitOutcome(ctx context.Context, c kubernetes.Interface, ns, name string, q
 	for {
 		p, err := c.CoreV1().Pods(ns).Get(wctx, name, metav1.GetOptions{})
 		if err == nil {
-			switch {
-			case p.Status.Phase == corev1.PodRunning:
+			switch p.Status.Phase {
+			case corev1.PodRunning:
 				return "running"
-			case p.Status.Phase == corev1.PodFailed:
+			case corev1.PodFailed:
 				return "refused (" + p.Status.Reason + ")"
 			}
 			if quick {

@@ -9,10 +9,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/internal/imagespec"
 	"github.com/dpkit/dpkit/internal/ociimage"
@@ -75,7 +77,9 @@ func TestRealNodeDRA(t *testing.T) {
 	importFullImage(t, n)
 	res := "e2e.dpkit.io/zero-dra"
 	driver := resourcename.DriverName(res)
-	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n" + indent(zeroConfig(res), "    ") + "  fronts: [dra]\n"
+	// The test node has no Service proxy: the plugin reaches the API
+	// server on the host's loopback, with a kubeconfig from a Secret.
+	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n- generic:\n" + indent(zeroConfig(res), "    ") + "  fronts: [dra]\n"
 
 	dir := t.TempDir()
 	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic-dra"))
@@ -101,6 +105,38 @@ configMapGenerator:
   behavior: replace
   files:
   - config.yaml
+secretGenerator:
+- name: dpkit-e2e-kubeconfig
+  namespace: dpkit-system
+  files:
+  - kubeconfig
+patches:
+- path: patch.yaml
+`)
+	kubeconfig, err := os.ReadFile(cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "kubeconfig"), string(kubeconfig))
+	writeFile(t, filepath.Join(dir, "patch.yaml"), `apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: dpkit-plugin
+  namespace: dpkit-system
+spec:
+  template:
+    spec:
+      hostNetwork: true
+      containers:
+      - name: plugin
+        volumeMounts:
+        - name: e2e-kubeconfig
+          mountPath: /etc/dpkit-kube
+          readOnly: true
+      volumes:
+      - name: e2e-kubeconfig
+        secret:
+          secretName: dpkit-e2e-kubeconfig
 `)
 	writeFile(t, filepath.Join(dir, "config.yaml"), config)
 	writeFile(t, filepath.Join(dir, "plugin.yaml"), config)
@@ -111,6 +147,11 @@ configMapGenerator:
 		}
 	}
 	d.apply(t, ctx, cp)
+	t.Cleanup(func() {
+		if t.Failed() {
+			d.logPlugin(t, c)
+		}
+	})
 	poll(t, ctx, "the DRA front's ResourceSlice for "+n.Name, func(ctx context.Context) (bool, string, error) {
 		names, err := sliceDevices(ctx, c, n.Name, driver)
 		return len(names) == 2, fmt.Sprintf("devices %v", names), err
@@ -165,5 +206,25 @@ configMapGenerator:
 		if cl.Status.Allocation != nil {
 			t.Logf("claim %s: %+v", cl.Name, cl.Status.Allocation.Devices.Results)
 		}
+	}
+}
+
+// logPlugin logs the status and log of the DaemonSet's pods, for a failed
+// test.
+func (d deployment) logPlugin(t *testing.T, c kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods, err := c.CoreV1().Pods(d.namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("list the plugin's pods: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		if !strings.HasPrefix(p.Name, d.daemonSet) {
+			continue
+		}
+		t.Logf("plugin pod %s: phase %s containers %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+		b, err := c.CoreV1().Pods(d.namespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		t.Logf("plugin pod %s log (%v):\n%s", p.Name, err, b)
 	}
 }
