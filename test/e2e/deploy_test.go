@@ -20,17 +20,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
-	"sigs.k8s.io/yaml"
 
-	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
-	"github.com/dpkit/dpkit/pkg/plugins/generic"
-	"github.com/dpkit/dpkit/pkg/plugins/nvidia"
+	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -113,52 +109,15 @@ func checkPluginConfigs(t *testing.T, objs []*unstructured.Unstructured) int {
 			continue
 		}
 		n++
-		var file struct {
-			APIVersion string                       `json:"apiVersion"`
-			Kind       string                       `json:"kind"`
-			Plugins    []map[string]json.RawMessage `json:"plugins"`
-		}
-		if err := yaml.UnmarshalStrict([]byte(raw), &file); err != nil {
+		// The file as dpkit plugin reads it: strict decoding, defaults,
+		// validation with field paths.
+		if _, err := config.DecodePluginConfig([]byte(raw)); err != nil {
 			t.Errorf("ConfigMap %s: %v", o.GetName(), err)
-			continue
-		}
-		if file.APIVersion != "dpkit.io/v1alpha1" || file.Kind != "PluginConfig" {
-			t.Errorf("ConfigMap %s: apiVersion %q kind %q", o.GetName(), file.APIVersion, file.Kind)
-		}
-		for i, sec := range file.Plugins {
-			for name, body := range sec {
-				p := field.NewPath("plugins").Index(i).Child(name)
-				var errs field.ErrorList
-				switch name {
-				case "generic":
-					var c generic.Config
-					errs = decodeStrict(body, &c, p, func() field.ErrorList { c.Default(); return c.Validate(p) })
-				case "amdgpu":
-					var c amdgpu.Config
-					errs = decodeStrict(body, &c, p, func() field.ErrorList { c.Default(); return c.Validate(p) })
-				case "nvidia":
-					var c nvidia.Config
-					errs = decodeStrict(body, &c, p, func() field.ErrorList { c.Default(); return c.Validate(p) })
-				default:
-					t.Errorf("ConfigMap %s: unknown plugin section %q", o.GetName(), name)
-				}
-				if len(errs) > 0 {
-					t.Errorf("ConfigMap %s: %v", o.GetName(), errs.ToAggregate())
-				}
-			}
 		}
 	}
 	return n
 }
 
-func decodeStrict(body []byte, into any, p *field.Path, validate func() field.ErrorList) field.ErrorList {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(into); err != nil {
-		return field.ErrorList{field.Invalid(p, string(body), err.Error())}
-	}
-	return validate()
-}
 
 // TestDeployDryRun renders every kustomize overlay and the Helm chart and
 // applies each object with server-side apply and dryRun=All against a real

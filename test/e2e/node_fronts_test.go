@@ -114,14 +114,24 @@ func applyDeviceClasses(t *testing.T, ctx context.Context, c kubernetes.Interfac
 	}
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
 	var names []string
+	var classes []resourcev1.DeviceClass
 	for {
-		var dc resourcev1.DeviceClass
-		if err := dec.Decode(&dc); err != nil {
+		// A YAML document is a DeviceClass; -o json prints a List.
+		var doc struct {
+			resourcev1.DeviceClass `json:",inline"`
+			Items                  []resourcev1.DeviceClass `json:"items"`
+		}
+		if err := dec.Decode(&doc); err != nil {
 			break
 		}
-		if dc.Name == "" {
-			continue
+		if doc.Kind == "List" {
+			classes = append(classes, doc.Items...)
+		} else if doc.Name != "" {
+			classes = append(classes, doc.DeviceClass)
 		}
+	}
+	for _, dc := range classes {
+		dc.TypeMeta = metav1.TypeMeta{}
 		if _, err := c.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("create the DeviceClass dpkit deviceclass printed:\n%s\n%v", out, err)
 		}
