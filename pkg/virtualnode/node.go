@@ -177,6 +177,11 @@ type Node struct {
 	// zero capacity and allocatable, as the kubelet keeps it (see
 	// resources).
 	pluginResources map[corev1.ResourceName]bool
+	// classChecked are the device-plugin resources checked against the
+	// DeviceClasses (warnServedBothWays); classesOnce says once that
+	// they cannot be read.
+	classChecked map[string]bool
+	classesOnce  sync.Once
 }
 
 // DeviceManager returns the node's device manager.
@@ -652,6 +657,8 @@ func (n *Node) watchDevices(ctx context.Context) {
 		if cb != nil {
 			cb(node)
 		}
+		dc, _ := n.mgr.Capacity()
+		n.warnServedBothWays(ctx, n.newPluginNames(dc))
 	}
 }
 
