@@ -72,6 +72,13 @@ type Config struct {
 	// prepares (dramanager.Config.Claims). Nil: DRA drivers register,
 	// but a pod with claims cannot be prepared, and says so.
 	Claims dramanager.ClaimGetter
+	// Slices wipes the ResourceSlices of the node's DRA drivers: all at
+	// Start, and a driver's once it stays unusable for WipingDelay
+	// (dramanager.Config.Slices). Nil wipes nothing.
+	Slices dramanager.SliceWiper
+	// WipingDelay is dramanager.Config.WipingDelay. Default 30s, the
+	// kubelet's.
+	WipingDelay time.Duration
 }
 
 // Host is the kubelet side of a node. Create it with New, Start it, and
@@ -123,10 +130,12 @@ func New(cfg Config) (*Host, error) {
 	}
 	pods := podresources.NewPodStore()
 	dra, err := dramanager.New(dramanager.Config{
-		Root:       cfg.Root,
-		Claims:     cfg.Claims,
-		ActivePods: pods.GetActivePods,
-		Logger:     log.With("component", "dramanager"),
+		Root:        cfg.Root,
+		Claims:      cfg.Claims,
+		ActivePods:  pods.GetActivePods,
+		Slices:      cfg.Slices,
+		WipingDelay: cfg.WipingDelay,
+		Logger:      log.With("component", "dramanager"),
 	})
 	if err != nil {
 		return nil, err

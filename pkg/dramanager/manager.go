@@ -10,8 +10,9 @@
 //
 // The ResourceClaims come from the caller through a ClaimGetter, so the
 // manager needs no API server: a node backed by one passes a client,
-// tests a map. The manager does not publish or wipe ResourceSlices: that
-// needs an API client, and is its user's job.
+// tests a map. The manager does not publish ResourceSlices (drivers do);
+// it decides when they are wiped, as the kubelet does, and a SliceWiper
+// its user passes deletes them (Config.Slices).
 //
 // It follows the v1.37 kubelet (pkg/kubelet/cm/dra) step by step:
 //
@@ -45,6 +46,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -68,6 +70,12 @@ type Manager struct {
 	pluginsChanged broadcast.Change
 	// onHealth, set by tests before Start, is called after every report.
 	onHealth func(driver string)
+	// onWipeRetry, set by tests before Start, is called once a failed
+	// wipe waits d on the clock.
+	onWipeRetry func(d time.Duration)
+	// wipes are the pending ResourceSlice wipes by driver, guarded by
+	// plugins.mu.
+	wipes map[string]*pendingWipe
 
 	// ctx, cancel and stopped are guarded by plugins.mu.
 	ctx     context.Context
@@ -120,6 +128,15 @@ func (m *Manager) Start(ctx context.Context) error {
 		return errors.New("dramanager: already started or stopped")
 	}
 	m.ctx, m.cancel = context.WithCancel(ctx)
+	if m.cfg.Slices != nil {
+		// No driver has registered yet: the slices of an earlier run
+		// go, as the kubelet wipes them at start.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.wipe(m.ctx, "")
+		}()
+	}
 	if m.cfg.ActivePods != nil {
 		m.wg.Add(1)
 		go func() {
@@ -136,6 +153,7 @@ func (m *Manager) Start(ctx context.Context) error {
 func (m *Manager) Stop() {
 	m.plugins.mu.Lock()
 	m.stopped = true
+	m.stopWipesLocked()
 	cancel := m.cancel
 	m.plugins.mu.Unlock()
 	if cancel != nil {

@@ -122,6 +122,11 @@ type Config struct {
 	// plugins are all gone keeps its capacity (with zero allocatable)
 	// before it drops to zero. Default 5m, the kubelet's.
 	DeviceGracePeriod time.Duration
+	// DRAWipingDelay is how long a DRA driver may stay unusable (no
+	// plugin registered and connected) before the node deletes its
+	// ResourceSlices. Default 30s, the kubelet's. Every driver's slices
+	// for the node are deleted when the node starts.
+	DRAWipingDelay time.Duration
 	// EventRecorder records pod events; nil records them to the API.
 	EventRecorder record.EventRecorder
 	// PodSyncWorkers is the number of pod controller workers. Default 10.
@@ -149,6 +154,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Port < -1 || c.Port > 65535 {
 		errs = append(errs, field.Invalid(field.NewPath("port"), c.Port, "must be 0..65535, or -1 to disable the node API"))
+	}
+	if c.DRAWipingDelay < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("draWipingDelay"), c.DRAWipingDelay.String(), "must not be negative; leave it zero for the kubelet's 30s"))
 	}
 	if c.NodeIP != "" && net.ParseIP(c.NodeIP) == nil {
 		errs = append(errs, field.Invalid(field.NewPath("nodeIP"), c.NodeIP, "must be an IP address"))
@@ -262,6 +270,8 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		NUMANodes:      cfg.NUMANodes,
 		GracePeriod:    cfg.DeviceGracePeriod,
 		Claims:         apiClaims{cfg.Client},
+		Slices:         apiSlices{client: cfg.Client, node: cfg.Name},
+		WipingDelay:    cfg.DRAWipingDelay,
 	})
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -491,4 +493,84 @@ func TestVirtualNodeDRADriverKilled(t *testing.T) {
 	healthIs(corev1.ResourceHealthStatusUnknown)
 	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
 	healthIs(corev1.ResourceHealthStatusHealthy)
+}
+
+// nodeSlices returns the names of the devices in the ResourceSlices of
+// driver for node.
+func nodeSlices(ctx context.Context, c kubernetes.Interface, node, driver string) ([]string, error) {
+	sel := fields.Set{resourcev1.ResourceSliceSelectorNodeName: node, resourcev1.ResourceSliceSelectorDriver: driver}
+	list, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel.String()})
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, s := range list.Items {
+		for _, d := range s.Spec.Devices {
+			names = append(names, d.Name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// staleSlice creates a ResourceSlice of driver for node with one device,
+// as a driver of an earlier run of the node left it.
+func staleSlice(t *testing.T, ctx context.Context, c kubernetes.Interface, node, driver, device string) {
+	t.Helper()
+	s := &resourcev1.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: node + "-stale-"},
+		Spec: resourcev1.ResourceSliceSpec{
+			Driver:   driver,
+			NodeName: &node,
+			Pool:     resourcev1.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+			Devices:  []resourcev1.Device{{Name: device}},
+		},
+	}
+	created, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.ResourceV1().ResourceSlices().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+	})
+}
+
+// TestVirtualNodeDRASlicesWiped: the node deletes the ResourceSlices
+// its DRA drivers published, as the kubelet does. At start every
+// driver's slices for the node go (a driver of an earlier run may never
+// come back), and those of other nodes stay; a driver killed on the node
+// has its slices deleted once it stayed away for the wiping delay
+// (shortened here; 30 s by default), so the scheduler no longer puts
+// pods on its devices.
+func TestVirtualNodeDRASlicesWiped(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-draw")
+	other := unique("vn-draw-other")
+	staleSlice(t, ctx, c, name, dratest.DriverName, "stale-0")
+	staleSlice(t, ctx, c, name, "other.dpkit.io", "stale-1")
+	staleSlice(t, ctx, c, other, dratest.DriverName, "kept-0")
+
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *noderun.Options) { o.DRAWipingDelay = 2 * time.Second })
+	for _, driver := range []string{dratest.DriverName, "other.dpkit.io"} {
+		poll(t, ctx, "the node's stale ResourceSlices of "+driver+" deleted at start", func(ctx context.Context) (bool, string, error) {
+			names, err := nodeSlices(ctx, c, name, driver)
+			return len(names) == 0, fmt.Sprintf("devices %v", names), err
+		})
+	}
+	if names, err := nodeSlices(ctx, c, other, dratest.DriverName); err != nil || !slices.Equal(names, []string{"kept-0"}) {
+		t.Fatalf("another node's slice: devices %v (%v), want [kept-0] kept", names, err)
+	}
+
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1")
+	drv.Kill()
+	poll(t, ctx, "the killed driver's ResourceSlices deleted after the wiping delay", func(ctx context.Context) (bool, string, error) {
+		names, err := nodeSlices(ctx, c, name, dratest.DriverName)
+		return len(names) == 0, fmt.Sprintf("devices %v", names), err
+	})
+	if names, err := nodeSlices(ctx, c, other, dratest.DriverName); err != nil || !slices.Equal(names, []string{"kept-0"}) {
+		t.Fatalf("another node's slice: devices %v (%v), want [kept-0] kept", names, err)
+	}
 }
