@@ -68,6 +68,11 @@ type Manager struct {
 	updates chan []types.UID
 	// pluginsChanged is broadcast when Plugins' answer may have changed.
 	pluginsChanged broadcast.Change
+	// healthReported is broadcast after every health report.
+	healthReported broadcast.Change
+	// onHealthTimer, set by tests before Start, is called each time the
+	// health expiry loop sleeps, with the time it wakes (zero: none).
+	onHealthTimer func(next time.Time)
 	// onHealth, set by tests before Start, is called after every report.
 	onHealth func(driver string)
 	// onWipeRetry, set by tests before Start, is called once a failed
@@ -137,6 +142,11 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.wipe(m.ctx, "")
 		}()
 	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.expireHealth(m.ctx)
+	}()
 	if m.cfg.ActivePods != nil {
 		m.wg.Add(1)
 		go func() {
