@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -79,6 +80,10 @@ type Config struct {
 	// WipingDelay is how long a driver may stay unusable before its
 	// ResourceSlices are wiped. Default 30s, the kubelet's.
 	WipingDelay time.Duration
+	// Registerer, when set, receives the kubelet's DRA metrics:
+	// dra_operations_duration_seconds, dra_grpc_operations_duration_seconds
+	// and dra_resource_claims_in_use. A registry takes one manager's.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {

@@ -68,6 +68,7 @@ type Manager struct {
 	updates chan []types.UID
 	// pluginsChanged is broadcast when Plugins' answer may have changed.
 	pluginsChanged broadcast.Change
+	metrics        *metrics
 	// healthReported is broadcast after every health report.
 	healthReported broadcast.Change
 	// onHealthTimer, set by tests before Start, is called each time the
@@ -104,6 +105,11 @@ func New(cfg Config) (*Manager, error) {
 		cache:   claimCache{claims: map[string]*claimInfo{}, path: filepath.Join(cfg.Root, checkpoint.FileName)},
 		updates: make(chan []types.UID, 100),
 	}
+	mt, err := newMetrics(cfg.Registerer, m)
+	if err != nil {
+		return nil, fmt.Errorf("dramanager: %w", err)
+	}
+	m.metrics = mt
 	list, err := checkpoint.Read(m.cache.path)
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
@@ -242,7 +248,10 @@ type prepareItem struct {
 // their drivers again. Errors do not name the pod, as the kubelet's: they
 // show up in its context (an event on it).
 func (m *Manager) PrepareResources(ctx context.Context, pod *corev1.Pod) error {
-	if err := m.prepare(ctx, pod); err != nil {
+	start := m.cfg.Clock.Now()
+	err := m.prepare(ctx, pod)
+	m.metrics.observeOperation("PrepareResources", start, m.cfg.Clock.Now(), err)
+	if err != nil {
 		return fmt.Errorf("prepare dynamic resources: %w", err)
 	}
 	return nil
@@ -397,22 +406,29 @@ func inBatch(claims []*drav1.Claim, uid string) bool {
 // for it, or, when it records none (a checkpoint removed), those of its
 // spec and status.
 func (m *Manager) UnprepareResources(ctx context.Context, pod *corev1.Pod) error {
+	start := m.cfg.Clock.Now()
+	err := m.unprepareForPod(ctx, pod)
+	m.metrics.observeOperation("UnprepareResources", start, m.cfg.Clock.Now(), err)
+	if err != nil {
+		return fmt.Errorf("unprepare dynamic resources: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) unprepareForPod(ctx context.Context, pod *corev1.Pod) error {
 	m.cache.mu.RLock()
 	names := m.cache.namesForPod(pod.UID)
 	m.cache.mu.RUnlock()
 	if len(names) == 0 {
 		claims, err := podClaims(pod)
 		if err != nil {
-			return fmt.Errorf("unprepare dynamic resources: %w", err)
+			return err
 		}
 		for _, c := range claims {
 			names = append(names, c.name)
 		}
 	}
-	if err := m.unprepare(ctx, pod.UID, pod.Namespace, names); err != nil {
-		return fmt.Errorf("unprepare dynamic resources: %w", err)
-	}
-	return nil
+	return m.unprepare(ctx, pod.UID, pod.Namespace, names)
 }
 
 func (m *Manager) unprepare(ctx context.Context, podUID types.UID, namespace string, names []string) error {

@@ -132,7 +132,8 @@ func (m *Manager) addPlugin(driver, endpoint, svc, healthSvc string) error {
 	// stats handler tells when it is up or down.
 	conn, err := grpc.NewClient("unix:"+endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(p))
+		grpc.WithStatsHandler(p),
+		grpc.WithChainUnaryInterceptor(m.metrics.interceptor(m, driver)))
 	if err != nil {
 		return fmt.Errorf("create gRPC connection to DRA driver %s plugin at endpoint %s: %w", driver, endpoint, err)
 	}

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
@@ -176,6 +178,9 @@ type Node struct {
 	apiAddr  net.Addr
 	apiReady chan struct{}
 	auth     *nodeapi.Auth
+	// metrics holds the node's kubelet metrics (DRA, PodResources),
+	// served on the node API's /metrics.
+	metrics *prometheus.Registry
 
 	mu       sync.Mutex
 	node     *corev1.Node
@@ -194,6 +199,10 @@ type Node struct {
 
 // DeviceManager returns the node's device manager.
 func (n *Node) DeviceManager() *devicemanager.Manager { return n.mgr }
+
+// Metrics returns the node's kubelet metrics (DRA, PodResources), which
+// the node API serves on /metrics.
+func (n *Node) Metrics() prometheus.Gatherer { return n.metrics }
 
 // DRAManager returns the node's DRA manager.
 func (n *Node) DRAManager() *dramanager.Manager { return n.dra }
@@ -262,6 +271,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	log = log.With("node", cfg.Name)
 
+	reg := prometheus.NewRegistry()
 	host, err := devicehost.New(devicehost.Config{
 		Root:           cfg.Root,
 		Logger:         log,
@@ -272,12 +282,13 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		Claims:         apiClaims{cfg.Client},
 		Slices:         apiSlices{client: cfg.Client, node: cfg.Name},
 		WipingDelay:    cfg.DRAWipingDelay,
+		Registerer:     reg,
 	})
 	if err != nil {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.nodeIP = cfg.NodeIP
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
@@ -462,6 +473,7 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		Pods:      n.prov.GetPods,
 		Backend:   n.be,
 		StartTime: time.Now(),
+		Metrics:   promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}),
 	})
 	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
 	g.Go(func() error {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -115,7 +116,7 @@ func TestVirtualNodeDRA(t *testing.T) {
 	c := cp.Client()
 	root := shortTempDir(t)
 	name := unique("vn-dra")
-	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	node, _ := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1", "dev-2")
 	class := deviceClass(t, ctx, c, "")
 	ns := createNamespace(t, c, "vn-dra")
@@ -161,6 +162,16 @@ func TestVirtualNodeDRA(t *testing.T) {
 	m := regexp.MustCompile(`cdi=(\S*)`).FindStringSubmatch(logs)
 	if got := strings.Split(m[1], ","); !slices.Equal(got, want) {
 		t.Fatalf("logs show CDI devices %q, want %q (the claim's allocation)", m[1], want)
+	}
+
+	// The node's metrics count the claim in use.
+	if err := testutil.GatherAndCompare(node.Metrics(), strings.NewReader(`
+# HELP dra_resource_claims_in_use The number of ResourceClaims that are currently in use on the node, by driver name (driver_name label value) and across all drivers (special value <any> for driver_name). Note that the sum of all by-driver counts is not the total number of in-use ResourceClaims because the same ResourceClaim might use devices from different drivers. Instead, use the count for the <any> driver_name.
+# TYPE dra_resource_claims_in_use gauge
+dra_resource_claims_in_use{driver_name="<any>"} 1
+dra_resource_claims_in_use{driver_name="`+dratest.DriverName+`"} 1
+`), "dra_resource_claims_in_use"); err != nil {
+		t.Fatal(err)
 	}
 
 	// The pod's status names the claim's devices with their health.
