@@ -34,7 +34,11 @@
 //     other pod uses, once per driver, and forgets them after success.
 //     Reconcile does it for pods that are no longer active.
 //   - Health: a device is Unknown when its driver has not reported it
-//     within its timeout (HealthTimeout by default) or its stream ended.
+//     within its timeout (HealthTimeout by default) or its stream ended;
+//     a timer at the earliest expiry tells its pods (Updates).
+//   - ResourceSlices: with a SliceWiper, every driver's are wiped at
+//     Start and a driver's once it stayed unusable for WipingDelay.
+//   - Metrics: the kubelet's dra_* metrics, with a Registerer.
 //
 // Deliberate differences are listed in docs/dra.md.
 package dramanager
