@@ -60,6 +60,11 @@ type Options struct {
 	// DeviceGracePeriod is how long a resource whose device plugins are
 	// all gone keeps its capacity; 0 means the kubelet's 5m.
 	DeviceGracePeriod time.Duration
+	// DRAWipingDelay is how long a DRA driver may stay unusable before
+	// the node deletes its ResourceSlices; 0 means the kubelet's 30s. It
+	// has no flag (the kubelet has none): tests and programs that embed
+	// the node set it.
+	DRAWipingDelay time.Duration
 }
 
 // Validate reports every problem of the options at once, each named by
@@ -77,6 +82,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DeviceGracePeriod < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
+	}
+	if o.DRAWipingDelay < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("draWipingDelay"), o.DRAWipingDelay.String(), "must not be negative; leave it zero for the kubelet's 30s"))
 	}
 	if o.Count < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
@@ -238,6 +246,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			Logger:       log,
 
 			DeviceGracePeriod: o.DeviceGracePeriod,
+			DRAWipingDelay:    o.DRAWipingDelay,
 		}
 		cfg.HeartbeatClient = clients.Heartbeat
 		cfg.TokenReviewClient, cfg.SubjectAccessReviewClient = clients.TokenReviews, clients.SubjectAccessReviews

@@ -42,6 +42,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -72,6 +73,17 @@ type Config struct {
 	// prepares (dramanager.Config.Claims). Nil: DRA drivers register,
 	// but a pod with claims cannot be prepared, and says so.
 	Claims dramanager.ClaimGetter
+	// Slices wipes the ResourceSlices of the node's DRA drivers: all at
+	// Start, and a driver's once it stays unusable for WipingDelay
+	// (dramanager.Config.Slices). Nil wipes nothing.
+	Slices dramanager.SliceWiper
+	// WipingDelay is dramanager.Config.WipingDelay. Default 30s, the
+	// kubelet's.
+	WipingDelay time.Duration
+	// Registerer, when set, receives the kubelet's DRA metrics
+	// (dramanager.Config.Registerer) and PodResources metrics
+	// (podresources.Config.Registerer). A registry takes one host's.
+	Registerer prometheus.Registerer
 }
 
 // Host is the kubelet side of a node. Create it with New, Start it, and
@@ -123,10 +135,13 @@ func New(cfg Config) (*Host, error) {
 	}
 	pods := podresources.NewPodStore()
 	dra, err := dramanager.New(dramanager.Config{
-		Root:       cfg.Root,
-		Claims:     cfg.Claims,
-		ActivePods: pods.GetActivePods,
-		Logger:     log.With("component", "dramanager"),
+		Root:        cfg.Root,
+		Claims:      cfg.Claims,
+		ActivePods:  pods.GetActivePods,
+		Slices:      cfg.Slices,
+		WipingDelay: cfg.WipingDelay,
+		Registerer:  cfg.Registerer,
+		Logger:      log.With("component", "dramanager"),
 	})
 	if err != nil {
 		return nil, err
@@ -170,8 +185,9 @@ func (h *Host) Start(ctx context.Context, active []types.UID) error {
 		return fail(err)
 	}
 	prs, err := podresources.NewServer(podresources.Config{
-		Providers: podresources.Providers{Pods: pods, Devices: h.Manager, DynamicResources: h.DRA},
-		Logger:    h.log.With("component", "podresources"),
+		Providers:  podresources.Providers{Pods: pods, Devices: h.Manager, DynamicResources: h.DRA},
+		Logger:     h.log.With("component", "podresources"),
+		Registerer: h.cfg.Registerer,
 	})
 	if err != nil {
 		return fail(err)

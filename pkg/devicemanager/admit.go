@@ -200,6 +200,13 @@ func (a *admission) container(ctx context.Context, c *corev1.Container) error {
 		if reqs[rn] <= 0 {
 			continue
 		}
+		if IsDRAExtendedResource(a.pod, c.Name, rn) {
+			// The scheduler gave this container the resource through
+			// DRA: the claim in status.extendedResourceClaimStatus is the
+			// DRA manager's to prepare, and no device plugin allocates.
+			m.log.Debug("Skipping allocation for DRA-backed extended resource", "resource", rn, "pod", a.pod.Namespace+"/"+a.pod.Name, "container", c.Name)
+			continue
+		}
 		if err := a.allocate(ctx, c.Name, rn, reqs[rn], affinity); err != nil {
 			return unexpected(c.Name, err)
 		}
@@ -683,4 +690,28 @@ func (m *Manager) RetainPods(active []types.UID) {
 	if removed {
 		_ = m.writeCheckpoint() // logged; the pods are gone either way
 	}
+}
+
+// IsDRAExtendedResource reports whether the scheduler gave container the
+// extended resource rn of pod through DRA rather than a device plugin:
+// the pod's status.extendedResourceClaimStatus maps the container's
+// request of rn to a request of its claim. The kubelet (v1.37,
+// isDRAExtendedResource) decides per pod this way, not by DeviceClass:
+// on a node where a device plugin and a DeviceClass's
+// extendedResourceName both give the name, the scheduler chooses per
+// node (allocatable > 0: the device plugin), and the pod's status says
+// which it chose. Such a request is not allocated by the device manager
+// (Admit skips it); the DRA manager prepares the claim. Topology hints
+// still count it, as the kubelet's GetTopologyHints does.
+func IsDRAExtendedResource(pod *corev1.Pod, container, rn string) bool {
+	st := pod.Status.ExtendedResourceClaimStatus
+	if st == nil {
+		return false
+	}
+	for _, m := range st.RequestMappings {
+		if m.ContainerName == container && m.ResourceName == rn {
+			return true
+		}
+	}
+	return false
 }

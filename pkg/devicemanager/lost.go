@@ -104,7 +104,7 @@ func extendedRequests(pod *corev1.Pod) []string {
 		for i := range cs {
 			for _, rl := range []corev1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
 				for name, q := range rl {
-					if q.Value() > 0 && IsExtendedResourceName(string(name)) {
+					if q.Value() > 0 && IsExtendedResourceName(string(name)) && !IsDRAExtendedResource(pod, cs[i].Name, string(name)) {
 						seen[string(name)] = struct{}{}
 					}
 				}

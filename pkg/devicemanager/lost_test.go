@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 )
 
@@ -47,6 +49,16 @@ func TestLostCheckpointHoldsResourcesBack(t *testing.T) {
 	}
 	if len(p.Calls()) != 0 {
 		t.Fatalf("plugin was called for a refused pod: %v", p.Calls())
+	}
+	// A request of res that the scheduler gave through DRA takes no
+	// device of the plugin's: nothing to hold back.
+	dra := pod("dra", c("app", 1)).build()
+	dra.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{
+		ResourceClaimName: "dra-extended-resources",
+		RequestMappings:   []corev1.ContainerExtendedResourceRequest{{ContainerName: "app", ResourceName: res, RequestName: "container-0-request-0"}},
+	}
+	if _, err := m.Admit(context.Background(), dra); err != nil {
+		t.Fatalf("Admit of a pod whose %s is DRA-backed: %v", res, err)
 	}
 	unrelated := pod("unrelated", ctr{name: "app", req: map[string]int64{other: 1}})
 	if _, err := m.Admit(context.Background(), unrelated.build()); err != nil {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -70,6 +71,19 @@ type Config struct {
 	// HealthRetryPeriod is the wait before reopening a health stream.
 	// Default 5s.
 	HealthRetryPeriod time.Duration
+	// Slices wipes the ResourceSlices the node's drivers published: all
+	// of them when Start is called (no driver has registered yet, and
+	// pods must not be scheduled on devices whose driver may never come
+	// back), and those of a driver that stays unusable (no plugin
+	// registered and connected) for WipingDelay. Nil wipes nothing.
+	Slices SliceWiper
+	// WipingDelay is how long a driver may stay unusable before its
+	// ResourceSlices are wiped. Default 30s, the kubelet's.
+	WipingDelay time.Duration
+	// Registerer, when set, receives the kubelet's DRA metrics:
+	// dra_operations_duration_seconds, dra_grpc_operations_duration_seconds
+	// and dra_resource_claims_in_use. A registry takes one manager's.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {
@@ -90,6 +104,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HealthRetryPeriod == 0 {
 		c.HealthRetryPeriod = DefaultHealthRetryPeriod
+	}
+	if c.WipingDelay == 0 {
+		c.WipingDelay = DefaultWipingDelay
 	}
 }
 
@@ -112,6 +129,7 @@ func (c *Config) Validate() error {
 		{"healthTimeout", c.HealthTimeout},
 		{"reconcilePeriod", c.ReconcilePeriod},
 		{"healthRetryPeriod", c.HealthRetryPeriod},
+		{"wipingDelay", c.WipingDelay},
 	} {
 		if d.v < 0 {
 			errs = append(errs, field.Invalid(p.Child(d.name), d.v.String(), "must not be negative; leave it zero for the default"))

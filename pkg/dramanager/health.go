@@ -151,6 +151,44 @@ func (c *healthCache) update(driver string, devices []DeviceHealth, now time.Tim
 	return changed, nil
 }
 
+// expire marks Unknown every device whose last report is older than its
+// timeout at now, and returns them by driver, with the earliest time at
+// which another device's report times out (zero when none will). A
+// device marked Unknown keeps its last report's time; the next report
+// about it is a change (update), so its pods hear of it again.
+func (c *healthCache) expire(now time.Time, def time.Duration) (map[string][]DeviceHealth, time.Time, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var next time.Time
+	expired := map[string][]DeviceHealth{}
+	for driver, dh := range c.drivers {
+		for key, d := range dh.Devices {
+			if d.Health == Unknown {
+				continue
+			}
+			timeout := d.HealthCheckTimeout
+			if timeout == 0 {
+				timeout = def
+			}
+			// get: Unknown once now.Sub(LastUpdated) > timeout.
+			at := d.LastUpdated.Add(timeout).Add(time.Nanosecond)
+			if !now.Before(at) {
+				d.Health, d.Message = Unknown, ""
+				dh.Devices[key] = d
+				expired[driver] = append(expired[driver], d)
+				continue
+			}
+			if next.IsZero() || at.Before(next) {
+				next = at
+			}
+		}
+	}
+	if len(expired) > 0 {
+		return expired, next, c.saveLocked()
+	}
+	return nil, next, nil
+}
+
 // clear forgets a driver's devices (its stream ended: all Unknown) and
 // returns the ones that were known.
 func (c *healthCache) clear(driver string) ([]DeviceHealth, error) {
@@ -162,6 +200,45 @@ func (c *healthCache) clear(driver string) ([]DeviceHealth, error) {
 	}
 	delete(c.drivers, driver)
 	return gone, c.saveLocked()
+}
+
+// expireHealth tells the pods whose devices' last reports time out, at
+// the time they do: a driver that stops reporting without closing its
+// stream makes its devices Unknown in the pods' status without waiting
+// for another change. It sleeps until the earliest expiry, and
+// recomputes it after every report. It returns when ctx ends.
+func (m *Manager) expireHealth(ctx context.Context) {
+	for {
+		reported := m.healthReported.C()
+		expired, next, err := m.health.expire(m.cfg.Clock.Now(), m.cfg.HealthTimeout)
+		if err != nil {
+			m.log.Error("Saving the DRA health state failed", "err", err)
+		}
+		for _, driver := range sortedKeys(expired) {
+			m.log.Info("DRA driver stopped reporting the health of devices, now Unknown", "driver", driver, "devices", len(expired[driver]))
+			m.notify(driver, expired[driver])
+		}
+		var wake <-chan time.Time
+		var timer interface{ Stop() bool }
+		if !next.IsZero() {
+			t := m.cfg.Clock.NewTimer(next.Sub(m.cfg.Clock.Now()))
+			wake, timer = t.C(), t
+		}
+		if m.onHealthTimer != nil {
+			m.onHealthTimer(next)
+		}
+		select {
+		case <-ctx.Done():
+		case <-reported:
+		case <-wake:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // watchHealth keeps p's health stream open until ctx ends: it reopens it
@@ -217,6 +294,7 @@ func (m *Manager) handleHealthStream(stream drahealthv1.DRAResourceHealth_NodeWa
 		if err != nil {
 			m.log.Error("Saving the DRA health state failed", "driver", driver, "err", err)
 		}
+		m.healthReported.Broadcast()
 		m.notify(driver, changed)
 		if m.onHealth != nil {
 			m.onHealth(driver)

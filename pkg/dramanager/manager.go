@@ -10,8 +10,9 @@
 //
 // The ResourceClaims come from the caller through a ClaimGetter, so the
 // manager needs no API server: a node backed by one passes a client,
-// tests a map. The manager does not publish or wipe ResourceSlices: that
-// needs an API client, and is its user's job.
+// tests a map. The manager does not publish ResourceSlices (drivers do);
+// it decides when they are wiped, as the kubelet does, and a SliceWiper
+// its user passes deletes them (Config.Slices).
 //
 // It follows the v1.37 kubelet (pkg/kubelet/cm/dra) step by step:
 //
@@ -33,7 +34,11 @@
 //     other pod uses, once per driver, and forgets them after success.
 //     Reconcile does it for pods that are no longer active.
 //   - Health: a device is Unknown when its driver has not reported it
-//     within its timeout (HealthTimeout by default) or its stream ended.
+//     within its timeout (HealthTimeout by default) or its stream ended;
+//     a timer at the earliest expiry tells its pods (Updates).
+//   - ResourceSlices: with a SliceWiper, every driver's are wiped at
+//     Start and a driver's once it stayed unusable for WipingDelay.
+//   - Metrics: the kubelet's dra_* metrics, with a Registerer.
 //
 // Deliberate differences are listed in docs/dra.md.
 package dramanager
@@ -45,6 +50,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -66,8 +72,20 @@ type Manager struct {
 	updates chan []types.UID
 	// pluginsChanged is broadcast when Plugins' answer may have changed.
 	pluginsChanged broadcast.Change
+	metrics        *metrics
+	// healthReported is broadcast after every health report.
+	healthReported broadcast.Change
+	// onHealthTimer, set by tests before Start, is called each time the
+	// health expiry loop sleeps, with the time it wakes (zero: none).
+	onHealthTimer func(next time.Time)
 	// onHealth, set by tests before Start, is called after every report.
 	onHealth func(driver string)
+	// onWipeRetry, set by tests before Start, is called once a failed
+	// wipe waits d on the clock.
+	onWipeRetry func(d time.Duration)
+	// wipes are the pending ResourceSlice wipes by driver, guarded by
+	// plugins.mu.
+	wipes map[string]*pendingWipe
 
 	// ctx, cancel and stopped are guarded by plugins.mu.
 	ctx     context.Context
@@ -91,6 +109,11 @@ func New(cfg Config) (*Manager, error) {
 		cache:   claimCache{claims: map[string]*claimInfo{}, path: filepath.Join(cfg.Root, checkpoint.FileName)},
 		updates: make(chan []types.UID, 100),
 	}
+	mt, err := newMetrics(cfg.Registerer, m)
+	if err != nil {
+		return nil, fmt.Errorf("dramanager: %w", err)
+	}
+	m.metrics = mt
 	list, err := checkpoint.Read(m.cache.path)
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
@@ -120,6 +143,20 @@ func (m *Manager) Start(ctx context.Context) error {
 		return errors.New("dramanager: already started or stopped")
 	}
 	m.ctx, m.cancel = context.WithCancel(ctx)
+	if m.cfg.Slices != nil {
+		// No driver has registered yet: the slices of an earlier run
+		// go, as the kubelet wipes them at start.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.wipe(m.ctx, "")
+		}()
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.expireHealth(m.ctx)
+	}()
 	if m.cfg.ActivePods != nil {
 		m.wg.Add(1)
 		go func() {
@@ -136,6 +173,7 @@ func (m *Manager) Start(ctx context.Context) error {
 func (m *Manager) Stop() {
 	m.plugins.mu.Lock()
 	m.stopped = true
+	m.stopWipesLocked()
 	cancel := m.cancel
 	m.plugins.mu.Unlock()
 	if cancel != nil {
@@ -214,7 +252,10 @@ type prepareItem struct {
 // their drivers again. Errors do not name the pod, as the kubelet's: they
 // show up in its context (an event on it).
 func (m *Manager) PrepareResources(ctx context.Context, pod *corev1.Pod) error {
-	if err := m.prepare(ctx, pod); err != nil {
+	start := m.cfg.Clock.Now()
+	err := m.prepare(ctx, pod)
+	m.metrics.observeOperation("PrepareResources", start, m.cfg.Clock.Now(), err)
+	if err != nil {
 		return fmt.Errorf("prepare dynamic resources: %w", err)
 	}
 	return nil
@@ -369,22 +410,29 @@ func inBatch(claims []*drav1.Claim, uid string) bool {
 // for it, or, when it records none (a checkpoint removed), those of its
 // spec and status.
 func (m *Manager) UnprepareResources(ctx context.Context, pod *corev1.Pod) error {
+	start := m.cfg.Clock.Now()
+	err := m.unprepareForPod(ctx, pod)
+	m.metrics.observeOperation("UnprepareResources", start, m.cfg.Clock.Now(), err)
+	if err != nil {
+		return fmt.Errorf("unprepare dynamic resources: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) unprepareForPod(ctx context.Context, pod *corev1.Pod) error {
 	m.cache.mu.RLock()
 	names := m.cache.namesForPod(pod.UID)
 	m.cache.mu.RUnlock()
 	if len(names) == 0 {
 		claims, err := podClaims(pod)
 		if err != nil {
-			return fmt.Errorf("unprepare dynamic resources: %w", err)
+			return err
 		}
 		for _, c := range claims {
 			names = append(names, c.name)
 		}
 	}
-	if err := m.unprepare(ctx, pod.UID, pod.Namespace, names); err != nil {
-		return fmt.Errorf("unprepare dynamic resources: %w", err)
-	}
-	return nil
+	return m.unprepare(ctx, pod.UID, pod.Namespace, names)
 }
 
 func (m *Manager) unprepare(ctx context.Context, podUID types.UID, namespace string, names []string) error {

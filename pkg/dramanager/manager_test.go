@@ -313,18 +313,41 @@ func TestRollingUpdate(t *testing.T) {
 	old.NoMoreCalls(t)
 }
 
+// armed waits until the health expiry loop sleeps until want.
+func armed(t *testing.T, timers <-chan time.Time, want time.Time) {
+	t.Helper()
+	for {
+		select {
+		case at := <-timers:
+			if at.Equal(want) {
+				return
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("the health expiry loop did not sleep until %v within a minute", want)
+		}
+	}
+}
+
 // TestHealthUnknownAfterTimeout: a device reported healthy turns Unknown
-// when its report is older than the timeout (injected clock), takes the
-// driver's next report, and turns Unknown when the driver dies; the pods
-// using it are told each time.
+// when its report is older than the timeout (injected clock): its pods
+// are told at that time, without another report (the driver reports once
+// an hour and keeps its stream open); the device takes the driver's next
+// report, and turns Unknown when the driver dies; the pods using it are
+// told each time.
 func TestHealthUnknownAfterTimeout(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
 	reports := make(chan string, 10)
-	n := newNode(t, "", func(c *Config) { c.Clock = clk })
+	timers := make(chan time.Time, 100)
+	n := newNodeHooked(t, "", func(c *Config) { c.Clock = clk }, func(m *Manager) {
+		m.onHealthTimer = func(at time.Time) { timers <- at }
+	})
 	n.m.onHealth = func(driver string) { reports <- driver }
 	d := n.startDriver(t, "--resend", "1h")
 	n.waitPlugins(t, 1)
 	<-reports
+	reportedAt := clk.Now()
+	expiry := reportedAt.Add(DefaultHealthTimeout).Add(time.Nanosecond)
+	armed(t, timers, expiry)
 	if h := n.m.DeviceHealth(driverName, "pool", "dev-0"); h.Health != Healthy {
 		t.Fatalf("health %+v, want Healthy", h)
 	}
@@ -337,7 +360,24 @@ func TestHealthUnknownAfterTimeout(t *testing.T) {
 		t.Fatalf("call %s", m)
 	}
 
-	clk.Step(DefaultHealthTimeout + time.Second)
+	clk.Step(DefaultHealthTimeout)
+	if h := n.m.DeviceHealth(driverName, "pool", "dev-0"); h.Health != Healthy {
+		t.Fatalf("health at the timeout %+v, want Healthy still", h)
+	}
+	select {
+	case uids := <-n.m.Updates():
+		t.Fatalf("update for %v at the timeout, want none before it passed", uids)
+	default:
+	}
+	clk.Step(time.Nanosecond)
+	select {
+	case uids := <-n.m.Updates():
+		if !reflect.DeepEqual(uids, []types.UID{"pod-1"}) {
+			t.Fatalf("update for %v once the timeout passed, want pod-1", uids)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no update for pod-1 within a minute of the timeout passing: its device's health expired unnoticed")
+	}
 	if h := n.m.DeviceHealth(driverName, "pool", "dev-0"); h.Health != Unknown {
 		t.Fatalf("health after the timeout %+v, want Unknown", h)
 	}

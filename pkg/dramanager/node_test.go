@@ -24,6 +24,13 @@ type node struct {
 
 func newNode(t *testing.T, root string, mod func(*Config)) *node {
 	t.Helper()
+	return newNodeHooked(t, root, mod, nil)
+}
+
+// newNodeHooked is newNode with hook called on the manager before Start,
+// to set its test hooks.
+func newNodeHooked(t *testing.T, root string, mod func(*Config), hook func(*Manager)) *node {
+	t.Helper()
 	if root == "" {
 		root = t.TempDir()
 	}
@@ -37,6 +44,9 @@ func newNode(t *testing.T, root string, mod func(*Config)) *node {
 		t.Fatal(err)
 	}
 	n.m = m
+	if hook != nil {
+		hook(m)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	if err := n.m.Start(ctx); err != nil {

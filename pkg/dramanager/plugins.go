@@ -132,7 +132,8 @@ func (m *Manager) addPlugin(driver, endpoint, svc, healthSvc string) error {
 	// stats handler tells when it is up or down.
 	conn, err := grpc.NewClient("unix:"+endpoint,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(p))
+		grpc.WithStatsHandler(p),
+		grpc.WithChainUnaryInterceptor(m.metrics.interceptor(m, driver)))
 	if err != nil {
 		return fmt.Errorf("create gRPC connection to DRA driver %s plugin at endpoint %s: %w", driver, endpoint, err)
 	}
@@ -151,6 +152,7 @@ func (m *Manager) addPlugin(driver, endpoint, svc, healthSvc string) error {
 		m.plugins.store = make(map[string][]*plugin)
 	}
 	m.plugins.store[driver] = append(m.plugins.store[driver], p)
+	m.syncWipeLocked(driver)
 	m.pluginsChanged.Broadcast()
 	m.log.Info("Registered DRA plugin", "driver", driver, "endpoint", endpoint, "service", svc, "healthService", healthSvc, "plugins", len(m.plugins.store[driver]))
 	return nil
@@ -171,6 +173,7 @@ func (m *Manager) removePlugin(driver, endpoint string) {
 		m.plugins.store[driver] = slices.Delete(list, i, i+1)
 	}
 	left := len(m.plugins.store[driver])
+	m.syncWipeLocked(driver)
 	m.plugins.mu.Unlock()
 	// Outside the lock: closing the connection calls HandleConn.
 	p.close()
@@ -266,6 +269,9 @@ func (p *plugin) HandleConn(_ context.Context, s grpcstats.ConnStats) {
 	}
 	p.m.plugins.mu.Lock()
 	p.Connected = up
+	if p.m.registeredLocked(p) {
+		p.m.syncWipeLocked(p.Driver)
+	}
 	p.m.plugins.mu.Unlock()
 	p.m.pluginsChanged.Broadcast()
 	p.m.log.Debug("DRA plugin connection changed", "driver", p.Driver, "endpoint", p.Endpoint, "connected", up)
@@ -307,3 +313,9 @@ func (p *plugin) watchResources(ctx context.Context) (drahealthv1.DRAResourceHea
 
 // unimplemented tells whether err says the driver does not serve health.
 func unimplemented(err error) bool { return status.Code(err) == codes.Unimplemented }
+
+// registeredLocked tells whether p is still one of its driver's
+// registered plugins (a closed plugin's connection reports its end).
+func (m *Manager) registeredLocked(p *plugin) bool {
+	return slices.Contains(m.plugins.store[p.Driver], p)
+}

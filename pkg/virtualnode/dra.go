@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -42,6 +44,29 @@ type apiClaims struct{ client kubernetes.Interface }
 
 func (c apiClaims) GetResourceClaim(ctx context.Context, namespace, name string) (*resourcev1.ResourceClaim, error) {
 	return c.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// apiSlices wipes the node's ResourceSlices as the kubelet does: one
+// DeleteCollection with the field selector spec.nodeName=<node> (and
+// spec.driver=<driver> for one driver), which a node identity may do.
+type apiSlices struct {
+	client kubernetes.Interface
+	node   string
+}
+
+func (s apiSlices) WipeResourceSlices(ctx context.Context, driver string) error {
+	sel := fields.Set{resourcev1.ResourceSliceSelectorNodeName: s.node}
+	if driver != "" {
+		sel[resourcev1.ResourceSliceSelectorDriver] = driver
+	}
+	err := s.client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: sel.String()})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete ResourceSlices %s: %w", sel, err)
+	}
+	return nil
 }
 
 // draQueue holds the pods the DRA loop works for: pods admitted whose

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
@@ -122,6 +124,11 @@ type Config struct {
 	// plugins are all gone keeps its capacity (with zero allocatable)
 	// before it drops to zero. Default 5m, the kubelet's.
 	DeviceGracePeriod time.Duration
+	// DRAWipingDelay is how long a DRA driver may stay unusable (no
+	// plugin registered and connected) before the node deletes its
+	// ResourceSlices. Default 30s, the kubelet's. Every driver's slices
+	// for the node are deleted when the node starts.
+	DRAWipingDelay time.Duration
 	// EventRecorder records pod events; nil records them to the API.
 	EventRecorder record.EventRecorder
 	// PodSyncWorkers is the number of pod controller workers. Default 10.
@@ -150,6 +157,9 @@ func (c *Config) Validate() error {
 	if c.Port < -1 || c.Port > 65535 {
 		errs = append(errs, field.Invalid(field.NewPath("port"), c.Port, "must be 0..65535, or -1 to disable the node API"))
 	}
+	if c.DRAWipingDelay < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("draWipingDelay"), c.DRAWipingDelay.String(), "must not be negative; leave it zero for the kubelet's 30s"))
+	}
 	if c.NodeIP != "" && net.ParseIP(c.NodeIP) == nil {
 		errs = append(errs, field.Invalid(field.NewPath("nodeIP"), c.NodeIP, "must be an IP address"))
 	}
@@ -168,6 +178,9 @@ type Node struct {
 	apiAddr  net.Addr
 	apiReady chan struct{}
 	auth     *nodeapi.Auth
+	// metrics holds the node's kubelet metrics (DRA, PodResources),
+	// served on the node API's /metrics.
+	metrics *prometheus.Registry
 
 	mu       sync.Mutex
 	node     *corev1.Node
@@ -177,10 +190,19 @@ type Node struct {
 	// zero capacity and allocatable, as the kubelet keeps it (see
 	// resources).
 	pluginResources map[corev1.ResourceName]bool
+	// classChecked are the device-plugin resources checked against the
+	// DeviceClasses (warnServedBothWays); classesOnce says once that
+	// they cannot be read.
+	classChecked map[string]bool
+	classesOnce  sync.Once
 }
 
 // DeviceManager returns the node's device manager.
 func (n *Node) DeviceManager() *devicemanager.Manager { return n.mgr }
+
+// Metrics returns the node's kubelet metrics (DRA, PodResources), which
+// the node API serves on /metrics.
+func (n *Node) Metrics() prometheus.Gatherer { return n.metrics }
 
 // DRAManager returns the node's DRA manager.
 func (n *Node) DRAManager() *dramanager.Manager { return n.dra }
@@ -249,6 +271,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	log = log.With("node", cfg.Name)
 
+	reg := prometheus.NewRegistry()
 	host, err := devicehost.New(devicehost.Config{
 		Root:           cfg.Root,
 		Logger:         log,
@@ -257,12 +280,15 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		NUMANodes:      cfg.NUMANodes,
 		GracePeriod:    cfg.DeviceGracePeriod,
 		Claims:         apiClaims{cfg.Client},
+		Slices:         apiSlices{client: cfg.Client, node: cfg.Name},
+		WipingDelay:    cfg.DRAWipingDelay,
+		Registerer:     reg,
 	})
 	if err != nil {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.nodeIP = cfg.NodeIP
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
@@ -447,6 +473,7 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		Pods:      n.prov.GetPods,
 		Backend:   n.be,
 		StartTime: time.Now(),
+		Metrics:   promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}),
 	})
 	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
 	g.Go(func() error {
@@ -652,6 +679,8 @@ func (n *Node) watchDevices(ctx context.Context) {
 		if cb != nil {
 			cb(node)
 		}
+		dc, _ := n.mgr.Capacity()
+		n.warnServedBothWays(ctx, n.newPluginNames(dc))
 	}
 }
 

@@ -283,7 +283,7 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	resolved := pod
 	pod = p.withoutResolvedEnv(resolved)
 	p.envs.put(resolved)
-	if _, err := p.mgr.Admit(ctx, pod); err != nil {
+	if _, err := p.mgr.Admit(ctx, p.withClaimStatus(pod)); err != nil {
 		var ae *devicemanager.AdmissionError
 		if !errors.As(err, &ae) {
 			return err

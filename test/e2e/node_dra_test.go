@@ -1,17 +1,22 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,6 +28,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -113,7 +120,7 @@ func TestVirtualNodeDRA(t *testing.T) {
 	c := cp.Client()
 	root := shortTempDir(t)
 	name := unique("vn-dra")
-	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	node, _ := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1", "dev-2")
 	class := deviceClass(t, ctx, c, "")
 	ns := createNamespace(t, c, "vn-dra")
@@ -159,6 +166,16 @@ func TestVirtualNodeDRA(t *testing.T) {
 	m := regexp.MustCompile(`cdi=(\S*)`).FindStringSubmatch(logs)
 	if got := strings.Split(m[1], ","); !slices.Equal(got, want) {
 		t.Fatalf("logs show CDI devices %q, want %q (the claim's allocation)", m[1], want)
+	}
+
+	// The node's metrics count the claim in use.
+	if err := testutil.GatherAndCompare(node.Metrics(), strings.NewReader(`
+# HELP dra_resource_claims_in_use The number of ResourceClaims that are currently in use on the node, by driver name (driver_name label value) and across all drivers (special value <any> for driver_name). Note that the sum of all by-driver counts is not the total number of in-use ResourceClaims because the same ResourceClaim might use devices from different drivers. Instead, use the count for the <any> driver_name.
+# TYPE dra_resource_claims_in_use gauge
+dra_resource_claims_in_use{driver_name="<any>"} 1
+dra_resource_claims_in_use{driver_name="`+dratest.DriverName+`"} 1
+`), "dra_resource_claims_in_use"); err != nil {
+		t.Fatal(err)
 	}
 
 	// The pod's status names the claim's devices with their health.
@@ -491,4 +508,201 @@ func TestVirtualNodeDRADriverKilled(t *testing.T) {
 	healthIs(corev1.ResourceHealthStatusUnknown)
 	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
 	healthIs(corev1.ResourceHealthStatusHealthy)
+}
+
+// nodeSlices returns the names of the devices in the ResourceSlices of
+// driver for node.
+func nodeSlices(ctx context.Context, c kubernetes.Interface, node, driver string) ([]string, error) {
+	sel := fields.Set{resourcev1.ResourceSliceSelectorNodeName: node, resourcev1.ResourceSliceSelectorDriver: driver}
+	list, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel.String()})
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, s := range list.Items {
+		for _, d := range s.Spec.Devices {
+			names = append(names, d.Name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// staleSlice creates a ResourceSlice of driver for node with one device,
+// as a driver of an earlier run of the node left it.
+func staleSlice(t *testing.T, ctx context.Context, c kubernetes.Interface, node, driver, device string) {
+	t.Helper()
+	s := &resourcev1.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: node + "-stale-"},
+		Spec: resourcev1.ResourceSliceSpec{
+			Driver:   driver,
+			NodeName: &node,
+			Pool:     resourcev1.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1},
+			Devices:  []resourcev1.Device{{Name: device}},
+		},
+	}
+	created, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.ResourceV1().ResourceSlices().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+	})
+}
+
+// TestVirtualNodeDRASlicesWiped: the node deletes the ResourceSlices
+// its DRA drivers published, as the kubelet does. At start every
+// driver's slices for the node go (a driver of an earlier run may never
+// come back), and those of other nodes stay; a driver killed on the node
+// has its slices deleted once it stayed away for the wiping delay
+// (shortened here; 30 s by default), so the scheduler no longer puts
+// pods on its devices.
+func TestVirtualNodeDRASlicesWiped(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-draw")
+	other := unique("vn-draw-other")
+	staleSlice(t, ctx, c, name, dratest.DriverName, "stale-0")
+	staleSlice(t, ctx, c, name, "other.dpkit.io", "stale-1")
+	staleSlice(t, ctx, c, other, dratest.DriverName, "kept-0")
+
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *noderun.Options) { o.DRAWipingDelay = 2 * time.Second })
+	for _, driver := range []string{dratest.DriverName, "other.dpkit.io"} {
+		poll(t, ctx, "the node's stale ResourceSlices of "+driver+" deleted at start", func(ctx context.Context) (bool, string, error) {
+			names, err := nodeSlices(ctx, c, name, driver)
+			return len(names) == 0, fmt.Sprintf("devices %v", names), err
+		})
+	}
+	if names, err := nodeSlices(ctx, c, other, dratest.DriverName); err != nil || !slices.Equal(names, []string{"kept-0"}) {
+		t.Fatalf("another node's slice: devices %v (%v), want [kept-0] kept", names, err)
+	}
+
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1")
+	drv.Kill()
+	poll(t, ctx, "the killed driver's ResourceSlices deleted after the wiping delay", func(ctx context.Context) (bool, string, error) {
+		names, err := nodeSlices(ctx, c, name, dratest.DriverName)
+		return len(names) == 0, fmt.Sprintf("devices %v", names), err
+	})
+	if names, err := nodeSlices(ctx, c, other, dratest.DriverName); err != nil || !slices.Equal(names, []string{"kept-0"}) {
+		t.Fatalf("another node's slice: devices %v (%v), want [kept-0] kept", names, err)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestVirtualNodeDRAPrefersDevicePlugin: on a node where a device plugin
+// and a DeviceClass (extendedResourceName) both give one extended
+// resource, which a node must not do, the node logs a warning naming the
+// resource and the DeviceClass, and the scheduler's v1.37 rule holds: the
+// node's allocatable for the name is above zero, so a pod asking for it
+// gets a device of the plugin's (no extendedResourceClaimStatus, no
+// claim, no call to the DRA driver).
+func TestVirtualNodeDRAPrefersDevicePlugin(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-drap")
+	res := corev1.ResourceName("example.com/" + unique("both"))
+	class := deviceClass(t, ctx, c, string(res))
+
+	var logs lockedBuffer
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	nctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	started := make(chan *virtualnode.Node, 1)
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, &logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	go func() { done <- noderun.Run(nctx, log, o, func(ns []*virtualnode.Node) { started <- ns[0] }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var node *virtualnode.Node
+	select {
+	case node = <-started:
+	case err := <-done:
+		t.Fatalf("dpkit node exited before it ran: %v", err)
+	}
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
+
+	config := filepath.Join(t.TempDir(), "plugin.yaml")
+	if err := os.WriteFile(config, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: "+string(res)+"\n      count: 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithCancel(ctx)
+	pdone := make(chan error, 1)
+	go func() {
+		var out, plogs bytes.Buffer
+		pdone <- app.Run(pctx, []string{"plugin", "--config", config, "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &plogs)
+	}()
+	t.Cleanup(func() { pcancel(); <-pdone })
+	poll(t, ctx, "the node's warning naming "+string(res)+" and DeviceClass "+class, func(context.Context) (bool, string, error) {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "level=WARN") && strings.Contains(line, "resource="+string(res)) && strings.Contains(line, "deviceClass="+class) {
+				return true, line, nil
+			}
+		}
+		return false, "no such warning", nil
+	})
+	poll(t, ctx, "2 "+string(res)+" allocatable", func(ctx context.Context) (bool, string, error) {
+		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		a := n.Status.Allocatable[res]
+		return a.Value() == 2, fmt.Sprintf("allocatable %v", n.Status.Allocatable), nil
+	})
+
+	ns := createNamespace(t, c, "vn-drap")
+	pod := devicePod(ns, "both", name, "1", []string{"sleep", "3600"})
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse("1")}}
+	created, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := waitPod(t, ctx, c, ns, "both", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	var allocated []string
+	poll(t, ctx, "the pod admitted with a device of the plugin's", func(context.Context) (bool, string, error) {
+		pa := node.DeviceManager().PodAllocation(created.UID)
+		if pa == nil {
+			return false, "no allocation", nil
+		}
+		for _, ca := range pa.Containers {
+			for _, ra := range ca.Resources {
+				if ra.Resource == string(res) {
+					allocated = ra.DeviceIDs
+				}
+			}
+		}
+		return len(allocated) == 1, fmt.Sprintf("allocation %+v", pa), nil
+	})
+	if running.Status.ExtendedResourceClaimStatus != nil {
+		t.Fatalf("status.extendedResourceClaimStatus %+v: the scheduler served %s through DRA on a node whose allocatable for it is 2", running.Status.ExtendedResourceClaimStatus, res)
+	}
+	claims, err := c.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims.Items) != 0 {
+		t.Fatalf("claims %v in the namespace, want none", claims.Items)
+	}
+	if err := c.CoreV1().Pods(ns).Delete(ctx, "both", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	drv.NoMoreCalls(t)
 }

@@ -101,6 +101,9 @@ type Source struct {
 	Backend  backend.Backend
 	// Node returns the node's capacity for the stats summary; may be nil.
 	StartTime time.Time
+	// Metrics, when set, serves /metrics (the kubelet's nodes/metrics
+	// subresource).
+	Metrics http.Handler
 }
 
 // Handler returns the kubelet API handlers (virtual-kubelet's) over src.
@@ -153,5 +156,15 @@ func Handler(src Source) http.Handler {
 			return s, nil
 		}
 	}
-	return vkapi.PodHandler(cfg, false)
+	h := vkapi.PodHandler(cfg, false)
+	if src.Metrics == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			src.Metrics.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
