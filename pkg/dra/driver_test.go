@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
@@ -484,5 +486,36 @@ func TestPublishedDevices(t *testing.T) {
 	}
 	if devs := <-rec; len(devs) != 1 || devs[0].Name != name0 {
 		t.Fatalf("published %+v after the device plugin took gpu-1, want only %s", devs, name0)
+	}
+}
+
+// TestSlicesResynced: the driver publishes its devices again every
+// ResyncPeriod, so slices the kubelet or anyone deleted come back.
+func TestSlicesResynced(t *testing.T) {
+	root := t.TempDir()
+	p := newPlugin()
+	inv := inventory.New("example.com/dev", p, nil)
+	rec := make(recorder, 8)
+	clk := clocktesting.NewFakeClock(time.Now())
+	drv, err := dra.New(dra.Config{
+		DriverName: driverName, NodeName: "node-1",
+		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
+		Claims: dratest.Claims(filepath.Join(root, "claims")), Slices: rec, Clock: clk,
+	}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = inv.Run(ctx) })
+	wg.Go(func() { _ = drv.Run(ctx) })
+	p.snaps <- []deviceplugin.Device{{ID: "dev-0", Healthy: true}}
+	if devs := <-rec; len(devs) != 1 {
+		t.Fatalf("published %d devices, want 1", len(devs))
+	}
+	clk.Step(dra.ResyncPeriod)
+	if devs := <-rec; len(devs) != 1 || devs[0].Name != "dev-0" {
+		t.Fatalf("published %+v after the resync period, want dev-0 again", devs)
 	}
 }

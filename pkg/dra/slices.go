@@ -26,11 +26,21 @@ const (
 	MaxDevicesPerSliceTainted = resourcev1.ResourceSliceMaxDevicesWithAdvancedFeatures
 )
 
+// ResyncPeriod is how often the driver checks its ResourceSlices against
+// the API server even when nothing changed: the kubelet deletes a driver's
+// slices when it starts and 30 s after the driver goes, and anyone may
+// delete them.
+const ResyncPeriod = time.Minute
+
 // publishLoop publishes the devices on every change that alters them,
-// retrying failures with back-off.
+// retrying failures with back-off, and again (a no-op when the API server
+// has them) each time the kubelet registers the driver and every
+// ResyncPeriod.
 func (d *Driver) publishLoop(ctx context.Context) {
 	ch, stop := d.inv.Watch()
 	defer stop()
+	resync := d.cfg.Clock.NewTicker(ResyncPeriod)
+	defer resync.Stop()
 	b := backoff.Retry{Exponential: backoff.Exponential{Initial: time.Second, Max: time.Minute}, Jitter: true}
 	var last []resourcev1.Device
 	published := false
@@ -52,11 +62,18 @@ func (d *Driver) publishLoop(ctx context.Context) {
 				last, published, retry = devs, true, nil
 			}
 		}
+		registered := d.RegistrationChanged()
 		select {
 		case <-ctx.Done():
 			return
 		case <-ch:
 		case <-retry:
+		case <-registered:
+			published = false
+		case <-resync.C():
+			if retry == nil { // a pending retry publishes anyway
+				published = false
+			}
 		}
 	}
 }
