@@ -33,6 +33,11 @@ const (
 	// EnvNodeName is the variable the node name comes from when
 	// dra.nodeName is not set (the downward API's spec.nodeName).
 	EnvNodeName = "NODE_NAME"
+	// EnvDRAPluginsDir and EnvCDIDir name the plugins and CDI
+	// directories when dra.pluginsDir and dra.cdiDir are left at their
+	// defaults (dpkit verify --dra sets them).
+	EnvDRAPluginsDir = "DPKIT_DRA_PLUGINS_DIR"
+	EnvCDIDir        = "DPKIT_CDI_DIR"
 	// maxDriverNameLength is resource.k8s.io/v1's DriverNameMaxLength.
 	maxDriverNameLength = 63
 	nameExample         = "e.g. gpu.example.com"
@@ -116,6 +121,20 @@ func (p *PluginSpec) fronts() []ResourceFront {
 		}
 	}
 	return out
+}
+
+// Dirs returns the plugins and CDI directories of the DRA front:
+// dra.pluginsDir and dra.cdiDir, or, where they are at their defaults,
+// $DPKIT_DRA_PLUGINS_DIR and $DPKIT_CDI_DIR when set (getenv).
+func (d DRAConfig) Dirs(getenv func(string) string) (pluginsDir, cdiDir string) {
+	pluginsDir, cdiDir = d.PluginsDir, d.CDIDir
+	if v := getenv(EnvDRAPluginsDir); v != "" && pluginsDir == DefaultDRAPluginsDir {
+		pluginsDir = v
+	}
+	if v := getenv(EnvCDIDir); v != "" && cdiDir == DefaultCDIDir {
+		cdiDir = v
+	}
+	return pluginsDir, cdiDir
 }
 
 // Node returns the node the DRA front publishes for: dra.nodeName, else

@@ -181,6 +181,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	closeAll = func() { _ = conn.Close() }
 	// The DRA fronts register where the device plugins do.
 	_, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
+	pluginsDir, cdiDir := cfg.DRA.Dirs(getenv)
 	var registerer prometheus.Registerer
 	if reg != nil {
 		registerer = reg
@@ -200,9 +201,9 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		run, err := o.DRA(inv, DRAOptions{
 			DriverName:  f.DriverName,
 			NodeName:    node,
-			PluginsDir:  cfg.DRA.PluginsDir,
+			PluginsDir:  pluginsDir,
 			RegistryDir: registryDir,
-			CDIDir:      cfg.DRA.CDIDir,
+			CDIDir:      cdiDir,
 			SysfsRoot:   cfg.Host.SysfsRoot,
 			Kubeconfig:  cfg.DRA.Kubeconfig,
 		}, rlog, registerer)

@@ -63,6 +63,7 @@ func TestClusterCommandsRunDpkitCluster(t *testing.T) {
 		want string // dpkit-cluster's arguments
 	}{
 		{"node", []string{"node", "--kubeconfig", "k.conf", "--name", "vn1"}, "node --kubeconfig k.conf --name vn1"},
+		{"verify --dra: the whole command line", []string{"verify", "--dra", "--kubeconfig", "k.conf", "--", "my-driver", "-v"}, "verify --dra --kubeconfig k.conf -- my-driver -v"},
 		{"node --help", []string{"node", "--help"}, "node --help"},
 		{"advertise with a global flag first", []string{"--log-level", "debug", "advertise", "--node", "n1", "example.com/x=1"},
 			"advertise --log-level debug --node n1 example.com/x=1"},

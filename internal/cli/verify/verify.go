@@ -21,9 +21,11 @@ import (
 // NewCommand returns the "verify" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
-		cfg    verify.Config
-		format string
-		junit  string
+		cfg     verify.Config
+		dra     verify.DRAConfig
+		draMode bool
+		format  string
+		junit   string
 	)
 	cmd := &cobra.Command{
 		Use:   "verify [flags] -- COMMAND [ARGS...]",
@@ -43,8 +45,18 @@ The plugin is told where the emulated kubelet serves: {plugin-dir} in ARGS is
 replaced with the emulated device plugin directory, also in $DPKIT_PLUGIN_DIR
 (a plugin written with the dpkit SDK serves there when its Config sets no
 PluginDir) and $PLUGIN_SOCK_DIR; {registry-dir} with the plugins_registry
-directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
-		Example: `  dpkit verify -- ./myplugin                             # a plugin written with the dpkit SDK
+directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).
+
+With --dra, verify checks a DRA driver instead, against dpkit's DRA manager
+and an API server (--kubeconfig): registration, ResourceSlices,
+NodePrepareResources and NodeUnprepareResources, CDI specs, kubelet and driver
+restarts, health and SIGTERM. The driver is told $DPKIT_REGISTRY_DIR,
+$DPKIT_DRA_PLUGINS_DIR, $DPKIT_CDI_DIR, $NODE_NAME and $KUBECONFIG (also
+{registry-dir}, {plugins-dir}, {cdi-dir}, {node-name} and {kubeconfig} in
+ARGS); dpkit plugin's DRA front uses them when its config leaves those
+settings at their defaults.`,
+		Example: `  dpkit verify --dra --kubeconfig k.conf -- dpkit plugin --config examples/fake-dra.yaml
+  dpkit verify -- ./myplugin                             # a plugin written with the dpkit SDK
   dpkit verify -- dpkit plugin --config examples/fake.yaml --plugin-dir {plugin-dir}
   dpkit verify --private-mount -- ./my-plugin            # plugin knows only /var/lib/kubelet/device-plugins
   dpkit verify --plugin-watcher -- dpkit plugin -c examples/fake.yaml --plugin-dir {plugin-dir} --registration registry --registry-dir {registry-dir}
@@ -54,7 +66,15 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 			if cmd.ArgsLenAtDash() < 0 && len(args) > 0 {
 				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin"))
 			}
+			if draMode {
+				return runDRA(cmd, env, draFlags(cmd, cfg, dra, args), format, junit)
+			}
 			cfg.Command = args
+			for _, f := range draOnly {
+				if cmd.Flags().Changed(f) {
+					return cli.Exit(2, fmt.Errorf("--%s: applies with --dra only; add --dra to verify a DRA driver", f))
+				}
+			}
 			if err := usageProblems(&cfg, junit); err != nil {
 				return cli.Exit(2, err)
 			}
@@ -111,6 +131,10 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).`,
 	fl.DurationVar(&cfg.QuietPeriod, "quiet-period", verify.DefaultQuietPeriod, "how long to watch for further registrations after one (registration storms)")
 	fl.DurationVar(&cfg.HealthWait, "health-wait", 0, "wait up to this long for a device to change health, to check health updates")
 	fl.DurationVar(&cfg.CallTimeout, "call-timeout", verify.DefaultCallTimeout, "timeout of each RPC and ListAndWatch wait")
+	fl.BoolVar(&draMode, "dra", false, "verify a DRA driver instead of a device plugin (needs an API server: --kubeconfig)")
+	fl.StringVar(&dra.Kubeconfig, "kubeconfig", "", "with --dra: the API server's kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+	fl.DurationVar(&dra.PrepareTimeout, "prepare-timeout", verify.DefaultPrepareTimeout, "with --dra: the longest a NodePrepareResources or NodeUnprepareResources call may take")
+	fl.DurationVar(&dra.HealthTimeout, "health-timeout", verify.DefaultDRAHealthTimeout, "with --dra: how long a device health report holds")
 	return cmd
 }
 

@@ -56,6 +56,9 @@ func TestUsageErrors(t *testing.T) {
 			"--junit: directory /nonexistent/reports does not exist; create it first (mkdir -p /nonexistent/reports) or give a path in an existing directory"},
 		{"junit is a directory", []string{"--junit", "/"}, "--junit: / is a directory; give a file path, e.g. /verify.xml"},
 		{"several", []string{"--restarts", "0", "--health-wait", "-1s"}, "2 problem(s):\n  - --health-wait: -1s: must not be negative"},
+		{"a device plugin flag with --dra", []string{"--dra", "--restarts", "2"}, "--restarts: applies to device plugins only; leave it out with --dra"},
+		{"a DRA flag without --dra", []string{"--prepare-timeout", "1s"}, "--prepare-timeout: applies with --dra only; add --dra to verify a DRA driver"},
+		{"--dra with no prepare time", []string{"--dra", "--prepare-timeout", "0s"}, "--prepare-timeout: 0s: must be above 0 (default 45s, the kubelet's)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

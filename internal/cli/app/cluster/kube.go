@@ -13,6 +13,8 @@ import (
 	"github.com/dpkit/dpkit/internal/drafront"
 	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/internal/pluginrun"
+	"github.com/dpkit/dpkit/pkg/verify"
+	"github.com/dpkit/dpkit/pkg/verify/draverify"
 )
 
 // kubeClients is cli.Cluster through client-go.
@@ -20,6 +22,11 @@ type kubeClients struct{}
 
 // DRAFront starts DRA fronts with API server clients.
 func (kubeClients) DRAFront() pluginrun.DRAFront { return drafront.New() }
+
+// VerifyDRA runs dpkit verify --dra (pkg/verify/draverify).
+func (kubeClients) VerifyDRA(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error) {
+	return draverify.Run(ctx, cfg)
+}
 
 func (kubeClients) PodHealth(kubeconfig string) (cli.PodHealthGetter, error) {
 	rc, err := kubeconfigpkg.Load(kubeconfig)

@@ -1,0 +1,525 @@
+package draverify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	"sigs.k8s.io/yaml"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/dpkit/dpkit/pkg/verify"
+)
+
+// noSuchDevice is the device of the claim that cannot be prepared.
+const noSuchDevice = "dpkit-verify-no-such-device"
+
+// newClaim creates a claim allocated to device of the driver's pool and
+// reserved for verify's pod.
+func (r *run) newClaim(ctx context.Context, role, device string) (*resourcev1.ResourceClaim, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	c := &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: r.ns},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "req", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "dpkit-verify"},
+		}}}},
+	}
+	c, err := r.client.ResourceV1().ResourceClaims(r.ns).Create(ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create ResourceClaim %s/%s: %w", r.ns, role, err)
+	}
+	c.Status = resourcev1.ResourceClaimStatus{
+		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{{
+			Request: "req", Driver: r.driver, Pool: r.pool, Device: device,
+		}}}},
+		ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: "dpkit-verify", UID: r.podUID}},
+	}
+	c, err = r.client.ResourceV1().ResourceClaims(r.ns).UpdateStatus(ctx, c, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("allocate ResourceClaim %s/%s: %w", r.ns, role, err)
+	}
+	return c, nil
+}
+
+func ref(c *resourcev1.ResourceClaim) *drav1.Claim {
+	return &drav1.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
+}
+
+// errTimedOut marks a call that ran out of the prepare timeout.
+var errTimedOut = errors.New("timed out")
+
+// timed runs one call with the kubelet's deadline and records how long it
+// took.
+func (r *run) timed(ctx context.Context, what string, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PrepareTimeout)
+	defer cancel()
+	start := time.Now()
+	err := fn(ctx)
+	if d := time.Since(start); d > r.slowest {
+		r.slowest, r.slowestCall = d, what
+	}
+	if ctx.Err() == context.DeadlineExceeded {
+		return fmt.Errorf("%s %w after %s (see %s)", what, errTimedOut, r.cfg.PrepareTimeout, verify.CheckDRATimeout)
+	}
+	return err
+}
+
+func (r *run) prepare(ctx context.Context, claims ...*resourcev1.ResourceClaim) (*drav1.NodePrepareResourcesResponse, error) {
+	req := &drav1.NodePrepareResourcesRequest{}
+	var names []string
+	for _, c := range claims {
+		req.Claims = append(req.Claims, ref(c))
+		names = append(names, c.Name)
+	}
+	var resp *drav1.NodePrepareResourcesResponse
+	err := r.timed(ctx, "NodePrepareResources("+strings.Join(names, ",")+")", func(ctx context.Context) (err error) {
+		resp, err = drav1.NewDRAPluginClient(r.conn).NodePrepareResources(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+func (r *run) unprepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeUnprepareResourcesResponse, error) {
+	var resp *drav1.NodeUnprepareResourcesResponse
+	err := r.timed(ctx, "NodeUnprepareResources", func(ctx context.Context) (err error) {
+		resp, err = drav1.NewDRAPluginClient(r.conn).NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+		return err
+	})
+	return resp, err
+}
+
+// deviceKey sums up a claim's prepared devices for comparison.
+func deviceKey(res *drav1.NodePrepareResourceResponse) string {
+	var out []string
+	for _, d := range res.GetDevices() {
+		ids := slices.Clone(d.CdiDeviceIds)
+		sort.Strings(ids)
+		out = append(out, d.PoolName+"/"+d.DeviceName+"="+strings.Join(ids, ","))
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+func (r *run) checkPrepare(ctx context.Context) bool {
+	roles := []struct{ role, device string }{
+		{"claim-a", r.devices[0]}, {"claim-b", r.devices[len(r.devices)-1]},
+		{"claim-missing", noSuchDevice}, {"claim-shared", r.devices[0]},
+	}
+	r.claims = map[string]*resourcev1.ResourceClaim{}
+	for _, c := range roles {
+		claim, err := r.newClaim(ctx, c.role, c.device)
+		if err != nil {
+			r.stopped = "the claims could not be written: " + err.Error()
+			r.skipRest(r.stopped)
+			return false
+		}
+		r.claims[c.role] = claim
+	}
+	a, b := r.claims["claim-a"], r.claims["claim-b"]
+	twoClaims := []*resourcev1.ResourceClaim{a}
+	if b.Status.Allocation.Devices.Results[0].Device != a.Status.Allocation.Devices.Results[0].Device {
+		twoClaims = append(twoClaims, b)
+	}
+	// One result per claim, with the allocated device.
+	resp, err := r.prepare(ctx, twoClaims...)
+	if err != nil {
+		r.set(verify.CheckDRAPrepare, verify.Fail, "%v", err)
+		r.skipDependent("see "+verify.CheckDRAPrepare, verify.CheckDRAIdempotent, verify.CheckDRACDI, verify.CheckDRAReboot, verify.CheckDRASharedDevice)
+	} else {
+		var problems []string
+		for _, c := range twoClaims {
+			res, ok := resp.Claims[string(c.UID)]
+			dev := c.Status.Allocation.Devices.Results[0].Device
+			switch {
+			case !ok:
+				problems = append(problems, fmt.Sprintf("no result for claim %s (UID %s)", c.Name, c.UID))
+			case res.Error != "":
+				problems = append(problems, fmt.Sprintf("claim %s (device %s): %s", c.Name, dev, res.Error))
+			case !slices.ContainsFunc(res.Devices, func(d *drav1.Device) bool { return d.DeviceName == dev && d.PoolName == r.pool }):
+				problems = append(problems, fmt.Sprintf("claim %s: the result names %s, not the allocated device %s/%s", c.Name, deviceKey(res), r.pool, dev))
+			}
+		}
+		if extra := len(resp.Claims) - len(twoClaims); extra > 0 {
+			problems = append(problems, fmt.Sprintf("%d result(s) for claims not asked for", extra))
+		}
+		if len(problems) > 0 {
+			r.set(verify.CheckDRAPrepare, verify.Fail, "%s", strings.Join(problems, "; "))
+			r.skipDependent("see "+verify.CheckDRAPrepare, verify.CheckDRAIdempotent, verify.CheckDRACDI, verify.CheckDRAReboot)
+		} else {
+			r.prepared = resp.Claims
+			r.set(verify.CheckDRAPrepare, verify.Pass, "%d claims, %d results: %s", len(twoClaims), len(resp.Claims), deviceKey(resp.Claims[string(a.UID)]))
+		}
+	}
+	if r.prepared != nil {
+		r.checkCDI(verify.CheckDRACDI, r.prepared)
+		again, err := r.prepare(ctx, a)
+		first := deviceKey(r.prepared[string(a.UID)])
+		switch {
+		case err != nil:
+			r.set(verify.CheckDRAIdempotent, verify.Fail, "preparing claim-a again: %v", err)
+		case again.Claims[string(a.UID)] == nil:
+			r.set(verify.CheckDRAIdempotent, verify.Fail, "preparing claim-a again gave no result for it")
+		case again.Claims[string(a.UID)].Error != "":
+			r.set(verify.CheckDRAIdempotent, verify.Fail, "preparing claim-a again: %s", again.Claims[string(a.UID)].Error)
+		case deviceKey(again.Claims[string(a.UID)]) != first:
+			r.set(verify.CheckDRAIdempotent, verify.Fail, "preparing claim-a again gave %s, first %s", deviceKey(again.Claims[string(a.UID)]), first)
+		default:
+			r.set(verify.CheckDRAIdempotent, verify.Pass, "the same devices again: %s", first)
+		}
+	}
+	r.checkPerClaimError(ctx)
+	r.checkShared(ctx)
+	r.checkUnknownClaim(ctx)
+	return true
+}
+
+// checkPerClaimError prepares a claim that cannot be prepared beside one
+// that can.
+func (r *run) checkPerClaimError(ctx context.Context) {
+	a, missing := r.claims["claim-a"], r.claims["claim-missing"]
+	resp, err := r.prepare(ctx, missing, a)
+	switch {
+	case err != nil && errors.Is(err, errTimedOut):
+		r.set(verify.CheckDRAPerClaimError, verify.Skip, "%v", err)
+	case err != nil:
+		r.set(verify.CheckDRAPerClaimError, verify.Fail, "the whole call failed for one claim allocated to a device the driver does not have (%s): %v", noSuchDevice, err)
+	case resp.Claims[string(missing.UID)] == nil || resp.Claims[string(missing.UID)].Error == "":
+		r.set(verify.CheckDRAPerClaimError, verify.Fail, "claim-missing, allocated to device %s the driver does not publish, got no error", noSuchDevice)
+	case r.prepared != nil && (resp.Claims[string(a.UID)] == nil || resp.Claims[string(a.UID)].Error != ""):
+		r.set(verify.CheckDRAPerClaimError, verify.Fail, "claim-a failed beside claim-missing: %v", resp.Claims[string(a.UID)])
+	default:
+		r.set(verify.CheckDRAPerClaimError, verify.Pass, "claim-missing: %q; claim-a prepared", resp.Claims[string(missing.UID)].Error)
+	}
+}
+
+// checkShared asks for a device already prepared for claim-a, for another
+// claim.
+func (r *run) checkShared(ctx context.Context) {
+	if r.prepared != nil && !r.decided(verify.CheckDRASharedDevice) {
+		shared := r.claims["claim-shared"]
+		resp, err := r.prepare(ctx, shared)
+		switch {
+		case err != nil && errors.Is(err, errTimedOut):
+			r.set(verify.CheckDRASharedDevice, verify.Skip, "%v", err)
+		case err != nil:
+			r.set(verify.CheckDRASharedDevice, verify.Pass, "refused for the whole call: %v", err)
+		case resp.Claims[string(shared.UID)] != nil && resp.Claims[string(shared.UID)].Error != "":
+			r.set(verify.CheckDRASharedDevice, verify.Pass, "refused: %s", resp.Claims[string(shared.UID)].Error)
+		case r.sharable(ctx, r.devices[0]):
+			r.set(verify.CheckDRASharedDevice, verify.Skip, "device %s allows multiple allocations", r.devices[0])
+		default:
+			r.set(verify.CheckDRASharedDevice, verify.Fail, "device %s, prepared for claim-a, was prepared for claim-shared too", r.devices[0])
+		}
+		_, _ = r.unprepare(ctx, ref(shared))
+	}
+}
+
+// checkUnknownClaim unprepares a claim never prepared.
+func (r *run) checkUnknownClaim(ctx context.Context) {
+	unknown := &drav1.Claim{Namespace: r.ns, Name: "never-prepared", Uid: "dpkit-verify-" + rand.String(10)}
+	uresp, err := r.unprepare(ctx, unknown)
+	switch {
+	case err != nil && errors.Is(err, errTimedOut):
+		r.set(verify.CheckDRAUnknownClaim, verify.Skip, "%v", err)
+	case err != nil:
+		r.set(verify.CheckDRAUnknownClaim, verify.Fail, "%v", err)
+	case uresp.Claims[unknown.Uid] == nil:
+		r.set(verify.CheckDRAUnknownClaim, verify.Fail, "no result for the claim")
+	case uresp.Claims[unknown.Uid].Error != "":
+		r.set(verify.CheckDRAUnknownClaim, verify.Fail, "%s", uresp.Claims[unknown.Uid].Error)
+	default:
+		r.set(verify.CheckDRAUnknownClaim, verify.Pass, "UID %s: no error", unknown.Uid)
+	}
+}
+
+// sharable reports whether the slices mark device as allowing multiple
+// allocations.
+func (r *run) sharable(ctx context.Context, device string) bool {
+	sl, err := r.slicesNow(ctx)
+	if err != nil {
+		return false
+	}
+	for _, s := range sl {
+		for _, d := range s.Spec.Devices {
+			if d.Name == device && s.Spec.Pool.Name == r.pool && d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (r *run) skipDependent(reason string, ids ...string) {
+	for _, id := range ids {
+		if !r.decided(id) {
+			r.set(id, verify.Skip, "%s", reason)
+		}
+	}
+}
+
+// checkCDI judges that every CDI ID of prepared is defined in a spec file
+// of the CDI directory.
+func (r *run) checkCDI(id string, prepared map[string]*drav1.NodePrepareResourceResponse) {
+	var ids []string
+	for _, res := range prepared {
+		for _, d := range res.GetDevices() {
+			ids = append(ids, d.CdiDeviceIds...)
+		}
+	}
+	sort.Strings(ids)
+	if len(ids) == 0 {
+		r.set(id, verify.Skip, "the driver returned no CDI device IDs")
+		return
+	}
+	defined := map[string]bool{}
+	var problems []string
+	entries, _ := os.ReadDir(r.cdiDir)
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		if e.IsDir() || (ext != ".json" && ext != ".yaml") {
+			continue
+		}
+		spec, err := readSpec(filepath.Join(r.cdiDir, e.Name()))
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", e.Name(), err))
+			continue
+		}
+		for _, d := range spec.Devices {
+			defined[spec.Kind+"="+d.Name] = true
+		}
+	}
+	for _, cid := range ids {
+		if !defined[cid] {
+			problems = append(problems, fmt.Sprintf("%s is in no CDI spec file of %s", cid, r.cdiDir))
+		}
+	}
+	if len(problems) > 0 {
+		r.set(id, verify.Fail, "%s", strings.Join(problems, "; "))
+		return
+	}
+	r.set(id, verify.Pass, "%d CDI ID(s) defined in %d spec file(s): %s", len(ids), len(entries), strings.Join(ids, ", "))
+}
+
+// checkReboot prepares claim-a again after the simulated reboot.
+func (r *run) checkReboot(ctx context.Context) {
+	if r.decided(verify.CheckDRAReboot) || r.prepared == nil {
+		if !r.decided(verify.CheckDRAReboot) {
+			r.set(verify.CheckDRAReboot, verify.Skip, "see %s", verify.CheckDRAPrepare)
+		}
+		return
+	}
+	a := r.claims["claim-a"]
+	resp, err := r.prepare(ctx, a)
+	switch {
+	case err != nil && errors.Is(err, errTimedOut):
+		r.set(verify.CheckDRAReboot, verify.Skip, "%v", err)
+	case err != nil:
+		r.set(verify.CheckDRAReboot, verify.Fail, "preparing claim-a after the reboot: %v", err)
+	case resp.Claims[string(a.UID)] == nil || resp.Claims[string(a.UID)].Error != "":
+		r.set(verify.CheckDRAReboot, verify.Fail, "preparing claim-a after the reboot: %v", resp.Claims[string(a.UID)])
+	default:
+		r.checkCDI(verify.CheckDRAReboot, map[string]*drav1.NodePrepareResourceResponse{string(a.UID): resp.Claims[string(a.UID)]})
+		if res := r.results[verify.CheckDRAReboot]; res.Verdict == verify.Fail {
+			res.Detail = "after the CDI directory was emptied and the driver restarted: " + res.Detail
+		}
+	}
+}
+
+// healthWatch reads one health stream and records when each device was
+// reported.
+type healthWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	seen   map[string][]time.Time // pool/device -> report times
+	err    error
+	opened time.Time
+}
+
+func (h *healthWatch) stop() {
+	h.cancel()
+	<-h.done
+}
+
+func (r *run) watchHealth() *healthWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &healthWatch{cancel: cancel, done: make(chan struct{}), seen: map[string][]time.Time{}, opened: time.Now()}
+	go func() {
+		defer close(h.done)
+		stream, err := drahealthv1.NewDRAResourceHealthClient(r.conn).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
+		for err == nil {
+			var msg *drahealthv1.NodeWatchResourcesResponse
+			if msg, err = stream.Recv(); err == nil {
+				now := time.Now()
+				h.mu.Lock()
+				for _, d := range msg.Devices {
+					k := d.GetDevice().GetPoolName() + "/" + d.GetDevice().GetDeviceName()
+					h.seen[k] = append(h.seen[k], now)
+				}
+				h.mu.Unlock()
+			}
+		}
+		h.mu.Lock()
+		h.err = err
+		h.mu.Unlock()
+	}()
+	return h
+}
+
+// healthService is the health service the kubelet side negotiated, or "".
+func (r *run) healthService() string {
+	for _, p := range r.mgr.Plugins() {
+		if p.Driver == r.driver {
+			return p.HealthService
+		}
+	}
+	return ""
+}
+
+func (r *run) checkHealth(ctx context.Context) bool {
+	if r.healthService() == "" {
+		r.set(verify.CheckDRAHealth, verify.Skip, "the driver does not serve DRAResourceHealth")
+		return true
+	}
+	h := r.watchHealth()
+	r.health = h
+	// Every device reported twice, the second time before the timeout.
+	deadline := h.opened.Add(r.cfg.HealthTimeout)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		if r.allReportedTwice(h) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-h.done:
+			deadline = time.Now()
+		case <-tick.C:
+		}
+	}
+	h.stop()
+	r.health = nil
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var never, once []string
+	var gap time.Duration
+	for _, d := range r.devices {
+		times := h.seen[r.pool+"/"+d]
+		switch len(times) {
+		case 0:
+			never = append(never, d)
+		case 1:
+			once = append(once, d)
+		default:
+			gap = max(gap, times[1].Sub(times[0]))
+		}
+	}
+	switch {
+	case len(never) == len(r.devices) && h.err != nil && !errors.Is(h.err, context.Canceled):
+		r.set(verify.CheckDRAHealth, verify.Fail, "the health stream ended: %v", h.err)
+	case len(never) > 0:
+		r.set(verify.CheckDRAHealth, verify.Fail, "device(s) %s never reported on the health stream within %s", strings.Join(never, ", "), r.cfg.HealthTimeout)
+	case len(once) > 0:
+		r.set(verify.CheckDRAHealth, verify.Fail, "device(s) %s reported once and not again within the health timeout %s: the kubelet marks them Unknown", strings.Join(once, ", "), r.cfg.HealthTimeout)
+	default:
+		r.set(verify.CheckDRAHealth, verify.Pass, "%d device(s) reported, again within %s (timeout %s)", len(r.devices), gap.Round(time.Millisecond), r.cfg.HealthTimeout)
+	}
+	return true
+}
+
+func (r *run) allReportedTwice(h *healthWatch) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, d := range r.devices {
+		if len(h.seen[r.pool+"/"+d]) < 2 {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *run) checkShutdown(ctx context.Context) bool {
+	switch {
+	case r.slowest > r.cfg.PrepareTimeout:
+		r.set(verify.CheckDRATimeout, verify.Fail, "%s took over %s", r.slowestCall, r.cfg.PrepareTimeout)
+	case r.slowest >= r.cfg.PrepareTimeout:
+		r.set(verify.CheckDRATimeout, verify.Fail, "%s ran out of the %s the kubelet gives it", r.slowestCall, r.cfg.PrepareTimeout)
+	default:
+		r.set(verify.CheckDRATimeout, verify.Pass, "slowest call %s: %s (limit %s)", r.slowestCall, r.slowest.Round(time.Millisecond), r.cfg.PrepareTimeout)
+	}
+	if r.proc.Exit() != "" {
+		return true // steps reports it
+	}
+	socks := r.sockets()
+	took, err := r.signalWait(syscall.SIGTERM, r.cfg.TermTimeout)
+	var left []string
+	for _, s := range socks {
+		if _, err := os.Lstat(s); err == nil {
+			left = append(left, s)
+		}
+	}
+	switch {
+	case err != nil:
+		r.set(verify.CheckDRAExit, verify.Fail, "still running %s after SIGTERM; killed", r.cfg.TermTimeout)
+	case len(left) > 0:
+		r.set(verify.CheckDRAExit, verify.Fail, "%s %s after SIGTERM but left its sockets: %s", r.proc.Exit(), took.Round(time.Millisecond), r.rel(left))
+	default:
+		r.set(verify.CheckDRAExit, verify.Pass, "%s %s after SIGTERM; sockets removed", r.proc.Exit(), took.Round(time.Millisecond))
+	}
+	sl, err := r.slicesNow(ctx)
+	switch {
+	case err != nil:
+		r.set(verify.CheckDRASlicesRemoved, verify.Skip, "listing the ResourceSlices: %v", err)
+	case len(sl) == 0:
+		r.set(verify.CheckDRASlicesRemoved, verify.Pass, "the driver removed its ResourceSlices")
+	default:
+		r.set(verify.CheckDRASlicesRemoved, verify.Pass, "%d ResourceSlice(s) left to the kubelet, which deletes them when the driver stays unregistered", len(sl))
+	}
+	return true
+}
+
+// readSpec reads a CDI spec file the way a container runtime does: strict
+// YAML (JSON is YAML), a version, a valid kind and device names.
+func readSpec(path string) (*cdispec.Spec, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var spec cdispec.Spec
+	if err := yaml.UnmarshalStrict(data, &spec); err != nil {
+		return nil, fmt.Errorf("does not parse as a CDI spec: %w", err)
+	}
+	if spec.Version == "" {
+		return nil, errors.New("no cdiVersion")
+	}
+	vendor, class := parser.ParseQualifier(spec.Kind)
+	if err := parser.ValidateVendorName(vendor); err != nil {
+		return nil, fmt.Errorf("kind %q: %w", spec.Kind, err)
+	}
+	if err := parser.ValidateClassName(class); err != nil {
+		return nil, fmt.Errorf("kind %q: %w", spec.Kind, err)
+	}
+	for _, d := range spec.Devices {
+		if err := parser.ValidateDeviceName(d.Name); err != nil {
+			return nil, fmt.Errorf("device %q: %w", d.Name, err)
+		}
+	}
+	return &spec, nil
+}
