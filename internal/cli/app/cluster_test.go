@@ -172,6 +172,8 @@ func (f fakeCluster) PodHealth(string) (cli.PodHealthGetter, error) { return nil
 
 func (fakeCluster) DRAFront() pluginrun.DRAFront { return nil }
 
+func (f fakeCluster) DRA(string) (cli.DRAReader, error) { return nil, f.err }
+
 // TestClusterOptions checks what cmd/dpkit-cluster relies on: WithCommands
 // replaces the stand-ins, and with WithCluster get --kubeconfig runs in
 // process.
