@@ -51,7 +51,7 @@ func run(t *testing.T, args []string, opts ...Option) (stdout, stderr string, er
 }
 
 // TestClusterCommandsRunDpkitCluster checks that dpkit hands node,
-// advertise and get --kubeconfig to dpkit-cluster with their arguments,
+// advertise, and get, kubelet and up with --kubeconfig to dpkit-cluster with their arguments,
 // and passes its output and exit status on.
 func TestClusterCommandsRunDpkitCluster(t *testing.T) {
 	t.Parallel()
@@ -68,6 +68,9 @@ func TestClusterCommandsRunDpkitCluster(t *testing.T) {
 			"advertise --log-level debug --node n1 example.com/x=1"},
 		{"get --kubeconfig: the whole command line", []string{"get", "pods", "--root", root, "--kubeconfig", "k.conf", "-o", "json"},
 			"get pods --root " + root + " --kubeconfig k.conf -o json"},
+		{"get claims --kubeconfig", []string{"get", "claims", "--kubeconfig", "k.conf"}, "get claims --kubeconfig k.conf"},
+		{"kubelet --kubeconfig", []string{"kubelet", "--root", root, "--kubeconfig", "k.conf"}, "kubelet --root " + root + " --kubeconfig k.conf"},
+		{"up --kubeconfig", []string{"up", "--kubeconfig", "k.conf"}, "up --kubeconfig k.conf"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
