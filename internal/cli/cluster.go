@@ -16,6 +16,9 @@ type Cluster interface {
 	// PodHealth returns a function that reads pods' device health
 	// through the API server of kubeconfig.
 	PodHealth(kubeconfig string) (PodHealthGetter, error)
+	// DRA reads ResourceClaims and ResourceSlices through the API server
+	// of kubeconfig.
+	DRA(kubeconfig string) (DRAReader, error)
 	// DRAFront starts the DRA front of a plugin's resource (dpkit plugin
 	// with fronts: [dra]).
 	DRAFront() pluginrun.DRAFront

@@ -60,6 +60,9 @@ type Container struct {
 	// Type is ContainerTypeInit, ContainerTypeSidecar or ContainerTypeApp.
 	Type    string       `json:"type,omitempty"`
 	Devices []Allocation `json:"devices,omitempty"`
+	// Claims are the DRA claims the container uses, prepared by their
+	// drivers; their CDI devices are in Options.
+	Claims []ClaimAllocation `json:"claims,omitempty"`
 	// Options merges the plugins' Allocate answers for the container, as
 	// the kubelet hands them to the container runtime; nil without
 	// devices.

@@ -41,6 +41,7 @@ import (
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/topology"
@@ -72,6 +73,10 @@ type Options struct {
 	// process holds it or another kubelet serves Root.
 	RootLocked bool
 	Logger     *slog.Logger
+	// Claims gives the DRA manager the ResourceClaims of admitted pods
+	// (dpkit kubelet --kubeconfig: ClaimsFromJSON over an API server).
+	// Nil: a pod with claims is refused, saying so.
+	Claims dramanager.ClaimGetter
 }
 
 // Emulator is a running emulated kubelet: the device manager, the plugin
@@ -81,6 +86,7 @@ type Emulator struct {
 	opts    Options
 	log     *slog.Logger
 	mgr     *devicemanager.Manager
+	dra     *dramanager.Manager
 	watcher *pluginwatcher.Watcher
 	pods    *podresources.PodStore
 	podsDir string
@@ -134,6 +140,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		TopologyPolicy: opts.TopologyPolicy,
 		TopologyScope:  opts.TopologyScope,
 		NUMANodes:      opts.NUMANodes,
+		Claims:         opts.Claims,
 	})
 	if err != nil {
 		return err
@@ -142,7 +149,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	// The host's components name themselves (component=devicemanager,
 	// ...); the emulator's own lines say component=emulator.
 	log = log.With("component", "emulator")
-	e := &Emulator{opts: opts, log: log, mgr: mgr, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
+	e := &Emulator{opts: opts, log: log, mgr: mgr, dra: host.DRA, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
 	if err := e.loadPods(); err != nil {
 		return err
 	}
@@ -274,6 +281,7 @@ func (e *Emulator) podView(p *corev1.Pod) Pod {
 			}
 		}
 		c.Options = runtimeOptions(e.mgr.ContainerOptions(p.UID, name))
+		e.addClaims(p, name, &c)
 		v.Containers = append(v.Containers, c)
 	}
 	for _, c := range p.Spec.InitContainers {
@@ -341,7 +349,13 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "", err)
 		return
 	}
+	if err := e.prepareClaims(r.Context(), pod); err != nil {
+		e.mgr.RemovePod(pod.UID)
+		writeError(w, http.StatusUnprocessableEntity, ReasonFailedPrepare, err)
+		return
+	}
 	if err := e.savePod(pod); err != nil {
+		e.unprepareAfterFailure(pod)
 		e.mgr.RemovePod(pod.UID)
 		writeError(w, http.StatusInternalServerError, "", err)
 		return
@@ -363,6 +377,10 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	view := e.podView(pod)
+	if err := e.dra.UnprepareResources(r.Context(), pod); err != nil {
+		writeError(w, http.StatusInternalServerError, "", fmt.Errorf("%w; the pod is kept with its claims, run dpkit delete again once the driver answers", err))
+		return
+	}
 	if err := os.Remove(filepath.Join(e.podsDir, string(pod.UID)+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		writeError(w, http.StatusInternalServerError, "", err)
 		return

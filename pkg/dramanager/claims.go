@@ -63,7 +63,7 @@ func (c *claimCache) namesForPod(uid types.UID) []string {
 // driver prepared them.
 func newClaimInfo(claim *resourcev1.ResourceClaim) (*claimInfo, error) {
 	if claim.Status.Allocation == nil {
-		return nil, fmt.Errorf("not allocated: status.allocation is empty; a scheduler (or dpkit admit) must allocate the claim before the pod runs")
+		return nil, fmt.Errorf("%w: status.allocation is empty; a scheduler must allocate the claim before the pod runs", ErrNotAllocated)
 	}
 	drivers := map[string]checkpoint.DriverState{}
 	for i, r := range claim.Status.Allocation.Devices.Results {
@@ -147,7 +147,7 @@ func checkClaimForPod(pod *corev1.Pod, claim *resourcev1.ResourceClaim, mustChec
 			return nil
 		}
 	}
-	return fmt.Errorf("pod %s (%s) is not allowed to use ResourceClaim %s (%s): status.reservedFor does not list it", pod.Name, pod.UID, claim.Name, claim.UID)
+	return &reasonError{reason: ErrNotReserved, msg: fmt.Sprintf("pod %s (%s) is not allowed to use ResourceClaim %s (%s): status.reservedFor does not list it", pod.Name, pod.UID, claim.Name, claim.UID)}
 }
 
 // containerClaims returns the claim names and requests container uses:

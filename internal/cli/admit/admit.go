@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -51,6 +52,15 @@ The manifest is checked first: a problem is reported with its field path.
 A pod the kubelet rejects is reported with the reason and message the
 kubelet would put in the pod's status (UnexpectedAdmissionError,
 TopologyAffinityError).
+
+A pod with DRA ResourceClaims (spec.resourceClaims) needs a dpkit kubelet
+or dpkit up started with --kubeconfig: its claims are read from that API
+server and prepared through the registered DRA drivers, and each container
+shows its claims' devices and CDI devices. dpkit admit does not allocate
+claims: each must already be allocated (by kube-scheduler, or any allocator)
+and reserved for the pod (status.reservedFor with the pod's metadata.uid);
+otherwise the pod is rejected (FailedPrepareDynamicResources) naming the
+claim.
 
 A pod asking for a resource no device plugin serves (a typo, say) is
 admitted without devices for it, as a kubelet admits it; the command warns
@@ -176,7 +186,7 @@ func printPod(w io.Writer, pod *emulator.Pod, format string) error {
 	err := output.Write(w, format, pod, func(t *tabwriter.Writer) error {
 		fmt.Fprintln(t, "CONTAINER\tTYPE\tDEVICES\tRUNTIME OPTIONS")
 		for _, c := range pod.Containers {
-			devs := deviceLines(c.Devices)
+			devs := append(deviceLines(c.Devices), claimLines(c.Claims)...)
 			opts := optionLines(c.Options)
 			rows := max(len(devs), len(opts), 1)
 			for i := range rows {
@@ -217,6 +227,17 @@ func deviceLines(as []emulator.Allocation) []string {
 	out := make([]string, 0, len(as))
 	for _, a := range as {
 		out = append(out, a.Resource+": "+output.IDs(a.DeviceIDs))
+	}
+	return out
+}
+
+// claimLines lists a container's DRA claims with their devices,
+// driver/pool/device (names the API server validated: DNS labels and
+// subdomains, nothing to quote).
+func claimLines(cs []emulator.ClaimAllocation) []string {
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, "claim "+c.Claim+": "+strings.Join(c.Devices, ","))
 	}
 	return out
 }

@@ -201,7 +201,7 @@ func TestUnknownCommand(t *testing.T) {
 	// A usage error a command finds itself (a wrong argument, a bad flag
 	// value) lists the valid values and points to --help too.
 	_, stderr, code = runContract(t.Context(), "get", "bogus")
-	if code != cli.ExitUsage || !strings.Contains(stderr, "resources, devices, plugins or pods") || !strings.Contains(stderr, "See 'dpkit get --help'.") {
+	if code != cli.ExitUsage || !strings.Contains(stderr, "resources, devices, plugins, pods, claims or slices") || !strings.Contains(stderr, "See 'dpkit get --help'.") {
 		t.Errorf("dpkit get bogus: exit %d, stderr %q; want exit 2 listing the kinds and pointing to --help", code, stderr)
 	}
 	_, stderr, code = runContract(t.Context(), "up", "--topology-policy", "bogus")

@@ -18,7 +18,8 @@ import (
 )
 
 // ClusterBinary is the binary that has the commands needing the Kubernetes
-// client libraries: dpkit node, dpkit advertise and dpkit get --kubeconfig.
+// client libraries: dpkit node, dpkit advertise, and dpkit get, kubelet and
+// up with --kubeconfig.
 // dpkit runs it for those, so that "go run ./cmd/dpkit up" compiles none of
 // client-go, virtual-kubelet or the apiserver libraries
 // (docs/architecture.md, "Two binaries").
@@ -75,7 +76,7 @@ func commands(env *cli.Env, d *dispatcher, extra []func(*cli.Env) *cobra.Command
 
 // clusterFlags names, per command, the flag that needs Env.Cluster: with
 // it set and no Env.Cluster, the command line is handed to dpkit-cluster.
-var clusterFlags = map[string]string{"get": "kubeconfig", "verify": "dra"}
+var clusterFlags = map[string]string{"get": "kubeconfig", "kubelet": "kubeconfig", "up": "kubeconfig", "verify": "dra"}
 
 // dispatcher runs dpkit-cluster with the command line dpkit was given.
 type dispatcher struct {

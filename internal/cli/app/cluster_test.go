@@ -51,7 +51,7 @@ func run(t *testing.T, args []string, opts ...Option) (stdout, stderr string, er
 }
 
 // TestClusterCommandsRunDpkitCluster checks that dpkit hands node,
-// advertise and get --kubeconfig to dpkit-cluster with their arguments,
+// advertise, and get, kubelet and up with --kubeconfig to dpkit-cluster with their arguments,
 // and passes its output and exit status on.
 func TestClusterCommandsRunDpkitCluster(t *testing.T) {
 	t.Parallel()
@@ -69,6 +69,9 @@ func TestClusterCommandsRunDpkitCluster(t *testing.T) {
 			"advertise --log-level debug --node n1 example.com/x=1"},
 		{"get --kubeconfig: the whole command line", []string{"get", "pods", "--root", root, "--kubeconfig", "k.conf", "-o", "json"},
 			"get pods --root " + root + " --kubeconfig k.conf -o json"},
+		{"get claims --kubeconfig", []string{"get", "claims", "--kubeconfig", "k.conf"}, "get claims --kubeconfig k.conf"},
+		{"kubelet --kubeconfig", []string{"kubelet", "--root", root, "--kubeconfig", "k.conf"}, "kubelet --root " + root + " --kubeconfig k.conf"},
+		{"up --kubeconfig", []string{"up", "--kubeconfig", "k.conf"}, "up --kubeconfig k.conf"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -172,6 +175,8 @@ type fakeCluster struct{ err error }
 func (f fakeCluster) PodHealth(string) (cli.PodHealthGetter, error) { return nil, f.err }
 
 func (fakeCluster) DRAFront() pluginrun.DRAFront { return nil }
+
+func (f fakeCluster) DRA(string) (cli.DRAReader, error) { return nil, f.err }
 
 // TestClusterOptions checks what cmd/dpkit-cluster relies on: WithCommands
 // replaces the stand-ins, and with WithCluster get --kubeconfig runs in

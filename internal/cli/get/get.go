@@ -34,17 +34,19 @@ var kinds = map[string]string{
 	"devices": "devices", "device": "devices", "dev": "devices",
 	"plugins": "plugins", "plugin": "plugins",
 	"pods": "pods", "pod": "pods", "po": "pods",
+	"claims": "claims", "claim": "claims", "resourceclaims": "claims", "resourceclaim": "claims",
+	"slices": "slices", "slice": "slices", "resourceslices": "slices", "resourceslice": "slices",
 }
 
 // kindNames lists the canonical kinds, for errors and completion.
-var kindNames = []string{"resources", "devices", "plugins", "pods"}
+var kindNames = []string{"resources", "devices", "plugins", "pods", "claims", "slices"}
 
 // NewCommand returns the "get" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var root, socket, prSocket, format, kubeconfig, namespace string
 	cmd := &cobra.Command{
-		Use:   "get resources|devices|plugins|pods [NAME...]",
-		Short: "Show the resources, devices, plugins or pods of a running dpkit kubelet",
+		Use:   "get resources|devices|plugins|pods|claims|slices [NAME...]",
+		Short: "Show the resources, devices, plugins, pods or DRA claims and slices of a node",
 		Long: `Show what a running dpkit kubelet (or dpkit up) knows: resources, devices and
 plugins come from its admin API (<root>/dpkit/admin.sock). Pods come from the
 PodResources API (<root>/pod-resources/kubelet.sock), so "get pods" also works
@@ -64,18 +66,32 @@ health (Healthy, Unhealthy or Unknown) as the pod's status reports it
 (allocatedResourcesStatus): with --kubeconfig from the pods' status in the API
 server (a dpkit node, or a kubelet with ResourceHealthStatus, on by default
 since 1.36), otherwise from the admin API of a dpkit kubelet when the root has
-one; "-" where neither knows.`,
+one; "-" where neither knows.
+
+Claims and slices are DRA's (resource.k8s.io/v1). With --kubeconfig, "get
+claims" lists the ResourceClaims of the API server (with --namespace, those
+of one namespace): their state (pending, allocated, reserved for pods, or
+prepared when --root or --pod-resources-socket names a node whose PodResources
+API lists them), the node of the allocation, the devices (driver/pool/device)
+and the pods they are reserved for. Without --kubeconfig it lists the claims
+the node of the root has prepared, from its PodResources API (dpkit kubelet,
+dpkit up, dpkit node or a kubelet), with the CDI devices of each device.
+"get slices" lists the ResourceSlices of the API server and needs
+--kubeconfig: slices live only there.`,
 		Example: `  dpkit get resources --root /tmp/kubelet
   dpkit get devices example.com/foo -o yaml
   dpkit get pods demo
   dpkit get pods --root /var/lib/kubelet -o json
-  dpkit get pods --root /var/lib/dpkit/vn1 --kubeconfig k.conf`,
+  dpkit get pods --root /var/lib/dpkit/vn1 --kubeconfig k.conf
+  dpkit get claims --kubeconfig k.conf -n default
+  dpkit get claims --root /var/lib/kubelet -o yaml
+  dpkit get slices --kubeconfig k.conf`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return cli.Exit(2, errors.New("name what to get: resources, devices, plugins or pods"))
+				return cli.Exit(2, errors.New("name what to get: resources, devices, plugins, pods, claims or slices"))
 			}
 			if _, ok := kinds[strings.ToLower(args[0])]; !ok {
-				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins or pods", args[0]))
+				return cli.Exit(2, fmt.Errorf("unknown kind %q; use resources, devices, plugins, pods, claims or slices", args[0]))
 			}
 			return nil
 		},
@@ -91,12 +107,32 @@ one; "-" where neither knows.`,
 			if cmd.Flags().Changed("root") && root == "" {
 				return cli.Exit(2, errors.New("--root must not be empty; leave it out to use $DPKIT_ROOT or the last dpkit up's root"))
 			}
-			if namespace != "" && kind != "pods" {
-				return cli.Exit(2, fmt.Errorf("--namespace: %s have no namespace; use it with pods", kind))
+			if namespace != "" && kind != "pods" && kind != "claims" {
+				return cli.Exit(2, fmt.Errorf("--namespace: %s have no namespace; use it with pods or claims", kind))
 			}
 			r := emulator.ChooseRoot(root, cmd.Flags().Changed("root"), env.Var)
 			if socket == "" {
 				socket = emulator.AdminSocket(r.Dir)
+			}
+			if kind == "claims" || kind == "slices" {
+				named := cmd.Flags().Changed("root") || prSocket != ""
+				if prSocket == "" {
+					prSocket = podresources.SocketPath(r.Dir)
+				}
+				q := draQuery{kind: kind, format: format, namespace: namespace, names: names, prSocket: prSocket, nodeNamed: named}
+				if kubeconfig != "" {
+					if env.Cluster == nil {
+						return errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
+					}
+					reader, err := env.Cluster.DRA(kubeconfig)
+					if err != nil {
+						return cli.Exit(2, err)
+					}
+					q.api = reader
+				} else if kind == "slices" {
+					return cli.Exit(2, errors.New("slices: ResourceSlices live in the API server; give --kubeconfig"))
+				}
+				return r.Explain(runDRA(cmd.Context(), env, q))
 			}
 			if kind == "pods" {
 				if prSocket == "" {
@@ -132,10 +168,10 @@ one; "-" where neither knows.`,
 	fl := cmd.Flags()
 	fl.StringVar(&root, "root", "", "root directory of the dpkit kubelet, dpkit node or kubelet (default: $DPKIT_ROOT, else the last dpkit up's or dpkit kubelet's while it runs, else "+emulator.DefaultRoot+")")
 	fl.StringVar(&socket, "admin-socket", "", "admin API socket, for resources, devices and plugins (default <root>/dpkit/admin.sock)")
-	fl.StringVar(&prSocket, "pod-resources-socket", "", "PodResources API socket, for pods (default <root>/pod-resources/kubelet.sock)")
+	fl.StringVar(&prSocket, "pod-resources-socket", "", "PodResources API socket, for pods and claims (default <root>/pod-resources/kubelet.sock)")
 	output.AddFlag(cmd, &format)
-	fl.StringVarP(&namespace, "namespace", "n", "", "pods: only those of this namespace (default: every namespace)")
-	fl.StringVar(&kubeconfig, "kubeconfig", "", "pods: read device health from the pods' status through the API server with this kubeconfig (default: from the admin API when the root has one)")
+	fl.StringVarP(&namespace, "namespace", "n", "", "pods and claims: only those of this namespace (default: every namespace)")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "pods: read device health from the pods' status through the API server with this kubeconfig (default: from the admin API when the root has one); claims and slices: read them from that API server")
 	_ = cmd.MarkFlagDirname("root")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
@@ -153,6 +189,8 @@ func completeNames(socket, kind string) []string {
 	defer c.Close()
 	var out []string
 	switch kind {
+	case "claims", "slices":
+		return nil
 	case "pods":
 		pods, _ := c.Pods(ctx)
 		for _, p := range pods {

@@ -453,7 +453,7 @@ func TestGetKubectlHabits(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"get", ""}, []string{"resources", "devices", "plugins", "pods"}},
+		{[]string{"get", ""}, []string{"resources", "devices", "plugins", "pods", "claims", "slices"}},
 		{[]string{"get", "pods", "--root", root, ""}, []string{"train", "web"}},
 		{[]string{"get", "devices", "--root", root, ""}, []string{"example.com/foo"}},
 		{[]string{"get", "pods", "-o", ""}, []string{"table", "json", "yaml"}},

@@ -7,6 +7,9 @@
 package kubelet
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/dpkit/dpkit/internal/cli"
@@ -16,8 +19,9 @@ import (
 // NewCommand returns the "kubelet" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
-		o    emulator.Options
-		topo cli.Topology
+		o          emulator.Options
+		topo       cli.Topology
+		kubeconfig string
 	)
 	cmd := &cobra.Command{
 		Use:   "kubelet [--root DIR]",
@@ -34,10 +38,18 @@ Pods are admitted with "dpkit admit" (or by POSTing a pod manifest to
 checkpoint. The root is recorded (in $XDG_STATE_HOME/dpkit/last-root) so
 that "dpkit get", "admit" and "delete" find it without --root while this
 runs. One process serves a root: a second one on the same root, or on a
-root a kubelet serves, fails and names the first. Stop with SIGINT/SIGTERM.`,
+root a kubelet serves, fails and names the first. Stop with SIGINT/SIGTERM.
+
+DRA drivers register through plugins_registry too. With --kubeconfig, the
+ResourceClaims of an admitted pod are read from that API server and
+prepared through their drivers; dpkit admit shows each container's CDI
+devices. Claims are not allocated here: kube-scheduler (or any allocator)
+must have allocated them and reserved them for the pod. Without
+--kubeconfig a pod with claims is refused.`,
 		Example: `  dpkit kubelet --root /tmp/kubelet
   dpkit kubelet --root /tmp/kubelet --topology-policy single-numa-node
   dpkit kubelet --root /tmp/kubelet --topology-policy restricted --numa-nodes 0,1
+  dpkit kubelet --root /tmp/kubelet --kubeconfig k.conf
   curl --unix-socket /tmp/kubelet/dpkit/admin.sock --data-binary @pod.yaml http://dpkit/v1/pods`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -49,6 +61,18 @@ root a kubelet serves, fails and names the first. Stop with SIGINT/SIGTERM.`,
 				return err
 			}
 			o.TopologyPolicy, o.TopologyScope, o.NUMANodes, o.SysfsRoot = topo.Policy, topo.Scope, topo.NUMANodes, topo.SysfsRoot
+			if kubeconfig != "" {
+				// dpkit hands this command line to dpkit-cluster, which
+				// has the API server clients (Env.Cluster).
+				if env.Cluster == nil {
+					return errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
+				}
+				r, err := env.Cluster.DRA(kubeconfig)
+				if err != nil {
+					return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
+				}
+				o.Claims = emulator.ClaimsFromJSON(r.ClaimJSON)
+			}
 			return emulator.Run(cmd.Context(), o, func(*emulator.Emulator) {
 				// "dpkit get", "admit" and "delete" find this root without
 				// --root while it runs.
@@ -61,6 +85,7 @@ root a kubelet serves, fails and names the first. Stop with SIGINT/SIGTERM.`,
 	fl := cmd.Flags()
 	fl.StringVar(&o.Root, "root", emulator.DefaultRoot, "directory standing for the kubelet's root directory")
 	topo.AddFlags(cmd)
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, so that their DRA drivers prepare them (runs dpkit-cluster; default: pods with claims are refused)")
 	fl.StringVar(&o.AdminSocket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd

@@ -296,3 +296,4 @@ type noDRA struct{}
 
 func (noDRA) PodHealth(string) (cli.PodHealthGetter, error) { return nil, errors.New("no API server") }
 func (noDRA) DRAFront() pluginrun.DRAFront                  { return nil }
+func (noDRA) DRA(string) (cli.DRAReader, error)             { return nil, errors.New("no API server") }

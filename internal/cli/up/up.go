@@ -29,6 +29,7 @@ import (
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
@@ -75,6 +76,11 @@ type options struct {
 	// and proc/ instead of /sys, /dev and /proc: a fixture tree, to try a
 	// plugin without its hardware.
 	HostRoot string
+	// Kubeconfig names the API server the DRA manager reads claims from
+	// (through Env.Cluster); empty: pods with claims are refused.
+	Kubeconfig string
+	// claims is the DRA manager's claim source, from Kubeconfig.
+	claims dramanager.ClaimGetter
 }
 
 // NewCommand returns the "up" command.
@@ -92,6 +98,11 @@ The plugins register the way they do on a real node: each serves its
 socket in <root>/device-plugins and calls Register on
 <root>/device-plugins/kubelet.sock (--registration registry uses the plugin
 watcher's <root>/plugins_registry instead).
+
+With --kubeconfig, the ResourceClaims of pods admitted with "dpkit admit"
+are read from that API server and prepared through the DRA drivers
+registered in <root>/plugins_registry, as "dpkit kubelet --kubeconfig"
+does: the claims must be allocated and reserved for the pod already.
 
 The root is a fresh temporary directory, removed on exit, unless --root is
 given or --keep is set. "dpkit up" prints where everything listens, a line
@@ -118,6 +129,13 @@ sockets.`,
 			if o.Command == "" {
 				o.Command = selfCommand()
 			}
+			if o.Kubeconfig != "" {
+				claims, err := claimsFrom(env, o.Kubeconfig)
+				if err != nil {
+					return err
+				}
+				o.claims = claims
+			}
 			log := env.Logger
 			if f := cmd.Flags().Lookup("log-level"); log != nil && (f == nil || !f.Changed) {
 				// The banner says what a new user needs; logs below warnings
@@ -133,6 +151,7 @@ sockets.`,
 	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
 	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
 	o.Topology.AddFlags(cmd)
+	fl.StringVar(&o.Kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, so that their DRA drivers prepare them (runs dpkit-cluster; default: pods with claims are refused)")
 	fl.StringVar(&o.HostRoot, "host-root", "", "read the host's devices below DIR/sys, DIR/dev and DIR/proc, e.g. a fixture host under pkg/discovery/testdata/hosts (default: /sys, /dev, /proc)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
@@ -221,6 +240,7 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 			SysfsRoot:      o.Topology.SysfsRoot,
 			RootLocked:     true,
 			Logger:         log,
+			Claims:         o.claims,
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})
 	g.Go(func() error {
@@ -595,4 +615,18 @@ func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler {
 }
 func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.min}
+}
+
+// claimsFrom reads claims through the API server of kubeconfig, with the
+// API clients of dpkit-cluster (dpkit hands a command line with
+// --kubeconfig over to it).
+func claimsFrom(env *cli.Env, kubeconfig string) (dramanager.ClaimGetter, error) {
+	if env.Cluster == nil {
+		return nil, errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
+	}
+	r, err := env.Cluster.DRA(kubeconfig)
+	if err != nil {
+		return nil, cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
+	}
+	return emulator.ClaimsFromJSON(r.ClaimJSON), nil
 }

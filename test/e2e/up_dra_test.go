@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
+)
+
+// startUp runs the built dpkit binary as "dpkit up" with args and returns
+// once it printed its ready line; the test's cleanup kills it.
+func startUp(t *testing.T, ctx context.Context, args ...string) {
+	t.Helper()
+	up := exec.CommandContext(ctx, dpkitBinary(t), append([]string{"up"}, args...)...)
+	up.Dir = filepath.Join("..", "..")
+	up.Env = append(os.Environ(), "XDG_STATE_HOME="+t.TempDir())
+	stdout, err := up.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	up.Stderr = &logs
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		found := false
+		for sc.Scan() {
+			if !found && strings.HasPrefix(sc.Text(), "ready:") {
+				found = true
+				ready <- true
+			}
+		}
+		if !found {
+			ready <- false
+		}
+	}()
+	t.Cleanup(func() {
+		_ = up.Process.Kill()
+		_ = up.Wait()
+		if t.Failed() {
+			t.Logf("dpkit up logs:\n%s", logs.String())
+		}
+	})
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatalf("dpkit up %v ended before its ready line:\n%s", args, logs.String())
+		}
+	case <-ctx.Done():
+		t.Fatalf("dpkit up %v printed no ready line: %v", args, ctx.Err())
+	}
+}
+
+// dpkitRun runs the built dpkit binary with args; it returns stdout,
+// stderr and the exit code.
+func dpkitRun(t *testing.T, ctx context.Context, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, dpkitBinary(t), args...)
+	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+t.TempDir())
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("dpkit %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// allocate writes claim's status as kube-scheduler would: the devices of
+// the fake driver's pool on node, reserved for the pod (none when podUID
+// is empty).
+func allocate(t *testing.T, ctx context.Context, c kubernetes.Interface, claim *resourcev1.ResourceClaim, node, podName string, podUID types.UID, devices ...string) *resourcev1.ResourceClaim {
+	t.Helper()
+	claim = claim.DeepCopy()
+	alloc := &resourcev1.AllocationResult{NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+	}}}}
+	for _, d := range devices {
+		alloc.Devices.Results = append(alloc.Devices.Results, resourcev1.DeviceRequestAllocationResult{Request: "req", Driver: dratest.DriverName, Pool: node, Device: d})
+	}
+	claim.Status.Allocation = alloc
+	if podUID != "" {
+		claim.Status.ReservedFor = []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: podName, UID: podUID}}
+	}
+	out, err := c.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestUpDRAKubeconfig: "dpkit up --kubeconfig" (handed to dpkit-cluster)
+// reads claims from the API server. With the fake DRA driver registered
+// in its root, "dpkit admit" of a pod whose claim is allocated and
+// reserved for it (the claim's status written as the scheduler would)
+// prepares the claim through the driver and prints the container's CDI
+// devices; "dpkit get claims" shows it prepared; a claim allocated but
+// not reserved for the pod refuses it, naming the claim and saying that
+// dpkit admit does not allocate; "dpkit delete" unprepares the claim.
+func TestUpDRAKubeconfig(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	node := unique("up-dra")
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	startUp(t, ctx, "--root", root, "--kubeconfig", cp.Kubeconfig)
+	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, node, root, "dev-0", "dev-1", "dev-2")
+	poll(t, ctx, "the DRA driver registered with dpkit up", func(ctx context.Context) (bool, string, error) {
+		out, errOut, code := dpkitRun(t, ctx, "", "get", "plugins", "--root", root, "-o", "json")
+		return code == 0 && strings.Contains(out, `"name": "`+dratest.DriverName+`"`), out + errOut, nil
+	})
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "up-dra")
+
+	claim, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "two", class, 2), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podUID := types.UID(unique("uid-train"))
+	allocate(t, ctx, c, claim, node, "train", podUID, "dev-0", "dev-1")
+	manifest := fmt.Sprintf(`metadata: {name: train, namespace: %s, uid: %s}
+spec:
+  resourceClaims: [{name: devices, resourceClaimName: two}]
+  containers: [{name: app, resources: {claims: [{name: devices}]}}]
+`, ns, podUID)
+	out, errOut, code := dpkitRun(t, ctx, manifest, "admit", "--root", root, "-f", "-")
+	if code != 0 {
+		t.Fatalf("dpkit admit: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"claim two: fake.dpkit.io/" + node + "/dev-0,fake.dpkit.io/" + node + "/dev-1",
+		"cdi " + dratest.CDIDeviceID("dev-0"), "cdi " + dratest.CDIDeviceID("dev-1")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dpkit admit printed\n%s\nwithout %q", out, want)
+		}
+	}
+	if m, uids := drv.NextCall(t); m != "NodePrepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodePrepareResources [%s]", m, uids, claim.UID)
+	}
+
+	out, errOut, code = dpkitRun(t, ctx, "", "get", "claims", "-n", ns, "--root", root, "--kubeconfig", cp.Kubeconfig, "-o", "json")
+	var claims []struct {
+		Name, State, Node string
+		ReservedFor       []string
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &claims) != nil || len(claims) != 1 || claims[0].State != "prepared" || claims[0].Node != node {
+		t.Errorf("dpkit get claims --kubeconfig --root: exit %d\n%s%s\nwant claim two prepared on %s", code, out, errOut, node)
+	}
+
+	// Allocated, but reserved for no pod: refused, nothing prepared.
+	other, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "other", class, 1), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocate(t, ctx, c, other, node, "", "", "dev-2")
+	late := strings.NewReplacer("name: train", "name: late", string(podUID), "uid-late", "resourceClaimName: two", "resourceClaimName: other").Replace(manifest)
+	_, errOut, code = dpkitRun(t, ctx, late, "admit", "--root", root, "-f", "-")
+	if code != 1 || !strings.Contains(errOut, "ResourceClaim other") || !strings.Contains(errOut, "dpkit admit does not allocate claims") {
+		t.Errorf("dpkit admit of a pod whose claim is not reserved for it: exit %d\n%s\nwant exit 1 naming claim other and who allocates", code, errOut)
+	}
+
+	if out, errOut, code := dpkitRun(t, ctx, "", "delete", "pod", "train", "-n", ns, "--root", root); code != 0 {
+		t.Fatalf("dpkit delete: exit %d\n%s%s", code, out, errOut)
+	}
+	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(claim.UID)}) {
+		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s]", m, uids, claim.UID)
+	}
+	drv.NoMoreCalls(t)
+}
