@@ -355,7 +355,9 @@ func (e *Exporter) read(ctx context.Context, now time.Time) *snapshot {
 	s.health = make([]string, len(s.devices))
 	var info map[PodKey]PodInfo
 	if e.cfg.Pods != nil {
-		info, err = e.cfg.Pods.Pods(ctx)
+		pctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+		info, err = e.cfg.Pods.Pods(pctx)
+		cancel()
 		if err != nil {
 			e.collErr.WithLabelValues("pods").Inc()
 			e.log.Warn("Reading pods from the API server failed", "err", err)
