@@ -2,8 +2,11 @@ package exporter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -368,6 +371,46 @@ func TestConfigValidate(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: %v, want it to say %q", name, err, w)
 			}
+		}
+	}
+}
+
+// TestDashboardMetrics: every dpkit_ metric the Grafana dashboard queries
+// is one the exporter serves (with AMD readings and a pod source).
+func TestDashboardMetrics(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "grafana", "dpkit-exporter.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct{}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	n := &fakeNode{allocatable: gpu("0000:29:00.0")}
+	n.addPod("ns", "a", "main", gpu("0000:29:00.0"), claim("ns", "c", "d"))
+	serve(t, n, socket)
+	e, _ := newExporter(t, Config{Socket: socket, Pods: &podSource{pods: map[PodKey]PodInfo{{"ns", "a"}: {
+		Health: map[string]map[string]map[string]string{"main": {"example.com/gpu": {"0000:29:00.0": Healthy}}},
+	}}}, Collectors: []DeviceCollector{AMDCollector{SysfsRoot: filepath.Join("..", "discovery", "testdata", "hosts", "mi250", "sys")}}})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(e)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]bool{}
+	for _, mf := range mfs {
+		served[mf.GetName()] = true
+	}
+	used := regexp.MustCompile(`dpkit_[a-z_]+`).FindAllString(string(b), -1)
+	if len(used) == 0 {
+		t.Fatal("the dashboard queries no dpkit metric")
+	}
+	for _, name := range used {
+		if !served[name] {
+			t.Errorf("the dashboard queries %s, which the exporter does not serve", name)
 		}
 	}
 }

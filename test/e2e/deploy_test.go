@@ -197,6 +197,8 @@ func TestDeployDryRun(t *testing.T) {
 		{"kustomize generic-dra", []string{"kustomize", filepath.Join(deploy, "overlays", "generic-dra")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm dra", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-dra.yaml")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm all plugins", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-all-plugins.yaml")}, []string{"DaemonSet", "ConfigMap", "ServiceAccount", "Service"}},
+		{"kustomize exporter", []string{"kustomize", filepath.Join(deploy, "exporter")}, []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
+		{"helm exporter", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-exporter.yaml")}, []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -210,7 +212,8 @@ func TestDeployDryRun(t *testing.T) {
 					t.Errorf("no %s rendered (got %v)", k, kinds)
 				}
 			}
-			if checkPluginConfigs(t, objs) == 0 {
+			// The exporter's manifests run no plugin.
+			if !strings.HasSuffix(tc.name, " exporter") && checkPluginConfigs(t, objs) == 0 {
 				t.Error("no plugin config rendered")
 			}
 			for _, o := range objs {
@@ -239,6 +242,26 @@ func TestDeployDryRun(t *testing.T) {
 		}
 		if !found {
 			t.Error("serviceMonitor.enabled rendered no ServiceMonitor")
+		}
+	})
+	t.Run("exporter servicemonitor", func(t *testing.T) {
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("exporter: {enabled: true}\nserviceMonitor: {enabled: true}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for name, args := range map[string][]string{
+			"helm":      {"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", values},
+			"kustomize": {"kustomize", filepath.Join(deploy, "exporter", "servicemonitor")},
+		} {
+			found := false
+			for _, o := range render(t, args...) {
+				if o.GetKind() == "ServiceMonitor" && o.GetName() != "" && strings.HasSuffix(o.GetName(), "exporter") {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("%s: no ServiceMonitor for the exporter", name)
+			}
 		}
 	})
 }
