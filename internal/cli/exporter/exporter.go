@@ -24,8 +24,8 @@ import (
 
 // Defaults of the flags.
 const (
-	DefaultSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
-	DefaultListen = ":9410"
+	defaultSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	defaultListen = ":9410"
 	envNodeName   = "NODE_NAME"
 )
 
@@ -64,7 +64,7 @@ That part runs in dpkit-cluster, which dpkit runs for it.`,
 				return cli.UsageErrorf("--pod-label: pod labels come from the API server; give --kubeconfig too (\"\" for the usual lookup)")
 			}
 			if socket == "" {
-				return cli.UsageErrorf("--pod-resources-socket must not be empty; leave it out for %s", DefaultSocket)
+				return cli.UsageErrorf("--pod-resources-socket must not be empty; leave it out for %s", defaultSocket)
 			}
 			if cacheTTL < 0 {
 				return cli.UsageErrorf("--cache-ttl %s: must not be negative", cacheTTL)
@@ -100,8 +100,8 @@ That part runs in dpkit-cluster, which dpkit runs for it.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&socket, "pod-resources-socket", DefaultSocket, "PodResources API socket of the kubelet (dpkit node's and dpkit kubelet's: <root>/pod-resources/kubelet.sock)")
-	fl.StringVar(&listen, "listen", DefaultListen, "address to serve /metrics and /healthz on")
+	fl.StringVar(&socket, "pod-resources-socket", defaultSocket, "PodResources API socket of the kubelet (dpkit node's and dpkit kubelet's: <root>/pod-resources/kubelet.sock)")
+	fl.StringVar(&listen, "listen", defaultListen, "address to serve /metrics and /healthz on")
 	fl.DurationVar(&cacheTTL, "cache-ttl", exporter.DefaultCacheTTL, "how long one PodResources answer serves scrapes (the kubelet allows 100 requests a second, bursts of 10, for all its clients)")
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "read device health and pod labels from the API server with this kubeconfig (\"\": $KUBECONFIG, ~/.kube/config, in-cluster)")
 	fl.StringVar(&nodeName, "node-name", "", "the node whose pods to read from the API server (default $"+envNodeName+")")
