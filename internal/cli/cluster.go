@@ -33,3 +33,23 @@ type DeviceHealth map[string]map[string]map[string]string
 // PodHealthGetter reads one pod's device health; it is nil, with no
 // error, when the API server has no pod of that name.
 type PodHealthGetter func(ctx context.Context, namespace, name string) (DeviceHealth, error)
+
+// NodePodsReader is a Cluster that reads the pods of one node, for dpkit
+// exporter; dpkit-cluster's is one (an informer on the node's pods).
+type NodePodsReader interface {
+	// NodePods returns a function that reads the pods the API server
+	// has bound to node, through the API server of kubeconfig ("" for
+	// $KUBECONFIG, ~/.kube/config, then the pod's service account). They
+	// are watched from the first call until ctx ends.
+	NodePods(ctx context.Context, kubeconfig, node string) (NodePodsGetter, error)
+}
+
+// NodePod is what the API server says about one pod: its labels and its
+// device health (DeviceHealth).
+type NodePod struct {
+	Labels map[string]string
+	Health DeviceHealth
+}
+
+// NodePodsGetter reads a node's pods, by namespace and name.
+type NodePodsGetter func(ctx context.Context) (map[[2]string]NodePod, error)

@@ -118,7 +118,6 @@ func checkPluginConfigs(t *testing.T, objs []*unstructured.Unstructured) int {
 	return n
 }
 
-
 // TestDeployDryRun renders every kustomize overlay and the Helm chart and
 // applies each object with server-side apply and dryRun=All against a real
 // kube-apiserver, so schema, defaulting and admission errors surface.
@@ -156,6 +155,8 @@ func TestDeployDryRun(t *testing.T) {
 		{"kustomize generic-dra", []string{"kustomize", filepath.Join(deploy, "overlays", "generic-dra")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm dra", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-dra.yaml")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm all plugins", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-all-plugins.yaml")}, []string{"DaemonSet", "ConfigMap", "ServiceAccount", "Service"}},
+		{"kustomize exporter", []string{"kustomize", filepath.Join(deploy, "exporter")}, []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
+		{"helm exporter", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-exporter.yaml")}, []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,7 +170,8 @@ func TestDeployDryRun(t *testing.T) {
 					t.Errorf("no %s rendered (got %v)", k, kinds)
 				}
 			}
-			if checkPluginConfigs(t, objs) == 0 {
+			// The exporter's manifests run no plugin.
+			if !strings.HasSuffix(tc.name, " exporter") && checkPluginConfigs(t, objs) == 0 {
 				t.Error("no plugin config rendered")
 			}
 			for _, o := range objs {
@@ -198,6 +200,26 @@ func TestDeployDryRun(t *testing.T) {
 		}
 		if !found {
 			t.Error("serviceMonitor.enabled rendered no ServiceMonitor")
+		}
+	})
+	t.Run("exporter servicemonitor", func(t *testing.T) {
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("exporter: {enabled: true}\nserviceMonitor: {enabled: true}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for name, args := range map[string][]string{
+			"helm":      {"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", values},
+			"kustomize": {"kustomize", filepath.Join(deploy, "exporter", "servicemonitor")},
+		} {
+			found := false
+			for _, o := range render(t, args...) {
+				if o.GetKind() == "ServiceMonitor" && o.GetName() != "" && strings.HasSuffix(o.GetName(), "exporter") {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("%s: no ServiceMonitor for the exporter", name)
+			}
 		}
 	})
 }

@@ -106,6 +106,7 @@ var servers = map[string]string{
 	"up":        "true",
 	"node":      "true",
 	"advertise": "--watch",
+	"exporter":  "true",
 }
 
 // isServer reports whether cmd, as invoked, serves until stopped.

@@ -76,7 +76,7 @@ func commands(env *cli.Env, d *dispatcher, extra []func(*cli.Env) *cobra.Command
 
 // clusterFlags names, per command, the flag that needs Env.Cluster: with
 // it set and no Env.Cluster, the command line is handed to dpkit-cluster.
-var clusterFlags = map[string]string{"get": "kubeconfig", "kubelet": "kubeconfig", "up": "kubeconfig", "verify": "dra"}
+var clusterFlags = map[string]string{"get": "kubeconfig", "kubelet": "kubeconfig", "up": "kubeconfig", "verify": "dra", "exporter": "kubeconfig"}
 
 // dispatcher runs dpkit-cluster with the command line dpkit was given.
 type dispatcher struct {

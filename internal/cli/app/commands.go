@@ -9,6 +9,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/admit"
 	"github.com/dpkit/dpkit/internal/cli/deletecmd"
 	"github.com/dpkit/dpkit/internal/cli/deviceclass"
+	"github.com/dpkit/dpkit/internal/cli/exporter"
 	"github.com/dpkit/dpkit/internal/cli/get"
 	"github.com/dpkit/dpkit/internal/cli/kubelet"
 	"github.com/dpkit/dpkit/internal/cli/plugin"
@@ -35,5 +36,6 @@ func baseCommands(d *dispatcher) []func(*cli.Env) *cobra.Command {
 		d.clusterCommand("advertise", "Advertise extended resources on a node"),
 		d.clusterCommand("node", "Run a virtual node: registers with the API server, embeds a device manager and runs pods"),
 		verify.NewCommand,
+		exporter.NewCommand,
 	}
 }

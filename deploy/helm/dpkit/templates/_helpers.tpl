@@ -34,7 +34,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "dpkit.requireOnePlugin" -}}
 {{- $any := false -}}
 {{- range $name, $p := .Values.plugins }}{{ if $p.enabled }}{{ $any = true }}{{ end }}{{ end -}}
+{{- if .Values.exporter.enabled }}{{ $any = true }}{{ end -}}
 {{- if not $any -}}
-{{- fail "no plugin enabled: set plugins.generic.enabled, plugins.amdgpu.enabled or plugins.nvidia.enabled to true" -}}
+{{- fail "no plugin enabled: set plugins.generic.enabled, plugins.amdgpu.enabled or plugins.nvidia.enabled (or exporter.enabled) to true" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The exporter's image: the full binary, for its API server reads. */}}
+{{- define "dpkit.exporterImage" -}}
+{{- printf "%s:%s" .Values.exporter.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

@@ -10,7 +10,9 @@
 #              4-7 on node 1; NVIDIA driver procfs; 8 ConnectX-7 NICs, two
 #              of them bound to vfio-pci (IOMMU groups 40 and 41).
 #   mi250      2-socket host with 4 MI250 GCDs (KFD nodes 2-5 after CPU
-#              nodes 0-1), two per NUMA node, and an ASPEED BMC VGA as card0.
+#              nodes 0-1), two per NUMA node, and an ASPEED BMC VGA as card0;
+#              each GCD at KFD node n is n*10 % busy, uses n GiB of 64 GiB
+#              VRAM, draws 100+n W and is at 40+n degrees C.
 #   laptop     a laptop (no NUMA: numa_node -1) with an FTDI and a CH340
 #              USB serial adapter, an Arduino (cdc-acm), an Intel iGPU,
 #              /dev/fuse, /dev/kvm and /dev/net/tun.
@@ -118,6 +120,14 @@ for spec in 29:0:pci0000:20/0000:20:01.1/0000:27:00.0/0000:28:00.0 \
 	d=$r/sys/devices/$bridge/$addr
 	mkdir -p "$d/drm/card$card" "$d/drm/renderD$minor"
 	f "$d/product_name" "AMD Instinct MI250X/MI250"
+	# What amdgpu reports of use (dpkit exporter): busy %, VRAM in bytes,
+	# power in microwatts and temperature in millidegrees from hwmon.
+	f "$d/gpu_busy_percent" $((n * 10))
+	f "$d/mem_info_vram_total" 68702699520
+	f "$d/mem_info_vram_used" $((n * 1073741824))
+	f "$d/hwmon/hwmon$n/name" amdgpu
+	f "$d/hwmon/hwmon$n/power1_average" $((100000000 + n * 1000000))
+	f "$d/hwmon/hwmon$n/temp1_input" $((40000 + n * 1000))
 	f $kfd/topology/nodes/$n/gpu_id $((40000 + n * 1111))
 	f $kfd/topology/nodes/$n/name gfx90a
 	f $kfd/topology/nodes/$n/properties "$(printf 'cpu_cores_count 0\nsimd_count 416\nmem_banks_count 1\ncaches_count 253\nio_links_count 1\np2p_links_count 7\ncpu_core_id_base 0\nsimd_id_base 2147487744\nmax_waves_per_simd 8\nlds_size_in_kb 64\ngds_size_in_kb 0\nnum_gws 64\nwave_front_size 64\narray_count 8\nsimd_arrays_per_engine 1\ncu_per_simd_array 13\nsimd_per_cu 4\nmax_slots_scratch_cu 32\ngfx_target_version 90010\nvendor_id 4098\ndevice_id 29708\nlocation_id %d\ndomain 0\ndrm_render_minor %d\nhive_id 14528469163123571201\nnum_sdma_engines 2\nnum_sdma_xgmi_engines 3\nnum_sdma_queues_per_engine 8\nnum_cp_queues 24\nmax_engine_clk_fcompute 1700\nlocal_mem_size 0\nfw_version 79\ncapability 746947200\ndebug_prop 1495\nsdma_fw_version 9\nunique_id %d\nnum_xcc 1\nmax_engine_clk_ccompute 2450' $((0x$bus << 8)) $minor $((8829184918163153000 + n)))"
