@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/dpkit/dpkit/pkg/resourcename"
@@ -243,7 +243,7 @@ func (c *PluginConfig) validateFronts() field.ErrorList {
 				drivers[rf.DriverName] = rf.Resource
 			}
 			if spec.DRA != nil && spec.DRA.DeviceClass != "" {
-				if msgs := validation.IsDNS1123Subdomain(rf.DeviceClass); len(msgs) > 0 {
+				if msgs := content.IsDNS1123Subdomain(rf.DeviceClass); len(msgs) > 0 {
 					errs = append(errs, field.Invalid(classPath, rf.DeviceClass, "must be a DeviceClass name: "+strings.Join(msgs, "; ")+"; "+nameExample))
 					continue
 				}
@@ -263,7 +263,7 @@ func (c *PluginConfig) validateFronts() field.ErrorList {
 		}
 	}
 	if c.DRA.NodeName != "" {
-		if msgs := validation.IsDNS1123Subdomain(c.DRA.NodeName); len(msgs) > 0 {
+		if msgs := content.IsDNS1123Subdomain(c.DRA.NodeName); len(msgs) > 0 {
 			errs = append(errs, field.Invalid(dp.Child("nodeName"), c.DRA.NodeName, "must be a node name: "+strings.Join(msgs, "; ")))
 		}
 	}
@@ -273,7 +273,7 @@ func (c *PluginConfig) validateFronts() field.ErrorList {
 // driverNameProblems says why name is not a DRA driver name: a DNS
 // subdomain of at most 63 characters.
 func driverNameProblems(name string) []string {
-	msgs := validation.IsDNS1123Subdomain(name)
+	msgs := content.IsDNS1123Subdomain(name)
 	if len(name) > maxDriverNameLength {
 		msgs = append(msgs, fmt.Sprintf("must be no more than %d characters", maxDriverNameLength))
 	}

@@ -10,6 +10,7 @@ package plugins
 
 import (
 	"log/slog"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -85,3 +86,14 @@ func (s Sharing) Device(id string) string {
 	}
 	return id
 }
+
+// quantityRE is the syntax of a Kubernetes quantity ("80Gi", "1.5", "2e3",
+// "500m"): a signed decimal number and an optional binary (Ki..Ei),
+// decimal (n, u, m, k, M..E) or exponent suffix, as resource.ParseQuantity
+// accepts. It is checked here without k8s.io/apimachinery's quantity
+// package, which would add a megabyte to the lean plugin binary.
+var quantityRE = regexp.MustCompile(`^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$`)
+
+// ValidQuantity reports whether s is a Kubernetes quantity, such as
+// "80Gi" or "500m".
+func ValidQuantity(s string) bool { return quantityRE.MatchString(s) }

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -337,7 +336,7 @@ func (r ResourceConfig) validateDescription(rp *field.Path) field.ErrorList {
 		if _, ok := r.Attributes[n]; ok {
 			errs = append(errs, field.Duplicate(p, n+" is also an attribute; rename one of the two"))
 		}
-		if _, err := resource.ParseQuantity(r.Capacity[n]); err != nil {
+		if !plugins.ValidQuantity(r.Capacity[n]) {
 			errs = append(errs, field.Invalid(p, r.Capacity[n], `must be a quantity, e.g. "80Gi" or "4"`))
 		}
 	}
