@@ -240,4 +240,12 @@ func TestDpkitBinaryIsLean(t *testing.T) {
 	if got := linked(plugin, "k8s.io/api"); len(got) > 0 {
 		t.Errorf("the lean build of cmd/dpkit (-tags dpkit_lean) links %s: keep API types out of what \"dpkit plugin\" imports (internal/cli, pkg/plugins, ...)", got)
 	}
+	// Nor apimachinery's quantities and validation helpers, which bring
+	// klog and CBOR: 0.7 MB of binary for a syntax check
+	// (plugins.ValidQuantity, validate/content do the same).
+	for _, heavy := range []string{"k8s.io/klog", "k8s.io/apimachinery/pkg/api/resource", "github.com/fxamacker/cbor"} {
+		if got := linked(plugin, heavy); len(got) > 0 {
+			t.Errorf("the lean build of cmd/dpkit links %s: check syntax with plugins.ValidQuantity or k8s.io/apimachinery/pkg/api/validate/content instead", got)
+		}
+	}
 }
