@@ -48,6 +48,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"sync"
 	"time"
@@ -371,7 +372,11 @@ func (m *Manager) prepare(ctx context.Context, pod *corev1.Pod) error {
 						RequestNames: d.GetRequestNames(), CDIDeviceIDs: d.GetCdiDeviceIds(),
 					})
 				}
-				ci.DriverState[p.Driver] = ds
+				// Copy on write: readers take the claim's state under
+				// the lock and read its map after releasing it.
+				states := maps.Clone(ci.DriverState)
+				states[p.Driver] = ds
+				ci.DriverState = states
 			}
 			m.cache.mu.Unlock()
 			if !ok {

@@ -220,8 +220,9 @@ func (p *provider) publishWaiting(pod *corev1.Pod, msg string) {
 	}
 	w.Status = corev1.PodStatus{QOSClass: pod.Status.QOSClass, InitContainerStatuses: init, ContainerStatuses: app}
 	if prev, ok := p.pods.Get(pod.Namespace, pod.Name); ok && prev.UID == pod.UID {
-		w.Status.StartTime = prev.Status.StartTime
-		w.Status.Conditions = prev.Status.Conditions
+		// Copies: ComputeStatus edits them, and prev is the store's.
+		w.Status.StartTime = prev.Status.StartTime.DeepCopy()
+		w.Status.Conditions = slices.Clone(prev.Status.Conditions)
 	}
 	backend.ComputeStatus(pod, &w.Status, p.nodeIP, false)
 	updated := false
