@@ -176,15 +176,6 @@ func (d *driver) run(ctx context.Context) error {
 	if err := d.saveLocked(); err != nil {
 		return err
 	}
-	if d.mode == "no-republish" && restarted {
-		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(), metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return err
-		}
-	} else if err := d.publish(ctx); err != nil {
-		return fmt.Errorf("publish the ResourceSlice: %w", err)
-	}
-
 	listen := unixsock.Listen
 	if d.mode == "stale-socket" {
 		listen = func(path string) (net.Listener, error) { return net.Listen("unix", path) }
@@ -206,6 +197,17 @@ func (d *driver) run(ctx context.Context) error {
 	regSrv := grpc.NewServer()
 	registerapi.RegisterRegistrationServer(regSrv, registration{d: d})
 	go func() { _ = regSrv.Serve(regLis) }()
+
+	// Published once the servers run: registering does not wait for the
+	// API server.
+	if d.mode == "no-republish" && restarted {
+		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			log.Printf("Delete the ResourceSlice: %v", err)
+		}
+	} else if err := d.publish(ctx); err != nil {
+		log.Printf("Publish the ResourceSlice: %v", err)
+	}
 
 	<-ctx.Done()
 	if d.mode == "leave-sockets" {
