@@ -166,6 +166,7 @@ type run struct {
 	slowest          time.Duration
 	slowestCall      string
 	health           *healthWatch
+	slices           *sliceWatch
 
 	// stopped is why the run stopped before every check was done.
 	stopped string
@@ -220,6 +221,9 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	if _, err := r.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Namespace %s on the API server: %w", r.ns, err)
+	}
+	if err := r.watchSlices(ctx); err != nil {
+		r.log.Debug("Cannot watch ResourceSlices", "err", err)
 	}
 	if err := r.startKubelet(); err != nil {
 		return err
@@ -300,6 +304,9 @@ func (r *run) cleanup() {
 	}
 	if r.health != nil {
 		r.health.stop()
+	}
+	if r.slices != nil {
+		r.slices.stop()
 	}
 	if r.conn != nil {
 		_ = r.conn.Close()

@@ -493,6 +493,7 @@ func (r *run) checkShutdown(ctx context.Context) bool {
 	default:
 		r.set(verify.CheckDRAExit, verify.Pass, "%s %s after SIGTERM; sockets removed", r.proc.Exit(), took.Round(time.Millisecond))
 	}
+	r.checkGeneration()
 	sl, err := r.slicesNow(ctx)
 	switch {
 	case err != nil:
