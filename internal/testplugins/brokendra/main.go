@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	resourcev1 "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -58,6 +59,7 @@ func modes() map[string]string {
 		"slow-reregister":   "answers GetInfo with Unavailable for -delay after it was registered once",
 		"stale-socket":      "does not remove a stale socket before listening: started again after a crash, it exits",
 		"bad-slices":        "publishes its ResourceSlice without the Node as owner",
+		"same-generation":   "started again, publishes its devices with a changed attribute and the old pool generation",
 		"no-republish":      "started again (its checkpoint exists), deletes its ResourceSlice and publishes none",
 		"drop-result":       "leaves the last claim out of a NodePrepareResources answer with more than one",
 		"fresh-cdi-ids":     "gives a claim prepared again a new CDI device ID",
@@ -176,6 +178,13 @@ func (d *driver) run(ctx context.Context) error {
 	if err := d.saveLocked(); err != nil {
 		return err
 	}
+	if d.mode == "no-republish" && restarted {
+		// Before registering, so that verify never sees the old slice.
+		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete the ResourceSlice: %w", err)
+		}
+	}
 	listen := unixsock.Listen
 	if d.mode == "stale-socket" {
 		listen = func(path string) (net.Listener, error) { return net.Listen("unix", path) }
@@ -200,13 +209,10 @@ func (d *driver) run(ctx context.Context) error {
 
 	// Published once the servers run: registering does not wait for the
 	// API server.
-	if d.mode == "no-republish" && restarted {
-		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(), metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			log.Printf("Delete the ResourceSlice: %v", err)
+	if !(d.mode == "no-republish" && restarted) {
+		if err := d.publish(ctx, restarted); err != nil {
+			log.Printf("Publish the ResourceSlice: %v", err)
 		}
-	} else if err := d.publish(ctx); err != nil {
-		log.Printf("Publish the ResourceSlice: %v", err)
 	}
 
 	<-ctx.Done()
@@ -223,15 +229,23 @@ func (d *driver) run(ctx context.Context) error {
 func (d *driver) sliceName() string { return d.node + "-broken" }
 
 // publish writes the driver's ResourceSlice: the same devices keep the
-// generation, other devices bump it.
-func (d *driver) publish(ctx context.Context) error {
+// generation, other devices bump it. The devices' attribute
+// dpkit.io/started says whether the driver was started again, so that a
+// restart changes the devices and verify sees the generation go up.
+func (d *driver) publish(ctx context.Context, restarted bool) error {
 	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
+	started := "first"
+	if restarted {
+		started = "again"
+	}
 	var devs []resourcev1.Device
 	for _, name := range devices {
-		devs = append(devs, resourcev1.Device{Name: name})
+		devs = append(devs, resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+			"dpkit.io/started": {StringValue: &started},
+		}})
 	}
 	want := &resourcev1.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: d.sliceName()},
@@ -255,16 +269,12 @@ func (d *driver) publish(ctx context.Context) error {
 		return err
 	}
 	want.Spec.Pool.Generation = old.Spec.Pool.Generation
-	if !sameDevices(old.Spec.Devices, devs) {
+	if !apiequality.Semantic.DeepEqual(old.Spec.Devices, devs) && d.mode != "same-generation" {
 		want.Spec.Pool.Generation++
 	}
 	old.Spec, old.OwnerReferences = want.Spec, want.OwnerReferences
 	_, err = slices.Update(ctx, old, metav1.UpdateOptions{})
 	return err
-}
-
-func sameDevices(a, b []resourcev1.Device) bool {
-	return slices.EqualFunc(a, b, func(x, y resourcev1.Device) bool { return x.Name == y.Name })
 }
 
 // registration is the driver's pluginregistration/v1 server.
