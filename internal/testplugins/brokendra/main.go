@@ -209,7 +209,7 @@ func (d *driver) run(ctx context.Context) error {
 
 	// Published once the servers run: registering does not wait for the
 	// API server.
-	if !(d.mode == "no-republish" && restarted) {
+	if d.mode != "no-republish" || !restarted {
 		if err := d.publish(ctx, restarted); err != nil {
 			log.Printf("Publish the ResourceSlice: %v", err)
 		}
