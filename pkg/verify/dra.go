@@ -18,6 +18,7 @@ const (
 	CheckDRASlices         = "dra.slices.valid"
 	CheckDRASlicesRestart  = "dra.slices.republished"
 	CheckDRASlicesRemoved  = "dra.slices.removed"
+	CheckDRAGeneration     = "dra.slices.generation"
 	CheckDRAPrepare        = "dra.prepare.results"
 	CheckDRAIdempotent     = "dra.prepare.idempotent"
 	CheckDRAPerClaimError  = "dra.prepare.per-claim-error"
@@ -49,6 +50,9 @@ func DRAChecks() []CheckInfo {
 		{CheckDRASlicesRestart, "after the driver's restart its ResourceSlices list the same devices, with a pool generation not below the old one",
 			"the scheduler drops pools whose generation goes backwards or whose slices are incomplete",
 			"on start, read the existing slices of your pool and update them in place; when they change, increase the pool generation."},
+		{CheckDRAGeneration, "whenever the devices a ResourceSlice lists change, the pool's generation goes up",
+			"the scheduler and the kubelet tell an updated pool from a stale one by its generation; slices of one generation with different devices make a pool inconsistent, and the scheduler may allocate a device that is gone or changed",
+			"bump the pool's generation in every slice of the pool on each change of any of its devices (attributes, capacity, taints included)."},
 		{CheckDRASlicesRemoved, "after the driver exits its ResourceSlices are removed, by the driver or (reported) left to the kubelet",
 			"the kubelet deletes a driver's ResourceSlices on its node when the driver stays unregistered; until then the scheduler may place pods on devices no driver serves",
 			"nothing to do: the kubelet removes the slices of an unregistered driver; a driver that is uninstalled may delete its slices itself."},

@@ -382,7 +382,7 @@ func TestChecksCatalogue(t *testing.T) {
 	}
 	words := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	seen := map[string]bool{}
-	for _, c := range verify.Checks() {
+	for _, c := range append(verify.Checks(), verify.DRAChecks()...) {
 		if seen[c.ID] {
 			t.Errorf("duplicate check ID %s", c.ID)
 		}

@@ -166,9 +166,14 @@ type run struct {
 	slowest          time.Duration
 	slowestCall      string
 	health           *healthWatch
+	slices           *sliceWatch
 
 	// stopped is why the run stopped before every check was done.
 	stopped string
+	// exitJudged is set when a check's verdict already says that the
+	// driver exited (before registering, or when started again), so
+	// that the exit is not blamed on dra.shutdown.exit as well.
+	exitJudged bool
 }
 
 func (r *run) setup(ctx context.Context) error {
@@ -216,6 +221,9 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	if _, err := r.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Namespace %s on the API server: %w", r.ns, err)
+	}
+	if err := r.watchSlices(ctx); err != nil {
+		r.log.Debug("Cannot watch ResourceSlices", "err", err)
 	}
 	if err := r.startKubelet(); err != nil {
 		return err
@@ -297,6 +305,9 @@ func (r *run) cleanup() {
 	if r.health != nil {
 		r.health.stop()
 	}
+	if r.slices != nil {
+		r.slices.stop()
+	}
 	if r.conn != nil {
 		_ = r.conn.Close()
 	}
@@ -365,7 +376,7 @@ func (r *run) steps(ctx context.Context) {
 			r.skipRest("interrupted")
 			return
 		}
-		if s.name != "shutdown" && r.proc.Exit() != "" {
+		if s.name != "shutdown" && r.proc.Exit() != "" && !r.exitJudged {
 			// One cause, one failure: the exit, not what it broke.
 			r.results[verify.CheckDRAExit].Verdict = ""
 			r.set(verify.CheckDRAExit, verify.Fail, "the driver %s on its own during %s", r.proc.Exit(), s.name)
@@ -432,6 +443,7 @@ func (r *run) checkRegistration(ctx context.Context) bool {
 		switch {
 		case r.proc.Exit() != "":
 			why = "the driver " + r.proc.Exit() + " before registering"
+			r.exitJudged = true
 		case reg.err != nil:
 			why = fmt.Sprintf("the kubelet refused driver %q at %s (versions %q): %v", reg.name, reg.endpoint, reg.versions, reg.err)
 		default:
@@ -715,6 +727,7 @@ func (r *run) checkDriverRestart(ctx context.Context) bool {
 	}
 	if !ok && r.proc.Exit() != "" {
 		r.set(verify.CheckDRADriverRestart, verify.Fail, "the driver %s after it was started again%s", r.proc.Exit(), strings.TrimPrefix(what, "the driver was killed and started again"))
+		r.exitJudged = true
 		r.stopped = "see " + verify.CheckDRADriverRestart
 		r.skipRest(r.stopped)
 		return false

@@ -137,7 +137,11 @@ func (r *run) checkPrepare(ctx context.Context) bool {
 	}
 	// One result per claim, with the allocated device.
 	resp, err := r.prepare(ctx, twoClaims...)
-	if err != nil {
+	if err != nil && errors.Is(err, errTimedOut) {
+		// One cause, one failure: dra.prepare.timeout judges it.
+		r.set(verify.CheckDRAPrepare, verify.Skip, "%v", err)
+		r.skipDependent("see "+verify.CheckDRATimeout, verify.CheckDRAIdempotent, verify.CheckDRACDI, verify.CheckDRAReboot, verify.CheckDRASharedDevice)
+	} else if err != nil {
 		r.set(verify.CheckDRAPrepare, verify.Fail, "%v", err)
 		r.skipDependent("see "+verify.CheckDRAPrepare, verify.CheckDRAIdempotent, verify.CheckDRACDI, verify.CheckDRAReboot, verify.CheckDRASharedDevice)
 	} else {
@@ -159,7 +163,7 @@ func (r *run) checkPrepare(ctx context.Context) bool {
 		}
 		if len(problems) > 0 {
 			r.set(verify.CheckDRAPrepare, verify.Fail, "%s", strings.Join(problems, "; "))
-			r.skipDependent("see "+verify.CheckDRAPrepare, verify.CheckDRAIdempotent, verify.CheckDRACDI, verify.CheckDRAReboot)
+			r.skipDependent("see "+verify.CheckDRAPrepare, verify.CheckDRAIdempotent, verify.CheckDRACDI, verify.CheckDRAReboot, verify.CheckDRASharedDevice)
 		} else {
 			r.prepared = resp.Claims
 			r.set(verify.CheckDRAPrepare, verify.Pass, "%d claims, %d results: %s", len(twoClaims), len(resp.Claims), deviceKey(resp.Claims[string(a.UID)]))
@@ -323,6 +327,12 @@ func (r *run) checkReboot(ctx context.Context) {
 		}
 		return
 	}
+	if r.results[verify.CheckDRACDI].Verdict == verify.Fail {
+		// One cause, one failure: a spec missing or broken before the
+		// reboot is missing or broken after it too.
+		r.set(verify.CheckDRAReboot, verify.Skip, "see %s", verify.CheckDRACDI)
+		return
+	}
 	a := r.claims["claim-a"]
 	resp, err := r.prepare(ctx, a)
 	switch {
@@ -483,6 +493,7 @@ func (r *run) checkShutdown(ctx context.Context) bool {
 	default:
 		r.set(verify.CheckDRAExit, verify.Pass, "%s %s after SIGTERM; sockets removed", r.proc.Exit(), took.Round(time.Millisecond))
 	}
+	r.checkGeneration()
 	sl, err := r.slicesNow(ctx)
 	switch {
 	case err != nil:

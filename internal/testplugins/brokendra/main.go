@@ -1,0 +1,494 @@
+// Command brokendra is a DRA driver for the tests of dpkit verify --dra. It
+// speaks the kubelet's gRPC APIs (pluginregistration/v1, dra/v1,
+// dra-health/v1) directly and publishes its ResourceSlices with client-go,
+// written without pkg/dra so that it can misbehave: -mode picks one
+// deliberate bug, each aimed at one check, and an empty mode is a driver
+// that does everything right.
+//
+// It serves driver broken.dpkit.io with devices dev-0 ... dev-3 in a pool
+// named after the node. It takes its directories, node and API server from
+// what verify sets: $DPKIT_REGISTRY_DIR, $DPKIT_DRA_PLUGINS_DIR,
+// $DPKIT_CDI_DIR, $NODE_NAME and $KUBECONFIG. Its checkpoint
+// (<plugins dir>/broken.dpkit.io/checkpoint.json) lists the claims it
+// prepared and survives a restart.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"maps"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	resourcev1 "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/dpkit/dpkit/internal/fileutil"
+	"github.com/dpkit/dpkit/internal/unixsock"
+)
+
+// modes returns the modes, each a deliberate bug aimed at one check of
+// dpkit verify --dra, with their descriptions.
+func modes() map[string]string {
+	return map[string]string{
+		"":                  "no bug",
+		"bad-registration":  "lists the version \"1.0.0\" (not a gRPC service name) beside v1.DRAPlugin in GetInfo",
+		"register-once":     "answers GetInfo only until it is registered once: a restarted kubelet cannot register it again",
+		"slow-reregister":   "answers GetInfo with Unavailable for -delay after it was registered once",
+		"stale-socket":      "does not remove a stale socket before listening: started again after a crash, it exits",
+		"bad-slices":        "publishes its ResourceSlice without the Node as owner",
+		"same-generation":   "started again, publishes its devices with a changed attribute and the old pool generation",
+		"no-republish":      "started again (its checkpoint exists), deletes its ResourceSlice and publishes none",
+		"drop-result":       "leaves the last claim out of a NodePrepareResources answer with more than one",
+		"fresh-cdi-ids":     "gives a claim prepared again a new CDI device ID",
+		"unprepare-unknown": "answers NodeUnprepareResources of a claim it never prepared with an error",
+		"whole-call-error":  "fails the whole NodePrepareResources call when one claim cannot be prepared",
+		"no-cdi-spec":       "writes no CDI spec",
+		"bad-cdi-spec":      "writes a CDI spec without cdiVersion",
+		"no-cdi-rewrite":    "answers Prepare from its checkpoint without writing a CDI spec that is gone",
+		"share-device":      "prepares a device held by one claim for another claim too",
+		"slow-prepare":      "takes -delay to answer NodePrepareResources",
+		"health-once":       "reports health once when the stream opens and never again",
+		"ignore-sigterm":    "ignores SIGTERM",
+		"leave-sockets":     "exits on SIGTERM without removing its sockets",
+		"exit-before-serve": "exits with status 3 before registering",
+	}
+}
+
+const (
+	driverName = "broken.dpkit.io"
+	cdiKind    = "dpkit.io/brokendra"
+)
+
+var devices = []string{"dev-0", "dev-1", "dev-2", "dev-3"}
+
+func main() {
+	mode := flag.String("mode", "", "the bug to have; see -list")
+	list := flag.Bool("list", false, "list the modes and exit")
+	delay := flag.Duration("delay", 3*time.Second, "slow-reregister, slow-prepare: how long")
+	healthInterval := flag.Duration("health-interval", 15*time.Second, "how often health is reported")
+	flag.Parse()
+	if *list {
+		names := slices.Sorted(maps.Keys(modes()))
+		for _, m := range names {
+			fmt.Printf("%-20s %s\n", m, modes()[m])
+		}
+		return
+	}
+	if _, ok := modes()[*mode]; !ok {
+		log.Fatalf("-mode %q: unknown; see -list", *mode)
+	}
+	d := &driver{
+		mode: *mode, delay: *delay, healthInterval: *healthInterval,
+		registryDir: os.Getenv("DPKIT_REGISTRY_DIR"), pluginsDir: os.Getenv("DPKIT_DRA_PLUGINS_DIR"),
+		cdiDir: os.Getenv("DPKIT_CDI_DIR"), node: os.Getenv("NODE_NAME"),
+	}
+	for env, v := range map[string]string{"DPKIT_REGISTRY_DIR": d.registryDir, "DPKIT_DRA_PLUGINS_DIR": d.pluginsDir, "DPKIT_CDI_DIR": d.cdiDir, "NODE_NAME": d.node} {
+		if v == "" {
+			log.Fatalf("$%s is not set: run brokendra under dpkit verify --dra, which sets it", env)
+		}
+	}
+	if *mode == "exit-before-serve" {
+		os.Exit(3)
+	}
+	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if *mode == "ignore-sigterm" {
+		signal.Ignore(syscall.SIGTERM)
+		sigs = sigs[:1]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), sigs...)
+	defer stop()
+	if err := d.run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// prepared is a claim in the checkpoint.
+type prepared struct {
+	UID     string          `json:"uid"`
+	Devices []*drav1.Device `json:"devices"`
+}
+
+type driver struct {
+	mode           string
+	delay          time.Duration
+	healthInterval time.Duration
+	registryDir    string
+	pluginsDir     string
+	cdiDir         string
+	node           string
+	client         kubernetes.Interface
+
+	mu         sync.Mutex
+	registered bool      // the kubelet said registered once
+	refusing   time.Time // slow-reregister: when GetInfo started refusing
+	claims     map[string]*prepared
+	cdiSerial  int
+
+	drav1.UnimplementedDRAPluginServer
+	drahealthv1.UnimplementedDRAResourceHealthServer
+}
+
+func (d *driver) dir() string            { return filepath.Join(d.pluginsDir, driverName) }
+func (d *driver) endpoint() string       { return filepath.Join(d.dir(), "dra.sock") }
+func (d *driver) regSocket() string      { return filepath.Join(d.registryDir, driverName+"-reg.sock") }
+func (d *driver) checkpointPath() string { return filepath.Join(d.dir(), "checkpoint.json") }
+
+func (d *driver) run(ctx context.Context) error {
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("$KUBECONFIG: %w", err)
+	}
+	if d.client, err = kubernetes.NewForConfig(rc); err != nil {
+		return err
+	}
+	restarted := false
+	d.claims = map[string]*prepared{}
+	if data, err := os.ReadFile(d.checkpointPath()); err == nil {
+		restarted = true
+		if err := json.Unmarshal(data, &d.claims); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", d.checkpointPath(), err)
+		}
+	}
+	if err := os.MkdirAll(d.dir(), 0o750); err != nil {
+		return err
+	}
+	if err := d.saveLocked(); err != nil {
+		return err
+	}
+	if d.mode == "no-republish" && restarted {
+		// Before registering, so that verify never sees the old slice.
+		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete the ResourceSlice: %w", err)
+		}
+	}
+	listen := unixsock.Listen
+	if d.mode == "stale-socket" {
+		listen = func(path string) (net.Listener, error) { return net.Listen("unix", path) }
+	}
+	draLis, err := listen(d.endpoint())
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", d.endpoint(), err)
+	}
+	draSrv := grpc.NewServer()
+	drav1.RegisterDRAPluginServer(draSrv, d)
+	drahealthv1.RegisterDRAResourceHealthServer(draSrv, d)
+	go func() { _ = draSrv.Serve(draLis) }()
+
+	regLis, err := listen(d.regSocket())
+	if err != nil {
+		draSrv.Stop()
+		return fmt.Errorf("listen on %s: %w", d.regSocket(), err)
+	}
+	regSrv := grpc.NewServer()
+	registerapi.RegisterRegistrationServer(regSrv, registration{d: d})
+	go func() { _ = regSrv.Serve(regLis) }()
+
+	// Published once the servers run: registering does not wait for the
+	// API server.
+	if d.mode != "no-republish" || !restarted {
+		if err := d.publish(ctx, restarted); err != nil {
+			log.Printf("Publish the ResourceSlice: %v", err)
+		}
+	}
+
+	<-ctx.Done()
+	if d.mode == "leave-sockets" {
+		os.Exit(0) // the listeners' sockets stay
+	}
+	regSrv.Stop()
+	draSrv.Stop()
+	_ = os.Remove(d.regSocket())
+	_ = os.Remove(d.endpoint())
+	return nil
+}
+
+func (d *driver) sliceName() string { return d.node + "-broken" }
+
+// publish writes the driver's ResourceSlice: the same devices keep the
+// generation, other devices bump it. The devices' attribute
+// dpkit.io/started says whether the driver was started again, so that a
+// restart changes the devices and verify sees the generation go up.
+func (d *driver) publish(ctx context.Context, restarted bool) error {
+	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	started := "first"
+	if restarted {
+		started = "again"
+	}
+	var devs []resourcev1.Device
+	for _, name := range devices {
+		devs = append(devs, resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+			"dpkit.io/started": {StringValue: &started},
+		}})
+	}
+	want := &resourcev1.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: d.sliceName()},
+		Spec: resourcev1.ResourceSliceSpec{
+			Driver:   driverName,
+			Pool:     resourcev1.ResourcePool{Name: d.node, Generation: 1, ResourceSliceCount: 1},
+			NodeName: &d.node,
+			Devices:  devs,
+		},
+	}
+	if d.mode != "bad-slices" {
+		want.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
+	}
+	slices := d.client.ResourceV1().ResourceSlices()
+	old, err := slices.Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = slices.Create(ctx, want, metav1.CreateOptions{})
+		return err
+	case err != nil:
+		return err
+	}
+	want.Spec.Pool.Generation = old.Spec.Pool.Generation
+	if !apiequality.Semantic.DeepEqual(old.Spec.Devices, devs) && d.mode != "same-generation" {
+		want.Spec.Pool.Generation++
+	}
+	old.Spec, old.OwnerReferences = want.Spec, want.OwnerReferences
+	_, err = slices.Update(ctx, old, metav1.UpdateOptions{})
+	return err
+}
+
+// registration is the driver's pluginregistration/v1 server.
+type registration struct {
+	d *driver
+	registerapi.UnimplementedRegistrationServer
+}
+
+func (r registration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	d := r.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.registered {
+		switch d.mode {
+		case "register-once":
+			return nil, status.Error(codes.FailedPrecondition, "already registered")
+		case "slow-reregister":
+			if d.refusing.IsZero() {
+				d.refusing = time.Now()
+			}
+			if time.Since(d.refusing) < d.delay {
+				return nil, status.Error(codes.Unavailable, "not ready yet")
+			}
+		}
+	}
+	versions := []string{drav1.DRAPluginService, drahealthv1.DRAResourceHealthService}
+	if d.mode == "bad-registration" {
+		versions = append(versions, "1.0.0")
+	}
+	return &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: driverName, Endpoint: d.endpoint(), SupportedVersions: versions}, nil
+}
+
+func (r registration) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	if st.PluginRegistered {
+		r.d.mu.Lock()
+		r.d.registered = true
+		r.d.mu.Unlock()
+	} else {
+		log.Printf("Not registered: %s", st.Error)
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// saveLocked writes the checkpoint.
+func (d *driver) saveLocked() error {
+	data, err := json.Marshal(d.claims)
+	if err != nil {
+		return err
+	}
+	return fileutil.WriteAtomic(d.checkpointPath(), data, 0o600)
+}
+
+func (d *driver) NodePrepareResources(ctx context.Context, req *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
+	if d.mode == "slow-prepare" {
+		t := time.NewTimer(d.delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	resp := &drav1.NodePrepareResourcesResponse{Claims: map[string]*drav1.NodePrepareResourceResponse{}}
+	for _, c := range req.Claims {
+		devs, err := d.prepare(ctx, c)
+		if err != nil {
+			if d.mode == "whole-call-error" {
+				return nil, status.Errorf(codes.FailedPrecondition, "claim %s/%s: %v", c.Namespace, c.Name, err)
+			}
+			resp.Claims[c.Uid] = &drav1.NodePrepareResourceResponse{Error: err.Error()}
+			continue
+		}
+		resp.Claims[c.Uid] = &drav1.NodePrepareResourceResponse{Devices: devs}
+	}
+	if d.mode == "drop-result" && len(req.Claims) > 1 {
+		delete(resp.Claims, req.Claims[len(req.Claims)-1].Uid)
+	}
+	return resp, nil
+}
+
+// prepare prepares one claim, from the checkpoint when it was prepared.
+func (d *driver) prepare(ctx context.Context, c *drav1.Claim) ([]*drav1.Device, error) {
+	d.mu.Lock()
+	p, ok := d.claims[c.Uid]
+	if ok {
+		defer d.mu.Unlock()
+		switch d.mode {
+		case "fresh-cdi-ids":
+			d.cdiSerial++
+			for _, dev := range p.Devices {
+				dev.CdiDeviceIds = []string{fmt.Sprintf("%s=%s-%s-%d", cdiKind, c.Uid, dev.DeviceName, d.cdiSerial)}
+			}
+			if err := d.saveLocked(); err != nil {
+				return nil, err
+			}
+		case "no-cdi-rewrite":
+			return p.Devices, nil
+		}
+		return p.Devices, d.writeSpec(p)
+	}
+	d.mu.Unlock()
+	claim, err := d.client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read the claim: %w", err)
+	}
+	if string(claim.UID) != c.Uid {
+		return nil, fmt.Errorf("claim %s/%s has UID %s, not %s", c.Namespace, c.Name, claim.UID, c.Uid)
+	}
+	if claim.Status.Allocation == nil {
+		return nil, errors.New("the claim is not allocated")
+	}
+	p = &prepared{UID: c.Uid}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, res := range claim.Status.Allocation.Devices.Results {
+		if res.Driver != driverName {
+			continue
+		}
+		if res.Pool != d.node || !slices.Contains(devices, res.Device) {
+			return nil, fmt.Errorf("device %s/%s: not one of this driver's devices", res.Pool, res.Device)
+		}
+		if d.mode != "share-device" {
+			for uid, other := range d.claims {
+				if slices.ContainsFunc(other.Devices, func(x *drav1.Device) bool { return x.DeviceName == res.Device }) {
+					return nil, fmt.Errorf("device %s is prepared for claim %s", res.Device, uid)
+				}
+			}
+		}
+		p.Devices = append(p.Devices, &drav1.Device{
+			RequestNames: []string{res.Request}, PoolName: res.Pool, DeviceName: res.Device,
+			CdiDeviceIds: []string{cdiKind + "=" + c.Uid + "-" + res.Device},
+		})
+	}
+	if err := d.writeSpec(p); err != nil {
+		return nil, err
+	}
+	d.claims[c.Uid] = p
+	return p.Devices, d.saveLocked()
+}
+
+func (d *driver) specPath(uid string) string {
+	return filepath.Join(d.cdiDir, "brokendra-"+uid+".json")
+}
+
+// writeSpec writes the CDI spec of a claim's devices.
+func (d *driver) writeSpec(p *prepared) error {
+	if d.mode == "no-cdi-spec" {
+		return nil
+	}
+	type device struct {
+		Name           string         `json:"name"`
+		ContainerEdits map[string]any `json:"containerEdits"`
+	}
+	spec := struct {
+		Version string   `json:"cdiVersion,omitempty"`
+		Kind    string   `json:"kind"`
+		Devices []device `json:"devices"`
+	}{Version: "0.6.0", Kind: cdiKind}
+	if d.mode == "bad-cdi-spec" {
+		spec.Version = ""
+	}
+	for _, dev := range p.Devices {
+		for _, id := range dev.CdiDeviceIds {
+			spec.Devices = append(spec.Devices, device{Name: strings.TrimPrefix(id, cdiKind+"="),
+				ContainerEdits: map[string]any{"env": []string{"BROKENDRA_DEVICE=" + dev.DeviceName}}})
+		}
+	}
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return fileutil.WriteAtomic(d.specPath(p.UID), data, 0o644)
+}
+
+func (d *driver) NodeUnprepareResources(_ context.Context, req *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	resp := &drav1.NodeUnprepareResourcesResponse{Claims: map[string]*drav1.NodeUnprepareResourceResponse{}}
+	for _, c := range req.Claims {
+		if _, ok := d.claims[c.Uid]; !ok && d.mode == "unprepare-unknown" {
+			resp.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{Error: "claim " + c.Uid + " is not prepared"}
+			continue
+		}
+		delete(d.claims, c.Uid)
+		_ = os.Remove(d.specPath(c.Uid))
+		resp.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{}
+	}
+	return resp, d.saveLocked()
+}
+
+func (d *driver) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, stream grpc.ServerStreamingServer[drahealthv1.NodeWatchResourcesResponse]) error {
+	tick := time.NewTicker(d.healthInterval)
+	defer tick.Stop()
+	for {
+		msg := &drahealthv1.NodeWatchResourcesResponse{}
+		names := slices.Clone(devices)
+		sort.Strings(names)
+		for _, name := range names {
+			msg.Devices = append(msg.Devices, &drahealthv1.DeviceHealth{
+				Device: &drahealthv1.DeviceIdentifier{PoolName: d.node, DeviceName: name},
+				Health: drahealthv1.HealthStatus_HEALTHY, LastUpdatedTime: time.Now().Unix(),
+			})
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+		if d.mode == "health-once" {
+			<-stream.Context().Done()
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
+}
