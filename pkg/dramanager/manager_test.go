@@ -3,6 +3,7 @@ package dramanager
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -434,5 +435,24 @@ func TestCorruptCheckpointRefused(t *testing.T) {
 	_, err := New(Config{Root: root})
 	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "remove the file") {
 		t.Fatalf("err = %v, want the file named with the fix", err)
+	}
+}
+
+// TestNewWritesEmptyCheckpoint: on a root without a checkpoint, New writes
+// the kubelet's empty one at once, byte for byte (what NewManager's
+// GetOrCreate stores; test/e2e/dra_sidebyside_test.go compares them).
+func TestNewWritesEmptyCheckpoint(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(t.TempDir(), "kubelet")
+	if _, err := New(Config{Root: root}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(root, checkpoint.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const kubelet = `{"Data":"{\"kind\":\"DRACheckpoint\",\"apiVersion\":\"checkpoint.dra.kubelet.k8s.io/v1\",\"ClaimInfoStateList\":null}","Checksum":4010664294}`
+	if string(got) != kubelet {
+		t.Fatalf("checkpoint of a fresh root:\n%s\nwant the kubelet's\n%s", got, kubelet)
 	}
 }
