@@ -61,14 +61,14 @@ import (
 	"time"
 	_ "unsafe" // go:linkname
 
-	v1 "k8s.io/api/core/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/version"
 	"k8s.io/klog/v2"
-	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
@@ -130,16 +130,16 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("DRA manager: %w", err)
 	}
-	h := &host{m: m, out: &printer{enc: json.NewEncoder(os.Stdout)}, active: map[string]*v1.Pod{}}
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: *nodeName}}
-	getNode := func(context.Context) (*v1.Node, error) { return node, nil }
+	h := &host{m: m, out: &printer{enc: json.NewEncoder(os.Stdout)}, active: map[string]*corev1.Pod{}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *nodeName}}
+	getNode := func(context.Context) (*corev1.Node, error) { return node, nil }
 	if err := m.Start(ctx, h.activePods, getNode, &h.ready); err != nil {
 		return fmt.Errorf("start DRA manager: %w", err)
 	}
 	defer m.Stop()
 
 	pm := pluginmanager.NewPluginManager(registry, &record.FakeRecorder{})
-	pm.AddHandler(pluginwatcherapi.DRAPlugin, m.GetWatcherHandler())
+	pm.AddHandler(registerapi.DRAPlugin, m.GetWatcherHandler())
 	stopCh := make(chan struct{})
 	defer close(stopCh)
 	go pm.Run(ctx, &sourcesReady{always: true}, stopCh)
@@ -194,13 +194,13 @@ type host struct {
 	ready sourcesReady // the reconcile loop's: ready only during "reconcile"
 
 	mu     sync.Mutex
-	active map[string]*v1.Pod
+	active map[string]*corev1.Pod
 }
 
-func (h *host) activePods() []*v1.Pod {
+func (h *host) activePods() []*corev1.Pod {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	pods := make([]*v1.Pod, 0, len(h.active))
+	pods := make([]*corev1.Pod, 0, len(h.active))
 	for _, p := range h.active {
 		pods = append(pods, p)
 	}
@@ -213,7 +213,7 @@ func (h *host) command(ctx context.Context, line string) {
 	case "wait-registered":
 		h.waitRegistered(ctx, arg)
 	case "prepare", "unprepare", "status":
-		var pod v1.Pod
+		var pod corev1.Pod
 		if err := json.Unmarshal([]byte(arg), &pod); err != nil {
 			h.out.print(map[string]any{"event": "error", "error": fmt.Sprintf("%s: POD-JSON: %v", verb, err)})
 			return
@@ -221,7 +221,7 @@ func (h *host) command(ctx context.Context, line string) {
 		h.podCommand(ctx, verb, &pod)
 	case "reconcile":
 		h.mu.Lock()
-		keep := map[string]*v1.Pod{}
+		keep := map[string]*corev1.Pod{}
 		for _, uid := range strings.Split(arg, ",") {
 			if p, ok := h.active[uid]; ok {
 				keep[uid] = p
@@ -238,7 +238,7 @@ func (h *host) command(ctx context.Context, line string) {
 	}
 }
 
-func (h *host) podCommand(ctx context.Context, verb string, pod *v1.Pod) {
+func (h *host) podCommand(ctx context.Context, verb string, pod *corev1.Pod) {
 	ev := map[string]any{"event": verb, "pod": string(pod.UID)}
 	var err error
 	switch verb {
@@ -253,9 +253,9 @@ func (h *host) podCommand(ctx context.Context, verb string, pod *v1.Pod) {
 		h.mu.Unlock()
 		err = h.m.UnprepareResources(ctx, pod)
 	case "status":
-		status := &v1.PodStatus{}
+		status := &corev1.PodStatus{}
 		for _, c := range pod.Spec.Containers {
-			status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{Name: c.Name})
+			status.ContainerStatuses = append(status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name})
 		}
 		h.m.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, status)
 		var cs []map[string]any
