@@ -21,7 +21,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +34,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
+	"github.com/dpkit/dpkit/test/upstream"
 )
 
 // draSide is one DRA manager the scenarios drive.
@@ -294,9 +294,8 @@ func startKubeletDRA(t *testing.T, ctx context.Context, bin, root, kubeconfig st
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-v", "4", "--root", root, "--kubeconfig", kubeconfig, "--node-name", unique("sbs-kubelet"))
+	cmd := upstream.Command(bin, "-v", "4", "--root", root, "--kubeconfig", kubeconfig, "--node-name", unique("sbs-kubelet"))
 	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
