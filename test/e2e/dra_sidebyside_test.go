@@ -65,7 +65,9 @@ type sbsClaims struct {
 // the batched NodePrepareResources, an idempotent prepare (no call), a
 // claim shared by two pods (unprepared only by the last), the
 // dra_manager_state checkpoint (bytes, claims in one order), reconcile of a
-// gone pod, and the allocatedResourcesStatus a health report produces.
+// gone pod, the allocatedResourcesStatus a health report produces, and a
+// prepare the driver fails (its error, the claim checkpointed before the
+// call, the unprepare after).
 func TestDRASideBySideWithKubelet(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
@@ -98,9 +100,10 @@ func TestDRASideBySideWithKubelet(t *testing.T) {
 // sbsStep is what one step of the scenarios showed.
 type sbsStep struct{ step, got string }
 
-// sbsSetup creates claims a (dev-0) and b (dev-1) of the fake driver,
-// allocated and reserved for pods p0, p1 and p2 (a) and p0 and p1 (b), as
-// the scheduler would, and writes them where the fake drivers read them.
+// sbsSetup creates claims a (dev-0), b and c (dev-1) of the fake driver,
+// allocated and reserved for pods p0, p1 and p2 (a), p0 and p1 (b) and p3
+// (c), as the scheduler would, and writes them where the fake drivers read
+// them.
 func sbsSetup(t *testing.T, ctx context.Context, c kubernetes.Interface) *sbsClaims {
 	t.Helper()
 	class := deviceClass(t, ctx, c, "")
@@ -108,7 +111,7 @@ func sbsSetup(t *testing.T, ctx context.Context, c kubernetes.Interface) *sbsCla
 	for _, cl := range []struct {
 		name, device string
 		pods         []string
-	}{{"a", "dev-0", []string{"p0", "p1", "p2"}}, {"b", "dev-1", []string{"p0", "p1"}}} {
+	}{{"a", "dev-0", []string{"p0", "p1", "p2"}}, {"b", "dev-1", []string{"p0", "p1"}}, {"c", "dev-1", []string{"p3"}}} {
 		claim, err := c.ResourceV1().ResourceClaims(s.ns).Create(ctx, claimFor(s.ns, cl.name, class, 1), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -158,7 +161,7 @@ func runSBSScenarios(t *testing.T, side string, claims *sbsClaims, start func(ro
 		slices.Sort(names)
 		return fmt.Sprintf("%s %v", method, names)
 	}
-	p0, p1, p2 := pod("p0", "a"), pod("p1", "a", "b"), pod("p2", "a")
+	p0, p1, p2, p3 := pod("p0", "a"), pod("p1", "a", "b"), pod("p2", "a"), pod("p3", "c")
 
 	record("prepare with the driver not registered", fmt.Sprintf("error %q", m.prepare(t, p0)))
 	record("checkpoint after a refused prepare", sbsCheckpoint(t, root))
@@ -197,6 +200,15 @@ func runSBSScenarios(t *testing.T, side string, claims *sbsClaims, start func(ro
 	m.reconcile(t) // p2 is gone without an unprepare
 	record("driver call for the reconcile of gone p2", call(drv))
 	record("checkpoint after reconcile", sbsCheckpoint(t, root))
+
+	drv.Send(t, "fail-prepare out of widgets")
+	record("prepare p3 (claim c) while the driver fails", fmt.Sprintf("error %q", m.prepare(t, p3)))
+	record("driver call for p3", call(drv))
+	record("checkpoint after a failed prepare", sbsCheckpoint(t, root))
+	drv.Send(t, "heal")
+	record("unprepare p3", fmt.Sprintf("error %q", m.unprepare(t, p3)))
+	record("driver call for p3's unprepare", call(drv))
+	record("checkpoint after p3's unprepare", sbsCheckpoint(t, root))
 	drv.NoMoreCalls(t)
 	t.Logf("%s: %d steps", side, len(steps))
 	return steps
