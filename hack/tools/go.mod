@@ -1,8 +1,8 @@
 // Module tools builds the binaries dpkit's tests and scripts need: the test
 // control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
 // etcd), the real node's kubelet and the upstream interop binaries
-// (sample-device-plugin, kubelet-devicemanager), the fake DRA driver
-// (dpkit-fakedra) and the DRA checkpoint golden writer
+// (sample-device-plugin, kubelet-devicemanager, kubelet-dramanager), the
+// fake DRA driver (dpkit-fakedra) and the DRA checkpoint golden writer
 // (kubelet-dracheckpoint). It is separate from the
 // main module so that github.com/dpkit/dpkit never depends on
 // k8s.io/kubernetes. See hack/build-controlplane.sh, hack/build-node.sh,

@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -118,6 +119,14 @@ func New(cfg Config) (*Manager, error) {
 	list, err := checkpoint.Read(m.cache.path)
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
+		// The kubelet's checkpointer creates the file at once (GetOrCreate),
+		// empty, and refuses to start when it cannot.
+		if err := os.MkdirAll(cfg.Root, 0o750); err != nil {
+			return nil, fmt.Errorf("dramanager: %w; Root must be a directory the manager can write", err)
+		}
+		if err := checkpoint.Write(m.cache.path, nil); err != nil {
+			return nil, fmt.Errorf("dramanager: %w; Root must be a directory the manager can write", err)
+		}
 	case err != nil:
 		return nil, fmt.Errorf("dramanager: %w; the claims it lists may still be prepared: unprepare them (drain the node) and remove the file to start afresh", err)
 	}

@@ -3,6 +3,7 @@ package dramanager
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -154,8 +155,13 @@ func TestUnregisteredDriver(t *testing.T) {
 	n := newNode(t, "", nil)
 	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
 	err := n.m.PrepareResources(context.Background(), dratest.Pod("default", "p", "pod-1", "a"))
-	if !errors.Is(err, ErrNotRegistered) || !strings.Contains(err.Error(), driverName) {
-		t.Fatalf("err = %v, want ErrNotRegistered naming %s", err, driverName)
+	if !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("err = %v, want ErrNotRegistered", err)
+	}
+	// The kubelet's message, word for word (test/e2e/dra_sidebyside_test.go
+	// compares it with the kubelet's own).
+	if want := "prepare dynamic resources: DRA driver " + driverName + " is not registered"; err.Error() != want {
+		t.Fatalf("err = %q, want %q", err, want)
 	}
 	if cs := checkpointed(t, n); len(cs) != 0 {
 		t.Fatalf("checkpoint = %+v, want empty", cs)
@@ -429,5 +435,24 @@ func TestCorruptCheckpointRefused(t *testing.T) {
 	_, err := New(Config{Root: root})
 	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "remove the file") {
 		t.Fatalf("err = %v, want the file named with the fix", err)
+	}
+}
+
+// TestNewWritesEmptyCheckpoint: on a root without a checkpoint, New writes
+// the kubelet's empty one at once, byte for byte (what NewManager's
+// GetOrCreate stores; test/e2e/dra_sidebyside_test.go compares them).
+func TestNewWritesEmptyCheckpoint(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(t.TempDir(), "kubelet")
+	if _, err := New(Config{Root: root}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(root, checkpoint.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const kubelet = `{"Data":"{\"kind\":\"DRACheckpoint\",\"apiVersion\":\"checkpoint.dra.kubelet.k8s.io/v1\",\"ClaimInfoStateList\":null}","Checksum":4010664294}`
+	if string(got) != kubelet {
+		t.Fatalf("checkpoint of a fresh root:\n%s\nwant the kubelet's\n%s", got, kubelet)
 	}
 }

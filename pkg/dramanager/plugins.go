@@ -199,7 +199,8 @@ func (m *Manager) getPlugin(driver string) (*plugin, error) {
 	defer m.plugins.mu.Unlock()
 	list := m.plugins.store[driver]
 	if len(list) == 0 {
-		return nil, fmt.Errorf("DRA driver %s is not registered: %w", driver, ErrNotRegistered)
+		// The kubelet's words, without repeating ErrNotRegistered's.
+		return nil, &reasonError{reason: ErrNotRegistered, msg: fmt.Sprintf("DRA driver %s is not registered", driver)}
 	}
 	for i := len(list) - 1; i >= 0; i-- {
 		if list[i].Connected {
