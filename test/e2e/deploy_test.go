@@ -222,6 +222,20 @@ func TestDeployDryRun(t *testing.T) {
 			}
 		}
 	})
+	// With only the exporter enabled, the chart renders none of the
+	// plugins' objects (their ServiceAccount, metrics Service and
+	// ServiceMonitor select pods that do not exist).
+	t.Run("helm exporter alone", func(t *testing.T) {
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("exporter: {enabled: true}\nserviceMonitor: {enabled: true}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range render(t, "helm", filepath.Join(deploy, "helm", "dpkit"), "-f", values) {
+			if !strings.HasSuffix(o.GetName(), "-exporter") || o.GetLabels()["app.kubernetes.io/name"] == "dpkit-plugin" {
+				t.Errorf("exporter alone rendered %s %s (labels %v): not the exporter's", o.GetKind(), o.GetName(), o.GetLabels())
+			}
+		}
+	})
 }
 
 func applyDryRun(ctx context.Context, t *testing.T, dyn dynamic.Interface, mapper meta.RESTMapper, o *unstructured.Unstructured) {
