@@ -109,13 +109,14 @@ func TestExporterOnVirtualNode(t *testing.T) {
 }
 
 // startExporter runs dpkit exporter on the PodResources socket of the
-// node rooted at root, with args, reading PodResources on every scrape;
-// it returns its address once it serves a successful read.
+// kubelet (or dpkit node) rooted at root, with args, reading PodResources
+// on every scrape; it returns its address once it serves a successful
+// read.
 func startExporter(t *testing.T, ctx context.Context, root string, args ...string) string {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	args = append([]string{"exporter", "--pod-resources-socket", podresources.SocketPath(root), "--listen", addr, "--cache-ttl", "1ms", "--sysfs-root", ""}, args...)
-	startProc(t, filepath.Join(root, unique("exporter")+".log"), os.Environ(), dpkitBinary(t), args...)
+	startProc(t, filepath.Join(t.TempDir(), "exporter.log"), os.Environ(), dpkitBinary(t), args...)
 	poll(t, ctx, "the exporter to serve", func(ctx context.Context) (bool, string, error) {
 		out, err := scrapeExporter(ctx, addr)
 		if err != nil {
