@@ -45,7 +45,7 @@ func (d *healthDriver) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesReque
 
 // serveDriver serves d as driver under pluginsDir until the returned stop
 // is called (or the test ends).
-func serveDriver(t *testing.T, pluginsDir, driver string, d *healthDriver) (stop func()) {
+func serveDriver(t testing.TB, pluginsDir, driver string, d *healthDriver) (stop func()) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Join(pluginsDir, driver), 0o750); err != nil {
 		t.Fatal(err)
@@ -72,7 +72,7 @@ func report(pool, device string, h drahealthv1.HealthStatus, timeoutSeconds int6
 // healthBecomes waits until h says want of d: the report the test's
 // driver sent is read on the stream's goroutine. It gives up after a
 // minute, so that a health that never comes fails with a message.
-func healthBecomes(t *testing.T, h HealthSource, d Device, want string) {
+func healthBecomes(t testing.TB, h HealthSource, d Device, want string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
