@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -50,14 +51,20 @@ func benchNode(dra bool) *fakeNode {
 //	go test -run '^$' -bench Scrape -benchmem ./pkg/exporter/
 func BenchmarkScrape(b *testing.B) {
 	for _, mode := range []struct {
-		name string
-		dra  bool
-		miss bool
-	}{{"dp/miss", false, true}, {"dp/cached", false, false}, {"dp+dra/miss", true, true}} {
+		name   string
+		dra    bool
+		miss   bool
+		health bool
+	}{{"dp/miss", false, true, false}, {"dp/cached", false, false, false}, {"dp+dra/miss", true, true, false}, {"dp+dra+health/miss", true, true, true}} {
 		b.Run(mode.name, func(b *testing.B) {
 			socket := filepath.Join(b.TempDir(), "kubelet.sock")
-			serveQPS(b, benchNode(mode.dra), socket, -1)
-			e, fc := newExporter(b, Config{Socket: socket})
+			n := benchNode(mode.dra)
+			serveQPS(b, n, socket, -1)
+			cfg := Config{Socket: socket}
+			if mode.health {
+				cfg.Health = benchDRAHealth(b, n)
+			}
+			e, fc := newExporter(b, cfg)
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(e)
 			h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
@@ -85,4 +92,38 @@ func BenchmarkScrape(b *testing.B) {
 			b.ReportMetric(float64(size), "body-bytes")
 		})
 	}
+}
+
+// benchDRAHealth is a DRAHealth whose driver has reported every DRA
+// device of n Healthy, with an hour's timeout.
+func benchDRAHealth(b *testing.B, n *fakeNode) *DRAHealth {
+	b.Helper()
+	dir := b.TempDir()
+	drv := &healthDriver{reports: make(chan *drahealthv1.NodeWatchResourcesResponse, 1), opened: make(chan struct{}, 1)}
+	serveDriver(b, dir, "fake.dpkit.io", drv)
+	h, err := NewDRAHealth(DRAHealthConfig{PluginsDir: dir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = h.Close() })
+	var devs []Device
+	rep := &drahealthv1.NodeWatchResourcesResponse{}
+	for _, claims := range n.dra {
+		for _, dr := range claims {
+			for _, cr := range dr.ClaimResources {
+				devs = append(devs, Device{Driver: cr.DriverName, Pool: cr.PoolName, Name: cr.DeviceName, ID: cr.DriverName + "/" + cr.PoolName + "/" + cr.DeviceName})
+				rep.Devices = append(rep.Devices, &drahealthv1.DeviceHealth{
+					Device: &drahealthv1.DeviceIdentifier{PoolName: cr.PoolName, DeviceName: cr.DeviceName},
+					Health: drahealthv1.HealthStatus_HEALTHY, HealthCheckTimeoutSeconds: 3600,
+				})
+			}
+		}
+	}
+	if _, err := h.Health(b.Context(), devs[:1]); err != nil {
+		b.Fatal(err)
+	}
+	<-drv.opened
+	drv.reports <- rep
+	healthBecomes(b, h, devs[len(devs)-1], Healthy)
+	return h
 }

@@ -78,8 +78,10 @@ type PodInfo struct {
 	// Health is the device health of the pod's status
 	// (allocatedResourcesStatus of its containers and init containers):
 	// container -> resource -> resource ID -> Healthy, Unhealthy or
-	// Unknown. DRA devices are under "claim:<claim>" or
-	// "claim:<claim>/<request>", by their first CDI device name or by
+	// Unknown. DRA devices are under "claim:<name>" or
+	// "claim:<name>/<request>" (name: the container's reference to the
+	// claim, pod.spec.resourceClaims[].name, not the ResourceClaim's
+	// name), by their first CDI device name or by
 	// <driver>/<pool>/<device>.
 	Health map[string]map[string]map[string]string
 }
@@ -421,8 +423,13 @@ func statusHealth(h map[string]map[string]map[string]string, d Device) string {
 	if !d.DRA() {
 		return byRes[d.Resource][d.ID]
 	}
+	// The status names a claim as the pod spec refers to it
+	// (pod.spec.resourceClaims[].name), which PodResources does not
+	// report: PodResources names the ResourceClaim. A device's health is
+	// the device's, whatever claim of the container holds it, so it is
+	// looked for under every claim of the container.
 	for name, ids := range byRes {
-		if name != "claim:"+d.Claim && !strings.HasPrefix(name, "claim:"+d.Claim+"/") {
+		if !strings.HasPrefix(name, "claim:") {
 			continue
 		}
 		if v, ok := ids[d.ID]; ok {

@@ -173,7 +173,8 @@ const deviceHelp = `# HELP dpkit_pod_device_allocated 1 for every device a pod's
 
 // TestMetrics: device plugin devices and DRA devices of running pods,
 // with the pod labels asked for and the health of pod status (by device
-// ID, and for DRA by the first CDI device name under claim:<claim>/<req>);
+// ID, and for DRA by the first CDI device name under claim:<name>/<req>,
+// name being the pod's reference to ResourceClaim c1);
 // the allocatable and allocated counts; the health of a device the pod
 // status has not got comes from the HealthSource.
 func TestMetrics(t *testing.T) {
@@ -186,7 +187,7 @@ func TestMetrics(t *testing.T) {
 		Labels: map[string]string{"app.kubernetes.io/name": "trainer", "team": "ml"},
 		Health: map[string]map[string]map[string]string{"main": {
 			"example.com/gpu": {"gpu0": Healthy},
-			"claim:c1/req":    {"fake.dpkit.io/claim=c1-dev-0": Unhealthy},
+			"claim:gpus/req":  {"fake.dpkit.io/claim=c1-dev-0": Unhealthy},
 		}},
 	}}}
 	e, _ := newExporter(t, Config{Socket: socket, Pods: pods, PodLabels: []string{"app.kubernetes.io/name"},

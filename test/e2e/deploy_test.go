@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -219,6 +220,30 @@ func TestDeployDryRun(t *testing.T) {
 			}
 			if !found {
 				t.Errorf("%s: no ServiceMonitor for the exporter", name)
+			}
+		}
+	})
+	// With only the exporter enabled, the chart renders none of the
+	// plugins' objects (their ServiceAccount, metrics Service and
+	// ServiceMonitor select pods that do not exist); draHealth gives the
+	// exporter the kubelet's plugins directory.
+	t.Run("helm exporter alone", func(t *testing.T) {
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("exporter: {enabled: true, draHealth: true}\nserviceMonitor: {enabled: true}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range render(t, "helm", filepath.Join(deploy, "helm", "dpkit"), "-f", values) {
+			if !strings.HasSuffix(o.GetName(), "-exporter") || o.GetLabels()["app.kubernetes.io/name"] == "dpkit-plugin" {
+				t.Errorf("exporter alone rendered %s %s (labels %v): not the exporter's", o.GetKind(), o.GetName(), o.GetLabels())
+			}
+			if o.GetKind() != "DaemonSet" {
+				continue
+			}
+			ctrs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			args, _, _ := unstructured.NestedStringSlice(ctrs[0].(map[string]any), "args")
+			mounts, _, _ := unstructured.NestedSlice(ctrs[0].(map[string]any), "volumeMounts")
+			if !slices.Contains(args, "--dra-plugins-dir=/var/lib/kubelet/plugins") || !strings.Contains(fmt.Sprint(mounts), "mountPath:/var/lib/kubelet/plugins") {
+				t.Errorf("draHealth: exporter args %v, mounts %v; want --dra-plugins-dir and the plugins directory mounted", args, mounts)
 			}
 		}
 	})

@@ -50,30 +50,8 @@ func TestExporterOnVirtualNode(t *testing.T) {
 		}
 	}
 
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startProc(t, filepath.Join(root, "exporter.log"), os.Environ(), dpkitBinary(t), "exporter",
-		"--pod-resources-socket", podresources.SocketPath(root), "--listen", addr, "--cache-ttl", "1ms",
-		"--kubeconfig", cp.Kubeconfig, "--node-name", name, "--pod-label", "app.kubernetes.io/name", "--sysfs-root", "")
-	scrape := func(ctx context.Context) (string, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-		if err != nil {
-			return "", err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return string(b), err
-	}
-	poll(t, ctx, "the exporter to serve", func(ctx context.Context) (bool, string, error) {
-		out, err := scrape(ctx)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		return strings.Contains(out, "dpkit_exporter_podresources_up 1"), out, nil
-	})
+	addr := startExporter(t, ctx, root, "--kubeconfig", cp.Kubeconfig, "--node-name", name, "--pod-label", "app.kubernetes.io/name")
+	scrape := func(ctx context.Context) (string, error) { return scrapeExporter(ctx, addr) }
 
 	ids := map[string][]string{}
 	for _, pod := range []string{"a", "b"} {
@@ -128,6 +106,40 @@ func TestExporterOnVirtualNode(t *testing.T) {
 	if strings.Contains(out, `pod="b"`) || !strings.Contains(out, device("a", ids["a"][1])) {
 		t.Errorf("after pod b was deleted:\n%s", grepLines(out, "dpkit_pod_device"))
 	}
+}
+
+// startExporter runs dpkit exporter on the PodResources socket of the
+// kubelet (or dpkit node) rooted at root, with args, reading PodResources
+// on every scrape; it returns its address once it serves a successful
+// read.
+func startExporter(t *testing.T, ctx context.Context, root string, args ...string) string {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	args = append([]string{"exporter", "--pod-resources-socket", podresources.SocketPath(root), "--listen", addr, "--cache-ttl", "1ms", "--sysfs-root", ""}, args...)
+	startProc(t, filepath.Join(t.TempDir(), "exporter.log"), os.Environ(), dpkitBinary(t), args...)
+	poll(t, ctx, "the exporter to serve", func(ctx context.Context) (bool, string, error) {
+		out, err := scrapeExporter(ctx, addr)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return strings.Contains(out, "dpkit_exporter_podresources_up 1"), out, nil
+	})
+	return addr
+}
+
+// scrapeExporter returns the exporter's /metrics.
+func scrapeExporter(ctx context.Context, addr string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
 
 func grepLines(s, prefix string) string {

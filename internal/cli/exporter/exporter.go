@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,9 +33,9 @@ const (
 // NewCommand returns the "exporter" command.
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
-		socket, listen, kubeconfig, nodeName, sysfs string
-		podLabels                                   []string
-		cacheTTL                                    time.Duration
+		socket, listen, kubeconfig, nodeName, sysfs, draDir string
+		podLabels                                           []string
+		cacheTTL                                            time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "exporter",
@@ -53,9 +54,16 @@ With --kubeconfig it also reads the node's pods from the API server: each
 device's health from the pod status (allocatedResourcesStatus), and the pod
 labels --pod-label names, as label_<name>. Give --kubeconfig "" for the
 usual lookup ($KUBECONFIG, ~/.kube/config, then the pod's service account).
-That part runs in dpkit-cluster, which dpkit runs for it.`,
+That part runs in dpkit-cluster, which dpkit runs for it.
+
+With --dra-plugins-dir (the kubelet's plugins directory) it reads the
+health of DRA devices straight from their drivers' health streams
+(<dir>/<driver>/dra.sock), for devices the pod status does not list or
+without --kubeconfig. Device plugins' health is not read from the plugins:
+a second ListAndWatch stream is not safe for every plugin.`,
 		Example: `  dpkit exporter --pod-resources-socket /var/lib/kubelet/pod-resources/kubelet.sock
   dpkit exporter --kubeconfig "" --node-name "$NODE_NAME" --pod-label app.kubernetes.io/name
+  dpkit exporter --dra-plugins-dir /var/lib/kubelet/plugins
   curl -s localhost:9410/metrics | grep dpkit_pod_device`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -68,6 +76,11 @@ That part runs in dpkit-cluster, which dpkit runs for it.`,
 			}
 			if cacheTTL < 0 {
 				return cli.UsageErrorf("--cache-ttl %s: must not be negative", cacheTTL)
+			}
+			if cmd.Flags().Changed("dra-plugins-dir") {
+				if fi, err := os.Stat(draDir); err != nil || !fi.IsDir() {
+					return cli.UsageErrorf("--dra-plugins-dir %q: not a directory; give the kubelet's plugins directory (/var/lib/kubelet/plugins), or leave the flag out", draDir)
+				}
 			}
 			cfg := exporter.Config{Socket: socket, CacheTTL: cacheTTL, PodLabels: podLabels, Logger: env.Logger.With("component", "exporter")}
 			if sysfs != "" {
@@ -96,7 +109,7 @@ That part runs in dpkit-cluster, which dpkit runs for it.`,
 				}
 				cfg.Pods = podSource(get)
 			}
-			return run(ctx, env, cfg, listen)
+			return run(ctx, env, cfg, listen, draDir)
 		},
 	}
 	fl := cmd.Flags()
@@ -106,12 +119,21 @@ That part runs in dpkit-cluster, which dpkit runs for it.`,
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "read device health and pod labels from the API server with this kubeconfig (\"\": $KUBECONFIG, ~/.kube/config, in-cluster)")
 	fl.StringVar(&nodeName, "node-name", "", "the node whose pods to read from the API server (default $"+envNodeName+")")
 	fl.StringArrayVar(&podLabels, "pod-label", nil, "a pod label to copy to the device metrics as label_<name> (repeatable; needs --kubeconfig)")
+	fl.StringVar(&draDir, "dra-plugins-dir", "", "the kubelet's plugins directory: read DRA devices' health from their drivers' health streams (<dir>/<driver>/dra.sock)")
 	fl.StringVar(&sysfs, "sysfs-root", "/sys", "the host's /sys, where AMD GPUs' use is read (\"\" turns that off)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }
 
-func run(ctx context.Context, env *cli.Env, cfg exporter.Config, listen string) error {
+func run(ctx context.Context, env *cli.Env, cfg exporter.Config, listen, draDir string) error {
+	if draDir != "" {
+		h, err := exporter.NewDRAHealth(exporter.DRAHealthConfig{PluginsDir: draDir, Logger: cfg.Logger})
+		if err != nil {
+			return cli.UsageError(fmt.Errorf("--dra-plugins-dir: %w", err))
+		}
+		defer func() { _ = h.Close() }()
+		cfg.Health = h
+	}
 	e, err := exporter.New(cfg)
 	if err != nil {
 		return cli.UsageError(err)

@@ -109,6 +109,8 @@ func TestExporterUsageErrors(t *testing.T) {
 		"a bad listen address":   {[]string{"--listen", "nowhere:-1"}, nil, "--listen nowhere:-1"},
 		"colliding pod labels":   {[]string{"--kubeconfig", "", "--node-name", "n", "--pod-label", "a.b", "--pod-label", "a_b"}, []app.Option{app.WithCluster(nodePods{})}, `"a.b" and "a_b" are both the metric label label_a_b`},
 		"a kubeconfig not found": {[]string{"--kubeconfig", "/no/such", "--node-name", "n"}, []app.Option{app.WithCluster(nodePods{})}, "/no/such"},
+		"no DRA plugins dir":     {[]string{"--dra-plugins-dir", "/no/such"}, nil, `--dra-plugins-dir "/no/such": not a directory`},
+		"an empty DRA dir":       {[]string{"--dra-plugins-dir", ""}, nil, `--dra-plugins-dir "": not a directory`},
 	} {
 		var out strings.Builder
 		err := app.Run(t.Context(), append([]string{"exporter", "--sysfs-root", ""}, tc.args...), nil, &out, &out, tc.opts...)

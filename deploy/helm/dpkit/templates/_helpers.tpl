@@ -31,6 +31,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- range $name, $p := .Values.plugins }}{{ if and $p.enabled (include "dpkit.hasDRA" $p) }}true{{ end }}{{ end -}}
 {{- end -}}
 
+{{/* "true" when a plugin is enabled: the plugins' ServiceAccount, metrics
+Service and ServiceMonitor exist only then (the exporter has its own). */}}
+{{- define "dpkit.anyPlugin" -}}
+{{- range $name, $p := .Values.plugins }}{{ if $p.enabled }}true{{ end }}{{ end -}}
+{{- end -}}
+
 {{- define "dpkit.requireOnePlugin" -}}
 {{- $any := false -}}
 {{- range $name, $p := .Values.plugins }}{{ if $p.enabled }}{{ $any = true }}{{ end }}{{ end -}}
