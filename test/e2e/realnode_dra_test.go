@@ -150,6 +150,7 @@ spec:
 	t.Cleanup(func() {
 		if t.Failed() {
 			d.logPlugin(t, c)
+			logTail(t, n.LogPath("kubelet"))
 		}
 	})
 	poll(t, ctx, "the DRA front's ResourceSlice for "+n.Name, func(ctx context.Context) (bool, string, error) {
