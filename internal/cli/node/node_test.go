@@ -26,7 +26,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{"every flag problem at once", []string{"node", "--backend", "docker", "--count", "0", "--cpu", "lots", "--taint", "x"}, []string{
 			"error: 6 problem(s):\n  - --name: Required value: name the node\n  - --root: Required value",
-			"\n  - --backend: Unsupported value: \"docker\": supported values: \"process\", \"sim\"",
+			"\n  - --backend: Unsupported value: \"docker\": supported values: \"process\", \"sim\", \"cri\"",
 			"\n  - --count: Invalid value: 0: must be at least 1",
 			"\n  - --cpu: Invalid value: \"lots\"",
 			"\n  - --taint[0]: Invalid value: \"x\"",
