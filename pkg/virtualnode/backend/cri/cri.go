@@ -6,9 +6,10 @@
 // It is the part of a kubelet that talks to the runtime, and no more: no
 // volumes, probes, DNS or image credentials. The sandboxes it creates are
 // labelled with the node's name (LabelNode) and carry the pod they run
-// (AnnotationPod), so a restarted node adopts them, and a kubelet sharing
-// the runtime leaves them alone (it manages only sandboxes with its own
-// labels).
+// (AnnotationPod), so a restarted node adopts them. The runtime must not
+// be shared with a kubelet: a kubelet lists every sandbox of the runtime
+// and kills those of pods it does not know (HandlePodCleanups, "orphaned
+// pod we had not seen before").
 package cri
 
 import (

@@ -448,7 +448,7 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 		c.backoff = min(2*c.backoff, maxBackoff)
 	}
 	c.prevID, c.id, c.exited, c.started = c.id, resp.ContainerId, false, time.Now()
-	c.pullFailed = ""
+	c.pullFailed, c.imageID = "", imageRef
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: backend.Now()}}
 	pr.mu.Unlock()
 	return nil
