@@ -239,7 +239,6 @@ func (r *criRuntime) podObjects(ctx context.Context, uid string) (sandboxes, con
 	return sandboxes, containers, nil
 }
 
-
 // TestVirtualNodeCRI: `dpkit node --backend cri` on a containerd of its
 // own, the generic plugin serving /dev/zero as /dev/dpkit-zero; a pod
 // asking for it runs as a container that sees the device node and the

@@ -310,7 +310,7 @@ func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
 	now := backend.Now()
 	return &corev1.ContainerStateTerminated{
 		ExitCode: 137, Reason: "ContainerStatusUnknown",
-		Message:  "The container could not be located when the pod was terminated",
+		Message:   "The container could not be located when the pod was terminated",
 		StartedAt: metav1.NewTime(c.started), FinishedAt: now,
 	}
 }
