@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
@@ -22,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
@@ -330,6 +332,24 @@ func TestVirtualNodeCRI(t *testing.T) {
 		t.Fatalf("runtime has sandboxes %v and containers %v for the pod, want one of each", sandboxes, containers)
 	}
 	t.Logf("runtime: sandbox %v, container %v", sandboxes, containers)
+
+	// Exec through the API server runs in the container: it sees the
+	// device, stdin reaches it, its exit code comes back.
+	for _, mode := range []string{"websocket", "spdy"} {
+		out, errOut, err := execInPod(ctx, cp.RESTConfig, mode, ns, "zero", []string{"sh", "-c", "head -c 3 /dev/dpkit-zero | od -An -tx1; hostname"}, "")
+		if err != nil || !strings.Contains(out, "00 00 00") || !strings.Contains(out, "zero\n") {
+			t.Errorf("%s: exec reading /dev/dpkit-zero: %q %q %v, want three zero bytes and the pod's hostname", mode, out, errOut, err)
+		}
+		out, _, err = execInPod(ctx, cp.RESTConfig, mode, ns, "zero", []string{"cat"}, "through stdin\n")
+		if err != nil || out != "through stdin\n" {
+			t.Errorf("%s: exec cat with stdin: %q, %v; want the input back", mode, out, err)
+		}
+		out, errOut, err = execInPod(ctx, cp.RESTConfig, mode, ns, "zero", []string{"sh", "-c", "echo out; echo oops >&2; exit 3"}, "")
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || ee.ExitStatus() != 3 || out != "out\n" || errOut != "oops\n" {
+			t.Errorf("%s: exec exiting 3: %q %q %v, want out, oops and exit code 3", mode, out, errOut, err)
+		}
+	}
 
 	// Deleted: its container gets SIGTERM, exits 0, and the runtime keeps
 	// nothing of it.

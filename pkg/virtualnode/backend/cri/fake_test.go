@@ -270,4 +270,3 @@ func (f *fakeRuntime) counts() (int, int) {
 	defer f.mu.Unlock()
 	return len(f.sandboxes), len(f.containers)
 }
-

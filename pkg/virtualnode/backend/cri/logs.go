@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	clientexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	utilexec "k8s.io/utils/exec"
 
@@ -71,9 +75,10 @@ func (b *Backend) Logs(ctx context.Context, namespace, name, container string, o
 	return rd, nil
 }
 
-// Exec implements backend.Executor through the runtime's ExecSync: the
-// command runs in the container and its output is returned when it ends.
-// Standard input and a TTY are not supported.
+// Exec implements backend.Executor through the runtime's streaming Exec,
+// as the kubelet does: the runtime answers with a URL of its streaming
+// server, which the backend reaches with SPDY and joins to the caller's
+// streams (stdin and a TTY included).
 func (b *Backend) Exec(ctx context.Context, namespace, name, container string, cmd []string, eio backend.ExecIO) error {
 	pr := b.byName(namespace, name)
 	if pr == nil {
@@ -81,9 +86,6 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	}
 	if len(cmd) == 0 {
 		return errors.New("exec: no command given")
-	}
-	if eio.TTY {
-		return errors.New("exec: the cri backend runs commands without a TTY; leave out -t")
 	}
 	pr.mu.Lock()
 	var id string
@@ -96,18 +98,29 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	if id == "" {
 		return fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
 	}
-	resp, err := b.rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd})
+	stderr := eio.Stderr
+	if eio.TTY {
+		stderr = nil // one stream with a TTY
+	}
+	resp, err := b.rt.Exec(ctx, &runtimeapi.ExecRequest{
+		ContainerId: id, Cmd: cmd, Tty: eio.TTY,
+		Stdin: eio.Stdin != nil, Stdout: eio.Stdout != nil, Stderr: stderr != nil,
+	})
 	if err != nil {
 		return fmt.Errorf("exec in container %s: %w", container, err)
 	}
-	if eio.Stdout != nil {
-		_, _ = eio.Stdout.Write(resp.Stdout)
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: the runtime's URL %q: %w", container, resp.Url, err)
 	}
-	if eio.Stderr != nil {
-		_, _ = eio.Stderr.Write(resp.Stderr)
+	exe, err := remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: %w", container, err)
 	}
-	if resp.ExitCode != 0 {
-		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", resp.ExitCode), Code: int(resp.ExitCode)}
+	err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: eio.Stdin, Stdout: eio.Stdout, Stderr: stderr, Tty: eio.TTY})
+	var ce clientexec.CodeExitError
+	if errors.As(err, &ce) {
+		return utilexec.CodeExitError{Err: err, Code: ce.Code}
 	}
-	return nil
+	return err
 }
