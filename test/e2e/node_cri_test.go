@@ -258,7 +258,7 @@ func TestVirtualNodeCRI(t *testing.T) {
 
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
-	runNode(t, ctx, o)
+	_, stopNode := runNode(t, ctx, o)
 
 	cfg := filepath.Join(root, "plugin.yaml")
 	writeFile(t, cfg, "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n"+indent(zeroConfig(string(zero)), "    "))
@@ -349,6 +349,21 @@ func TestVirtualNodeCRI(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitStatus() != 3 || out != "out\n" || errOut != "oops\n" {
 			t.Errorf("%s: exec exiting 3: %q %q %v, want out, oops and exit code 3", mode, out, errOut, err)
 		}
+	}
+
+	// dpkit node restarts: the container keeps running and the new node
+	// adopts it.
+	stopNode()
+	runNode(t, ctx, o)
+	adopted := waitPod(t, ctx, c, ns, "zero", "Running, reported by the restarted node", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return p.Status.Phase == corev1.PodRunning && len(cs) == 1 && cs[0].State.Running != nil && p.ResourceVersion != running.ResourceVersion
+	})
+	if before, after := running.Status.ContainerStatuses[0], adopted.Status.ContainerStatuses[0]; after.ContainerID != before.ContainerID || after.RestartCount != 0 {
+		t.Errorf("after the restart: container %s restarts %d, want the same container %s, never restarted", after.ContainerID, after.RestartCount, before.ContainerID)
+	}
+	if sandboxes, containers, err := rtm.podObjects(ctx, string(running.UID)); err != nil || len(sandboxes) != 1 || len(containers) != 1 {
+		t.Errorf("after the restart the runtime has sandboxes %v and containers %v (%v), want the same one of each", sandboxes, containers, err)
 	}
 
 	// Deleted: its container gets SIGTERM, exits 0, and the runtime keeps
