@@ -203,6 +203,9 @@ func TestRestartBackoff(t *testing.T) {
 				if lt := p.Status.ContainerStatuses[0].LastTerminationState.Terminated; lt == nil || lt.ExitCode != 3 || lt.Reason != "Error" {
 					t.Errorf("last termination %+v, want exit 3 (Error)", p.Status.ContainerStatuses[0].LastTerminationState)
 				}
+				if p.Status.Phase != corev1.PodRunning {
+					t.Errorf("phase %s in CrashLoopBackOff, want Running", p.Status.Phase)
+				}
 				return
 			}
 			p := rec.wait(t, pod.UID, "restarted", func(p *corev1.Pod) bool {
