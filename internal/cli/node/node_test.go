@@ -31,6 +31,12 @@ func TestUsageErrors(t *testing.T) {
 			"\n  - --cpu: Invalid value: \"lots\"",
 			"\n  - --taint[0]: Invalid value: \"x\"",
 		}},
+		{"cri without a runtime endpoint", []string{"node", "--name", "vn", "--root", root, "--backend", "cri"}, []string{
+			"error: 1 problem(s):\n  - --cri-endpoint: Required value: the cri backend needs the container runtime's socket, e.g. unix:///run/containerd/containerd.sock",
+		}},
+		{"a runtime endpoint without cri", []string{"node", "--name", "vn", "--root", root, "--cri-endpoint", "unix:///run/containerd/containerd.sock"}, []string{
+			"\n  - --cri-endpoint: Invalid value: \"unix:///run/containerd/containerd.sock\": only the cri backend uses a container runtime: add --backend cri, or leave --cri-endpoint out",
+		}},
 		{"no cluster configuration", []string{"node", "--name", "vn", "--root", root, "--port", "-1"}, []string{
 			"error: no cluster configuration found: give --kubeconfig FILE or set $KUBECONFIG ($KUBECONFIG is not set;",
 		}},

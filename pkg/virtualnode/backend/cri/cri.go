@@ -146,6 +146,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.LogDir, 0o750); err != nil {
 		return nil, fmt.Errorf("cri backend: log directory: %w", err)
 	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("cri backend: %s: %w (is containerd or CRI-O running, and is this its CRI socket?)", cfg.Endpoint, err)
+	}
 	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("cri backend: %s: %w", cfg.Endpoint, err)

@@ -296,12 +296,17 @@ func TestAdopt(t *testing.T) {
 	}
 }
 
-// TestBadEndpoint: an endpoint that is not a unix socket is refused with
-// the fix.
+// TestBadEndpoint: an endpoint that is not a unix socket, or where no
+// socket is, is refused at once with the fix.
 func TestBadEndpoint(t *testing.T) {
 	t.Parallel()
-	_, err := New(context.Background(), Config{Endpoint: "tcp://1.2.3.4:5", Node: "n", LogDir: t.TempDir()})
-	if err == nil || !strings.Contains(err.Error(), "only unix:// sockets are supported") {
-		t.Fatalf("error %v", err)
+	for endpoint, want := range map[string]string{
+		"tcp://1.2.3.4:5":                            "only unix:// sockets are supported",
+		"unix://" + t.TempDir() + "/containerd.sock": "no such file or directory (is containerd or CRI-O running, and is this its CRI socket?)",
+	} {
+		_, err := New(context.Background(), Config{Endpoint: endpoint, Node: "n", LogDir: t.TempDir()})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", endpoint, err, want)
+		}
 	}
 }
