@@ -301,7 +301,7 @@ func TestAdopt(t *testing.T) {
 func TestBadEndpoint(t *testing.T) {
 	t.Parallel()
 	for endpoint, want := range map[string]string{
-		"tcp://1.2.3.4:5":                            "only unix:// sockets are supported",
+		"tcp://1.2.3.4:5": "only unix:// sockets are supported",
 		"unix://" + t.TempDir() + "/containerd.sock": "no such file or directory (is containerd or CRI-O running, and is this its CRI socket?)",
 	} {
 		_, err := New(context.Background(), Config{Endpoint: endpoint, Node: "n", LogDir: t.TempDir()})
