@@ -310,3 +310,33 @@ func TestBadEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// TestInitContainers: the app container is created only once the init
+// container exited 0, and the pod is Initialized then.
+func TestInitContainers(t *testing.T) {
+	t.Parallel()
+	f := newFakeRuntime(t)
+	rec := newRecorder()
+	b := newTestBackend(t, f, rec, backend.Config{}, time.Hour)
+	defer b.Close()
+	pod := testPod("init", corev1.RestartPolicyNever, corev1.Container{Name: "app", Image: "busybox:1"})
+	pod.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: "busybox:1"}}
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, pod.UID, "running its init container", func(p *corev1.Pod) bool {
+		cs := p.Status.InitContainerStatuses
+		return len(cs) == 1 && cs[0].State.Running != nil
+	})
+	if f.running("app") != nil {
+		t.Fatal("the app container runs before the init container ended")
+	}
+	f.exit(t, "setup", 0)
+	p := rec.wait(t, pod.UID, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	if term := p.Status.InitContainerStatuses[0].State.Terminated; term == nil || term.Reason != "Completed" {
+		t.Errorf("init container %+v, want Completed", p.Status.InitContainerStatuses[0].State)
+	}
+	if f.running("app") == nil {
+		t.Error("the app container does not run after the init container")
+	}
+}
