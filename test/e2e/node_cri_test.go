@@ -28,6 +28,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
 	"github.com/dpkit/dpkit/test/controlplane"
@@ -415,5 +416,65 @@ func TestVirtualNodeCRI(t *testing.T) {
 		if got.Status.Phase != corev1.PodPending {
 			t.Errorf("pod %s: phase %s, want Pending", tc.name, got.Status.Phase)
 		}
+	}
+}
+
+// TestVirtualNodeCRIDRA: with the cri backend, the CDI devices of a pod's
+// ResourceClaim reach the runtime as CDI devices, which containerd
+// resolves from its CDI specs: the container has the device node and the
+// variable of the device the scheduler allocated, and no
+// DPKIT_CDI_DEVICES.
+func TestVirtualNodeCRIDRA(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	rtm := startContainerd(t, ctx)
+	root := shortTempDir(t)
+	name := unique("vncri-dra")
+	// The CDI spec a real driver would write: each device /dev/zero at
+	// /dev/dra-<device>, and a variable naming it.
+	var devs []string
+	for _, d := range []string{"gpu0", "gpu1"} {
+		devs = append(devs, `{"name": "`+d+`", "containerEdits": {"env": ["DRA_`+d+`=yes"], "deviceNodes": [{"path": "/dev/dra-`+d+`", "hostPath": "/dev/zero"}]}}`)
+	}
+	writeFile(t, filepath.Join(rtm.dir, "cdi", "fake-dra.json"), `{"cdiVersion": "0.6.0", "kind": "`+dratest.DriverName+`/device", "devices": [`+strings.Join(devs, ", ")+`]}`)
+
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	runNode(t, ctx, o)
+	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "gpu0", "gpu1")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vncri-dra")
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := claimPod(ns, "dra", name, "one", []string{"sh", "-c", `env | grep ^DRA_; ls -l /dev/dra-*; echo "cdi=${DPKIT_CDI_DEVICES-unset}"`})
+	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = controlplane.BusyboxImage, corev1.PullNever
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, c, ns, "dra", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	claim, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "one", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim allocation %+v, want one device", claim.Status.Allocation)
+	}
+	dev := claim.Status.Allocation.Devices.Results[0].Device
+	b, err := c.CoreV1().Pods(ns).GetLogs("dra", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := string(b)
+	t.Logf("allocated %s; logs:\n%s", dev, logs)
+	if !strings.Contains(logs, "DRA_"+dev+"=yes\n") || strings.Count(logs, "DRA_") != 1 {
+		t.Errorf("logs %q: want the variable of %s only", logs, dev)
+	}
+	if !regexp.MustCompile(`(?m)^c\S+\s+\d+\s+\S+\s+\S+\s+1,\s+5 .*/dev/dra-` + dev + `$`).MatchString(logs) || strings.Count(logs, "/dev/dra-") != 1 {
+		t.Errorf("logs %q: want character device 1,5 at /dev/dra-%s only", logs, dev)
+	}
+	if !strings.Contains(logs, "cdi=unset\n") {
+		t.Errorf("logs %q: DPKIT_CDI_DEVICES is set", logs)
 	}
 }
