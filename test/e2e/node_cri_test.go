@@ -471,7 +471,7 @@ func TestVirtualNodeCRIDRA(t *testing.T) {
 	if !strings.Contains(logs, "DRA_"+dev+"=yes\n") || strings.Count(logs, "DRA_") != 1 {
 		t.Errorf("logs %q: want the variable of %s only", logs, dev)
 	}
-	if !regexp.MustCompile(`(?m)^c\S+\s+\d+\s+\S+\s+\S+\s+1,\s+5 .*/dev/dra-` + dev + `$`).MatchString(logs) || strings.Count(logs, "/dev/dra-") != 1 {
+	if !regexp.MustCompile(`(?m)^c\S+\s+\d+\s+\S+\s+\S+\s+1,\s+5 .*/dev/dra-`+dev+`$`).MatchString(logs) || strings.Count(logs, "/dev/dra-") != 1 {
 		t.Errorf("logs %q: want character device 1,5 at /dev/dra-%s only", logs, dev)
 	}
 	if !strings.Contains(logs, "cdi=unset\n") {
