@@ -26,6 +26,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
@@ -53,6 +54,9 @@ type Options struct {
 	SimStart     time.Duration
 	SimRun       time.Duration
 	BackoffStart time.Duration
+	// CRIEndpoint is the container runtime's CRI socket of the cri
+	// backend (unix:///run/containerd/containerd.sock).
+	CRIEndpoint string
 	// LogMaxSize and LogMaxFiles rotate the process backend's container
 	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
 	LogMaxSize  resource.Quantity
@@ -77,8 +81,19 @@ func (o *Options) Validate() error {
 	if o.Root == "" {
 		errs = append(errs, field.Required(field.NewPath("--root"), "give the node's root directory"))
 	}
-	if o.Backend != "process" && o.Backend != "sim" {
-		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim"}))
+	switch o.Backend {
+	case "process", "sim":
+		if o.CRIEndpoint != "" {
+			errs = append(errs, field.Invalid(field.NewPath("--cri-endpoint"), o.CRIEndpoint, "only the cri backend uses a container runtime: add --backend cri, or leave --cri-endpoint out"))
+		}
+	case "cri":
+		if o.CRIEndpoint == "" {
+			errs = append(errs, field.Required(field.NewPath("--cri-endpoint"), "the cri backend needs the container runtime's socket, e.g. unix:///run/containerd/containerd.sock"))
+		} else if strings.Contains(o.CRIEndpoint, "://") && !strings.HasPrefix(o.CRIEndpoint, "unix://") {
+			errs = append(errs, field.Invalid(field.NewPath("--cri-endpoint"), o.CRIEndpoint, "only unix sockets are supported: unix:///path/to/runtime.sock"))
+		}
+	default:
+		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim", "cri"}))
 	}
 	if o.DeviceGracePeriod < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
@@ -203,6 +218,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	case "sim":
 		newBackend = func(_, _ string, c backend.Config) (backend.Backend, error) {
 			return sim.New(sim.Config{Config: c, StartDelay: o.SimStart, RunDuration: o.SimRun}), nil
+		}
+	case "cri":
+		newBackend = func(name, root string, c backend.Config) (backend.Backend, error) {
+			return cri.New(ctx, cri.Config{Config: c, Endpoint: o.CRIEndpoint, Node: name, LogDir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart})
 		}
 	default:
 		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {

@@ -60,6 +60,33 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestValidateCRIEndpoint: --cri-endpoint goes with --backend cri, which
+// needs one, and only unix sockets are accepted.
+func TestValidateCRIEndpoint(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, backend, endpoint, want string
+	}{
+		{"cri without endpoint", "cri", "", "--cri-endpoint: Required value: the cri backend needs the container runtime's socket"},
+		{"endpoint without cri", "process", "unix:///run/containerd/containerd.sock", "--cri-endpoint: Invalid value: \"unix:///run/containerd/containerd.sock\": only the cri backend uses a container runtime: add --backend cri"},
+		{"tcp endpoint", "cri", "tcp://127.0.0.1:1234", "--cri-endpoint: Invalid value: \"tcp://127.0.0.1:1234\": only unix sockets are supported"},
+		{"unix endpoint", "cri", "unix:///run/containerd/containerd.sock", ""},
+		{"plain path", "cri", "/run/containerd/containerd.sock", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := Options{Name: "n", Root: "/r", Backend: tc.backend, CRIEndpoint: tc.endpoint, Count: 1, QPS: 1, Burst: 1, CPU: "1", Memory: "1Gi", Pods: "10"}
+			err := o.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one with %q", err, tc.want)
+			}
+		})
+	}
+}
+
 func FuzzParseTaints(f *testing.F) {
 	f.Add("a=b:NoSchedule")
 	f.Add(":")

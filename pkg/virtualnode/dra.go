@@ -320,6 +320,16 @@ func byKey(a, b *corev1.Pod) int {
 // cdiEnv returns the CDIDevicesEnv variable of container, nil when it
 // uses no claims.
 func (p *provider) cdiEnv(pod *corev1.Pod, container string) (*corev1.EnvVar, error) {
+	ids, err := p.claimCDIDevices(pod, container)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	return &corev1.EnvVar{Name: CDIDevicesEnv, Value: strings.Join(ids, ",")}, nil
+}
+
+// claimCDIDevices returns the CDI device IDs of container's claims, nil
+// when it uses none.
+func (p *provider) claimCDIDevices(pod *corev1.Pod, container string) ([]string, error) {
 	pod = p.withClaimStatus(pod)
 	if !hasClaims(pod) {
 		return nil, nil
@@ -339,8 +349,5 @@ func (p *provider) cdiEnv(pod *corev1.Pod, container string) (*corev1.EnvVar, er
 	if err != nil {
 		return nil, fmt.Errorf("CDI devices of container %s: %w", container, err)
 	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	return &corev1.EnvVar{Name: CDIDevicesEnv, Value: strings.Join(ids, ",")}, nil
+	return ids, nil
 }

@@ -295,8 +295,10 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		Notify:       n.prov.backendNotify,
 		ContainerEnv: n.prov.containerEnv,
 		PreStart:     n.prov.preStart,
-		NodeIP:       cfg.NodeIP,
-		Logger:       log.With("component", "backend"),
+
+		ContainerDevices: n.prov.containerDevices,
+		NodeIP:           cfg.NodeIP,
+		Logger:           log.With("component", "backend"),
 	})
 	if err != nil {
 		return fmt.Errorf("backend: %w", err)

@@ -447,6 +447,37 @@ func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container 
 	return env, nil
 }
 
+// containerDevices returns the device nodes, mounts, annotations and CDI
+// devices of the device plugins' Allocate answers for a container, then
+// the CDI devices of its claims; nil when it has none.
+func (p *provider) containerDevices(_ context.Context, pod *corev1.Pod, container string) (*backend.ContainerDevices, error) {
+	cd := &backend.ContainerDevices{}
+	if o := p.mgr.ContainerOptions(pod.UID, container); o != nil {
+		for _, d := range o.Devices {
+			cd.Devices = append(cd.Devices, backend.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
+		}
+		for _, m := range o.Mounts {
+			cd.Mounts = append(cd.Mounts, backend.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
+		}
+		for _, a := range o.Annotations {
+			if cd.Annotations == nil {
+				cd.Annotations = map[string]string{}
+			}
+			cd.Annotations[a.Name] = a.Value
+		}
+		cd.CDIDevices = append(cd.CDIDevices, o.CDIDevices...)
+	}
+	ids, err := p.claimCDIDevices(pod, container)
+	if err != nil {
+		return nil, err
+	}
+	cd.CDIDevices = append(cd.CDIDevices, ids...)
+	if len(cd.Devices) == 0 && len(cd.Mounts) == 0 && len(cd.Annotations) == 0 && len(cd.CDIDevices) == 0 {
+		return nil, nil
+	}
+	return cd, nil
+}
+
 func (p *provider) preStart(ctx context.Context, pod *corev1.Pod, container string) error {
 	return p.mgr.PreStartContainer(ctx, pod.UID, container)
 }

@@ -21,7 +21,7 @@ import (
 func NewCommand(env *cli.Env) *cobra.Command {
 	o := noderun.Options{}
 	cmd := &cobra.Command{
-		Use:   "node --name NAME --root DIR [--kubeconfig FILE] [--backend process|sim]",
+		Use:   "node --name NAME --root DIR [--kubeconfig FILE] [--backend process|sim|cri]",
 		Short: "Run a virtual node: registers with the API server, embeds a device manager and runs pods",
 		Long: `Run a virtual node on virtual-kubelet. The node registers with the API server,
 keeps a Lease, and embeds dpkit's device manager: device plugins register at
@@ -32,6 +32,9 @@ the node get their devices at admission and are run by the backend:
   process  each container's command and args run as a host process with the
            pod's environment plus the device plugins' (no image, no isolation)
   sim      nothing runs; pods go Pending -> Running (-> Succeeded) on timings
+  cri      pods run as containers through a container runtime's CRI API
+           (--cri-endpoint): sandbox, images present or pulled, the device
+           plugins' device nodes, mounts and CDI devices
 
 The kubelet API (logs, exec, /pods, /stats/summary) is served on --port over
 TLS with webhook authentication and authorization; the PodResources API on
@@ -48,6 +51,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 ~/.kube/config, else the in-cluster configuration inside a pod.`,
 		Example: `  dpkit node --kubeconfig k.conf --name vn1 --root /var/lib/dpkit/vn1 --backend process --client-ca-file ca.crt
   dpkit plugin --config examples/fake.yaml --plugin-dir /var/lib/dpkit/vn1/device-plugins
+  dpkit node --kubeconfig k.conf --name vn2 --root /var/lib/dpkit/vn2 --backend cri --cri-endpoint unix:///run/containerd/containerd.sock
   dpkit node --kubeconfig k.conf --name sim --count 10 --root /tmp/sim --backend sim --port 11250`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,7 +65,8 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
 	f.StringVar(&o.Name, "name", "", "node name (required)")
 	f.StringVar(&o.Root, "root", "", "node root directory: device-plugins/, plugins_registry/, pod-resources/, checkpoint and pod state (required)")
-	f.StringVar(&o.Backend, "backend", "process", "pod backend: process or sim")
+	f.StringVar(&o.Backend, "backend", "process", "pod backend: process (host processes), sim (nothing runs) or cri (containers through --cri-endpoint)")
+	f.StringVar(&o.CRIEndpoint, "cri-endpoint", "", "cri backend: the container runtime's CRI socket, e.g. unix:///run/containerd/containerd.sock")
 	f.StringVar(&o.ClientCAFile, "client-ca-file", "", "CA that signs client certificates accepted by the node API (the API server's kubelet client certificate)")
 	f.StringVar(&o.TLSCertFile, "tls-cert-file", "", "node API serving certificate (default: self-signed)")
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "node API serving key")
@@ -77,7 +82,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.IntVar(&o.Burst, "burst", 100, "API client burst (and the review limiters')")
 	f.DurationVar(&o.SimStart, "sim-start-delay", 0, "sim backend: how long pods stay Pending before running")
 	f.DurationVar(&o.SimRun, "sim-run-duration", 0, "sim backend: how long containers run before exiting 0 (0: until deleted)")
-	f.DurationVar(&o.BackoffStart, "restart-backoff", process.DefaultBackoffInitial, "process backend: first restart back-off (doubles up to 5m)")
+	f.DurationVar(&o.BackoffStart, "restart-backoff", process.DefaultBackoffInitial, "process and cri backends: first restart back-off (doubles up to 5m)")
 	o.LogMaxSize = *resource.NewQuantity(process.DefaultContainerLogMaxSize, resource.BinarySI)
 	f.Var(&quantityFlag{&o.LogMaxSize}, "container-log-max-size", "process backend: rotate a container's log file at this size (like the kubelet's containerLogMaxSize)")
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")

@@ -26,10 +26,16 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{"every flag problem at once", []string{"node", "--backend", "docker", "--count", "0", "--cpu", "lots", "--taint", "x"}, []string{
 			"error: 6 problem(s):\n  - --name: Required value: name the node\n  - --root: Required value",
-			"\n  - --backend: Unsupported value: \"docker\": supported values: \"process\", \"sim\"",
+			"\n  - --backend: Unsupported value: \"docker\": supported values: \"process\", \"sim\", \"cri\"",
 			"\n  - --count: Invalid value: 0: must be at least 1",
 			"\n  - --cpu: Invalid value: \"lots\"",
 			"\n  - --taint[0]: Invalid value: \"x\"",
+		}},
+		{"cri without a runtime endpoint", []string{"node", "--name", "vn", "--root", root, "--backend", "cri"}, []string{
+			"error: 1 problem(s):\n  - --cri-endpoint: Required value: the cri backend needs the container runtime's socket, e.g. unix:///run/containerd/containerd.sock",
+		}},
+		{"a runtime endpoint without cri", []string{"node", "--name", "vn", "--root", root, "--cri-endpoint", "unix:///run/containerd/containerd.sock"}, []string{
+			"\n  - --cri-endpoint: Invalid value: \"unix:///run/containerd/containerd.sock\": only the cri backend uses a container runtime: add --backend cri, or leave --cri-endpoint out",
 		}},
 		{"no cluster configuration", []string{"node", "--name", "vn", "--root", root, "--port", "-1"}, []string{
 			"error: no cluster configuration found: give --kubeconfig FILE or set $KUBECONFIG ($KUBECONFIG is not set;",

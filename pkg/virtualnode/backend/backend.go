@@ -34,6 +34,13 @@ type Config struct {
 	// node has read the pod from the API server again) and returns ctx's
 	// error when ctx ends first. May be nil.
 	ContainerEnv func(ctx context.Context, pod *corev1.Pod, container string) ([]corev1.EnvVar, error)
+	// ContainerDevices returns what the device plugins' Allocate answers
+	// and the container's ResourceClaims give a container beyond
+	// environment variables: device nodes, mounts, annotations and CDI
+	// device names. Backends that run containers apply them; the others
+	// ignore them. It returns nil when the container holds no devices.
+	// May be nil.
+	ContainerDevices func(ctx context.Context, pod *corev1.Pod, container string) (*ContainerDevices, error)
 	// PreStart is called before each start of a container (the device
 	// plugins' PreStartContainer). May be nil.
 	PreStart func(ctx context.Context, pod *corev1.Pod, container string) error
@@ -41,6 +48,33 @@ type Config struct {
 	NodeIP string
 	// Logger receives the backend's logs; nil discards them.
 	Logger *slog.Logger
+}
+
+// ContainerDevices are a container's devices as a container runtime
+// applies them.
+type ContainerDevices struct {
+	// Devices are device nodes to create in the container.
+	Devices []DeviceSpec
+	// Mounts are bind mounts into the container.
+	Mounts []Mount
+	// Annotations go to the container runtime with the container.
+	Annotations map[string]string
+	// CDIDevices are fully-qualified CDI device names: those of the
+	// device plugins' Allocate answers, then those of the container's
+	// ResourceClaims.
+	CDIDevices []string
+}
+
+// DeviceSpec is a device node: the host's HostPath shown at
+// ContainerPath with Permissions (cgroup permissions, "rwm").
+type DeviceSpec struct {
+	ContainerPath, HostPath, Permissions string
+}
+
+// Mount is a bind mount of HostPath at ContainerPath.
+type Mount struct {
+	ContainerPath, HostPath string
+	ReadOnly                bool
 }
 
 // Backend runs pods.

@@ -44,6 +44,10 @@ func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deletin
 			if c.State.Terminated.ExitCode == 0 {
 				succeeded++
 			}
+		case c.State.Waiting != nil && c.LastTerminationState.Terminated != nil:
+			// Waiting to restart (CrashLoopBackOff): stopped, as the
+			// kubelet's getPhase counts it, so the pod stays Running.
+			terminated++
 		}
 	}
 	switch {

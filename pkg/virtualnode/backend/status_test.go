@@ -65,6 +65,25 @@ func TestComputeStatus(t *testing.T) {
 	}
 }
 
+// TestComputeStatusBackOff: a pod whose only container waits to restart
+// after it failed (CrashLoopBackOff, with its last termination) is
+// Running, as the kubelet's getPhase has it, not Pending.
+func TestComputeStatusBackOff(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []corev1.RestartPolicy{corev1.RestartPolicyAlways, corev1.RestartPolicyOnFailure} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{RestartPolicy: policy, Containers: []corev1.Container{{Name: "app"}}}}
+		st := &corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{
+			Name:                 "app",
+			State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}},
+		}}}
+		ComputeStatus(pod, st, "", false)
+		if st.Phase != corev1.PodRunning {
+			t.Errorf("%s: phase %s, want Running", policy, st.Phase)
+		}
+	}
+}
+
 // TestComputeStatusConditions: the kubelet's condition reasons as a pod
 // ends (seen side by side with a real kubelet in TestRealNodeSideBySide),
 // also when the condition was already False before (a container that

@@ -1,7 +1,6 @@
 package process
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	utilexec "k8s.io/utils/exec"
@@ -52,7 +50,7 @@ func (b *Backend) Logs(ctx context.Context, namespace, name, container string, o
 	rd, wr := io.Pipe()
 	go func() {
 		defer f.Close()
-		wr.CloseWithError(copyLogs(ctx, f, wr, opts, live, b.cfg.PollInterval))
+		wr.CloseWithError(backend.CopyLog(ctx, f, wr, opts, live, b.cfg.PollInterval))
 	}()
 	return rd, nil
 }
@@ -69,130 +67,6 @@ func hasContainer(pod *corev1.Pod, name string) bool {
 		}
 	}
 	return false
-}
-
-// logLine is one parsed CRI log line.
-type logLine struct {
-	ts      time.Time
-	raw     []byte // the timestamp field
-	partial bool
-	msg     []byte
-}
-
-// parseLine parses "<RFC3339Nano> <stream> <P|F> <msg>".
-func parseLine(line []byte) (logLine, bool) {
-	var l logLine
-	i := bytes.IndexByte(line, ' ')
-	if i < 0 {
-		return l, false
-	}
-	ts, err := time.Parse(time.RFC3339Nano, string(line[:i]))
-	if err != nil {
-		return l, false
-	}
-	l.ts, l.raw = ts, line[:i]
-	rest := line[i+1:]
-	j := bytes.IndexByte(rest, ' ')
-	if j < 0 {
-		return l, false
-	}
-	rest = rest[j+1:]
-	if len(rest) < 1 {
-		return l, false
-	}
-	l.partial = rest[0] == 'P'
-	if len(rest) > 1 {
-		l.msg = rest[2:]
-	}
-	return l, true
-}
-
-// copyLogs writes the container output selected by opts. With Follow it
-// keeps reading while live reports the container running.
-func copyLogs(ctx context.Context, f *os.File, w io.Writer, opts backend.LogOptions, live func() bool, poll time.Duration) error {
-	var written int
-	limit := func(b []byte) ([]byte, bool) {
-		if opts.LimitBytes <= 0 {
-			return b, false
-		}
-		left := opts.LimitBytes - written
-		if left <= 0 {
-			return nil, true
-		}
-		if len(b) > left {
-			return b[:left], true
-		}
-		return b, false
-	}
-	emit := func(l logLine) (bool, error) {
-		if !opts.SinceTime.IsZero() && l.ts.Before(opts.SinceTime) {
-			return false, nil
-		}
-		var out []byte
-		if opts.Timestamps {
-			out = append(append(out, l.raw...), ' ')
-		}
-		out = append(out, l.msg...)
-		if !l.partial {
-			out = append(out, '\n')
-		}
-		out, stop := limit(out)
-		n, err := w.Write(out)
-		written += n
-		return stop, err
-	}
-
-	br := bufio.NewReader(f)
-	var pending []byte
-	// The lines present now, subject to tail.
-	var lines []logLine
-	for {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			pending = line
-			break
-		}
-		if l, ok := parseLine(bytes.TrimSuffix(line, []byte("\n"))); ok {
-			lines = append(lines, l)
-		}
-	}
-	if opts.Tail >= 0 && len(lines) > opts.Tail {
-		lines = lines[len(lines)-opts.Tail:]
-	}
-	for _, l := range lines {
-		if stop, err := emit(l); stop || err != nil {
-			return err
-		}
-	}
-	if !opts.Follow {
-		return nil
-	}
-	t := time.NewTicker(poll)
-	defer t.Stop()
-	for {
-		wasLive := live()
-		for {
-			chunk, err := br.ReadBytes('\n')
-			pending = append(pending, chunk...)
-			if err != nil {
-				break
-			}
-			if l, ok := parseLine(bytes.TrimSuffix(pending, []byte("\n"))); ok {
-				if stop, err := emit(l); stop || err != nil {
-					return err
-				}
-			}
-			pending = nil
-		}
-		if !wasLive {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
 }
 
 // Exec implements backend.Executor: it runs cmd as a host process with the

@@ -1,0 +1,193 @@
+package cri
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// sandboxConfig is the pod's sandbox as the kubelet would ask for it,
+// less DNS, port mappings, sysctls and cgroups: the runtime's defaults
+// apply.
+func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
+	pod := pr.pod
+	hostname := pod.Name
+	if pod.Spec.Hostname != "" {
+		hostname = pod.Spec.Hostname
+	}
+	sc := &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: namespaces(pod)}
+	if psc := pod.Spec.SecurityContext; psc != nil {
+		sc.RunAsUser = int64Value(psc.RunAsUser)
+		sc.RunAsGroup = int64Value(psc.RunAsGroup)
+		sc.SupplementalGroups = psc.SupplementalGroups
+	}
+	return &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)},
+		Hostname: hostname, LogDirectory: pr.logDir(),
+		Labels:      map[string]string{LabelNode: pr.b.cfg.Node, LabelPodUID: string(pod.UID)},
+		Annotations: map[string]string{AnnotationPod: podAnnotation(pod)},
+		Linux:       &runtimeapi.LinuxPodSandboxConfig{SecurityContext: sc},
+	}
+}
+
+// namespaces are the pod's Linux namespaces: its own network, PID and IPC
+// namespaces unless it asks for the host's (the PID namespace is per
+// container unless shareProcessNamespace).
+func namespaces(pod *corev1.Pod) *runtimeapi.NamespaceOption {
+	ns := &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_CONTAINER, Ipc: runtimeapi.NamespaceMode_POD}
+	if pod.Spec.HostNetwork {
+		ns.Network = runtimeapi.NamespaceMode_NODE
+	}
+	if pod.Spec.ShareProcessNamespace != nil && *pod.Spec.ShareProcessNamespace {
+		ns.Pid = runtimeapi.NamespaceMode_POD
+	}
+	if pod.Spec.HostPID {
+		ns.Pid = runtimeapi.NamespaceMode_NODE
+	}
+	if pod.Spec.HostIPC {
+		ns.Ipc = runtimeapi.NamespaceMode_NODE
+	}
+	return ns
+}
+
+func int64Value(v *int64) *runtimeapi.Int64Value {
+	if v == nil {
+		return nil
+	}
+	return &runtimeapi.Int64Value{Value: *v}
+}
+
+// containerConfig is one run of c: its command with $(VAR) expanded, the
+// environment (literal values, then what the node resolved and the
+// device plugins' variables), the devices, mounts, annotations and CDI
+// devices of its device plugins and claims, its limits and security
+// context.
+func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, imageRef string) (*runtimeapi.ContainerConfig, error) {
+	pod, spec := pr.pod, c.spec
+	vars := map[string]string{}
+	var order []string
+	set := func(k, v string) {
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
+	}
+	for _, e := range spec.Env {
+		if e.ValueFrom == nil {
+			set(e.Name, backend.Expand(e.Value, vars))
+		}
+	}
+	if pr.b.cfg.ContainerEnv != nil {
+		extra, err := pr.b.cfg.ContainerEnv(ctx, pod, spec.Name)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range extra {
+			if e.Name != cdiEnv {
+				set(e.Name, e.Value)
+			}
+		}
+	}
+	cfg := &runtimeapi.ContainerConfig{
+		Metadata:   &runtimeapi.ContainerMetadata{Name: spec.Name, Attempt: attempt},
+		Image:      &runtimeapi.ImageSpec{Image: imageRef, UserSpecifiedImage: spec.Image},
+		WorkingDir: spec.WorkingDir,
+		Labels:     map[string]string{LabelNode: pr.b.cfg.Node, LabelPodUID: string(pod.UID), LabelContainer: spec.Name},
+		LogPath:    filepath.Join(spec.Name, strconv.Itoa(int(attempt))+".log"),
+		Stdin:      spec.Stdin, StdinOnce: spec.StdinOnce, Tty: spec.TTY,
+		Linux: &runtimeapi.LinuxContainerConfig{
+			Resources:       resources(spec),
+			SecurityContext: securityContext(pod, spec),
+		},
+	}
+	for _, a := range spec.Command {
+		cfg.Command = append(cfg.Command, backend.Expand(a, vars))
+	}
+	for _, a := range spec.Args {
+		cfg.Args = append(cfg.Args, backend.Expand(a, vars))
+	}
+	for _, k := range order {
+		cfg.Envs = append(cfg.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(vars[k])})
+	}
+	if pr.b.cfg.ContainerDevices != nil {
+		d, err := pr.b.cfg.ContainerDevices(ctx, pod, spec.Name)
+		if err != nil {
+			return nil, err
+		}
+		if d != nil {
+			for _, dev := range d.Devices {
+				cfg.Devices = append(cfg.Devices, &runtimeapi.Device{ContainerPath: dev.ContainerPath, HostPath: dev.HostPath, Permissions: dev.Permissions})
+			}
+			for _, m := range d.Mounts {
+				cfg.Mounts = append(cfg.Mounts, &runtimeapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.ReadOnly})
+			}
+			cfg.Annotations = d.Annotations
+			for _, name := range d.CDIDevices {
+				cfg.CDIDevices = append(cfg.CDIDevices, &runtimeapi.CDIDevice{Name: name})
+			}
+		}
+	}
+	return cfg, nil
+}
+
+// resources are the container's CPU and memory limits and CPU shares, as
+// the kubelet computes them for cgroups.
+func resources(c corev1.Container) *runtimeapi.LinuxContainerResources {
+	r := &runtimeapi.LinuxContainerResources{CpuShares: 2}
+	if q, ok := c.Resources.Requests[corev1.ResourceCPU]; ok {
+		r.CpuShares = max(2, q.MilliValue()*1024/1000)
+	}
+	if q, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+		r.CpuPeriod = 100000
+		r.CpuQuota = max(1000, q.MilliValue()*100000/1000)
+	}
+	if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+		r.MemoryLimitInBytes = q.Value()
+	}
+	return r
+}
+
+// securityContext is the container's security context, the pod's values
+// as defaults.
+func securityContext(pod *corev1.Pod, c corev1.Container) *runtimeapi.LinuxContainerSecurityContext {
+	sc := &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: namespaces(pod)}
+	if psc := pod.Spec.SecurityContext; psc != nil {
+		sc.RunAsUser = int64Value(psc.RunAsUser)
+		sc.RunAsGroup = int64Value(psc.RunAsGroup)
+		sc.SupplementalGroups = psc.SupplementalGroups
+	}
+	csc := c.SecurityContext
+	if csc == nil {
+		return sc
+	}
+	if csc.RunAsUser != nil {
+		sc.RunAsUser = int64Value(csc.RunAsUser)
+	}
+	if csc.RunAsGroup != nil {
+		sc.RunAsGroup = int64Value(csc.RunAsGroup)
+	}
+	if csc.Privileged != nil {
+		sc.Privileged = *csc.Privileged
+	}
+	if csc.ReadOnlyRootFilesystem != nil {
+		sc.ReadonlyRootfs = *csc.ReadOnlyRootFilesystem
+	}
+	if csc.AllowPrivilegeEscalation != nil {
+		sc.NoNewPrivs = !*csc.AllowPrivilegeEscalation
+	}
+	if caps := csc.Capabilities; caps != nil {
+		sc.Capabilities = &runtimeapi.Capability{}
+		for _, a := range caps.Add {
+			sc.Capabilities.AddCapabilities = append(sc.Capabilities.AddCapabilities, string(a))
+		}
+		for _, d := range caps.Drop {
+			sc.Capabilities.DropCapabilities = append(sc.Capabilities.DropCapabilities, string(d))
+		}
+	}
+	return sc
+}

@@ -1,0 +1,347 @@
+// Package cri is a virtual node backend that runs pods as real containers
+// through a container runtime's CRI v1 API (containerd, CRI-O): one pod
+// sandbox per pod, one container per container of the pod spec, with the
+// devices, mounts and CDI devices the device plugins and DRA drivers gave.
+//
+// It is the part of a kubelet that talks to the runtime, and no more: no
+// volumes, probes, DNS or image credentials. The sandboxes it creates are
+// labelled with the node's name (LabelNode) and carry the pod they run
+// (AnnotationPod), so a restarted node adopts them. The runtime must not
+// be shared with a kubelet: a kubelet lists every sandbox of the runtime
+// and kills those of pods it does not know (HandlePodCleanups, "orphaned
+// pod we had not seen before").
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// Labels and annotations on the sandboxes and containers the backend
+// creates.
+const (
+	// LabelNode names the virtual node a sandbox belongs to.
+	LabelNode = "dpkit.io/node"
+	// LabelPodUID is the pod's UID, on sandboxes and containers.
+	LabelPodUID = "dpkit.io/pod-uid"
+	// LabelContainer is the container's name in the pod spec.
+	LabelContainer = "dpkit.io/container"
+	// AnnotationPod holds the pod (JSON, as the API server had it when
+	// the node admitted it) on its sandbox, for adoption after a restart.
+	AnnotationPod = "dpkit.io/pod"
+)
+
+// Defaults.
+const (
+	DefaultPollInterval   = time.Second
+	DefaultBackoffInitial = 10 * time.Second
+	maxBackoff            = 5 * time.Minute
+	// DefaultGracePeriod applies when a pod names none.
+	DefaultGracePeriod = 30 * time.Second
+	// cdiEnv is the variable in which the node gives the process backend
+	// the CDI devices of a container's claims (virtualnode.CDIDevicesEnv);
+	// this backend passes them to the runtime as CDI devices instead.
+	cdiEnv = "DPKIT_CDI_DEVICES"
+)
+
+// Config configures the backend.
+type Config struct {
+	backend.Config
+	// Endpoint is the runtime's CRI socket: unix:///path or a path.
+	Endpoint string
+	// Node is the node's name; its sandboxes are labelled with it.
+	Node string
+	// LogDir holds the pods' log directories, <ns>_<name>_<uid>/, into
+	// which the runtime writes <container>/<restartCount>.log. The
+	// runtime must see it at the same path.
+	LogDir string
+	// PollInterval is how often the containers' states are read from the
+	// runtime (the kubelet's relist period); 0 means 1s.
+	PollInterval time.Duration
+	// BackoffInitial is the first restart and image pull back-off,
+	// doubling to 5 minutes; 0 means the kubelet's 10s.
+	BackoffInitial time.Duration
+	// DialTimeout bounds the first call to the runtime; 0 means 10s.
+	DialTimeout time.Duration
+}
+
+// Backend runs pods through a CRI runtime.
+type Backend struct {
+	cfg     Config
+	log     *slog.Logger
+	conn    *grpc.ClientConn
+	rt      runtimeapi.RuntimeServiceClient
+	img     runtimeapi.ImageServiceClient
+	runtime string // the runtime's name, the scheme of container IDs
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex
+	pods map[types.UID]*podRun
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// ErrNotFound is wrapped by errors about unknown pods and containers.
+var ErrNotFound = errors.New("not found")
+
+// socketPath returns the path of a unix:// endpoint.
+func socketPath(endpoint string) (string, error) {
+	switch {
+	case strings.HasPrefix(endpoint, "unix://"):
+		return strings.TrimPrefix(endpoint, "unix://"), nil
+	case strings.Contains(endpoint, "://"):
+		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported, e.g. unix:///run/containerd/containerd.sock", endpoint)
+	case endpoint == "":
+		return "", errors.New("no CRI endpoint: give the runtime's socket, e.g. unix:///run/containerd/containerd.sock")
+	}
+	return endpoint, nil
+}
+
+// New connects to the runtime, checks that it answers CRI v1 and adopts
+// the sandboxes of cfg.Node left by a previous run.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	path, err := socketPath(cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Node == "" {
+		return nil, errors.New("cri backend: Config.Node is empty: name the node")
+	}
+	if cfg.LogDir == "" {
+		return nil, errors.New("cri backend: Config.LogDir is empty: give the directory for the pods' logs")
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.BackoffInitial <= 0 {
+		cfg.BackoffInitial = DefaultBackoffInitial
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.LogDir, 0o750); err != nil {
+		return nil, fmt.Errorf("cri backend: log directory: %w", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("cri backend: %s: %w (is containerd or CRI-O running, and is this its CRI socket?)", cfg.Endpoint, err)
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("cri backend: %s: %w", cfg.Endpoint, err)
+	}
+	b := &Backend{
+		cfg: cfg, log: log, conn: conn,
+		rt: runtimeapi.NewRuntimeServiceClient(conn), img: runtimeapi.NewImageServiceClient(conn),
+		pods: map[types.UID]*podRun{},
+	}
+	vctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	v, err := b.rt.Version(vctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("cri backend: no CRI v1 runtime answers on %s (is containerd or CRI-O running, with its CRI plugin enabled?): %w", cfg.Endpoint, err)
+	}
+	b.runtime = v.RuntimeName
+	log.Info("Container runtime", "name", v.RuntimeName, "version", v.RuntimeVersion, "criVersion", v.RuntimeApiVersion)
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	if err := b.adopt(ctx); err != nil {
+		b.cancel()
+		_ = conn.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// adopt takes over the sandboxes of this node a previous run left.
+func (b *Backend) adopt(ctx context.Context) error {
+	resp, err := b.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+		LabelSelector: map[string]string{LabelNode: b.cfg.Node},
+	}})
+	if err != nil {
+		return fmt.Errorf("cri backend: listing sandboxes: %w", err)
+	}
+	// The newest sandbox of a pod wins; older ones are removed.
+	items := resp.Items
+	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
+	for _, sb := range items {
+		var pod corev1.Pod
+		if err := json.Unmarshal([]byte(sb.Annotations[AnnotationPod]), &pod); err != nil || pod.UID == "" {
+			b.log.Warn("Removing a sandbox without a readable pod", "sandbox", sb.Id, "err", err)
+			b.removeSandbox(ctx, sb.Id)
+			continue
+		}
+		if _, ok := b.pods[pod.UID]; ok {
+			b.removeSandbox(ctx, sb.Id)
+			continue
+		}
+		pr := newPodRun(b, &pod)
+		pr.sandboxID = sb.Id
+		if err := pr.adoptContainers(ctx); err != nil {
+			return err
+		}
+		b.pods[pod.UID] = pr
+		b.log.Info("Adopted a pod", "pod", pod.Namespace+"/"+pod.Name, "sandbox", sb.Id)
+	}
+	for _, pr := range b.pods {
+		b.start(pr)
+	}
+	return nil
+}
+
+// removeSandbox stops and removes a sandbox and its containers.
+func (b *Backend) removeSandbox(ctx context.Context, id string) {
+	if _, err := b.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		b.log.Warn("Stopping a sandbox", "sandbox", id, "err", err)
+	}
+	if _, err := b.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		b.log.Warn("Removing a sandbox", "sandbox", id, "err", err)
+	}
+}
+
+// Close stops the backend's goroutines; the containers keep running and
+// the next run adopts them.
+func (b *Backend) Close() error {
+	b.cancel()
+	b.wg.Wait()
+	return b.conn.Close()
+}
+
+// CreatePod implements backend.Backend.
+func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	if _, ok := b.pods[pod.UID]; ok {
+		b.mu.Unlock()
+		return nil
+	}
+	pr := newPodRun(b, pod.DeepCopy())
+	b.pods[pod.UID] = pr
+	b.mu.Unlock()
+	pr.publish()
+	b.start(pr)
+	return nil
+}
+
+func (b *Backend) start(pr *podRun) {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer close(pr.done)
+		pr.run(b.ctx)
+	}()
+}
+
+// DeletePod implements backend.Backend: the containers are stopped with
+// the pod's grace period, then the sandbox is stopped and removed.
+func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
+	pr := b.get(pod.UID)
+	if pr == nil {
+		return nil
+	}
+	grace := DefaultGracePeriod
+	switch {
+	case pod.DeletionGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	case pod.Spec.TerminationGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	pr.stop(grace)
+	return nil
+}
+
+// Forget implements backend.Backend: what still runs is removed, and the
+// pod's logs.
+func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
+	b.mu.Lock()
+	pr := b.pods[pod.UID]
+	delete(b.pods, pod.UID)
+	b.mu.Unlock()
+	if pr == nil {
+		return nil
+	}
+	pr.stop(0)
+	select {
+	case <-pr.done:
+	case <-b.ctx.Done():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := os.RemoveAll(pr.logDir()); err != nil {
+		return fmt.Errorf("removing the pod's logs: %w", err)
+	}
+	return nil
+}
+
+// Pods implements backend.Backend.
+func (b *Backend) Pods() []*corev1.Pod {
+	b.mu.Lock()
+	prs := make([]*podRun, 0, len(b.pods))
+	for _, pr := range b.pods {
+		prs = append(prs, pr)
+	}
+	b.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(prs))
+	for _, pr := range prs {
+		out = append(out, pr.snapshot())
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
+	})
+	return out
+}
+
+func (b *Backend) get(uid types.UID) *podRun {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pods[uid]
+}
+
+func (b *Backend) byName(namespace, name string) *podRun {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var found *podRun
+	for _, pr := range b.pods {
+		if pr.pod.Namespace == namespace && pr.pod.Name == name {
+			if found == nil || pr.pod.CreationTimestamp.After(found.pod.CreationTimestamp.Time) {
+				found = pr
+			}
+		}
+	}
+	return found
+}
+
+// containerID is the ID the kubelet reports: <runtime>://<id>.
+func (b *Backend) containerID(id string) string {
+	if id == "" {
+		return ""
+	}
+	return b.runtime + "://" + id
+}
+
+func podLogDir(root string, pod *corev1.Pod) string {
+	return filepath.Join(root, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID))
+}

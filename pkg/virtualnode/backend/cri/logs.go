@@ -1,0 +1,126 @@
+package cri
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	clientexec "k8s.io/client-go/util/exec"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+var (
+	_ backend.LogReader = (*Backend)(nil)
+	_ backend.Executor  = (*Backend)(nil)
+)
+
+// Logs implements backend.LogReader over the log files the runtime
+// writes, as the kubelet reads them.
+func (b *Backend) Logs(ctx context.Context, namespace, name, container string, opts backend.LogOptions) (io.ReadCloser, error) {
+	pr := b.byName(namespace, name)
+	if pr == nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
+	}
+	pr.mu.Lock()
+	var c *ctr
+	for _, x := range pr.ctrs {
+		if x.spec.Name == container {
+			c = x
+		}
+	}
+	if c == nil {
+		pr.mu.Unlock()
+		return nil, fmt.Errorf("container %s in pod %s/%s: %w", container, namespace, name, ErrNotFound)
+	}
+	attempt, id, running := c.restarts, c.id, c.id != "" && !c.exited
+	pr.mu.Unlock()
+	if opts.Previous {
+		if attempt == 0 || id == "" {
+			return nil, fmt.Errorf("previous terminated container %q in pod %q: %w", container, name, ErrNotFound)
+		}
+		attempt--
+		running = false
+	}
+	f, err := os.Open(filepath.Join(pr.logDir(), container, strconv.Itoa(int(attempt))+".log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return io.NopCloser(bytes.NewReader(nil)), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	live := func() bool {
+		if !running {
+			return false
+		}
+		pr.mu.Lock()
+		defer pr.mu.Unlock()
+		return c.id == id && !c.exited
+	}
+	rd, wr := io.Pipe()
+	go func() {
+		defer f.Close()
+		wr.CloseWithError(backend.CopyLog(ctx, f, wr, opts, live, b.cfg.PollInterval))
+	}()
+	return rd, nil
+}
+
+// Exec implements backend.Executor through the runtime's streaming Exec,
+// as the kubelet does: the runtime answers with a URL of its streaming
+// server, which the backend reaches with SPDY and joins to the caller's
+// streams (stdin and a TTY included).
+func (b *Backend) Exec(ctx context.Context, namespace, name, container string, cmd []string, eio backend.ExecIO) error {
+	pr := b.byName(namespace, name)
+	if pr == nil {
+		return fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
+	}
+	if len(cmd) == 0 {
+		return errors.New("exec: no command given")
+	}
+	pr.mu.Lock()
+	var id string
+	for _, c := range pr.ctrs {
+		if c.spec.Name == container && !c.exited {
+			id = c.id
+		}
+	}
+	pr.mu.Unlock()
+	if id == "" {
+		return fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
+	}
+	stderr := eio.Stderr
+	if eio.TTY {
+		stderr = nil // one stream with a TTY
+	}
+	resp, err := b.rt.Exec(ctx, &runtimeapi.ExecRequest{
+		ContainerId: id, Cmd: cmd, Tty: eio.TTY,
+		Stdin: eio.Stdin != nil, Stdout: eio.Stdout != nil, Stderr: stderr != nil,
+	})
+	if err != nil {
+		return fmt.Errorf("exec in container %s: %w", container, err)
+	}
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: the runtime's URL %q: %w", container, resp.Url, err)
+	}
+	exe, err := remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: %w", container, err)
+	}
+	err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: eio.Stdin, Stdout: eio.Stdout, Stderr: stderr, Tty: eio.TTY})
+	var ce clientexec.CodeExitError
+	if errors.As(err, &ce) {
+		return utilexec.CodeExitError{Err: err, Code: ce.Code}
+	}
+	return err
+}

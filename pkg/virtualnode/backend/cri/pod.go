@@ -1,0 +1,614 @@
+package cri
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// ctr is one container of the pod spec and the runtime container that
+// currently runs it.
+type ctr struct {
+	spec    corev1.Container
+	init    bool
+	sidecar bool
+
+	id       string // the runtime's container, "" before the first start
+	prevID   string // the one before, kept for previous logs
+	exited   bool
+	restarts int32
+	started  time.Time // when the current one started
+
+	state     corev1.ContainerState
+	lastState corev1.ContainerState
+	imageID   string
+
+	backoff    time.Duration
+	next       time.Time // no start before
+	pullFailed string    // the last image pull error, while backing off
+}
+
+// podRun runs one pod: its sandbox, then its containers.
+type podRun struct {
+	b *Backend
+
+	mu        sync.Mutex
+	pod       *corev1.Pod // status included
+	sandboxID string
+	sandbox   *runtimeapi.PodSandboxConfig
+	podIP     string
+	ctrs      []*ctr
+	stopping  bool
+	grace     time.Duration
+	ended     bool // the pod reached a terminal phase
+	last      *corev1.PodStatus
+
+	stopCh   chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+}
+
+func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
+	pr := &podRun{b: b, pod: pod, stopCh: make(chan struct{}), done: make(chan struct{})}
+	for _, c := range pod.Spec.InitContainers {
+		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: sidecar, backoff: b.cfg.BackoffInitial})
+	}
+	for _, c := range pod.Spec.Containers {
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: b.cfg.BackoffInitial})
+	}
+	init, app := backend.WaitingStatuses(pod)
+	for i, c := range pr.ctrs {
+		if i < len(init) {
+			c.state = init[i].State
+		} else {
+			c.state = app[i-len(init)].State
+		}
+	}
+	pr.sandbox = pr.sandboxConfig()
+	return pr
+}
+
+func (pr *podRun) logDir() string { return podLogDir(pr.b.cfg.LogDir, pr.pod) }
+
+func (pr *podRun) stop(grace time.Duration) {
+	pr.mu.Lock()
+	if !pr.stopping || grace < pr.grace {
+		pr.grace = grace
+	}
+	pr.stopping = true
+	pr.mu.Unlock()
+	pr.stopOnce.Do(func() { close(pr.stopCh) })
+}
+
+func (pr *podRun) snapshot() *corev1.Pod {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	p := pr.pod.DeepCopy()
+	p.Status = *pr.statusLocked()
+	return p
+}
+
+// statusLocked computes the pod status from the containers' states.
+func (pr *podRun) statusLocked() *corev1.PodStatus {
+	st := pr.pod.Status.DeepCopy()
+	st.InitContainerStatuses, st.ContainerStatuses = nil, nil
+	for _, c := range pr.ctrs {
+		cs := corev1.ContainerStatus{
+			Name: c.spec.Name, Image: c.spec.Image, ImageID: c.imageID,
+			ContainerID: pr.b.containerID(c.id), RestartCount: c.restarts,
+			State: c.state, LastTerminationState: c.lastState,
+		}
+		if c.init {
+			st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
+		} else {
+			st.ContainerStatuses = append(st.ContainerStatuses, cs)
+		}
+	}
+	backend.ComputeStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping)
+	if pr.podIP != "" {
+		st.PodIP = pr.podIP
+		st.PodIPs = []corev1.PodIP{{IP: pr.podIP}}
+	}
+	pr.pod.Status.StartTime = st.StartTime
+	pr.pod.Status.Conditions = st.Conditions
+	return st
+}
+
+// publish reports the pod's status when it changed.
+func (pr *podRun) publish() {
+	pr.mu.Lock()
+	st := pr.statusLocked()
+	if pr.last != nil && equality.Semantic.DeepEqual(pr.last, st) {
+		pr.mu.Unlock()
+		return
+	}
+	pr.last = st.DeepCopy()
+	p := pr.pod.DeepCopy()
+	p.Status = *st
+	pr.mu.Unlock()
+	if pr.b.cfg.Notify != nil {
+		pr.b.cfg.Notify(p)
+	}
+}
+
+func (pr *podRun) phase() corev1.PodPhase {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.statusLocked().Phase
+}
+
+// run creates the sandbox, then starts, follows and restarts the
+// containers until the pod is deleted.
+func (pr *podRun) run(ctx context.Context) {
+	t := time.NewTicker(pr.b.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-pr.stopCh:
+			pr.terminate(ctx)
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+		pr.sync(ctx)
+		pr.publish()
+		if ph := pr.phase(); !pr.ended && (ph == corev1.PodSucceeded || ph == corev1.PodFailed) {
+			// As the kubelet: a pod that ended has its sandbox stopped;
+			// its containers stay, for their logs, until it is deleted.
+			pr.ended = true
+			if pr.sandboxID != "" {
+				if _, err := pr.b.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pr.sandboxID}); err != nil {
+					pr.b.log.Warn("Stopping the sandbox of an ended pod", "pod", pr.key(), "err", err)
+				}
+			}
+		}
+		if pr.ended {
+			select {
+			case <-pr.stopCh:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		select {
+		case <-pr.stopCh:
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+}
+
+func (pr *podRun) key() string { return pr.pod.Namespace + "/" + pr.pod.Name }
+
+// sync does one round: the sandbox when there is none, the containers'
+// states, then what should start.
+func (pr *podRun) sync(ctx context.Context) {
+	if pr.sandboxID == "" {
+		if !pr.runSandbox(ctx) {
+			return
+		}
+	}
+	pr.refresh(ctx)
+	now := time.Now()
+	for _, c := range pr.ctrs {
+		if !c.init {
+			continue
+		}
+		if c.sidecar {
+			pr.ensure(ctx, c, now)
+			if c.id == "" || c.exited {
+				return
+			}
+			continue
+		}
+		if c.exited && c.state.Terminated != nil && c.state.Terminated.ExitCode == 0 {
+			continue
+		}
+		pr.ensure(ctx, c, now)
+		return
+	}
+	for _, c := range pr.ctrs {
+		if !c.init {
+			pr.ensure(ctx, c, now)
+		}
+	}
+}
+
+// runSandbox creates the pod's sandbox; on failure the containers wait
+// with the error and it is tried again after the back-off.
+func (pr *podRun) runSandbox(ctx context.Context) bool {
+	resp, err := pr.b.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pr.sandbox})
+	if err != nil {
+		msg := "Failed to create pod sandbox: " + status.Convert(err).Message()
+		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
+		pr.mu.Lock()
+		for _, c := range pr.ctrs {
+			if c.state.Waiting != nil {
+				c.state.Waiting.Message = msg
+			}
+		}
+		pr.mu.Unlock()
+		return false
+	}
+	pr.mu.Lock()
+	pr.sandboxID = resp.PodSandboxId
+	pr.mu.Unlock()
+	pr.readPodIP(ctx)
+	return true
+}
+
+func (pr *podRun) readPodIP(ctx context.Context) {
+	if pr.pod.Spec.HostNetwork {
+		return
+	}
+	st, err := pr.b.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pr.sandboxID})
+	if err != nil || st.Status == nil || st.Status.Network == nil {
+		return
+	}
+	pr.mu.Lock()
+	pr.podIP = st.Status.Network.Ip
+	pr.mu.Unlock()
+}
+
+// refresh reads the state of every container from the runtime.
+func (pr *podRun) refresh(ctx context.Context) {
+	for _, c := range pr.ctrs {
+		if c.id == "" || c.exited {
+			continue
+		}
+		resp, err := pr.b.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.id})
+		if status.Code(err) == codes.NotFound {
+			pr.mu.Lock()
+			pr.exit(c, unknownTermination(c))
+			pr.mu.Unlock()
+			continue
+		}
+		if err != nil || resp.Status == nil {
+			pr.b.log.Warn("Reading a container's status", "pod", pr.key(), "container", c.spec.Name, "err", err)
+			continue
+		}
+		s := resp.Status
+		pr.mu.Lock()
+		if s.ImageRef != "" {
+			c.imageID = s.ImageRef
+		}
+		switch s.State {
+		case runtimeapi.ContainerState_CONTAINER_RUNNING:
+			c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: nsTime(s.StartedAt)}}
+		case runtimeapi.ContainerState_CONTAINER_EXITED, runtimeapi.ContainerState_CONTAINER_UNKNOWN:
+			pr.exit(c, terminated(s, pr.b.containerID(c.id)))
+		}
+		pr.mu.Unlock()
+	}
+}
+
+// exit records that c's current container ended, and when it may start
+// again.
+func (pr *podRun) exit(c *ctr, t *corev1.ContainerStateTerminated) {
+	c.exited = true
+	c.state = corev1.ContainerState{Terminated: t}
+	if !c.started.IsZero() && time.Since(c.started) > 10*time.Minute {
+		c.backoff = pr.b.cfg.BackoffInitial // ran long enough: reset, as the kubelet
+	}
+	c.next = t.FinishedAt.Add(c.backoff)
+}
+
+func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
+	now := backend.Now()
+	return &corev1.ContainerStateTerminated{
+		ExitCode: 137, Reason: "ContainerStatusUnknown",
+		Message:   "The container could not be located when the pod was terminated",
+		StartedAt: metav1.NewTime(c.started), FinishedAt: now,
+	}
+}
+
+func terminated(s *runtimeapi.ContainerStatus, id string) *corev1.ContainerStateTerminated {
+	reason := s.Reason
+	if reason == "" {
+		reason = "Error"
+		if s.ExitCode == 0 {
+			reason = "Completed"
+		}
+	}
+	return &corev1.ContainerStateTerminated{
+		ExitCode: s.ExitCode, Reason: reason, Message: s.Message,
+		StartedAt: nsTime(s.StartedAt), FinishedAt: nsTime(s.FinishedAt), ContainerID: id,
+	}
+}
+
+func nsTime(ns int64) metav1.Time {
+	if ns == 0 {
+		return metav1.Time{}
+	}
+	return metav1.NewTime(time.Unix(0, ns).Truncate(time.Second))
+}
+
+// shouldRestart applies the restart policy to an exited container.
+func (pr *podRun) shouldRestart(c *ctr) bool {
+	if c.sidecar {
+		return true
+	}
+	code := int32(0)
+	if c.state.Terminated != nil {
+		code = c.state.Terminated.ExitCode
+	}
+	switch pr.pod.Spec.RestartPolicy {
+	case corev1.RestartPolicyNever:
+		return false
+	case corev1.RestartPolicyOnFailure:
+		return code != 0
+	default:
+		if c.init {
+			return code != 0
+		}
+		return true
+	}
+}
+
+// ensure starts c when it has not run yet or should run again and its
+// back-off has passed, and reports the waiting reason otherwise.
+func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
+	if c.id != "" && !c.exited {
+		return
+	}
+	if c.exited && !pr.shouldRestart(c) {
+		return
+	}
+	if now.Before(c.next) {
+		pr.mu.Lock()
+		switch {
+		case c.exited:
+			if c.state.Terminated != nil {
+				c.lastState = c.state
+			}
+			c.state = waiting("CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)",
+				c.backoff, c.spec.Name, pr.pod.Name, pr.pod.Namespace, pr.pod.UID))
+		case c.pullFailed != "":
+			c.state = waiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: %s", c.spec.Image, c.pullFailed))
+		}
+		pr.mu.Unlock()
+		return
+	}
+	if err := pr.start(ctx, c); err != nil {
+		pr.mu.Lock()
+		var we *waitError
+		if errors.As(err, &we) {
+			c.state = waiting(we.reason, we.message)
+		} else {
+			c.state = waiting("RunContainerError", err.Error())
+		}
+		c.next = now.Add(c.backoff)
+		c.backoff = min(2*c.backoff, maxBackoff)
+		pr.mu.Unlock()
+		pr.b.log.Warn("Starting a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
+	}
+}
+
+// waitError is a start failure reported as a Waiting reason.
+type waitError struct{ reason, message string }
+
+func (e *waitError) Error() string { return e.reason + ": " + e.message }
+
+func waiting(reason, message string) corev1.ContainerState {
+	return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: message}}
+}
+
+// start creates and starts one run of c.
+func (pr *podRun) start(ctx context.Context, c *ctr) error {
+	restart := c.id != ""
+	attempt := c.restarts
+	if restart {
+		attempt++
+	}
+	imageRef, err := pr.ensureImage(ctx, c)
+	if err != nil {
+		return err
+	}
+	cfg, err := pr.containerConfig(ctx, c, uint32(attempt), imageRef) //nolint:gosec // restart counts are small
+	if err != nil {
+		return &waitError{"CreateContainerConfigError", err.Error()}
+	}
+	if pr.b.cfg.PreStart != nil {
+		if err := pr.b.cfg.PreStart(ctx, pr.pod, c.spec.Name); err != nil {
+			return &waitError{"CreateContainerConfigError", "PreStartContainer: " + err.Error()}
+		}
+	}
+	resp, err := pr.b.rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pr.sandboxID, Config: cfg, SandboxConfig: pr.sandbox})
+	if err != nil {
+		return &waitError{"CreateContainerError", status.Convert(err).Message()}
+	}
+	if _, err := pr.b.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+		pr.mu.Lock()
+		c.prevID, c.id, c.exited, c.started = c.id, resp.ContainerId, false, time.Now()
+		pr.mu.Unlock()
+		return &waitError{"RunContainerError", status.Convert(err).Message()}
+	}
+	// Only the last dead container is kept (for previous logs), as the
+	// kubelet's garbage collector keeps one per container by default.
+	if c.prevID != "" {
+		pr.removeContainer(ctx, c.prevID)
+	}
+	pr.mu.Lock()
+	if restart {
+		c.restarts = attempt
+		c.lastState = corev1.ContainerState{Terminated: c.lastTerminated()}
+		c.backoff = min(2*c.backoff, maxBackoff)
+	}
+	c.prevID, c.id, c.exited, c.started = c.id, resp.ContainerId, false, time.Now()
+	c.pullFailed, c.imageID = "", imageRef
+	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: backend.Now()}}
+	pr.mu.Unlock()
+	return nil
+}
+
+func (c *ctr) lastTerminated() *corev1.ContainerStateTerminated {
+	if c.state.Terminated != nil {
+		return c.state.Terminated
+	}
+	return c.lastState.Terminated
+}
+
+func (pr *podRun) removeContainer(ctx context.Context, id string) {
+	if _, err := pr.b.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil && status.Code(err) != codes.NotFound {
+		pr.b.log.Warn("Removing a container", "pod", pr.key(), "container", id, "err", err)
+	}
+}
+
+// ensureImage returns the image to run, pulling it as the container's
+// pull policy says.
+func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
+	image := c.spec.Image
+	spec := &runtimeapi.ImageSpec{Image: image}
+	st, err := pr.b.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: spec})
+	if err != nil {
+		return "", &waitError{"ErrImageInspect", fmt.Sprintf("Failed to inspect image %q: %s", image, status.Convert(err).Message())}
+	}
+	present := st.Image != nil
+	switch policy(c.spec) {
+	case corev1.PullNever:
+		if !present {
+			return "", &waitError{"ErrImageNeverPull", fmt.Sprintf("Container image %q is not present with pull policy of Never", image)}
+		}
+		return st.Image.Id, nil
+	case corev1.PullIfNotPresent:
+		if present {
+			return st.Image.Id, nil
+		}
+	}
+	resp, err := pr.b.img.PullImage(ctx, &runtimeapi.PullImageRequest{Image: spec, SandboxConfig: pr.sandbox})
+	if err != nil {
+		msg := status.Convert(err).Message()
+		pr.mu.Lock()
+		c.pullFailed = msg
+		pr.mu.Unlock()
+		return "", &waitError{"ErrImagePull", msg}
+	}
+	return resp.ImageRef, nil
+}
+
+// policy is the container's image pull policy, defaulted as the API
+// server does.
+func policy(c corev1.Container) corev1.PullPolicy {
+	if c.ImagePullPolicy != "" {
+		return c.ImagePullPolicy
+	}
+	if tagLatest(c.Image) {
+		return corev1.PullAlways
+	}
+	return corev1.PullIfNotPresent
+}
+
+func tagLatest(image string) bool {
+	for i := len(image) - 1; i >= 0; i-- {
+		switch image[i] {
+		case '@':
+			return false
+		case ':':
+			return image[i+1:] == "latest"
+		case '/':
+			return true
+		}
+	}
+	return true
+}
+
+// terminate stops every container with the grace period, then the
+// sandbox, and removes them; containers that never ran are reported as
+// the kubelet reports them.
+func (pr *podRun) terminate(ctx context.Context) {
+	pr.mu.Lock()
+	grace := pr.grace
+	pr.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range pr.ctrs {
+		if c.id == "" || c.exited {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := pr.b.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.id, Timeout: int64(grace / time.Second)})
+			if err != nil && status.Code(err) != codes.NotFound {
+				pr.b.log.Warn("Stopping a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	pr.refresh(ctx)
+	pr.mu.Lock()
+	for _, c := range pr.ctrs {
+		if c.state.Terminated == nil {
+			if c.state.Waiting != nil && c.lastState.Terminated != nil {
+				c.state = corev1.ContainerState{Terminated: c.lastState.Terminated}
+				continue
+			}
+			c.state = corev1.ContainerState{Terminated: unknownTermination(c)}
+		}
+	}
+	id := pr.sandboxID
+	pr.mu.Unlock()
+	if id != "" {
+		pr.b.removeSandbox(ctx, id)
+	}
+	pr.publish()
+}
+
+// adoptContainers finds the containers of an adopted sandbox: per
+// container name the newest is current, the one before it previous.
+func (pr *podRun) adoptContainers(ctx context.Context) error {
+	resp, err := pr.b.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: pr.sandboxID}})
+	if err != nil {
+		return fmt.Errorf("cri backend: listing the containers of sandbox %s: %w", pr.sandboxID, err)
+	}
+	for _, c := range pr.ctrs {
+		var cur, prev *runtimeapi.Container
+		for _, rc := range resp.Containers {
+			if rc.Labels[LabelContainer] != c.spec.Name || rc.Metadata == nil {
+				continue
+			}
+			switch {
+			case cur == nil || rc.Metadata.Attempt > cur.Metadata.Attempt:
+				prev, cur = cur, rc
+			case prev == nil || rc.Metadata.Attempt > prev.Metadata.Attempt:
+				prev = rc
+			}
+		}
+		if cur == nil {
+			continue
+		}
+		c.id, c.restarts = cur.Id, int32(cur.Metadata.Attempt) //nolint:gosec // restart counts are small
+		c.started = time.Unix(0, cur.CreatedAt)
+		if prev != nil {
+			c.prevID = prev.Id
+		}
+		c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: nsTime(cur.CreatedAt)}}
+	}
+	pr.readPodIP(ctx)
+	return nil
+}
+
+// podAnnotation is the pod as kept on its sandbox for adoption: no
+// status, no managed fields.
+func podAnnotation(pod *corev1.Pod) string {
+	p := pod.DeepCopy()
+	p.Status = corev1.PodStatus{}
+	p.ManagedFields = nil
+	b, err := json.Marshal(p)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}

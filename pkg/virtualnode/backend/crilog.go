@@ -1,0 +1,171 @@
+package backend
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// logLine is one parsed CRI log line.
+type logLine struct {
+	ts      time.Time
+	raw     []byte // the timestamp field
+	partial bool
+	msg     []byte
+}
+
+// parseLine parses "<RFC3339Nano> <stream> <P|F> <msg>".
+func parseLine(line []byte) (logLine, bool) {
+	var l logLine
+	i := bytes.IndexByte(line, ' ')
+	if i < 0 {
+		return l, false
+	}
+	ts, err := time.Parse(time.RFC3339Nano, string(line[:i]))
+	if err != nil {
+		return l, false
+	}
+	l.ts, l.raw = ts, line[:i]
+	rest := line[i+1:]
+	j := bytes.IndexByte(rest, ' ')
+	if j < 0 {
+		return l, false
+	}
+	rest = rest[j+1:]
+	if len(rest) < 1 {
+		return l, false
+	}
+	l.partial = rest[0] == 'P'
+	if len(rest) > 1 {
+		l.msg = rest[2:]
+	}
+	return l, true
+}
+
+// CopyLog writes the container output selected by opts from f, a log
+// file in the CRI format (what container runtimes write and what the
+// kubelet reads). With Follow it keeps reading, every poll, while live
+// reports the container running.
+func CopyLog(ctx context.Context, f *os.File, w io.Writer, opts LogOptions, live func() bool, poll time.Duration) error {
+	var written int
+	limit := func(b []byte) ([]byte, bool) {
+		if opts.LimitBytes <= 0 {
+			return b, false
+		}
+		left := opts.LimitBytes - written
+		if left <= 0 {
+			return nil, true
+		}
+		if len(b) > left {
+			return b[:left], true
+		}
+		return b, false
+	}
+	emit := func(l logLine) (bool, error) {
+		if !opts.SinceTime.IsZero() && l.ts.Before(opts.SinceTime) {
+			return false, nil
+		}
+		var out []byte
+		if opts.Timestamps {
+			out = append(append(out, l.raw...), ' ')
+		}
+		out = append(out, l.msg...)
+		if !l.partial {
+			out = append(out, '\n')
+		}
+		out, stop := limit(out)
+		n, err := w.Write(out)
+		written += n
+		return stop, err
+	}
+
+	br := bufio.NewReader(f)
+	var pending []byte
+	// The lines present now, subject to tail.
+	var lines []logLine
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			pending = line
+			break
+		}
+		if l, ok := parseLine(bytes.TrimSuffix(line, []byte("\n"))); ok {
+			lines = append(lines, l)
+		}
+	}
+	if opts.Tail >= 0 && len(lines) > opts.Tail {
+		lines = lines[len(lines)-opts.Tail:]
+	}
+	for _, l := range lines {
+		if stop, err := emit(l); stop || err != nil {
+			return err
+		}
+	}
+	if !opts.Follow {
+		return nil
+	}
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		wasLive := live()
+		for {
+			chunk, err := br.ReadBytes('\n')
+			pending = append(pending, chunk...)
+			if err != nil {
+				break
+			}
+			if l, ok := parseLine(bytes.TrimSuffix(pending, []byte("\n"))); ok {
+				if stop, err := emit(l); stop || err != nil {
+					return err
+				}
+			}
+			pending = nil
+		}
+		if !wasLive {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Expand replaces $(VAR) references with the variable's value like the
+// kubelet does in command and args; $$ escapes a dollar sign and unknown
+// references are kept as they are.
+func Expand(s string, env map[string]string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 >= len(s) {
+			out.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			out.WriteByte('$')
+			i++
+			continue
+		case '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end >= 0 {
+				name := s[i+2 : i+2+end]
+				if v, ok := env[name]; ok {
+					out.WriteString(v)
+					i += 2 + end
+					continue
+				}
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String()
+}

@@ -1,0 +1,32 @@
+package backend
+
+import "testing"
+
+func TestExpand(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"A": "x", "B": "y"}
+	for in, want := range map[string]string{
+		"$(A)-$(B)": "x-y",
+		"$$(A)":     "$(A)",
+		"$(C)":      "$(C)",
+		"plain":     "plain",
+		"$(A":       "$(A",
+		"$":         "$",
+	} {
+		if got := Expand(in, env); got != want {
+			t.Errorf("Expand(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func FuzzParseLine(f *testing.F) {
+	f.Add([]byte("2026-01-01T00:00:00.000000001Z stdout F hello"))
+	f.Add([]byte("2026-01-01T00:00:00Z stderr P"))
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		l, ok := parseLine(line)
+		if ok && len(l.msg) > len(line) {
+			t.Fatalf("message longer than the line")
+		}
+	})
+}

@@ -1,0 +1,480 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilexec "k8s.io/client-go/util/exec"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
+	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
+	"github.com/dpkit/dpkit/test/controlplane"
+)
+
+// criRuntime is a containerd of the test's own: the real node's binaries
+// (hack/build-node.sh), runc, the ptp CNI plugin, its own root, state,
+// socket and pod subnet, and no kubelet beside it (a kubelet kills the
+// sandboxes it does not know).
+type criRuntime struct {
+	dir, socket string
+	ctr         string
+	rt          runtimeapi.RuntimeServiceClient
+}
+
+// startContainerd starts containerd with the pause and busybox images the
+// real node uses, and stops it (every sandbox removed first) when the test
+// ends.
+func startContainerd(t *testing.T, ctx context.Context) *criRuntime {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(controlplane.NodeSkipMessage)
+	}
+	if os.Geteuid() != 0 {
+		t.Fatalf("the cri backend's test runs containerd and runc, which need root (running as uid %d)", os.Geteuid())
+	}
+	bins := os.Getenv(controlplane.EnvNodeBinDir)
+	if bins == "" {
+		bins = filepath.Clean(controlplane.DefaultNodeBinDir())
+	}
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "pause"} {
+		if _, err := os.Stat(filepath.Join(bins, b)); err != nil {
+			t.Fatalf("%v: run bash %s (or set $%s)", err, controlplane.NodeBuildScript, controlplane.EnvNodeBinDir)
+		}
+	}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatalf("runc: %v: install the runc package", err)
+	}
+	if _, err := os.Stat("/usr/lib/cni/ptp"); err != nil {
+		t.Fatalf("%v: install containernetworking-plugins", err)
+	}
+	dir, err := os.MkdirTemp("", "dpkit-cri")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &criRuntime{dir: dir, socket: filepath.Join(dir, "containerd.sock"), ctr: filepath.Join(bins, "ctr")}
+	for _, d := range []string{"cni", "cdi"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ptp turns IPv4 forwarding on: put back what the host had.
+	const forward = "/proc/sys/net/ipv4/ip_forward"
+	if old, err := os.ReadFile(forward); err == nil {
+		t.Cleanup(func() { _ = os.WriteFile(forward, old, 0o644) })
+	}
+	subnet := fmt.Sprintf("10.250.%d.0/24", rand.IntN(250)) //nolint:gosec // not a secret
+	writeFile(t, filepath.Join(dir, "cni", "10-dpkit-cri.conflist"), `{
+  "cniVersion": "1.0.0", "name": "dpkit-cri-test",
+  "plugins": [{"type": "ptp", "ipMasq": false,
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": "`+subnet+`"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "`+filepath.Join(dir, "ipam")+`"}}]
+}
+`)
+	conf := filepath.Join(dir, "containerd.toml")
+	writeFile(t, conf, `version = 3
+root = "`+filepath.Join(dir, "root")+`"
+state = "`+filepath.Join(dir, "state")+`"
+[grpc]
+  address = "`+r.socket+`"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "`+filepath.Join(dir, "opt")+`"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = '`+controlplane.PauseImage+`'
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ['`+filepath.Join(dir, "cdi")+`']
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = 'io.containerd.runc.v2'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      SystemdCgroup = false
+      BinaryName = '`+runc+`'
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = '`+filepath.Join(dir, "cni")+`'
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+`)
+	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bins, "containerd"), "--config", conf)
+	cmd.Env = []string{"PATH=" + bins + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	conn, err := grpc.NewClient("unix://"+r.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.rt = runtimeapi.NewRuntimeServiceClient(conn)
+	t.Cleanup(func() {
+		r.removeAll(t)
+		conn.Close()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-exited
+		logf.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(logf.Name()); err == nil {
+				t.Logf("containerd log (last 4 KiB):\n%s", tail(b, 4096))
+			}
+		}
+		_ = syscall.Unmount(filepath.Join(dir, "root"), syscall.MNT_DETACH)
+		_ = os.RemoveAll(dir)
+	})
+	vctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := r.rt.Version(vctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("containerd did not answer on %s: %v", r.socket, err)
+	}
+	r.importImages(t, ctx, bins)
+	return r
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// importImages packs and imports the sandbox image and busybox, as the
+// real node does.
+func (r *criRuntime) importImages(t *testing.T, ctx context.Context, bins string) {
+	t.Helper()
+	list, err := exec.CommandContext(ctx, controlplane.BusyboxBinary, "--list").Output()
+	if err != nil {
+		t.Fatalf("%s --list: %v (install busybox-static)", controlplane.BusyboxBinary, err)
+	}
+	busybox := ociimage.Image{
+		Name: controlplane.BusyboxImage, OS: "linux", Architecture: runtime.GOARCH,
+		Config: ociimage.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}},
+		Files:  []ociimage.File{{Path: "/bin/busybox", Mode: 0o755, Source: controlplane.BusyboxBinary}, {Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777}},
+	}
+	for _, applet := range strings.Fields(string(list)) {
+		if applet != "busybox" {
+			busybox.Files = append(busybox.Files, ociimage.File{Path: "/bin/" + applet, Mode: fs.ModeSymlink | 0o777, Target: "busybox"})
+		}
+	}
+	pause := ociimage.Image{
+		Name: controlplane.PauseImage, OS: "linux", Architecture: runtime.GOARCH,
+		Config: ociimage.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"},
+		Files:  []ociimage.File{{Path: "/pause", Mode: 0o755, Source: filepath.Join(bins, "pause")}},
+	}
+	for _, img := range []ociimage.Image{pause, busybox} {
+		archive := filepath.Join(r.dir, strings.ReplaceAll(filepath.Base(img.Name), ":", "_")+".oci.tar")
+		if _, err := ociimage.WriteFile(archive, img); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctx, r.ctr, "--address", r.socket, "--namespace", "k8s.io", "images", "import", "--snapshotter", "overlayfs", archive)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("ctr images import %s: %v\n%s", archive, err, out)
+		}
+	}
+}
+
+// removeAll stops and removes every sandbox, as crictl rmp -fa.
+func (r *criRuntime) removeAll(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := r.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		t.Logf("cleanup: list sandboxes: %v", err)
+		return
+	}
+	for _, sb := range resp.Items {
+		_, _ = r.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
+		_, _ = r.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+	}
+}
+
+// podObjects lists, through the CRI API (what crictl pods and crictl ps -a
+// read), the sandboxes and containers of the pod with uid.
+func (r *criRuntime) podObjects(ctx context.Context, uid string) (sandboxes, containers []string, err error) {
+	sbs, err := r.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, sb := range sbs.Items {
+		if sb.Metadata.GetUid() == uid {
+			sandboxes = append(sandboxes, sb.Id+" "+sb.State.String())
+		}
+	}
+	cs, err := r.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range cs.Containers {
+		if c.Labels[cri.LabelPodUID] == uid {
+			containers = append(containers, c.Id+" "+c.State.String())
+		}
+	}
+	return sandboxes, containers, nil
+}
+
+// TestVirtualNodeCRI: `dpkit node --backend cri` on a containerd of its
+// own, the generic plugin serving /dev/zero as /dev/dpkit-zero; a pod
+// asking for it runs as a container that sees the device node and the
+// plugin's variable, its logs come through the API server, and deleting
+// it leaves no sandbox or container in the runtime. A pod whose image
+// cannot be pulled waits with the kubelet's reasons.
+func TestVirtualNodeCRI(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	rtm := startContainerd(t, ctx)
+	root := shortTempDir(t)
+	name := unique("vncri")
+	const zero = corev1.ResourceName("example.com/zero")
+
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	_, stopNode := runNode(t, ctx, o)
+
+	cfg := filepath.Join(root, "plugin.yaml")
+	writeFile(t, cfg, "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n"+indent(zeroConfig(string(zero)), "    "))
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		var out, logs bytes.Buffer
+		done <- app.Run(pctx, []string{"plugin", "--config", cfg, "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	poll(t, ctx, "2 "+string(zero)+" allocatable on "+name, func(ctx context.Context) (bool, string, error) {
+		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		a := n.Status.Allocatable[zero]
+		return a.Value() == 2, fmt.Sprintf("allocatable %v", n.Status.Allocatable), nil
+	})
+
+	ns := createNamespace(t, c, "vncri")
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "zero", Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": name},
+			Tolerations:                   []corev1.Toleration{{Key: virtualnode.DefaultTaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			TerminationGracePeriodSeconds: ptr(int64(10)),
+			Containers: []corev1.Container{{
+				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:   []string{"sh", "-c", `ls -l /dev/dpkit-zero; echo "env=$DPKIT_E2E"; echo "cdi=${DPKIT_CDI_DEVICES-unset}"; trap "exit 0" TERM; sleep 3600 & wait`},
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{zero: resource.MustParse("1")}},
+			}},
+		},
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running := waitPod(t, ctx, c, ns, "zero", "Running on "+name, func(p *corev1.Pod) bool {
+		return p.Spec.NodeName == name && p.Status.Phase == corev1.PodRunning
+	})
+	st := running.Status
+	if len(st.ContainerStatuses) != 1 || !strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") || st.ContainerStatuses[0].ImageID == "" {
+		t.Errorf("container status %+v, want a containerd:// container ID and an image ID", st.ContainerStatuses)
+	}
+	if !strings.HasPrefix(st.PodIP, "10.250.") {
+		t.Errorf("pod IP %q, want one from the runtime's CNI subnet 10.250.x.0/24", st.PodIP)
+	}
+
+	var logs string
+	poll(t, ctx, "the container's ls -l /dev/dpkit-zero through the API server", func(ctx context.Context) (bool, string, error) {
+		b, err := c.CoreV1().Pods(ns).GetLogs("zero", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		logs = string(b)
+		return strings.Contains(logs, "env="), logs, nil
+	})
+	// /dev/zero is character device 1,5: the container has it at the
+	// plugin's container path.
+	if !regexp.MustCompile(`(?m)^c\S+\s+\d+\s+\S+\s+\S+\s+1,\s+5 .*/dev/dpkit-zero$`).MatchString(logs) {
+		t.Errorf("logs %q: no character device 1,5 at /dev/dpkit-zero", logs)
+	}
+	if !strings.Contains(logs, "env=from the plugin\n") || !strings.Contains(logs, "cdi=unset\n") {
+		t.Errorf("logs %q: want the plugin's DPKIT_E2E and no DPKIT_CDI_DEVICES", logs)
+	}
+	sandboxes, containers, err := rtm.podObjects(ctx, string(running.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sandboxes) != 1 || len(containers) != 1 {
+		t.Fatalf("runtime has sandboxes %v and containers %v for the pod, want one of each", sandboxes, containers)
+	}
+	t.Logf("runtime: sandbox %v, container %v", sandboxes, containers)
+
+	// Exec through the API server runs in the container: it sees the
+	// device, stdin reaches it, its exit code comes back.
+	for _, mode := range []string{"websocket", "spdy"} {
+		out, errOut, err := execInPod(ctx, cp.RESTConfig, mode, ns, "zero", []string{"sh", "-c", "head -c 3 /dev/dpkit-zero | od -An -tx1; hostname"}, "")
+		if err != nil || !strings.Contains(out, "00 00 00") || !strings.Contains(out, "zero\n") {
+			t.Errorf("%s: exec reading /dev/dpkit-zero: %q %q %v, want three zero bytes and the pod's hostname", mode, out, errOut, err)
+		}
+		out, _, err = execInPod(ctx, cp.RESTConfig, mode, ns, "zero", []string{"cat"}, "through stdin\n")
+		if err != nil || out != "through stdin\n" {
+			t.Errorf("%s: exec cat with stdin: %q, %v; want the input back", mode, out, err)
+		}
+		out, errOut, err = execInPod(ctx, cp.RESTConfig, mode, ns, "zero", []string{"sh", "-c", "echo out; echo oops >&2; exit 3"}, "")
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || ee.ExitStatus() != 3 || out != "out\n" || errOut != "oops\n" {
+			t.Errorf("%s: exec exiting 3: %q %q %v, want out, oops and exit code 3", mode, out, errOut, err)
+		}
+	}
+
+	// dpkit node restarts: the container keeps running and the new node
+	// adopts it.
+	stopNode()
+	runNode(t, ctx, o)
+	adopted := waitPod(t, ctx, c, ns, "zero", "Running, reported by the restarted node", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return p.Status.Phase == corev1.PodRunning && len(cs) == 1 && cs[0].State.Running != nil && p.ResourceVersion != running.ResourceVersion
+	})
+	if before, after := running.Status.ContainerStatuses[0], adopted.Status.ContainerStatuses[0]; after.ContainerID != before.ContainerID || after.RestartCount != 0 {
+		t.Errorf("after the restart: container %s restarts %d, want the same container %s, never restarted", after.ContainerID, after.RestartCount, before.ContainerID)
+	}
+	if sandboxes, containers, err := rtm.podObjects(ctx, string(running.UID)); err != nil || len(sandboxes) != 1 || len(containers) != 1 {
+		t.Errorf("after the restart the runtime has sandboxes %v and containers %v (%v), want the same one of each", sandboxes, containers, err)
+	}
+
+	// Deleted: its container gets SIGTERM, exits 0, and the runtime keeps
+	// nothing of it.
+	if err := c.CoreV1().Pods(ns).Delete(ctx, "zero", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, ctx, "the pod gone from the API server", func(ctx context.Context) (bool, string, error) {
+		_, err := c.CoreV1().Pods(ns).Get(ctx, "zero", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err), nil
+	})
+	poll(t, ctx, "no sandbox or container of the pod in the runtime", func(ctx context.Context) (bool, string, error) {
+		sandboxes, containers, err := rtm.podObjects(ctx, string(running.UID))
+		return err == nil && len(sandboxes) == 0 && len(containers) == 0, fmt.Sprintf("sandboxes %v containers %v err %v", sandboxes, containers, err), nil
+	})
+
+	// An image that is not there with pull policy Never, and one that
+	// cannot be pulled: the kubelet's waiting reasons.
+	for _, tc := range []struct {
+		name, image string
+		policy      corev1.PullPolicy
+		reasons     []string
+	}{
+		{"never", "dpkit.test/absent:1", corev1.PullNever, []string{"ErrImageNeverPull"}},
+		{"pull", "dpkit.test/absent:1", corev1.PullIfNotPresent, []string{"ErrImagePull", "ImagePullBackOff"}},
+	} {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: ns},
+			Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{"kubernetes.io/hostname": name},
+				Tolerations:  []corev1.Toleration{{Key: virtualnode.DefaultTaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+				Containers:   []corev1.Container{{Name: "app", Image: tc.image, ImagePullPolicy: tc.policy, Command: []string{"true"}}},
+			},
+		}
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		got := waitPod(t, ctx, c, ns, tc.name, "waiting with "+strings.Join(tc.reasons, " or "), func(p *corev1.Pod) bool {
+			for _, cs := range p.Status.ContainerStatuses {
+				for _, r := range tc.reasons {
+					if cs.State.Waiting != nil && cs.State.Waiting.Reason == r {
+						return true
+					}
+				}
+			}
+			return false
+		})
+		t.Logf("%s: %s: %s", tc.name, got.Status.ContainerStatuses[0].State.Waiting.Reason, got.Status.ContainerStatuses[0].State.Waiting.Message)
+		if got.Status.Phase != corev1.PodPending {
+			t.Errorf("pod %s: phase %s, want Pending", tc.name, got.Status.Phase)
+		}
+	}
+}
+
+// TestVirtualNodeCRIDRA: with the cri backend, the CDI devices of a pod's
+// ResourceClaim reach the runtime as CDI devices, which containerd
+// resolves from its CDI specs: the container has the device node and the
+// variable of the device the scheduler allocated, and no
+// DPKIT_CDI_DEVICES.
+func TestVirtualNodeCRIDRA(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	rtm := startContainerd(t, ctx)
+	root := shortTempDir(t)
+	name := unique("vncri-dra")
+	// The CDI spec a real driver would write: each device /dev/zero at
+	// /dev/dra-<device>, and a variable naming it.
+	var devs []string
+	for _, d := range []string{"gpu0", "gpu1"} {
+		devs = append(devs, `{"name": "`+d+`", "containerEdits": {"env": ["DRA_`+d+`=yes"], "deviceNodes": [{"path": "/dev/dra-`+d+`", "hostPath": "/dev/zero"}]}}`)
+	}
+	writeFile(t, filepath.Join(rtm.dir, "cdi", "fake-dra.json"), `{"cdiVersion": "0.6.0", "kind": "`+dratest.DriverName+`/device", "devices": [`+strings.Join(devs, ", ")+`]}`)
+
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	runNode(t, ctx, o)
+	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "gpu0", "gpu1")
+	class := deviceClass(t, ctx, c, "")
+	ns := createNamespace(t, c, "vncri-dra")
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := claimPod(ns, "dra", name, "one", []string{"sh", "-c", `env | grep ^DRA_; ls -l /dev/dra-*; echo "cdi=${DPKIT_CDI_DEVICES-unset}"`})
+	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = controlplane.BusyboxImage, corev1.PullNever
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, c, ns, "dra", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	claim, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "one", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim allocation %+v, want one device", claim.Status.Allocation)
+	}
+	dev := claim.Status.Allocation.Devices.Results[0].Device
+	b, err := c.CoreV1().Pods(ns).GetLogs("dra", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := string(b)
+	t.Logf("allocated %s; logs:\n%s", dev, logs)
+	if !strings.Contains(logs, "DRA_"+dev+"=yes\n") || strings.Count(logs, "DRA_") != 1 {
+		t.Errorf("logs %q: want the variable of %s only", logs, dev)
+	}
+	if !regexp.MustCompile(`(?m)^c\S+\s+\d+\s+\S+\s+\S+\s+1,\s+5 .*/dev/dra-`+dev+`$`).MatchString(logs) || strings.Count(logs, "/dev/dra-") != 1 {
+		t.Errorf("logs %q: want character device 1,5 at /dev/dra-%s only", logs, dev)
+	}
+	if !strings.Contains(logs, "cdi=unset\n") {
+		t.Errorf("logs %q: DPKIT_CDI_DEVICES is set", logs)
+	}
+}
