@@ -355,10 +355,21 @@ func TestVirtualNodeCRI(t *testing.T) {
 	// dpkit node restarts: the container keeps running and the new node
 	// adopts it.
 	stopNode()
+	// Mark the container waiting while no node runs, so that only the
+	// restarted node's report makes it running again (its report may
+	// otherwise equal the last one and change nothing).
+	stale, err := c.CoreV1().Pods(ns).Get(ctx, "zero", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.Status.ContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "NodeRestarting"}}
+	if _, err := c.CoreV1().Pods(ns).UpdateStatus(ctx, stale, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	runNode(t, ctx, o)
 	adopted := waitPod(t, ctx, c, ns, "zero", "Running, reported by the restarted node", func(p *corev1.Pod) bool {
 		cs := p.Status.ContainerStatuses
-		return p.Status.Phase == corev1.PodRunning && len(cs) == 1 && cs[0].State.Running != nil && p.ResourceVersion != running.ResourceVersion
+		return p.Status.Phase == corev1.PodRunning && len(cs) == 1 && cs[0].State.Running != nil
 	})
 	if before, after := running.Status.ContainerStatuses[0], adopted.Status.ContainerStatuses[0]; after.ContainerID != before.ContainerID || after.RestartCount != 0 {
 		t.Errorf("after the restart: container %s restarts %d, want the same container %s, never restarted", after.ContainerID, after.RestartCount, before.ContainerID)

@@ -2,8 +2,13 @@ package cri
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -105,6 +110,16 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 			SecurityContext: securityContext(pod, spec),
 		},
 	}
+	if sc := cfg.Linux.SecurityContext; sc.RunAsUser == nil {
+		// As the kubelet: without a user in the pod, the image's user,
+		// by UID or name, else root, named explicitly (the runtime then
+		// sets HOME from the image's /etc/passwd).
+		uid, name, err := pr.imageUser(ctx, imageRef)
+		if err != nil {
+			return nil, err
+		}
+		sc.RunAsUser, sc.RunAsUsername = uid, name
+	}
 	for _, a := range spec.Command {
 		cfg.Command = append(cfg.Command, backend.Expand(a, vars))
 	}
@@ -162,6 +177,11 @@ func securityContext(pod *corev1.Pod, c corev1.Container) *runtimeapi.LinuxConta
 		sc.SupplementalGroups = psc.SupplementalGroups
 	}
 	csc := c.SecurityContext
+	var procMount *corev1.ProcMountType
+	if csc != nil {
+		procMount = csc.ProcMount
+	}
+	sc.MaskedPaths, sc.ReadonlyPaths = maskedPaths(procMount), readonlyPaths(procMount)
 	if csc == nil {
 		return sc
 	}
@@ -190,4 +210,86 @@ func securityContext(pod *corev1.Pod, c corev1.Container) *runtimeapi.LinuxConta
 		}
 	}
 	return sc
+}
+
+// imageUser is the user the kubelet runs a container as when the pod
+// names none (kuberuntime getImageUser): the image's UID, else its user
+// name, else root.
+func (pr *podRun) imageUser(ctx context.Context, image string) (*runtimeapi.Int64Value, string, error) {
+	st, err := pr.b.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: image}})
+	if err != nil {
+		return nil, "", fmt.Errorf("inspect image %q for its user: %w", image, err)
+	}
+	if img := st.GetImage(); img != nil {
+		if img.Uid != nil {
+			return &runtimeapi.Int64Value{Value: img.Uid.Value}, "", nil
+		}
+		if img.Username != "" {
+			return nil, img.Username, nil
+		}
+	}
+	return &runtimeapi.Int64Value{}, "", nil
+}
+
+// defaultReadonlyPaths and the fixed part of maskedPaths are the
+// kubelet's (pkg/securitycontext, kept in sync with moby): without them
+// the runtime masks nothing of /proc and /sys.
+var defaultReadonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+
+var defaultMaskedPaths = sync.OnceValue(func() []string {
+	paths := []string{
+		"/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+		"/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	for _, cpu := range possibleCPUs() {
+		p := fmt.Sprintf("/sys/devices/system/cpu/cpu%d/thermal_throttle", cpu)
+		if _, err := os.Stat(p); err == nil {
+			paths = append(paths, p)
+		}
+	}
+	return paths
+})
+
+// maskedPaths and readonlyPaths are the kubelet's for a proc mount type:
+// none for Unmasked, the defaults otherwise.
+func maskedPaths(pm *corev1.ProcMountType) []string {
+	if pm != nil && *pm == corev1.UnmaskedProcMount {
+		return []string{}
+	}
+	return defaultMaskedPaths()
+}
+
+func readonlyPaths(pm *corev1.ProcMountType) []string {
+	if pm != nil && *pm == corev1.UnmaskedProcMount {
+		return []string{}
+	}
+	return slices.Clone(defaultReadonlyPaths)
+}
+
+// possibleCPUs lists the CPUs of /sys/devices/system/cpu/possible
+// ("0-3,8"); nothing when it cannot be read.
+func possibleCPUs() []int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	if err != nil {
+		return nil
+	}
+	var cpus []int
+	for part := range strings.SplitSeq(strings.TrimSpace(string(b)), ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		first, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil
+		}
+		last := first
+		if isRange {
+			if last, err = strconv.Atoi(hi); err != nil {
+				return nil
+			}
+		}
+		for c := first; c <= last; c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
 }
