@@ -489,3 +489,78 @@ func TestVirtualNodeCRIDRA(t *testing.T) {
 		t.Errorf("logs %q: DPKIT_CDI_DEVICES is set", logs)
 	}
 }
+
+// TestVirtualNodeCRIFakeAllocate: with the cri backend, everything the
+// fake plugin's Allocate answers reaches the container: its variables, a
+// read-only bind mount, and a CDI device that containerd resolves from the
+// runtime's CDI specs.
+func TestVirtualNodeCRIFakeAllocate(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	rtm := startContainerd(t, ctx)
+	root := shortTempDir(t)
+	name := unique("vncri-fake")
+	const res = corev1.ResourceName("example.com/fakecri")
+	share := filepath.Join(root, "share")
+	if err := os.Mkdir(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(share, "hello"), "from the host\n")
+	writeFile(t, filepath.Join(rtm.dir, "cdi", "fake-cri.json"), `{"cdiVersion": "0.6.0", "kind": "fake.dpkit.io/dev", "devices": [`+
+		`{"name": "dev-0", "containerEdits": {"env": ["FAKE_CDI=dev-0"], "deviceNodes": [{"path": "/dev/fake-cdi", "hostPath": "/dev/zero"}]}},`+
+		`{"name": "dev-1", "containerEdits": {"env": ["FAKE_CDI=dev-1"], "deviceNodes": [{"path": "/dev/fake-cdi", "hostPath": "/dev/zero"}]}}]}`)
+
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	runNode(t, ctx, o)
+	cfg := filepath.Join(root, "plugin.yaml")
+	writeFile(t, cfg, `apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resources:
+    - name: `+string(res)+`
+      count: 2
+      allocate:
+        envs: {FAKE_ENV: "got {ids}"}
+        mounts:
+        - {containerPath: /mnt/fake, hostPath: `+share+`, readOnly: true}
+        cdiDevices: ["fake.dpkit.io/dev={id}"]
+`)
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		var out, logs bytes.Buffer
+		done <- app.Run(pctx, []string{"plugin", "--config", cfg, "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitAllocatable(t, ctx, c, name, res, "2")
+
+	ns := createNamespace(t, c, "vncri-fake")
+	pod := devicePod(ns, "fake", name, "0", []string{"sh", "-c", `echo "env=$FAKE_ENV"; echo "cdi=$FAKE_CDI"; cat /mnt/fake/hello; ls -l /dev/fake-cdi; touch /mnt/fake/x 2>/dev/null || echo "mount read-only"`})
+	pod.Spec.Containers[0].Image, pod.Spec.Containers[0].ImagePullPolicy = controlplane.BusyboxImage, corev1.PullNever
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse("1")}}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, c, ns, "fake", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	b, err := c.CoreV1().Pods(ns).GetLogs("fake", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := string(b)
+	t.Logf("container log:\n%s", logs)
+	id := regexp.MustCompile(`env=got (dev-[01])\n`).FindStringSubmatch(logs)
+	if id == nil {
+		t.Fatalf("log %q: no FAKE_ENV from Allocate", logs)
+	}
+	for _, want := range []string{"cdi=" + id[1] + "\n", "from the host\n", "mount read-only\n"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log %q: want %q", logs, want)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^c\S+\s+\d+\s+\S+\s+\S+\s+1,\s+5 .*/dev/fake-cdi$`).MatchString(logs) {
+		t.Errorf("log %q: no character device 1,5 at /dev/fake-cdi from the CDI device", logs)
+	}
+}
