@@ -75,6 +75,7 @@ func hasContainer(pod *corev1.Pod, name string) bool {
 type logLine struct {
 	ts      time.Time
 	raw     []byte // the timestamp field
+	stream  []byte // stdout or stderr
 	partial bool
 	msg     []byte
 }
@@ -96,6 +97,7 @@ func parseLine(line []byte) (logLine, bool) {
 	if j < 0 {
 		return l, false
 	}
+	l.stream = rest[:j]
 	rest = rest[j+1:]
 	if len(rest) < 1 {
 		return l, false
