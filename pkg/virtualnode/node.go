@@ -494,6 +494,7 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		Backend:   n.be,
 		StartTime: time.Now(),
 		Metrics:   promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}),
+		Config:    n.kubeletConfig(),
 	})
 	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
 	g.Go(func() error {
@@ -503,6 +504,30 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		})
 	})
 	return nil
+}
+
+// kubeletConfig is what the node API's /configz reports.
+func (n *Node) kubeletConfig() nodeapi.KubeletConfig {
+	cfg := n.cfg
+	return nodeapi.KubeletConfig{
+		EnableServer:      cfg.Port > 0,
+		Address:           cfg.NodeIP,
+		Port:              int32(max(cfg.Port, 0)),
+		TLSCertFile:       cfg.TLSCertFile,
+		TLSPrivateKeyFile: cfg.TLSKeyFile,
+		Authentication: nodeapi.KubeletAuthentication{
+			X509:    nodeapi.KubeletX509Authentication{ClientCAFile: cfg.ClientCAFile},
+			Webhook: nodeapi.KubeletWebhookAuthentication{Enabled: true, CacheTTL: metav1.Duration{Duration: nodeapi.DefaultAuthnCacheTTL}},
+		},
+		Authorization: nodeapi.KubeletAuthorization{Mode: "Webhook", Webhook: nodeapi.KubeletWebhookAuthorization{
+			CacheAuthorizedTTL:   metav1.Duration{Duration: nodeapi.DefaultAllowCacheTTL},
+			CacheUnauthorizedTTL: metav1.Duration{Duration: nodeapi.DefaultDenyCacheTTL},
+		}},
+		RegisterWithTaints:       cfg.Taints,
+		NodeLeaseDurationSeconds: DefaultLeaseDuration,
+		TopologyManagerPolicy:    cfg.TopologyPolicy,
+		TopologyManagerScope:     cfg.TopologyScope,
+	}
 }
 
 // serveNodeAPI serves h over TLS on addr until ctx is done. ready, when not nil,
