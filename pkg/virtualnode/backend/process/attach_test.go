@@ -140,7 +140,7 @@ func TestPortForward(t *testing.T) {
 	if err := b.CreatePod(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	defer b.DeletePod(context.Background(), pod)
+	defer func() { _ = b.DeletePod(context.Background(), pod) }()
 	rec.wait(t, pod.UID, "running", phase(corev1.PodRunning))
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
