@@ -12,6 +12,7 @@
 package virtualnode
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -20,9 +21,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,6 +113,10 @@ type Config struct {
 	// NodeIP is the node's InternalIP, where the API server reaches the
 	// node API; the node API listens on it. Empty means DefaultNodeIP().
 	NodeIP string
+	// Hostname is reported as the node's Hostname address. Empty means
+	// DefaultHostname(): the machine's name, as a kubelet reports it, so
+	// that the address resolves (the node name need not).
+	Hostname string
 	// Port of the node API (the kubelet port). 0 means DefaultPort; -1
 	// disables the node API.
 	Port int
@@ -242,6 +249,16 @@ func DefaultNodeIP() string {
 	return "127.0.0.1"
 }
 
+// DefaultHostname is the machine's name, lower-cased and trimmed as the
+// kubelet's nodeutil.GetHostname does; "localhost" when it cannot be read.
+func DefaultHostname() string {
+	h, err := os.Hostname()
+	if h = strings.ToLower(strings.TrimSpace(h)); err != nil || h == "" {
+		return "localhost"
+	}
+	return h
+}
+
 // Run runs the node until ctx is done. started, when not nil, is called
 // once the node is registered and its pod controller is running.
 func Run(ctx context.Context, cfg Config, started func(*Node)) error {
@@ -253,6 +270,9 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	if cfg.Port == 0 {
 		cfg.Port = DefaultPort
+	}
+	if cfg.Hostname == "" {
+		cfg.Hostname = DefaultHostname()
 	}
 	if cfg.Taints == nil {
 		cfg.Taints = []corev1.Taint{DefaultTaint()}
@@ -476,6 +496,7 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		Backend:   n.be,
 		StartTime: time.Now(),
 		Metrics:   promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}),
+		Config:    n.kubeletConfig(),
 	})
 	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
 	g.Go(func() error {
@@ -485,6 +506,30 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		})
 	})
 	return nil
+}
+
+// kubeletConfig is what the node API's /configz reports.
+func (n *Node) kubeletConfig() nodeapi.KubeletConfig {
+	cfg := n.cfg
+	return nodeapi.KubeletConfig{
+		EnableServer:      cfg.Port > 0,
+		Address:           cfg.NodeIP,
+		Port:              int32(max(cfg.Port, 0)),
+		TLSCertFile:       cfg.TLSCertFile,
+		TLSPrivateKeyFile: cfg.TLSKeyFile,
+		Authentication: nodeapi.KubeletAuthentication{
+			X509:    nodeapi.KubeletX509Authentication{ClientCAFile: cfg.ClientCAFile},
+			Webhook: nodeapi.KubeletWebhookAuthentication{Enabled: true, CacheTTL: metav1.Duration{Duration: nodeapi.DefaultAuthnCacheTTL}},
+		},
+		Authorization: nodeapi.KubeletAuthorization{Mode: "Webhook", Webhook: nodeapi.KubeletWebhookAuthorization{
+			CacheAuthorizedTTL:   metav1.Duration{Duration: nodeapi.DefaultAllowCacheTTL},
+			CacheUnauthorizedTTL: metav1.Duration{Duration: nodeapi.DefaultDenyCacheTTL},
+		}},
+		RegisterWithTaints:       cfg.Taints,
+		NodeLeaseDurationSeconds: DefaultLeaseDuration,
+		TopologyManagerPolicy:    cfg.TopologyPolicy,
+		TopologyManagerScope:     cfg.TopologyScope,
+	}
 }
 
 // serveNodeAPI serves h over TLS on addr until ctx is done. ready, when not nil,
@@ -528,16 +573,23 @@ func (n *Node) nodeObject() *corev1.Node {
 				Architecture:    runtime.GOARCH,
 				KubeletVersion:  KubeletVersion,
 			},
-			Addresses: []corev1.NodeAddress{
-				{Type: corev1.NodeInternalIP, Address: cfg.NodeIP},
-				{Type: corev1.NodeHostName, Address: cfg.Name},
-			},
+			Addresses:       addresses(cfg),
 			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(max(cfg.Port, 0))}},
 			Conditions:      conditions(),
 		},
 	}
 	node.Status.Capacity, node.Status.Allocatable = n.resources()
 	return node
+}
+
+// addresses are the node's InternalIP and its Hostname: the machine's
+// name, as a kubelet reports it, which resolves where the node name need
+// not.
+func addresses(cfg Config) []corev1.NodeAddress {
+	return []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: cfg.NodeIP},
+		{Type: corev1.NodeHostName, Address: cmp.Or(cfg.Hostname, DefaultHostname())},
+	}
 }
 
 func conditions() []corev1.NodeCondition {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,4 +108,31 @@ func TestRemovedResourceStaysAtZero(t *testing.T) {
 	n.rememberPluginResources(context.Background())
 	check("after a restart", map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2},
 		map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2})
+}
+
+// TestHostnameAddress checks the node reports the machine's name as its
+// Hostname address, as a kubelet does, not the node name (which need not
+// resolve), and a configured one when given.
+func TestHostnameAddress(t *testing.T) {
+	t.Parallel()
+	want, err := os.Hostname()
+	if err != nil {
+		t.Skipf("no hostname: %v", err)
+	}
+	addr := func(cfg Config) string {
+		for _, a := range addresses(cfg) {
+			if a.Type == corev1.NodeHostName {
+				return a.Address
+			}
+		}
+		return ""
+	}
+	cfg := Config{Name: "vn-not-a-host", NodeIP: "10.0.0.1"}
+	if got := addr(cfg); got != strings.ToLower(want) {
+		t.Errorf("Hostname address %q, want the machine's %q", got, strings.ToLower(want))
+	}
+	cfg.Hostname = "other.example"
+	if got := addr(cfg); got != "other.example" {
+		t.Errorf("Hostname address %q, want the configured other.example", got)
+	}
 }

@@ -2,8 +2,8 @@
 // the status of the pods it runs and reports every change through
 // Config.Notify; the virtual node handles admission, devices and the API.
 //
-// Optional capabilities are found by type assertion: LogReader, Executor
-// and StatsProvider.
+// Optional capabilities are found by type assertion: LogReader, Executor,
+// Attacher, PortForwarder and StatsProvider.
 package backend
 
 import (
@@ -123,6 +123,21 @@ type ExecIO struct {
 // container's environment.
 type Executor interface {
 	Exec(ctx context.Context, namespace, pod, container string, cmd []string, io ExecIO) error
+}
+
+// Attacher is implemented by backends that can attach to a running
+// container's output, as `kubectl attach` does: Attach writes what the
+// container prints from now on to io.Stdout and io.Stderr (or both to
+// io.Stdout with TTY) until the container stops or ctx ends.
+type Attacher interface {
+	Attach(ctx context.Context, namespace, pod, container string, io ExecIO) error
+}
+
+// PortForwarder is implemented by backends whose pods can be reached on a
+// port, as `kubectl port-forward` does: PortForward connects stream to the
+// pod's port and copies both ways until either side ends.
+type PortForwarder interface {
+	PortForward(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error
 }
 
 // StatsProvider is implemented by backends that can measure their pods.

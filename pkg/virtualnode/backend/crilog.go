@@ -14,8 +14,25 @@ import (
 type logLine struct {
 	ts      time.Time
 	raw     []byte // the timestamp field
+	stream  []byte // stdout or stderr
 	partial bool
 	msg     []byte
+}
+
+// LogLine is one line of a CRI log file: the stream it came from (stdout
+// or stderr), its text and whether it is a partial line (the runtime
+// splits long lines).
+type LogLine struct {
+	Stream  string
+	Partial bool
+	Msg     []byte
+}
+
+// ParseLogLine parses one CRI log line without its newline:
+// "<RFC3339Nano> <stream> <P|F> <msg>".
+func ParseLogLine(line []byte) (LogLine, bool) {
+	l, ok := parseLine(line)
+	return LogLine{Stream: string(l.stream), Partial: l.partial, Msg: l.msg}, ok
 }
 
 // parseLine parses "<RFC3339Nano> <stream> <P|F> <msg>".
@@ -35,6 +52,7 @@ func parseLine(line []byte) (logLine, bool) {
 	if j < 0 {
 		return l, false
 	}
+	l.stream = rest[:j]
 	rest = rest[j+1:]
 	if len(rest) < 1 {
 		return l, false

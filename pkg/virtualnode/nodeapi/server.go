@@ -104,13 +104,17 @@ type Source struct {
 	// Metrics, when set, serves /metrics (the kubelet's nodes/metrics
 	// subresource).
 	Metrics http.Handler
+	// Config is served at /configz.
+	Config KubeletConfig
 }
 
-// Handler returns the kubelet API handlers (virtual-kubelet's) over src.
+// Handler returns the kubelet API handlers (virtual-kubelet's) over src:
+// /pods, /runningpods/, /containerLogs, /exec, /attach, /portForward,
+// /stats/summary, /metrics/resource, /metrics, /configz and /healthz.
 // Capabilities the backend lacks answer 501.
 func Handler(src Source) http.Handler {
 	cfg := vkapi.PodHandlerConfig{
-		GetPods:               src.Pods,
+		GetPods:               runningPods(src.Backend),
 		GetPodsFromKubernetes: src.Pods,
 		StreamIdleTimeout:     4 * time.Hour,
 		StreamCreationTimeout: 30 * time.Second,
@@ -144,27 +148,43 @@ func Handler(src Source) http.Handler {
 			return ex.Exec(ctx, ns, pod, container, cmd, eio)
 		}
 	}
-	if sp, ok := src.Backend.(backend.StatsProvider); ok {
-		cfg.GetStatsSummary = func(ctx context.Context) (*statsv1alpha1.Summary, error) {
-			pods, err := sp.PodStats(ctx)
-			if err != nil {
-				return nil, err
+	if at, ok := src.Backend.(backend.Attacher); ok {
+		cfg.AttachToContainer = func(ctx context.Context, ns, pod, container string, a vkapi.AttachIO) error {
+			eio := backend.ExecIO{TTY: a.TTY()}
+			if in := a.Stdin(); in != nil {
+				eio.Stdin = in
 			}
-			s := &statsv1alpha1.Summary{Pods: pods}
-			s.Node.NodeName = src.NodeName
-			s.Node.StartTime.Time = src.StartTime
-			return s, nil
+			if out := a.Stdout(); out != nil {
+				eio.Stdout = out
+				defer out.Close()
+			}
+			if errw := a.Stderr(); errw != nil {
+				eio.Stderr = errw
+				defer errw.Close()
+			}
+			return at.Attach(ctx, ns, pod, container, eio)
 		}
 	}
-	h := vkapi.PodHandler(cfg, false)
-	if src.Metrics == nil {
-		return h
+	if pf, ok := src.Backend.(backend.PortForwarder); ok {
+		cfg.PortForward = pf.PortForward
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/metrics" {
-			src.Metrics.ServeHTTP(w, r)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
+	if src.Backend != nil {
+		cfg.GetStatsSummary = func(ctx context.Context) (*statsv1alpha1.Summary, error) { return summary(ctx, src) }
+	}
+	// debug serves /runningpods/, which the kubelet serves too.
+	h := vkapi.PodHandler(cfg, true)
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	if src.Metrics != nil {
+		mux.Handle("/metrics", src.Metrics)
+	}
+	if src.Backend != nil {
+		rm := resourceMetrics(src)
+		mux.Handle("/metrics/resource", rm)
+		mux.Handle("/metrics/resource/", rm)
+	}
+	mux.Handle("/configz", configz(src.Config))
+	mux.HandleFunc("/healthz", healthz)
+	mux.HandleFunc("/healthz/", healthz)
+	return mux
 }
