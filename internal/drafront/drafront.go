@@ -5,7 +5,6 @@
 package drafront
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -28,7 +27,7 @@ func New() pluginrun.DRAFront {
 		client kubernetes.Interface
 		err    error
 	)
-	return func(inv *inventory.Inventory, o pluginrun.DRAOptions, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
+	return func(inv *inventory.Inventory, o pluginrun.DRAOptions, log *slog.Logger, reg prometheus.Registerer) (pluginrun.DRADriver, error) {
 		once.Do(func() {
 			rc, e := kubeconfigpkg.Load(o.Kubeconfig)
 			if e != nil {
@@ -38,10 +37,10 @@ func New() pluginrun.DRAFront {
 			client, err = kubernetes.NewForConfig(rc)
 		})
 		if err != nil {
-			return nil, err
+			return pluginrun.DRADriver{}, err
 		}
 		if o.NodeName == "" {
-			return nil, fmt.Errorf("the DRA front of %s needs the node's name: set dra.nodeName in the config or $NODE_NAME (in a DaemonSet, from the downward API: fieldPath spec.nodeName)", inv.Resource())
+			return pluginrun.DRADriver{}, fmt.Errorf("the DRA front of %s needs the node's name: set dra.nodeName in the config or $NODE_NAME (in a DaemonSet, from the downward API: fieldPath spec.nodeName)", inv.Resource())
 		}
 		d, err := dra.New(dra.Config{
 			DriverName:  o.DriverName,
@@ -56,8 +55,8 @@ func New() pluginrun.DRAFront {
 			Registerer:  reg,
 		}, inv)
 		if err != nil {
-			return nil, err
+			return pluginrun.DRADriver{}, err
 		}
-		return d.Run, nil
+		return pluginrun.DRADriver{Run: d.Run, Ready: d.Ready}, nil
 	}
 }

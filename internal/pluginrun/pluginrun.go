@@ -44,7 +44,15 @@ type DRAOptions struct {
 // returns what serves it until its context ends. dpkit-cluster has one
 // (internal/drafront); the dpkit binary has none, since the front needs
 // the Kubernetes client libraries.
-type DRAFront func(inv *inventory.Inventory, o DRAOptions, log *slog.Logger, reg prometheus.Registerer) (func(context.Context) error, error)
+type DRAFront func(inv *inventory.Inventory, o DRAOptions, log *slog.Logger, reg prometheus.Registerer) (DRADriver, error)
+
+// DRADriver is a started DRA front: Run serves it until its context ends;
+// Ready returns nil once the kubelet has registered it (the readiness
+// probe's answer).
+type DRADriver struct {
+	Run   func(context.Context) error
+	Ready func() error
+}
 
 // Options are what RunWith needs beyond the config.
 type Options struct {
@@ -106,7 +114,7 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	served, runners, closeFronts, err := fronts(cfg, resources, o, log, reg)
+	served, runners, draReady, closeFronts, err := fronts(cfg, resources, o, log, reg)
 	if err != nil {
 		return err
 	}
@@ -116,7 +124,7 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 		g.Go(func() error { return run(ctx) })
 	}
 	var srv *deviceplugin.Server
-	ready := func() error { return nil }
+	dpReady := func() error { return nil }
 	if len(served) > 0 {
 		dpCfg := deviceplugin.Config{
 			PluginDir:    cfg.PluginDir,
@@ -131,7 +139,16 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 		if err != nil {
 			return err
 		}
-		ready = srv.Ready
+		dpReady = srv.Ready
+	}
+	// Ready when every device plugin resource and every DRA driver is
+	// registered with the kubelet.
+	ready := func() error {
+		errs := []error{dpReady()}
+		for _, r := range draReady {
+			errs = append(errs, r())
+		}
+		return errors.Join(errs...)
 	}
 	addr := ""
 	if reg != nil {
@@ -155,14 +172,14 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 // fronts returns the resources the device plugin server serves and the
 // runners of the inventories and DRA fronts of the resources that have the
 // dra front.
-func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Options, log *slog.Logger, reg *prometheus.Registry) (served []deviceplugin.Resource, runners []func(context.Context) error, closeAll func(), err error) {
+func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Options, log *slog.Logger, reg *prometheus.Registry) (served []deviceplugin.Resource, runners []func(context.Context) error, ready []func() error, closeAll func(), err error) {
 	closeAll = func() {}
 	byName := map[string]config.ResourceFront{}
 	for _, f := range cfg.Fronts() {
 		byName[f.Resource] = f
 	}
 	if !cfg.UsesFront(config.FrontDRA) {
-		return resources, nil, closeAll, nil
+		return resources, nil, nil, closeAll, nil
 	}
 	getenv := o.Getenv
 	if getenv == nil {
@@ -170,13 +187,13 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	}
 	node, err := cfg.DRA.Node(getenv)
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, nil, nil, closeAll, err
 	}
 	// The kubelet's PodResources API says which devices containers still
 	// hold through the device plugin front.
 	lister, conn, err := inventory.DialPodResources(cfg.DRA.PodResourcesSocket)
 	if err != nil {
-		return nil, nil, closeAll, err
+		return nil, nil, nil, closeAll, err
 	}
 	closeAll = func() { _ = conn.Close() }
 	// The DRA fronts register where the device plugins do.
@@ -198,7 +215,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		if f.Has(config.FrontDevicePlugin) {
 			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inv.DevicePluginFront()})
 		}
-		run, err := o.DRA(inv, DRAOptions{
+		drv, err := o.DRA(inv, DRAOptions{
 			DriverName:  f.DriverName,
 			NodeName:    node,
 			PluginsDir:  pluginsDir,
@@ -209,10 +226,11 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		}, rlog, registerer)
 		if err != nil {
 			closeAll()
-			return nil, nil, func() {}, fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err)
+			return nil, nil, nil, func() {}, fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err)
 		}
-		runners = append(runners, run)
+		runners = append(runners, drv.Run)
+		ready = append(ready, drv.Ready)
 		rlog.Info("Serving through DRA", "driver", f.DriverName, "node", node, "deviceplugin", f.Has(config.FrontDevicePlugin))
 	}
-	return served, runners, closeAll, nil
+	return served, runners, ready, closeAll, nil
 }

@@ -91,6 +91,21 @@ func (d *Driver) RegistrationStatus() *registerapi.RegistrationStatus {
 	return d.status
 }
 
+// Ready returns nil once the kubelet has registered the driver, and
+// otherwise why it is not ready: what a readiness probe reports (a pod
+// prepared before its driver registers waits for the kubelet's next
+// sync of the pod, up to a minute).
+func (d *Driver) Ready() error {
+	st := d.RegistrationStatus()
+	switch {
+	case st == nil:
+		return fmt.Errorf("DRA driver %s: not registered with the kubelet yet (registration socket %s)", d.cfg.DriverName, d.regSock)
+	case !st.PluginRegistered:
+		return fmt.Errorf("DRA driver %s: the kubelet refused the registration: %s", d.cfg.DriverName, st.Error)
+	}
+	return nil
+}
+
 // RegistrationChanged returns a channel closed when the kubelet next says
 // something about the registration. Take it before reading
 // RegistrationStatus.

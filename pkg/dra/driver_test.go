@@ -226,6 +226,9 @@ func TestPrepareThroughKubeletManager(t *testing.T) {
 		}
 		<-ch
 	}
+	if err := d.drv.Ready(); err != nil {
+		t.Fatalf("registered driver not ready: %v", err)
+	}
 	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
 	pod := dratest.Pod("default", "p", "pod-1", "a")
 	ctx := context.Background()
@@ -522,5 +525,22 @@ func TestSlicesResynced(t *testing.T) {
 		}
 	case <-time.After(time.Minute): // a failure bound, not a synchronisation
 		t.Fatal("nothing published again after the resync period")
+	}
+}
+
+// TestReadyBeforeRegistration: a driver the kubelet has not registered is
+// not ready, and says so.
+func TestReadyBeforeRegistration(t *testing.T) {
+	root := t.TempDir()
+	drv, err := dra.New(dra.Config{
+		DriverName: driverName, NodeName: "node-1",
+		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
+		Claims: dratest.Claims(filepath.Join(root, "claims")),
+	}, inventory.New("example.com/dev", newPlugin(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := drv.Ready(); err == nil || !strings.Contains(err.Error(), "not registered with the kubelet yet") {
+		t.Fatalf("Ready() = %v before any registration, want not registered", err)
 	}
 }

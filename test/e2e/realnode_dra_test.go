@@ -157,6 +157,15 @@ spec:
 		names, err := sliceDevices(ctx, c, n.Name, driver)
 		return len(names) == 2, fmt.Sprintf("devices %v", names), err
 	})
+	// Ready means registered with the kubelet: a pod whose claims the
+	// kubelet tries to prepare sooner waits for its next sync (a minute).
+	poll(t, ctx, "DaemonSet "+d.daemonSet+" ready", func(ctx context.Context) (bool, string, error) {
+		ds, err := c.AppsV1().DaemonSets(d.namespace).Get(ctx, d.daemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		return ds.Status.NumberReady == 1, fmt.Sprintf("%+v", ds.Status), nil
+	})
 	if node, err := c.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	} else if q, ok := node.Status.Allocatable[corev1.ResourceName(res)]; ok && !q.IsZero() {
