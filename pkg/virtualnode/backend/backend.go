@@ -10,6 +10,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -148,3 +149,11 @@ type StatsProvider interface {
 // Now is a metav1.Time truncated to seconds, like what the API server
 // stores, so repeated notifications of one state compare equal.
 func Now() metav1.Time { return metav1.NewTime(time.Now().Truncate(time.Second)) }
+
+// SortPods orders pods by "namespace/name", the order every backend's
+// Pods returns.
+func SortPods(pods []*corev1.Pod) {
+	sort.Slice(pods, func(i, j int) bool {
+		return pods[i].Namespace+"/"+pods[i].Name < pods[j].Namespace+"/"+pods[j].Name
+	})
+}

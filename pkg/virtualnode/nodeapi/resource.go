@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sort"
 	"strings"
 	"time"
 
@@ -194,9 +193,7 @@ func runningPods(b backend.Backend) func(context.Context) ([]*corev1.Pod, error)
 				out = append(out, rp)
 			}
 		}
-		sort.Slice(out, func(i, j int) bool {
-			return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
-		})
+		backend.SortPods(out)
 		return out, nil
 	}
 }

@@ -308,9 +308,7 @@ func (b *Backend) Pods() []*corev1.Pod {
 	for _, pr := range prs {
 		out = append(out, pr.snapshot())
 	}
-	sort.Slice(out, func(i, j int) bool {
-		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
-	})
+	backend.SortPods(out)
 	return out
 }
 

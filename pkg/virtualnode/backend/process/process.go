@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
@@ -223,9 +222,7 @@ func (b *Backend) Pods() []*corev1.Pod {
 	for _, pr := range prs {
 		out = append(out, pr.snapshot())
 	}
-	sort.Slice(out, func(i, j int) bool {
-		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
-	})
+	backend.SortPods(out)
 	return out
 }
 

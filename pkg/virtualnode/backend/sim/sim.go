@@ -5,7 +5,6 @@ package sim
 
 import (
 	"context"
-	"sort"
 	"sync"
 	"time"
 
@@ -235,7 +234,7 @@ func (b *Backend) Pods() []*corev1.Pod {
 	for _, sp := range b.pods {
 		out = append(out, sp.pod.DeepCopy())
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
+	backend.SortPods(out)
 	return out
 }
 
