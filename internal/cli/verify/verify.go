@@ -92,29 +92,7 @@ settings at their defaults.`,
 			if err != nil {
 				return err
 			}
-			if junit != "" {
-				if err := writeJUnit(junit, rep); err != nil {
-					return err
-				}
-			}
-			switch {
-			case live:
-				err = rep.WriteEnd(env.Out)
-			case format == output.Table || format == output.Wide:
-				err = rep.WriteTable(env.Out)
-			default:
-				err = output.Write(env.Out, format, rep, nil)
-			}
-			if err != nil {
-				return err
-			}
-			switch {
-			case rep.Interrupted:
-				return cli.Exit(cli.ExitInterrupted, errors.New("interrupted"))
-			case rep.Failed():
-				return cli.Exit(1, fmt.Errorf("%d of %d checks failed", rep.Summary.Failed, len(rep.Results)))
-			}
-			return nil
+			return finish(env, rep, format, junit, live)
 		},
 	}
 	fl := cmd.Flags()
