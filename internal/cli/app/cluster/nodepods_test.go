@@ -7,7 +7,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/dpkit/dpkit/internal/cli"
 )
@@ -32,9 +34,18 @@ func TestNodePods(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(pods, want) {
 		t.Errorf("NodePods = %v, %v; want %v", pods, err, want)
 	}
+	// A List that waits: the informer cannot sync before the read's
+	// context has ended.
+	blocked := fake.NewClientset()
+	release := make(chan struct{})
+	blocked.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		<-release
+		return false, nil, nil
+	})
+	defer close(release)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := NodePods(t.Context(), client, "n1")(ctx); err == nil {
+	if _, err := NodePods(t.Context(), blocked, "n1")(ctx); err == nil {
 		t.Error("a read whose context ended before the informer synced: no error")
 	}
 }
