@@ -34,7 +34,7 @@ func benchDevices(n int) []*pluginapi.Device {
 
 // benchManager returns a manager with one resource of n devices served by
 // an in-process plugin, without sockets or goroutines.
-func benchManager(b *testing.B, n int, policy string, withCheckpoint bool) (*Manager, *endpoint) {
+func benchManager(b testing.TB, n int, policy string, withCheckpoint bool) (*Manager, *endpoint) {
 	b.Helper()
 	dir := b.TempDir()
 	m, err := New(Config{Root: dir, TopologyPolicy: policy, NUMANodes: []int{0, 1}})

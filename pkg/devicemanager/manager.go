@@ -42,6 +42,9 @@ type Manager struct {
 	admitMu sync.Mutex
 	// cpMu serialises checkpoint snapshots and writes so they land in order.
 	cpMu sync.Mutex
+	// cpWritten is the last checkpoint request (cpWanted) the file on disk
+	// includes; guarded by cpMu.
+	cpWritten uint64
 
 	mu        sync.Mutex
 	started   bool
@@ -53,6 +56,9 @@ type Manager struct {
 	pods    map[string]*podState
 	subs    map[int]chan struct{}
 	nextSub int
+	// cpWanted counts checkpoint requests: each writeCheckpoint call takes
+	// the next number after its change is made.
+	cpWanted uint64
 
 	server *grpc.Server
 	ctx    context.Context // cancelled by Stop; parent of plugin streams
@@ -110,6 +116,9 @@ type resAlloc struct {
 	numa checkpoint.DevicesPerNUMA
 	resp *pluginapi.ContainerAllocateResponse
 	raw  []byte
+	// entry is the assignment's checkpoint entry, encoded at its first
+	// checkpoint and kept: an assignment never changes.
+	entry *checkpoint.Entry
 }
 
 // New validates cfg, applies defaults and returns a stopped Manager.

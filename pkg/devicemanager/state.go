@@ -237,17 +237,22 @@ func (m *Manager) numaOf(r *resourceState, ids []string) checkpoint.DevicesPerNU
 	return out
 }
 
-// snapshotLocked builds the checkpoint content.
-func (m *Manager) snapshotLocked() checkpoint.Checkpoint {
-	var entries []checkpoint.PodDevicesEntry
+// snapshotLocked builds the checkpoint content: the assignments, encoded
+// once each, in a stable order, and each listed resource's healthy IDs
+// (unsorted).
+func (m *Manager) snapshotLocked() ([]*checkpoint.Entry, map[string][]string) {
+	var entries []*checkpoint.Entry
 	for _, uid := range sortedKeys(m.pods) {
 		p := m.pods[uid]
 		for _, cn := range sortedKeys(p.containers) {
 			for _, rn := range sortedKeys(p.containers[cn]) {
 				a := p.containers[cn][rn]
-				entries = append(entries, checkpoint.PodDevicesEntry{
-					PodUID: uid, ContainerName: cn, ResourceName: rn, DeviceIDs: a.numa, AllocResp: a.raw,
-				})
+				if a.entry == nil {
+					a.entry = checkpoint.NewEntry(checkpoint.PodDevicesEntry{
+						PodUID: uid, ContainerName: cn, ResourceName: rn, DeviceIDs: a.numa, AllocResp: a.raw,
+					})
+				}
+				entries = append(entries, a.entry)
 			}
 		}
 	}
@@ -264,34 +269,47 @@ func (m *Manager) snapshotLocked() checkpoint.Checkpoint {
 		}
 		registered[name] = ids
 	}
-	return checkpoint.Checkpoint{Entries: entries, Registered: registered}
+	return entries, registered
 }
 
 // sortRegistered puts each resource's registered IDs in order. It runs
 // outside m.mu: a checkpoint is written after every ListAndWatch message,
 // and sorting 100,000 IDs under the lock would hold up admission.
-func sortRegistered(cp checkpoint.Checkpoint) {
-	for _, ids := range cp.Registered {
+func sortRegistered(registered map[string][]string) {
+	for _, ids := range registered {
 		sort.Strings(ids)
 	}
 }
 
-// writeCheckpoint writes the current state. Failures are logged and
-// returned.
+// writeCheckpoint writes the current state, and returns once the file
+// includes every change made before the call. Calls that wait while
+// another writes are served by one write after it (group commit): the
+// kubelet writes once per call, which under a burst of removals and
+// ListAndWatch updates only writes states already replaced. Failures are
+// logged and returned.
 func (m *Manager) writeCheckpoint() error {
 	if m.skipCheckpoint {
 		return nil
 	}
+	m.mu.Lock()
+	m.cpWanted++
+	want := m.cpWanted
+	m.mu.Unlock()
 	m.cpMu.Lock()
 	defer m.cpMu.Unlock()
+	if m.cpWritten >= want {
+		return nil
+	}
 	m.mu.Lock()
-	cp := m.snapshotLocked()
+	entries, registered := m.snapshotLocked()
+	covers := m.cpWanted
 	m.mu.Unlock()
-	sortRegistered(cp)
-	if err := checkpoint.Write(m.CheckpointPath(), cp); err != nil {
+	sortRegistered(registered)
+	if err := checkpoint.WriteFile(m.CheckpointPath(), checkpoint.MarshalEntries(entries, registered)); err != nil {
 		m.log.Error("Failed to write checkpoint", "path", m.CheckpointPath(), "err", err)
 		return err
 	}
+	m.cpWritten = covers
 	return nil
 }
 

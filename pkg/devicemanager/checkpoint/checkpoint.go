@@ -22,10 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"os"
-
-	"k8s.io/utils/dump"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 )
@@ -90,23 +87,17 @@ func Checksum(cp Checkpoint) uint64 {
 }
 
 func checksum(d checkpointData) uint64 {
-	h := fnv.New32a()
-	// Same call as the kubelet's hashutil.DeepHashObject.
-	fmt.Fprintf(h, "%v", dump.ForHash(d))
-	return uint64(h.Sum32())
+	entries := make([]*Entry, len(d.PodDeviceEntries))
+	for i, e := range d.PodDeviceEntries {
+		entries[i] = &Entry{PodDevicesEntry: e, spew: appendEntrySpew(nil, e)}
+	}
+	return spewChecksum(entries, d.PodDeviceEntries == nil, d.RegisteredDevices)
 }
 
 // Marshal encodes cp with its checksum. Nil entries and registered maps are
 // written as [] and {} like the kubelet does.
 func Marshal(cp Checkpoint) ([]byte, error) {
-	d := checkpointData{PodDeviceEntries: cp.Entries, RegisteredDevices: cp.Registered}
-	if d.PodDeviceEntries == nil {
-		d.PodDeviceEntries = []PodDevicesEntry{}
-	}
-	if d.RegisteredDevices == nil {
-		d.RegisteredDevices = map[string][]string{}
-	}
-	return json.Marshal(file{Data: d, Checksum: checksum(d)})
+	return MarshalEntries(encodeAll(cp.Entries), cp.Registered), nil
 }
 
 // Unmarshal decodes a checkpoint and verifies its checksum. It returns a
