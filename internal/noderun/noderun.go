@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,9 +23,12 @@ import (
 	"k8s.io/client-go/informers"
 
 	"github.com/dpkit/dpkit/internal/cli"
+	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/kubeconfig"
+	"github.com/dpkit/dpkit/internal/pluginrun"
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/configfile"
+	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
@@ -64,6 +69,11 @@ type Options struct {
 	// DeviceGracePeriod is how long a resource whose device plugins are
 	// all gone keeps its capacity; 0 means the kubelet's 5m.
 	DeviceGracePeriod time.Duration
+	// PluginConfig is --plugin-config: a dpkit plugin config served in
+	// this process for every node (device plugin front only), each
+	// instance on its node's device-plugins directory, so N nodes need no
+	// N plugin processes.
+	PluginConfig string
 	// DRAWipingDelay is how long a DRA driver may stay unusable before
 	// the node deletes its ResourceSlices; 0 means the kubelet's 30s. It
 	// has no flag (the kubelet has none): tests and programs that embed
@@ -112,12 +122,16 @@ func (o *Options) Validate() error {
 	}
 	_, resErrs := o.resources()
 	errs = append(errs, resErrs...)
+	var pluginErr error
+	if o.PluginConfig != "" {
+		_, pluginErr = o.pluginConfig()
+	}
 	for i, t := range o.Taints {
 		if _, err := ParseTaints([]string{t}); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("--taint").Index(i), t, strings.TrimPrefix(err.Error(), strconv.Quote(t)+": ")))
 		}
 	}
-	return configfile.Join(errs)
+	return errors.Join(configfile.Join(errs), pluginErr)
 }
 
 // resources returns the declared capacity: --cpu, --memory, --pods and
@@ -147,6 +161,45 @@ func (o *Options) resources() (corev1.ResourceList, field.ErrorList) {
 		add(p, name, q)
 	}
 	return rl, errs
+}
+
+// pluginConfig reads --plugin-config and returns a function that decodes
+// a fresh copy of it for one node, served on that node's directories.
+func (o *Options) pluginConfig() (func(root string) (*config.PluginConfig, error), error) {
+	cfg, err := config.LoadPluginConfig(o.PluginConfig, "--plugin-config")
+	if err != nil {
+		return nil, err
+	}
+	var errs field.ErrorList
+	if cfg.MetricsAddress != "" {
+		errs = append(errs, field.Invalid(field.NewPath("metricsAddress"), cfg.MetricsAddress, "the in-process plugins of dpkit node serve no metrics of their own: remove it"))
+	}
+	for i, p := range cfg.Plugins {
+		if slices.Contains(p.Fronts, config.FrontDRA) {
+			errs = append(errs, field.Invalid(field.NewPath("plugins").Index(i).Child("fronts"), p.Fronts, "the in-process plugins of dpkit node serve the device plugin API only: remove dra, or run the plugin with dpkit plugin"))
+		}
+	}
+	for _, d := range []struct{ name, value string }{{"pluginDir", cfg.PluginDir}, {"registryDir", cfg.RegistryDir}} {
+		if d.value != "" {
+			errs = append(errs, field.Invalid(field.NewPath(d.name), d.value, "dpkit node serves each in-process plugin in its node's root: remove it"))
+		}
+	}
+	if err := configfile.Join(errs); err != nil {
+		return nil, fmt.Errorf("--plugin-config %s:\n%w", o.PluginConfig, err)
+	}
+	data, err := os.ReadFile(o.PluginConfig)
+	if err != nil {
+		return nil, err
+	}
+	return func(root string) (*config.PluginConfig, error) {
+		c, err := config.DecodePluginConfig(data)
+		if err != nil {
+			return nil, err
+		}
+		c.PluginDir = devicemanager.PluginDir(root)
+		c.RegistryDir = filepath.Join(root, "plugins_registry")
+		return c, nil
+	}, nil
 }
 
 // ParseTaints parses key[=value]:Effect taints; an empty string is
@@ -229,6 +282,12 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles})
 		}
 	}
+	var pluginCfg func(string) (*config.PluginConfig, error)
+	if o.PluginConfig != "" {
+		if pluginCfg, err = o.pluginConfig(); err != nil {
+			return cli.Exit(2, err)
+		}
+	}
 	var shared informers.SharedInformerFactory
 	if o.Count > 1 {
 		shared = informers.NewSharedInformerFactory(client, 0)
@@ -275,6 +334,19 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			if o.Port > 0 {
 				cfg.Port = o.Port + i
 			}
+		}
+		if pluginCfg != nil {
+			pc, err := pluginCfg(cfg.Root)
+			if err != nil {
+				return err
+			}
+			plog := log.With("node", cfg.Name, "component", "plugin")
+			g.Go(func() error {
+				if err := pluginrun.Run(gctx, plog, pc, nil); err != nil && gctx.Err() == nil {
+					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
+				}
+				return nil
+			})
 		}
 		g.Go(func() error {
 			return virtualnode.Run(gctx, cfg, func(n *virtualnode.Node) {

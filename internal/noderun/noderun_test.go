@@ -1,6 +1,8 @@
 package noderun
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -101,4 +103,53 @@ func FuzzParseTaints(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestValidatePluginConfig: --plugin-config is read and checked with the
+// options, and what an in-process plugin cannot do is named with the fix.
+func TestValidatePluginConfig(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	base := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\n"
+	fake := "plugins:\n- fake:\n    resources:\n    - name: example.com/dev\n      count: 8\n"
+	for _, tc := range []struct {
+		name, body string
+		want       []string
+	}{
+		{"fake", base + fake, nil},
+		{"metrics", base + "metricsAddress: :9400\n" + fake, []string{"metricsAddress: Invalid value: \":9400\": the in-process plugins of dpkit node serve no metrics of their own: remove it"}},
+		{"dirs", base + "pluginDir: /var/lib/kubelet/device-plugins\nregistryDir: /r\n" + fake, []string{"pluginDir: Invalid value: \"/var/lib/kubelet/device-plugins\": dpkit node serves each in-process plugin in its node's root", "registryDir: Invalid value"}},
+		{"dra", base + "plugins:\n- fronts: [deviceplugin, dra]\n  fake:\n    resources:\n    - name: example.com/dev\n      count: 8\n", []string{"plugins[0].fronts: Invalid value", "serve the device plugin API only: remove dra"}},
+		{"bad", base + "plugins:\n- fake:\n    resources:\n    - name: example.com/dev\n      count: -1\n", []string{"--plugin-config " + filepath.Join(dir, "bad.yaml"), "plugins[0].fake.resources[0].count"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Name: "n", Root: "/r", Backend: "sim", Count: 1, QPS: 1, Burst: 1, CPU: "1", Memory: "1Gi", Pods: "10", PluginConfig: write(tc.name+".yaml", tc.body)}
+			err := o.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	o := Options{Name: "n", Root: "/r", Backend: "sim", Count: 1, QPS: 1, Burst: 1, CPU: "1", Memory: "1Gi", Pods: "10", PluginConfig: filepath.Join(dir, "missing.yaml")}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--plugin-config") {
+		t.Errorf("missing file: %v", err)
+	}
 }

@@ -110,7 +110,7 @@ func runPodBench(b *testing.B, cp *controlplane.ControlPlane, c kubernetes.Inter
 	for range b.N {
 		b.StopTimer()
 		ns := createNamespaceTB(b, c, "bench")
-		w := watchPods(ctx, c, ns)
+		w := watchPods(ctx, c, ns, benchPods)
 		cpu0, machine0 := cpuSeconds(pids), machineCPUSeconds()
 		b.StartTimer()
 
@@ -190,7 +190,8 @@ type podWatch struct {
 	lastBound, lastRunning time.Time
 }
 
-func watchPods(ctx context.Context, c kubernetes.Interface, ns string) *podWatch {
+// watchPods closes done once want pods of ns have been seen Running.
+func watchPods(ctx context.Context, c kubernetes.Interface, ns string, want int) *podWatch {
 	w := &podWatch{done: make(chan struct{}), bound: map[string]time.Time{}, running: map[string]time.Time{}}
 	see := func(obj any) {
 		p, ok := obj.(*corev1.Pod)
@@ -205,7 +206,7 @@ func watchPods(ctx context.Context, c kubernetes.Interface, ns string) *podWatch
 		}
 		if _, seen := w.running[p.Name]; !seen && p.Status.Phase == corev1.PodRunning {
 			w.running[p.Name], w.lastRunning = now, now
-			if len(w.running) == benchPods {
+			if len(w.running) == want {
 				close(w.done)
 			}
 		}

@@ -45,14 +45,18 @@ The node registers with the taint dpkit.io/virtual-node:NoSchedule unless
   tolerations: [{key: dpkit.io/virtual-node, operator: Exists, effect: NoSchedule}]
 
 With --count N, N nodes NAME-0..NAME-(N-1) run in this process sharing
-informers, each under <root>/NAME-i on port --port+i.
+informers, each under <root>/NAME-i on port --port+i. With --plugin-config
+FILE, each node also serves that dpkit plugin config in this process, on
+its own device-plugins directory (device plugin front only): a thousand
+nodes with devices, and no thousand plugin processes.
 
 The API server is reached with --kubeconfig, else $KUBECONFIG, else
 ~/.kube/config, else the in-cluster configuration inside a pod.`,
 		Example: `  dpkit node --kubeconfig k.conf --name vn1 --root /var/lib/dpkit/vn1 --backend process --client-ca-file ca.crt
   dpkit plugin --config examples/fake.yaml --plugin-dir /var/lib/dpkit/vn1/device-plugins
   dpkit node --kubeconfig k.conf --name vn2 --root /var/lib/dpkit/vn2 --backend cri --cri-endpoint unix:///run/containerd/containerd.sock
-  dpkit node --kubeconfig k.conf --name sim --count 10 --root /tmp/sim --backend sim --port 11250`,
+  dpkit node --kubeconfig k.conf --name sim --count 10 --root /tmp/sim --backend sim --port 11250
+  dpkit node --kubeconfig k.conf --name scale --count 1000 --root /tmp/scale --backend sim --port -1 --plugin-config examples/fake.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
@@ -78,6 +82,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringVar(&o.Pods, "pods", "110", "declared pod capacity")
 	f.StringArrayVar(&o.Resources, "resource", nil, "declared extended resource NAME=QUANTITY (repeatable); device-plugin resources are added automatically")
 	f.IntVar(&o.Count, "count", 1, "number of virtual nodes to run in this process")
+	f.StringVar(&o.PluginConfig, "plugin-config", "", "a dpkit plugin config (e.g. examples/fake.yaml) served in this process for every node, on its own device-plugins directory: N nodes with devices and no N plugin processes (device plugin front only)")
 	f.Float64Var(&o.QPS, "qps", 50, "API client queries per second, shared by all nodes; TokenReviews and SubjectAccessReviews each have a limiter of their own at this rate, Lease renewals and node status updates are not throttled")
 	f.IntVar(&o.Burst, "burst", 100, "API client burst (and the review limiters')")
 	f.DurationVar(&o.SimStart, "sim-start-delay", 0, "sim backend: how long pods stay Pending before running")

@@ -1,0 +1,572 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/repopath"
+	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/test/controlplane"
+	"github.com/dpkit/dpkit/test/upstream"
+)
+
+// scale is one run of many virtual nodes in this process, each with an
+// in-process fake device plugin (dpkit node --count N --plugin-config).
+type scale struct {
+	nodes, devices int
+	prefix, root   string
+	resource       corev1.ResourceName
+
+	// Measured.
+	readyS           float64 // Run called -> every node Ready with its devices allocatable
+	heapPerNodeKiB   float64 // Go heap in use after a GC, per node (node + its plugin)
+	rssPerNodeKiB    float64 // the process's resident memory, per node
+	createS, runS    float64 // pods created; creation start -> last pod Running
+	podsRunningPerS  float64
+	apiQPSPerNode    float64 // requests the API server served per second per node while idle
+	stop             func()
+	nodeRoots        []string
+	nodeNames        []string
+	allocatableTotal int64
+}
+
+// startScale starts s.nodes virtual nodes (sim backend) with s.devices
+// fake devices each and waits until every node is Ready with its devices
+// allocatable.
+func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kubernetes.Interface, s *scale) {
+	tb.Helper()
+	root, err := os.MkdirTemp("", "vns")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(root) })
+	s.root = root
+	cfg := filepath.Join(root, "plugin.yaml")
+	body := fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: %d\n", s.resource, s.devices)
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	o := noderun.Options{
+		Kubeconfig: kubeconfig, Name: s.prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",
+		Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, CPU: "100", Memory: "1Ti", Pods: "110",
+		Count: s.nodes, QPS: 500, Burst: 1000, PluginConfig: cfg,
+	}
+	if err := o.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	for i := range s.nodes {
+		s.nodeNames = append(s.nodeNames, fmt.Sprintf("%s-%d", s.prefix, i))
+		s.nodeRoots = append(s.nodeRoots, filepath.Join(root, s.nodeNames[i]))
+	}
+	if s.nodes == 1 {
+		s.nodeNames, s.nodeRoots = []string{s.prefix}, []string{root}
+	}
+
+	heap0, rss0 := memoryInUse()
+	ready := watchNodesReady(ctx, c, s.prefix+"-", s.nodes, s.resource, int64(s.devices))
+	start := time.Now()
+	nctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- noderun.Run(nctx, slog.New(slog.DiscardHandler), o, nil) }()
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Errorf("dpkit node: %v", err)
+			}
+		})
+	}
+	tb.Cleanup(s.stop)
+	select {
+	case <-ready.done:
+	case err := <-done:
+		tb.Fatalf("dpkit node exited: %v", err)
+	case <-ctx.Done():
+		tb.Fatalf("%d of %d nodes Ready with %d %s: %v", ready.count(), s.nodes, s.devices, s.resource, ctx.Err())
+	}
+	s.readyS = time.Since(start).Seconds()
+	s.allocatableTotal = ready.allocatable()
+	ready.stop()
+	heap1, rss1 := memoryInUse()
+	s.heapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(s.nodes)
+	s.rssPerNodeKiB = float64(rss1-rss0) / 1024 / float64(s.nodes)
+}
+
+// runScalePods creates one single-device pod per device (20 clients) and
+// waits until all are Running.
+func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *scale) string {
+	tb.Helper()
+	ns := createNamespaceTB(tb, c, "scale")
+	want := s.nodes * s.devices
+	w := watchPods(ctx, c, ns, want)
+	defer w.stop()
+	start := time.Now()
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range benchWorkers {
+		wg.Go(func() {
+			for i := range jobs {
+				p := benchPod(ns, fmt.Sprintf("p%d", i), s.prefix)
+				p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{s.resource: resource.MustParse("1")}
+				if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for i := range want {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	if failed.Load() > 0 {
+		tb.Fatalf("%d pods could not be created", failed.Load())
+	}
+	s.createS = time.Since(start).Seconds()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		bound, running := w.counts()
+		tb.Fatalf("%d of %d pods bound, %d Running: %v", bound, want, running, ctx.Err())
+	}
+	s.runS = w.lastRunning.Sub(start).Seconds()
+	s.podsRunningPerS = float64(want) / s.runS
+	return ns
+}
+
+// checkNoDoubleAllocation reads every node's PodResources: each pod of ns
+// holds exactly one device, no device is held twice, and every device is
+// held.
+func checkNoDoubleAllocation(tb testing.TB, ctx context.Context, s *scale, ns string) {
+	tb.Helper()
+	pods := 0
+	for i, root := range s.nodeRoots {
+		conn, err := grpc.NewClient("unix://"+filepath.Join(root, "pod-resources", "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		resp, err := podresourcesv1.NewPodResourcesListerClient(conn).List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+		conn.Close()
+		if err != nil {
+			tb.Fatalf("node %s: PodResources List: %v", s.nodeNames[i], err)
+		}
+		held := map[string]string{}
+		for _, p := range resp.GetPodResources() {
+			if p.GetNamespace() != ns {
+				continue
+			}
+			n := 0
+			for _, ctr := range p.GetContainers() {
+				for _, d := range ctr.GetDevices() {
+					if d.GetResourceName() != string(s.resource) {
+						continue
+					}
+					for _, id := range d.GetDeviceIds() {
+						n++
+						if other, ok := held[id]; ok {
+							tb.Errorf("node %s: device %s held by %s and %s", s.nodeNames[i], id, other, p.GetName())
+						}
+						held[id] = p.GetName()
+					}
+				}
+			}
+			if n != 1 {
+				tb.Errorf("node %s: pod %s holds %d devices, want 1", s.nodeNames[i], p.GetName(), n)
+			}
+			pods++
+		}
+		if len(held) != s.devices {
+			tb.Errorf("node %s: %d of its %d devices held", s.nodeNames[i], len(held), s.devices)
+		}
+	}
+	if pods != s.nodes*s.devices {
+		tb.Errorf("PodResources lists %d pods of %s, want %d", pods, ns, s.nodes*s.devices)
+	}
+}
+
+// nodesReady counts the nodes named prefix* that are Ready with want of
+// res allocatable, through one watch of all nodes.
+type nodesReady struct {
+	done chan struct{}
+	stop func()
+
+	mu    sync.Mutex
+	ready map[string]int64
+}
+
+func watchNodesReady(ctx context.Context, c kubernetes.Interface, prefix string, n int, res corev1.ResourceName, want int64) *nodesReady {
+	r := &nodesReady{done: make(chan struct{}), ready: map[string]int64{}}
+	see := func(obj any) {
+		node, ok := obj.(*corev1.Node)
+		if !ok || !strings.HasPrefix(node.Name, prefix) {
+			return
+		}
+		ready := false
+		for _, cond := range node.Status.Conditions {
+			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue
+		}
+		q := node.Status.Allocatable[res]
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if _, seen := r.ready[node.Name]; seen || !ready || q.Value() != want {
+			return
+		}
+		r.ready[node.Name] = q.Value()
+		if len(r.ready) == n {
+			close(r.done)
+		}
+	}
+	f := informers.NewSharedInformerFactory(c, 0)
+	inf := f.Core().V1().Nodes().Informer()
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, obj any) { see(obj) }})
+	ctx, cancel := context.WithCancel(ctx)
+	f.StartWithContext(ctx)
+	f.WaitForCacheSync(ctx.Done())
+	r.stop = func() { cancel(); f.Shutdown() }
+	return r
+}
+
+func (r *nodesReady) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ready)
+}
+
+func (r *nodesReady) allocatable() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var sum int64
+	for _, v := range r.ready {
+		sum += v
+	}
+	return sum
+}
+
+// memoryInUse returns the Go heap in use after a collection and the process's
+// resident set, in bytes.
+func memoryInUse() (heap, rss uint64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse, processRSS(os.Getpid())
+}
+
+// processRSS reads VmRSS from /proc/PID/status; 0 when it cannot.
+func processRSS(pid int) uint64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// apiRequests is the API server's apiserver_request_total, summed.
+func apiRequests(ctx context.Context, c kubernetes.Interface) (float64, error) {
+	body, err := c.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for line := range strings.Lines(string(body)) {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum, nil
+}
+
+// measureIdleQPS counts the requests the API server serves over window,
+// per node: with no pods changing, that is the nodes' Leases and status
+// updates (and the control plane's own few).
+func measureIdleQPS(tb testing.TB, ctx context.Context, c kubernetes.Interface, nodes int, window time.Duration) float64 {
+	tb.Helper()
+	r0, err := apiRequests(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	t0 := time.Now()
+	select { // a measurement window, not a synchronisation
+	case <-time.After(window):
+	case <-ctx.Done():
+		tb.Fatal(ctx.Err())
+	}
+	r1, err := apiRequests(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return (r1 - r0) / time.Since(t0).Seconds() / float64(nodes)
+}
+
+// TestVirtualNodeInProcessPlugins runs three virtual nodes in one process,
+// each serving the fake plugin in-process (--plugin-config): all Ready with
+// their 4 devices, 12 single-device pods Running, every device held once.
+func TestVirtualNodeInProcessPlugins(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	prefix := unique("inproc")
+	s := &scale{nodes: 3, devices: 4, prefix: prefix, resource: corev1.ResourceName("e2e.dpkit.io/" + prefix)}
+	startScale(t, ctx, cp.Kubeconfig, c, s)
+	if s.allocatableTotal != 12 {
+		t.Fatalf("allocatable %d, want 12", s.allocatableTotal)
+	}
+	ns := runScalePods(t, ctx, c, s)
+	checkNoDoubleAllocation(t, ctx, s, ns)
+	t.Logf("3 nodes Ready in %.1fs, 12 pods Running in %.1fs", s.readyS, s.runS)
+}
+
+// scaleSize is the number of nodes and devices per node of the scale
+// benchmarks: DPKIT_SCALE_NODES (default 1000) and DPKIT_SCALE_DEVICES
+// (default 8).
+func scaleSize(tb testing.TB) (nodes, devices int) {
+	nodes, devices = 1000, 8
+	for _, v := range []struct {
+		env string
+		p   *int
+	}{{"DPKIT_SCALE_NODES", &nodes}, {"DPKIT_SCALE_DEVICES", &devices}} {
+		if s := os.Getenv(v.env); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				tb.Fatalf("%s=%q: want a positive number", v.env, s)
+			}
+			*v.p = n
+		}
+	}
+	return nodes, devices
+}
+
+// BenchmarkVirtualNodeScale is the 1000-node run (docs/performance.md):
+// dpkit node --count N --backend sim --plugin-config <fake, D devices> in
+// this process against a control plane of its own (scheduler QPS 1000);
+// every node Ready with its devices, then N*D single-device pods Running,
+// checked through every node's PodResources for devices held twice. Run
+// with -benchtime 1x.
+func BenchmarkVirtualNodeScale(b *testing.B) {
+	nodes, devices := scaleSize(b)
+	cp, c := benchControlPlane(b, 1000, 2000)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	for range b.N {
+		s := &scale{nodes: nodes, devices: devices, prefix: unique("scale"), resource: benchResource}
+		startScale(b, ctx, cp.Kubeconfig, c, s)
+		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
+		cpu0 := cpuSeconds(benchPIDs(cp, nil))
+		ns := runScalePods(b, ctx, c, s)
+		cpu1 := cpuSeconds(benchPIDs(cp, nil))
+		checkNoDoubleAllocation(b, ctx, s, ns)
+		reportScale(b, s, cpu0, cpu1)
+		s.stop()
+	}
+}
+
+// BenchmarkKwokScale is BenchmarkVirtualNodeScale with kwok managing the
+// nodes (which it cannot give devices: the capacity is only declared).
+// Skipped until kwok is built with hack/build-kwok.sh.
+func BenchmarkKwokScale(b *testing.B) {
+	nodes, devices := scaleSize(b)
+	kw := kwokBinaries(b)
+	cp, c := benchControlPlane(b, 1000, 2000)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	for range b.N {
+		s := &scale{nodes: nodes, devices: devices, prefix: unique("kwok"), resource: benchResource}
+		ready := watchNodesReady(ctx, c, s.prefix+"-", nodes, benchResource, int64(devices))
+		start := time.Now()
+		pid := startKwok(b, cp, kw)
+		rss0 := processRSS(pid)
+		createKwokNodes(b, ctx, c, s.prefix, nodes, devices)
+		select {
+		case <-ready.done:
+		case <-ctx.Done():
+			b.Fatalf("%d of %d kwok nodes Ready: %v", ready.count(), nodes, ctx.Err())
+		}
+		s.readyS = time.Since(start).Seconds()
+		ready.stop()
+		s.rssPerNodeKiB = float64(processRSS(pid)-rss0) / 1024 / float64(nodes)
+		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
+		pids := benchPIDs(cp, map[string]int{"kwok": pid})
+		cpu0 := cpuSeconds(pids)
+		runScalePods(b, ctx, c, s)
+		reportScale(b, s, cpu0, cpuSeconds(pids))
+	}
+}
+
+func benchPIDs(cp *controlplane.ControlPlane, extra map[string]int) map[string]int {
+	pids := map[string]int{"bench": os.Getpid()}
+	for name, pid := range cp.PIDs() {
+		pids[name] = pid
+	}
+	for name, pid := range extra {
+		pids[name] = pid
+	}
+	return pids
+}
+
+func reportScale(b *testing.B, s *scale, cpu0, cpu1 map[string]float64) {
+	b.ReportMetric(s.readyS, "all_ready_s")
+	b.ReportMetric(s.createS, "create_s")
+	b.ReportMetric(s.runS, "all_running_s")
+	b.ReportMetric(s.podsRunningPerS, "pods_running/s")
+	if s.heapPerNodeKiB > 0 {
+		b.ReportMetric(s.heapPerNodeKiB, "heap_KiB/node")
+	}
+	b.ReportMetric(s.rssPerNodeKiB, "rss_KiB/node")
+	b.ReportMetric(s.apiQPSPerNode, "idle_api_qps/node")
+	for name, t := range cpu1 {
+		b.ReportMetric(t-cpu0[name], strings.TrimPrefix(name, "kube-")+"_cpu_s")
+	}
+}
+
+// kwokBinaries returns kwok and its stages, skipping b when they are not
+// built.
+func kwokBinaries(b *testing.B) [2]string {
+	dir := kwokDir()
+	kw := [2]string{filepath.Join(dir, "kwok"), filepath.Join(dir, "stages.yaml")}
+	for _, f := range kw {
+		if _, err := os.Stat(f); err != nil {
+			b.Skipf("kwok %s not built (%v); build it with: bash %s", kwokVersion, err, repopath.Find("hack/build-kwok.sh"))
+		}
+	}
+	return kw
+}
+
+// startKwok starts kwok on cp's API server until b ends and returns its
+// process ID.
+func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) int {
+	logPath := filepath.Join(cp.Dir, "kwok.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// kwok's own client has no rate limit.
+	cmd := upstream.Command(kw[0],
+		"--kubeconfig="+cp.Kubeconfig,
+		"--config="+kw[1],
+		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+		"--cidr=10.0.0.0/16",
+		"--v=WARN",
+	)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start kwok: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		log.Close()
+		if b.Failed() {
+			if data, err := os.ReadFile(logPath); err == nil {
+				b.Logf("kwok.log (tail):\n%s", data[max(0, len(data)-8<<10):])
+			}
+		}
+	})
+	return cmd.Process.Pid
+}
+
+// createKwokNodes creates the nodes kwok manages, each declaring devices
+// of benchResource, and lifts the not-ready taint the API server puts on
+// them once kwok reports them Ready (kube-controller-manager would; the
+// test control plane has none).
+func createKwokNodes(b *testing.B, ctx context.Context, c kubernetes.Interface, prefix string, nodes, devices int) {
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for range benchWorkers {
+		wg.Go(func() {
+			for i := range jobs {
+				n := kwokNode(fmt.Sprintf("%s-%d", prefix, i))
+				q := *resource.NewQuantity(int64(devices), resource.DecimalSI)
+				n.Status.Capacity[benchResource], n.Status.Allocatable[benchResource] = q, q
+				n.Status.Capacity[corev1.ResourcePods], n.Status.Allocatable[corev1.ResourcePods] = resource.MustParse("110"), resource.MustParse("110")
+				if _, err := c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	for i := range nodes {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	go liftNotReadyTaints(ctx, c, prefix+"-")
+}
+
+// liftNotReadyTaints removes node.kubernetes.io/not-ready from Ready nodes
+// named prefix* until ctx ends.
+func liftNotReadyTaints(ctx context.Context, c kubernetes.Interface, prefix string) {
+	f := informers.NewSharedInformerFactory(c, 0)
+	inf := f.Core().V1().Nodes().Informer()
+	lift := func(obj any) {
+		n, ok := obj.(*corev1.Node)
+		if !ok || !strings.HasPrefix(n.Name, prefix) {
+			return
+		}
+		ready, tainted := false, false
+		for _, cond := range n.Status.Conditions {
+			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue
+		}
+		var keep []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key == corev1.TaintNodeNotReady {
+				tainted = true
+				continue
+			}
+			keep = append(keep, t)
+		}
+		if !ready || !tainted {
+			return
+		}
+		n = n.DeepCopy()
+		n.Spec.Taints = keep
+		_, _ = c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}) // a conflict comes back as an update
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: lift, UpdateFunc: func(_, obj any) { lift(obj) }})
+	f.StartWithContext(ctx)
+	<-ctx.Done()
+	f.Shutdown()
+}
