@@ -80,6 +80,11 @@ type Config struct {
 	BackoffInitial time.Duration
 	// DialTimeout bounds the first call to the runtime; 0 means 10s.
 	DialTimeout time.Duration
+
+	// probeTicker, when set, paces the probe workers instead of their
+	// period, the first probe included (tests): name is
+	// "<container>/<Kind>".
+	probeTicker func(name string, period time.Duration) (<-chan time.Time, func())
 }
 
 // Backend runs pods through a CRI runtime.
