@@ -103,7 +103,19 @@ func ComputeProbedStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, d
 		st.StartTime = &t
 	}
 	ready := phase == corev1.PodRunning && running == len(app)
-	probe := func(cs *corev1.ContainerStatus) bool {
+	if !setReady(pod, init, app, probed) && probed != nil {
+		ready = false
+	}
+	setConditions(st, pod.Generation, phase, initDone, ready)
+}
+
+// setReady sets the containers' started and ready: an init container is
+// ready once it exited 0; an app container or a sidecar is started and
+// ready while it runs, as probed says if not nil. It reports whether every
+// app container and sidecar is ready.
+func setReady(pod *corev1.Pod, init, app []corev1.ContainerStatus, probed Probed) bool {
+	all := true
+	probe := func(cs *corev1.ContainerStatus) {
 		started := cs.State.Running != nil
 		cs.Ready = started
 		if started && probed != nil {
@@ -112,25 +124,21 @@ func ComputeProbedStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, d
 			cs.Ready = started && ok
 		}
 		cs.Started = &started
-		return cs.Ready
+		all = all && cs.Ready
 	}
 	for i := range app {
-		if !probe(&app[i]) && probed != nil {
-			ready = false
-		}
+		probe(&app[i])
 	}
 	for i := range init {
 		if isSidecar(pod, i) {
-			if !probe(&init[i]) && probed != nil {
-				ready = false
-			}
+			probe(&init[i])
 			continue
 		}
 		init[i].Ready = init[i].State.Terminated != nil && init[i].State.Terminated.ExitCode == 0
 		started := init[i].State.Running != nil
 		init[i].Started = &started
 	}
-	setConditions(st, pod.Generation, phase, initDone, ready)
+	return all
 }
 
 // setConditions sets the pod's conditions with the kubelet's reasons
