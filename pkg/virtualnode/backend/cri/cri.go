@@ -3,8 +3,9 @@
 // sandbox per pod, one container per container of the pod spec, with the
 // devices, mounts and CDI devices the device plugins and DRA drivers gave.
 //
-// It is the part of a kubelet that talks to the runtime, and no more: no
-// volumes, probes, DNS or image credentials. The sandboxes it creates are
+// It is the part of a kubelet that talks to the runtime, with the
+// containers' probes and lifecycle hooks (probe.go, hooks.go), and no
+// more: no volumes, DNS or image credentials. The sandboxes it creates are
 // labelled with the node's name (LabelNode) and carry the pod they run
 // (AnnotationPod), so a restarted node adopts them. The runtime must not
 // be shared with a kubelet: a kubelet lists every sandbox of the runtime
