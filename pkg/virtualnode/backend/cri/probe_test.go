@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -14,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -589,6 +593,63 @@ func TestHTTPProbe(t *testing.T) {
 		out, output, err := httpProbe(req, 5*time.Second)
 		if err != nil || out != tc.want || !strings.HasPrefix(output, tc.output) || tc.path == "/big" && output != tc.output {
 			t.Errorf("%s: %s %.60q %v, want %s %.60q", tc.path, out, output, err, tc.want, tc.output)
+		}
+	}
+}
+
+// TestTCPAndGRPCProbes: a TCP probe passes when the port accepts; a gRPC
+// probe passes when grpc.health.v1 answers SERVING for its service, with
+// the kubelet's messages otherwise.
+func TestTCPAndGRPCProbes(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := health.NewServer()
+	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus("down", healthpb.HealthCheckResponse_NOT_SERVING)
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	bare, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bareSrv := grpc.NewServer()
+	go func() { _ = bareSrv.Serve(bare) }()
+	t.Cleanup(bareSrv.Stop)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedPort := closed.Addr().(*net.TCPAddr).Port
+	_ = closed.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	barePort := bare.Addr().(*net.TCPAddr).Port
+	ctx := context.Background()
+
+	if out, _, err := tcpProbe(ctx, "127.0.0.1", port, time.Second); out != outcomeSuccess || err != nil {
+		t.Errorf("tcp to a listening port: %s %v", out, err)
+	}
+	if out, msg, err := tcpProbe(ctx, "127.0.0.1", closedPort, time.Second); out != outcomeFailure || err != nil || !strings.Contains(msg, "connection refused") {
+		t.Errorf("tcp to a closed port: %s %q %v, want a failure", out, msg, err)
+	}
+	for _, tc := range []struct {
+		name, service string
+		port          int
+		want          outcome
+		msg           string
+	}{
+		{"serving", "up", port, outcomeSuccess, "service healthy"},
+		{"not serving", "down", port, outcomeFailure, `service unhealthy (responded with "NOT_SERVING")`},
+		{"no health service", "", barePort, outcomeFailure, "error: this server does not implement the grpc health protocol (grpc.health.v1.Health)"},
+		{"nothing listening", "", closedPort, outcomeFailure, fmt.Sprintf("timeout: failed to connect service %q within 1s", net.JoinHostPort("127.0.0.1", strconv.Itoa(closedPort)))},
+	} {
+		out, msg, err := grpcProbe(ctx, "127.0.0.1", tc.service, tc.port, time.Second)
+		if out != tc.want || err != nil || !strings.HasPrefix(msg, tc.msg) {
+			t.Errorf("%s: %s %q %v, want %s %q", tc.name, out, msg, err, tc.want, tc.msg)
 		}
 	}
 }
