@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
@@ -20,7 +21,9 @@ import (
 // once its exec readiness probe passes (the file it reads made through
 // kubectl exec); a failing liveness probe restarts the container, with
 // the kubelet's Unhealthy and Killing events, and the new container is
-// not ready until its file is there again.
+// not ready until its file is there again. A web server's httpGet
+// readiness probe reaches it at its pod IP (404, then 200) and its
+// tcpSocket liveness probe keeps passing.
 func TestVirtualNodeCRIProbes(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
@@ -57,6 +60,24 @@ func TestVirtualNodeCRIProbes(t *testing.T) {
 		},
 	}
 	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A web server in the pod's network: its httpGet readiness probe
+	// reaches it at the pod IP, its tcpSocket liveness probe passes.
+	web := pod.DeepCopy()
+	web.Name = "web"
+	web.Spec.Containers[0].Lifecycle = nil
+	web.Spec.Containers[0].Command = []string{"sh", "-c", "mkdir -p /tmp/www && exec httpd -f -p 8080 -h /tmp/www"}
+	web.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	web.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromString("http"), Path: "/ok"}},
+		PeriodSeconds: 1, FailureThreshold: 1,
+	}
+	web.Spec.Containers[0].LivenessProbe = &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+		PeriodSeconds: 1, FailureThreshold: 1,
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, web, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	running := waitPod(t, ctx, c, ns, "probed", "Running on "+name, func(p *corev1.Pod) bool {
@@ -115,4 +136,20 @@ func TestVirtualNodeCRIProbes(t *testing.T) {
 		}
 		return unhealthy && killing, strings.Join(seen, "\n"), nil
 	})
+
+	// The web pod: not ready while /ok is missing (the Unhealthy event
+	// has httpd's 404), ready once it is there, never restarted.
+	waitPod(t, ctx, c, ns, "web", "Running", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Running != nil
+	})
+	if ev := waitEvent(t, ctx, c, ns, "web", "Unhealthy", "Readiness probe failed: HTTP probe failed with statuscode: 404"); ev.InvolvedObject.FieldPath != "spec.containers{app}" {
+		t.Errorf("Unhealthy event about %q, want spec.containers{app}", ev.InvolvedObject.FieldPath)
+	}
+	if _, errOut, err := execInPod(ctx, cp.RESTConfig, "websocket", ns, "web", []string{"touch", "/tmp/www/ok"}, ""); err != nil {
+		t.Fatalf("touch /tmp/www/ok: %v %s", err, errOut)
+	}
+	ready := waitPod(t, ctx, c, ns, "web", "Ready", func(p *corev1.Pod) bool { return podReady(p) })
+	if cs := ready.Status.ContainerStatuses[0]; cs.RestartCount != 0 {
+		t.Errorf("web restarted %d times: its tcpSocket liveness probe failed", cs.RestartCount)
+	}
 }
