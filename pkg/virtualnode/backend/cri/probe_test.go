@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -650,6 +652,46 @@ func TestTCPAndGRPCProbes(t *testing.T) {
 		out, msg, err := grpcProbe(ctx, "127.0.0.1", tc.service, tc.port, time.Second)
 		if out != tc.want || err != nil || !strings.HasPrefix(msg, tc.msg) {
 			t.Errorf("%s: %s %q %v, want %s %q", tc.name, out, msg, err, tc.want, tc.msg)
+		}
+	}
+}
+
+// TestExecProbeOutcomes: as the kubelet's exec prober, an exec that times
+// out fails the probe with the kubelet's message, one the runtime cannot
+// run errors (the result stays as it was), and the output kept is 10 KiB.
+func TestExecProbeOutcomes(t *testing.T) {
+	t.Parallel()
+	f := newFakeRuntime(t)
+	rec, ev, tk := newRecorder(), newEventLog(), &ticks{}
+	b := newProbeBackend(t, f, rec, ev, tk, time.Hour)
+	pod := testPod("exec", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1"})
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, pod.UID, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pr := b.get(pod.UID)
+	pr.mu.Lock()
+	id := pr.ctrs[0].id
+	pr.mu.Unlock()
+	for _, tc := range []struct {
+		name   string
+		resp   *runtimeapi.ExecSyncResponse
+		err    error
+		want   outcome
+		output string
+		errs   bool
+	}{
+		{"timeout", nil, status.Error(codes.DeadlineExceeded, "timeout 1s exceeded"), outcomeFailure, `command timed out: "check" timed out after 1s`, false},
+		{"runtime error", nil, status.Error(codes.Unavailable, "gone"), outcomeUnknown, "", true},
+		{"exit 1", &runtimeapi.ExecSyncResponse{ExitCode: 1, Stdout: []byte("out "), Stderr: []byte("err")}, nil, outcomeFailure, "out err", false},
+		{"long output", &runtimeapi.ExecSyncResponse{Stdout: []byte(strings.Repeat("y", 20<<10))}, nil, outcomeSuccess, strings.Repeat("y", 10<<10), false},
+	} {
+		f.setExec(func(string, *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+			return tc.resp, tc.err
+		})
+		out, output, err := pr.execProbe(context.Background(), id, []string{"check"}, time.Second)
+		if out != tc.want || output != tc.output || (err != nil) != tc.errs {
+			t.Errorf("%s: %s %.40q %v, want %s %.40q (error %v)", tc.name, out, output, err, tc.want, tc.output, tc.errs)
 		}
 	}
 }
