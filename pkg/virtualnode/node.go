@@ -310,11 +310,13 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	mgr := host.Manager
 	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), host)
+	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
 		Notify:       n.prov.backendNotify,
 		ContainerEnv: n.prov.containerEnv,
 		PreStart:     n.prov.preStart,
+		Event:        n.prov.events.record,
 
 		ContainerDevices: n.prov.containerDevices,
 		NodeIP:           cfg.NodeIP,
@@ -360,6 +362,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "dpkit-node", Host: cfg.Name})
 	}
 	n.prov.recorder = recorder
+	n.prov.events.set(recorder)
 	podInformer := podFactory.Core().V1().Pods()
 	podLister := podInformer.Lister()
 	n.prov.api.Store(&apiView{

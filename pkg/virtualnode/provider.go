@@ -36,6 +36,8 @@ type provider struct {
 	nodeIP string
 	// recorder records the kubelet's events; set before pods arrive.
 	recorder record.EventRecorder
+	// events records the backend's events once recorder exists.
+	events eventSink
 	// api answers questions about the API server's pods (the pod
 	// informer's cache). It is set once the informer exists, which can be
 	// after the pods adopted from a previous run report their state, so

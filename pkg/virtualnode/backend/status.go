@@ -10,8 +10,25 @@ import (
 // addresses. init and app are the statuses in spec order; an entry whose
 // state is empty has not been created yet (Waiting with reason).
 // deleting reports that the pod is being torn down, which makes a pod
-// whose containers all stopped terminal.
+// whose containers all stopped terminal. A running container is started
+// and ready.
 func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deleting bool) {
+	ComputeProbedStatus(pod, st, nodeIP, deleting, nil)
+}
+
+// Probed tells, for a running container, what its probes found: started
+// once its startup probe passed (or it has none), ready while its
+// readiness probe passes (or it has none).
+type Probed func(container string) (started, ready bool)
+
+// ComputeProbedStatus is ComputeStatus for a backend that probes its
+// containers: a running app container or sidecar is started and ready as
+// probed says (never ready before started), and the pod's
+// ContainersReady and Ready conditions need every app container and
+// sidecar ready, as the kubelet's (prober_manager UpdatePodStatus,
+// status GenerateContainersReadyCondition). A nil probed is
+// ComputeStatus.
+func ComputeProbedStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deleting bool, probed Probed) {
 	init, app := st.InitContainerStatuses, st.ContainerStatuses
 	policy := pod.Spec.RestartPolicy
 	if policy == "" {
@@ -86,17 +103,42 @@ func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deletin
 		st.StartTime = &t
 	}
 	ready := phase == corev1.PodRunning && running == len(app)
+	if !setReady(pod, init, app, probed) && probed != nil {
+		ready = false
+	}
+	setConditions(st, pod.Generation, phase, initDone, ready)
+}
+
+// setReady sets the containers' started and ready: an init container is
+// ready once it exited 0; an app container or a sidecar is started and
+// ready while it runs, as probed says if not nil. It reports whether every
+// app container and sidecar is ready.
+func setReady(pod *corev1.Pod, init, app []corev1.ContainerStatus, probed Probed) bool {
+	all := true
+	probe := func(cs *corev1.ContainerStatus) {
+		started := cs.State.Running != nil
+		cs.Ready = started
+		if started && probed != nil {
+			var ok bool
+			started, ok = probed(cs.Name)
+			cs.Ready = started && ok
+		}
+		cs.Started = &started
+		all = all && cs.Ready
+	}
 	for i := range app {
-		app[i].Ready = app[i].State.Running != nil
-		started := app[i].State.Running != nil
-		app[i].Started = &started
+		probe(&app[i])
 	}
 	for i := range init {
-		init[i].Ready = init[i].State.Terminated != nil && init[i].State.Terminated.ExitCode == 0 || isSidecar(pod, i) && init[i].State.Running != nil
+		if isSidecar(pod, i) {
+			probe(&init[i])
+			continue
+		}
+		init[i].Ready = init[i].State.Terminated != nil && init[i].State.Terminated.ExitCode == 0
 		started := init[i].State.Running != nil
 		init[i].Started = &started
 	}
-	setConditions(st, pod.Generation, phase, initDone, ready)
+	return all
 }
 
 // setConditions sets the pod's conditions with the kubelet's reasons

@@ -147,3 +147,53 @@ func TestComputeStatusConditions(t *testing.T) {
 		})
 	}
 }
+
+// TestComputeProbedStatus: with probes, a running container is started and
+// ready as probed says, never ready before started, and the pod is Ready
+// only when every app container and sidecar is.
+func TestComputeProbedStatus(t *testing.T) {
+	t.Parallel()
+	always := corev1.ContainerRestartPolicyAlways
+	pod := &corev1.Pod{Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{{Name: "setup"}, {Name: "proxy", RestartPolicy: &always}},
+		Containers:     []corev1.Container{{Name: "app"}},
+	}}
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0}}
+	type probed struct{ started, ready bool }
+	for _, tc := range []struct {
+		name      string
+		probes    map[string]probed
+		wantReady map[string]bool
+		podReady  bool
+	}{
+		{"all ready", map[string]probed{"proxy": {true, true}, "app": {true, true}}, map[string]bool{"setup": true, "proxy": true, "app": true}, true},
+		{"sidecar not ready", map[string]probed{"proxy": {true, false}, "app": {true, true}}, map[string]bool{"setup": true, "proxy": false, "app": true}, false},
+		{"app not started", map[string]probed{"proxy": {true, true}, "app": {false, true}}, map[string]bool{"setup": true, "proxy": true, "app": false}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &corev1.PodStatus{
+				InitContainerStatuses: []corev1.ContainerStatus{{Name: "setup", State: done}, {Name: "proxy", State: running}},
+				ContainerStatuses:     []corev1.ContainerStatus{{Name: "app", State: running}},
+			}
+			ComputeProbedStatus(pod, st, "", false, func(name string) (bool, bool) {
+				p := tc.probes[name]
+				return p.started, p.ready
+			})
+			for _, cs := range append(st.InitContainerStatuses, st.ContainerStatuses...) {
+				if cs.Ready != tc.wantReady[cs.Name] {
+					t.Errorf("%s ready %v, want %v", cs.Name, cs.Ready, tc.wantReady[cs.Name])
+				}
+				if p, ok := tc.probes[cs.Name]; ok && *cs.Started != p.started {
+					t.Errorf("%s started %v, want %v", cs.Name, *cs.Started, p.started)
+				}
+			}
+			for _, c := range st.Conditions {
+				if (c.Type == corev1.PodReady || c.Type == corev1.ContainersReady) && (c.Status == corev1.ConditionTrue) != tc.podReady {
+					t.Errorf("%s %s, want ready %v", c.Type, c.Status, tc.podReady)
+				}
+			}
+		})
+	}
+}

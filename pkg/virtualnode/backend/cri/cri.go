@@ -3,8 +3,9 @@
 // sandbox per pod, one container per container of the pod spec, with the
 // devices, mounts and CDI devices the device plugins and DRA drivers gave.
 //
-// It is the part of a kubelet that talks to the runtime, and no more: no
-// volumes, probes, DNS or image credentials. The sandboxes it creates are
+// It is the part of a kubelet that talks to the runtime, with the
+// containers' probes and lifecycle hooks (probe.go, hooks.go), and no
+// more: no volumes, DNS or image credentials. The sandboxes it creates are
 // labelled with the node's name (LabelNode) and carry the pod they run
 // (AnnotationPod), so a restarted node adopts them. The runtime must not
 // be shared with a kubelet: a kubelet lists every sandbox of the runtime
@@ -80,6 +81,11 @@ type Config struct {
 	BackoffInitial time.Duration
 	// DialTimeout bounds the first call to the runtime; 0 means 10s.
 	DialTimeout time.Duration
+
+	// probeTicker, when set, paces the probe workers instead of their
+	// period, the first probe included (tests): name is
+	// "<container>/<Kind>".
+	probeTicker func(name string, period time.Duration) (<-chan time.Time, func())
 }
 
 // Backend runs pods through a CRI runtime.

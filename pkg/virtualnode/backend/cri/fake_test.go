@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,10 @@ type fakeRuntime struct {
 	containers map[string]*fakeContainer
 	images     map[string]bool
 	stops      []int64 // the timeouts StopContainer was called with
+	// exec answers ExecSync for a running container, by the container's
+	// name; nil answers exit 0. It is called without the lock held.
+	exec  func(container string, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error)
+	execs []string // "<container>: <cmd>" of every ExecSync
 }
 
 type fakeSandbox struct {
@@ -269,4 +274,34 @@ func (f *fakeRuntime) counts() (int, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.sandboxes), len(f.containers)
+}
+
+func (f *fakeRuntime) ExecSync(_ context.Context, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
+	f.mu.Lock()
+	c := f.containers[r.ContainerId]
+	if c == nil || c.state != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		f.mu.Unlock()
+		return nil, status.Error(codes.FailedPrecondition, "container is not running")
+	}
+	name := c.cfg.Metadata.Name
+	f.execs = append(f.execs, name+": "+strings.Join(r.Cmd, " "))
+	exec := f.exec
+	f.mu.Unlock()
+	if exec == nil {
+		return &runtimeapi.ExecSyncResponse{}, nil
+	}
+	return exec(name, r)
+}
+
+// execCount counts the ExecSync calls whose "<container>: <cmd>" is s.
+func (f *fakeRuntime) execCount(s string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, e := range f.execs {
+		if e == s {
+			n++
+		}
+	}
+	return n
 }

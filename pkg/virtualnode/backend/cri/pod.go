@@ -38,6 +38,8 @@ type ctr struct {
 	backoff    time.Duration
 	next       time.Time // no start before
 	pullFailed string    // the last image pull error, while backing off
+
+	probe probeState // what its probes found (probe.go)
 }
 
 // podRun runs one pod: its sandbox, then its containers.
@@ -117,7 +119,7 @@ func (pr *podRun) statusLocked() *corev1.PodStatus {
 			st.ContainerStatuses = append(st.ContainerStatuses, cs)
 		}
 	}
-	backend.ComputeStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping)
+	backend.ComputeProbedStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping, pr.probedLocked)
 	if pr.podIP != "" {
 		st.PodIP = pr.podIP
 		st.PodIPs = []corev1.PodIP{{IP: pr.podIP}}
@@ -153,6 +155,7 @@ func (pr *podRun) phase() corev1.PodPhase {
 // run creates the sandbox, then starts, follows and restarts the
 // containers until the pod is deleted.
 func (pr *podRun) run(ctx context.Context) {
+	defer pr.startProbes(ctx)()
 	t := time.NewTicker(pr.b.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -209,8 +212,8 @@ func (pr *podRun) sync(ctx context.Context) {
 		}
 		if c.sidecar {
 			pr.ensure(ctx, c, now)
-			if c.id == "" || c.exited {
-				return
+			if c.id == "" || c.exited || !pr.started(c) {
+				return // the next waits for the sidecar to have started
 			}
 			continue
 		}
@@ -451,6 +454,7 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	c.pullFailed, c.imageID = "", imageRef
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: backend.Now()}}
 	pr.mu.Unlock()
+	pr.postStart(ctx, c)
 	return nil
 }
 
@@ -540,10 +544,7 @@ func (pr *podRun) terminate(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := pr.b.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.id, Timeout: int64(grace / time.Second)})
-			if err != nil && status.Code(err) != codes.NotFound {
-				pr.b.log.Warn("Stopping a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
-			}
+			pr.killContainer(ctx, c, c.id, "", int64(grace/time.Second))
 		}()
 	}
 	wg.Wait()
