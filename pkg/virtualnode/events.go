@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -55,4 +56,36 @@ func containerFieldPath(pod *corev1.Pod, container string) string {
 		}
 	}
 	return fmt.Sprintf("spec.containers{%s}", container)
+}
+
+// virtual-kubelet's pod controller records an event after every provider
+// call that succeeds; the kubelet records no such events.
+var vkSuccessReasons = map[string]bool{
+	"ProviderCreateSuccess": true,
+	"ProviderUpdateSuccess": true,
+	"ProviderDeleteSuccess": true,
+}
+
+// withoutVKSuccess is the recorder given to virtual-kubelet: it records
+// what its pod controller reports, but for the success events, which only
+// cost the API server a write per pod change and tell users nothing a
+// kubelet's events would not (their failures are kept).
+type withoutVKSuccess struct{ record.EventRecorder }
+
+func (r withoutVKSuccess) Event(obj runtime.Object, eventType, reason, message string) {
+	if !vkSuccessReasons[reason] {
+		r.EventRecorder.Event(obj, eventType, reason, message)
+	}
+}
+
+func (r withoutVKSuccess) Eventf(obj runtime.Object, eventType, reason, format string, args ...any) {
+	if !vkSuccessReasons[reason] {
+		r.EventRecorder.Eventf(obj, eventType, reason, format, args...)
+	}
+}
+
+func (r withoutVKSuccess) AnnotatedEventf(obj runtime.Object, annotations map[string]string, eventType, reason, format string, args ...any) {
+	if !vkSuccessReasons[reason] {
+		r.EventRecorder.AnnotatedEventf(obj, annotations, eventType, reason, format, args...)
+	}
 }

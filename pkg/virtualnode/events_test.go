@@ -47,3 +47,26 @@ func TestEventSink(t *testing.T) {
 		}
 	}
 }
+
+// TestWithoutVKSuccess: virtual-kubelet's success events are not recorded,
+// its failures and every other event are.
+func TestWithoutVKSuccess(t *testing.T) {
+	t.Parallel()
+	fake := record.NewFakeRecorder(10)
+	r := withoutVKSuccess{fake}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}}
+	r.Event(pod, corev1.EventTypeNormal, "ProviderCreateSuccess", "Create pod in provider successfully")
+	r.Eventf(pod, corev1.EventTypeNormal, "ProviderDeleteSuccess", "%s", "Delete pod in provider successfully")
+	r.AnnotatedEventf(pod, nil, corev1.EventTypeNormal, "ProviderUpdateSuccess", "%s", "Update pod in provider successfully")
+	r.Event(pod, corev1.EventTypeWarning, "ProviderCreateFailed", "boom")
+	r.Eventf(pod, corev1.EventTypeWarning, "UnexpectedAdmissionError", "%s", "no devices")
+	close(fake.Events)
+	var got []string
+	for e := range fake.Events {
+		got = append(got, e)
+	}
+	want := []string{"Warning ProviderCreateFailed boom", "Warning UnexpectedAdmissionError no devices"}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("recorded %q, want %q", got, want)
+	}
+}

@@ -378,7 +378,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
 		PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
 		PodInformer:       podInformer,
-		EventRecorder:     recorder,
+		EventRecorder:     withoutVKSuccess{recorder},
 		Provider:          n.prov,
 		ConfigMapInformer: factory.Core().V1().ConfigMaps(),
 		SecretInformer:    factory.Core().V1().Secrets(),
