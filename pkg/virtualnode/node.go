@@ -317,6 +317,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		PreStart:     n.prov.preStart,
 
 		ContainerDevices: n.prov.containerDevices,
+		Event:            n.prov.event,
 		NodeIP:           cfg.NodeIP,
 		Logger:           log.With("component", "backend"),
 	})

@@ -478,6 +478,13 @@ func (p *provider) containerDevices(_ context.Context, pod *corev1.Pod, containe
 	return cd, nil
 }
 
+// event records a backend's event about a pod (backend.Config.Event).
+func (p *provider) event(pod *corev1.Pod, eventType, reason, message string) {
+	if p.recorder != nil {
+		p.recorder.Event(pod, eventType, reason, message)
+	}
+}
+
 func (p *provider) preStart(ctx context.Context, pod *corev1.Pod, container string) error {
 	return p.mgr.PreStartContainer(ctx, pod.UID, container)
 }

@@ -45,6 +45,9 @@ type Config struct {
 	// PreStart is called before each start of a container (the device
 	// plugins' PreStartContainer). May be nil.
 	PreStart func(ctx context.Context, pod *corev1.Pod, container string) error
+	// Event records an event about a pod, as the kubelet's recorder
+	// (FailedCreatePodSandBox, ...). May be nil.
+	Event func(pod *corev1.Pod, eventType, reason, message string)
 	// NodeIP is reported as the pods' hostIP and podIP.
 	NodeIP string
 	// Logger receives the backend's logs; nil discards them.
