@@ -37,9 +37,10 @@ type fakeRuntime struct {
 
 	// usage is what the stats calls report for every container, exited
 	// ones too, and (doubled) for every sandbox; podStats false answers ListPodSandboxStats
-	// Unimplemented.
-	usage    fakeUsage
-	podStats bool
+	// with podStatsErr.
+	usage       fakeUsage
+	podStats    bool
+	podStatsErr codes.Code // ListPodSandboxStats's error without podStats; Unimplemented when OK
 }
 
 // fakeUsage is a sample of the fake's stats.
@@ -277,7 +278,11 @@ func (f *fakeRuntime) ListPodSandboxStats(_ context.Context, r *runtimeapi.ListP
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.podStats {
-		return nil, status.Error(codes.Unimplemented, "not implemented")
+		code := f.podStatsErr
+		if code == codes.OK {
+			code = codes.Unimplemented
+		}
+		return nil, status.Error(code, "no pod sandbox stats")
 	}
 	out := &runtimeapi.ListPodSandboxStatsResponse{}
 	u := f.usage

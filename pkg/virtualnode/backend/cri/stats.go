@@ -90,19 +90,33 @@ func (c *cpuCache) prune(now time.Time) {
 // PodStats implements backend.StatsProvider from the runtime's own
 // measures, as the kubelet's CRI stats provider with
 // PodAndContainerStatsFromCRI: ListPodSandboxStats for the pod's CPU,
-// memory and network and its running containers' CPU and memory. A
-// runtime that does not implement it (Unimplemented) is asked for
-// ListContainerStats instead, and the pod's CPU and memory are the sums
+// memory and network and its running containers' CPU and memory. When
+// the runtime cannot answer it (Unimplemented, or containerd's "has no
+// cgroup parent": the backend leaves sandboxes in the runtime's default
+// cgroup), ListContainerStats instead, the pod's CPU and memory the sums
 // of its containers', as the kubelet's addPodCPUMemoryStats without
-// cAdvisor. Usage in nano cores is the runtime's, or computed from the
+// cAdvisor, and no network stats. Usage in nano cores is the runtime's, or computed from the
 // previous sample as the kubelet does.
 func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error) {
 	byID := map[string]*runtimeapi.PodSandboxStats{}
 	resp, err := b.rt.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{Filter: &runtimeapi.PodSandboxStatsFilter{
 		LabelSelector: map[string]string{LabelNode: b.cfg.Node},
 	}})
-	switch {
-	case status.Code(err) == codes.Unimplemented:
+	if err == nil {
+		for _, s := range resp.Stats {
+			if id := s.GetAttributes().GetId(); id != "" {
+				byID[id] = s
+			}
+		}
+	} else {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if status.Code(err) != codes.Unimplemented {
+			// containerd measures a pod from its sandbox's cgroup parent,
+			// which the backend does not set ("has no cgroup parent").
+			b.log.Debug("Pod sandbox stats, reading container stats instead", "err", err)
+		}
 		cs, err := b.rt.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{Filter: &runtimeapi.ContainerStatsFilter{
 			LabelSelector: map[string]string{LabelNode: b.cfg.Node},
 		}})
@@ -112,14 +126,6 @@ func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error
 		// ListContainerStats names no sandbox: every pod looks for its
 		// containers, by ID, among all of them.
 		byID[""] = &runtimeapi.PodSandboxStats{Linux: &runtimeapi.LinuxPodSandboxStats{Containers: cs.Stats}}
-	case err != nil:
-		return nil, fmt.Errorf("cri backend: pod sandbox stats: %w", err)
-	default:
-		for _, s := range resp.Stats {
-			if id := s.GetAttributes().GetId(); id != "" {
-				byID[id] = s
-			}
-		}
 	}
 	b.cpu.prune(time.Now())
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
@@ -33,7 +34,8 @@ func value(p *uint64) any {
 }
 
 // TestPodStats: the pods' stats come from the runtime, ListPodSandboxStats
-// when it has it (the pod's own CPU, memory and network), else
+// when it answers (the pod's own CPU, memory and network), else (it is
+// unimplemented, or containerd fails it for want of cgroup parents)
 // ListContainerStats with the pod's CPU and memory summed from its
 // containers'; usage in nano cores is computed from two samples of the
 // cumulative CPU time, as the kubelet does when the runtime gives none.
@@ -42,12 +44,13 @@ func TestPodStats(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		podStats bool
-		factor   uint64 // the pod's usage over its container's
-	}{{"sandbox stats", true, 2}, {"container stats", false, 1}} {
+		err      codes.Code // ListPodSandboxStats's error without podStats
+		factor   uint64     // the pod's usage over its container's
+	}{{"sandbox stats", true, codes.OK, 2}, {"unimplemented", false, codes.Unimplemented, 1}, {"no cgroup parent", false, codes.Unknown, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFakeRuntime(t)
-			f.podStats = tc.podStats
+			f.podStats, f.podStatsErr = tc.podStats, tc.err
 			rec := newRecorder()
 			b := newTestBackend(t, f, rec, backend.Config{}, time.Hour)
 			defer b.Close()

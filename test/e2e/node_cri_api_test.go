@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/test/controlplane"
+)
+
+// criPod is a busybox pod on node running script, never restarted.
+func criPod(ns, name, node, script string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			NodeSelector:                  map[string]string{"kubernetes.io/hostname": node},
+			Tolerations:                   []corev1.Toleration{{Key: virtualnode.DefaultTaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			TerminationGracePeriodSeconds: ptr(int64(1)),
+			Containers: []corev1.Container{{
+				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sh", "-c", script},
+			}},
+		},
+	}
+}
+
+// startCRIPod creates a criPod and waits until it runs.
+func startCRIPod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name, node, script string) {
+	t.Helper()
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, criPod(ns, name, node, script), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			describePod(t, c, ns, name)
+		}
+	})
+	waitPod(t, ctx, c, ns, name, "Running on "+node, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+}
+
+// TestVirtualNodeCRIStreams: what the node API serves for a cri-backed
+// node's pods, through the API server as kubectl and metrics-server reach
+// it: /metrics/resource and /stats/summary measure a busy container from
+// the runtime's stats; attach shows what a container prints from then on; port-forward
+// reaches a server listening in the pod's network namespace; logs -f
+// follows a container's log as it grows and ends when the container does.
+func TestVirtualNodeCRIStreams(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	rtm := startContainerd(t, ctx)
+	root := shortTempDir(t)
+	name := unique("vncri-api")
+	access := newNodeAccess(t, cp)
+	port := freePort(t)
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, access.ip, port)
+	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	runNode(t, ctx, o)
+	ns := createNamespace(t, c, "vncri-api")
+
+	t.Run("metrics", func(t *testing.T) {
+		ctx := testContext(t)
+		startCRIPod(t, ctx, c, ns, "busy", name, "while true; do i=$((i+1)); done")
+		keys := []string{
+			fmt.Sprintf("container_cpu_usage_seconds_total{container=app,namespace=%s,pod=busy}", ns),
+			fmt.Sprintf("container_memory_working_set_bytes{container=app,namespace=%s,pod=busy}", ns),
+			fmt.Sprintf("container_start_time_seconds{container=app,namespace=%s,pod=busy}", ns),
+			fmt.Sprintf("pod_cpu_usage_seconds_total{namespace=%s,pod=busy}", ns),
+			fmt.Sprintf("pod_memory_working_set_bytes{namespace=%s,pod=busy}", ns),
+			"node_cpu_usage_seconds_total{}", "node_memory_working_set_bytes{}",
+		}
+		var got map[string]float64
+		poll(t, ctx, "the busy pod's usage in /metrics/resource", func(ctx context.Context) (bool, string, error) {
+			b, err := access.get(ctx, c, name, port, "metrics/resource")
+			if err != nil {
+				return false, err.Error(), nil
+			}
+
+			if got, err = resourceSamples(string(b)); err != nil {
+				return false, "", err
+			}
+			for _, k := range keys {
+				if got[k] <= 0 {
+					return false, string(b), nil
+				}
+			}
+			return true, "", nil
+		})
+		for _, k := range keys {
+			t.Logf("%s %v", k, got[k])
+		}
+		if got["resource_scrape_error{}"] != 0 {
+			t.Errorf("resource_scrape_error %v, want 0", got["resource_scrape_error{}"])
+		}
+		podCPU := got[fmt.Sprintf("pod_cpu_usage_seconds_total{namespace=%s,pod=busy}", ns)]
+		if got["node_cpu_usage_seconds_total{}"] < podCPU {
+			t.Errorf("node CPU %v below its pod's %v", got["node_cpu_usage_seconds_total{}"], podCPU)
+		}
+		// The stats summary has the pod's usage in cores too, the busy
+		// loop's from two samples at the latest.
+		poll(t, ctx, "the busy pod's usage in cores in /stats/summary", func(ctx context.Context) (bool, string, error) {
+			b, err := access.get(ctx, c, name, port, "stats/summary")
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			var s statsv1alpha1.Summary
+			if err := json.Unmarshal(b, &s); err != nil {
+				return false, "", err
+			}
+			for _, p := range s.Pods {
+				if p.PodRef.Name != "busy" || p.PodRef.Namespace != ns || p.CPU == nil || len(p.Containers) != 1 {
+					continue
+				}
+				cs := p.Containers[0]
+				ok := cs.Name == "app" && cs.CPU != nil && cs.CPU.UsageNanoCores != nil && *cs.CPU.UsageNanoCores > 0 &&
+					p.CPU.UsageNanoCores != nil && *p.CPU.UsageNanoCores > 0
+				return ok, string(b), nil
+			}
+			return false, string(b), nil
+		})
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "busy", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	for _, mode := range []string{"websocket", "spdy"} {
+		t.Run("attach-"+mode, func(t *testing.T) {
+			ctx := testContext(t)
+			pod := "attach-" + mode
+			startCRIPod(t, ctx, c, ns, pod, name, "echo before; while [ ! -e /tmp/stop ]; do echo tick; echo tock >&2; sleep 0.1; done; echo bye")
+			waitLogs(t, ctx, c, ns, pod, "before")
+			stdout, stderr := newSyncBuffer("tick\n"), newSyncBuffer("tock\n")
+			done := make(chan error, 1)
+			go func() { done <- attachToPod(ctx, cp.RESTConfig, mode, ns, pod, stdout, stderr) }()
+			for _, b := range []*syncBuffer{stdout, stderr} {
+				select {
+				case <-b.seen:
+				case err := <-done:
+					t.Fatalf("attach ended before the container printed %q: %v (stdout %q, stderr %q)", b.want, err, stdout, stderr)
+				}
+			}
+			if out, errOut, err := execInPod(ctx, cp.RESTConfig, mode, ns, pod, []string{"touch", "/tmp/stop"}, ""); err != nil {
+				t.Fatalf("exec touch /tmp/stop: %v (%q %q)", err, out, errOut)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("attach: %v", err)
+			}
+			out, errOut := stdout.String(), stderr.String()
+			if strings.Contains(out, "before") || strings.Contains(out, "tock") || !strings.HasSuffix(out, "bye\n") {
+				t.Errorf("attach stdout %q, want tick lines then bye, nothing printed before the attach", out)
+			}
+			if strings.Contains(errOut, "tick") || strings.Trim(strings.ReplaceAll(errOut, "tock\n", ""), "\n") != "" {
+				t.Errorf("attach stderr %q, want tock lines only", errOut)
+			}
+		})
+	}
+
+	t.Run("port-forward", func(t *testing.T) {
+		ctx := testContext(t)
+		startCRIPod(t, ctx, c, ns, "web", name, "mkdir -p /tmp/www && echo 'served by the cri pod' > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www")
+		for _, mode := range []string{"websocket", "spdy"} {
+			local := forwardPort(t, ctx, cp.RESTConfig, mode, ns, "web", 8080)
+			var body string
+			// The server may still be starting: poll until it answers.
+			poll(t, ctx, mode+": the pod's server through the forwarded port", func(ctx context.Context) (bool, string, error) {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/index.html", local), nil)
+				if err != nil {
+					return false, "", err
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return false, err.Error(), nil
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				body = string(b)
+				return err == nil && resp.StatusCode == http.StatusOK, resp.Status + " " + body, nil
+			})
+			if body != "served by the cri pod\n" {
+				t.Errorf("%s: through the forwarded port: %q, want the pod's page", mode, body)
+			}
+		}
+	})
+
+	t.Run("logs-follow", func(t *testing.T) {
+		ctx := testContext(t)
+		startCRIPod(t, ctx, c, ns, "count", name, `i=0; while [ ! -e /tmp/stop ]; do i=$((i+1)); echo "line $i"; sleep 0.2; done; echo bye`)
+		before := waitLogs(t, ctx, c, ns, "count", "line 1\n")
+		had := strings.Count(before, "\n")
+		rc, err := c.CoreV1().Pods(ns).GetLogs("count", &corev1.PodLogOptions{Container: "app", Follow: true}).Stream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		lines := make(chan string)
+		ended := make(chan error, 1)
+		go func() {
+			sc := bufio.NewScanner(rc)
+			for sc.Scan() {
+				select {
+				case lines <- sc.Text():
+				case <-ctx.Done():
+				}
+			}
+			ended <- sc.Err()
+		}()
+		var got []string
+		next := func() (string, bool) {
+			select {
+			case l := <-lines:
+				got = append(got, l)
+				return l, true
+			case err := <-ended:
+				t.Fatalf("the follow stream ended (%v) after %q, want more lines", err, got)
+			case <-ctx.Done():
+				t.Fatalf("%v after %q", ctx.Err(), got)
+			}
+			return "", false
+		}
+		// Lines printed after the stream opened arrive in it.
+		for {
+			l, _ := next()
+			if n, err := strconv.Atoi(strings.TrimPrefix(l, "line ")); err == nil && n > had+3 {
+				break
+			}
+		}
+		if out, errOut, err := execInPod(ctx, cp.RESTConfig, "websocket", ns, "count", []string{"touch", "/tmp/stop"}, ""); err != nil {
+			t.Fatalf("exec touch /tmp/stop: %v (%q %q)", err, out, errOut)
+		}
+		// The stream ends when the container does, bye its last line.
+		deadline := time.NewTimer(time.Minute)
+		defer deadline.Stop()
+	follow:
+		for {
+			select {
+			case l := <-lines:
+				got = append(got, l)
+			case err := <-ended:
+				if err != nil {
+					t.Errorf("the follow stream: %v", err)
+				}
+				break follow
+			case <-deadline.C:
+				t.Fatalf("the follow stream did not end with the container; read %q", got)
+			}
+		}
+		if len(got) == 0 || got[len(got)-1] != "bye" {
+			t.Fatalf("followed %q, want bye last", got)
+		}
+		for i, l := range got[:len(got)-1] {
+			if l != fmt.Sprintf("line %d", i+1) {
+				t.Fatalf("followed line %d %q, want every line once, in order: %q", i+1, l, got)
+			}
+		}
+		t.Logf("followed %d lines, %d of them before the stream opened", len(got), had)
+	})
+}
