@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -55,7 +57,8 @@ func startCRIPod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, 
 // TestVirtualNodeCRIStreams: what the node API serves for a cri-backed
 // node's pods, through the API server as kubectl and metrics-server reach
 // it: /metrics/resource and /stats/summary measure a busy container from
-// the runtime's stats; attach shows what a container prints from then on; port-forward
+// the runtime's stats; attach shows what a container prints from then on
+// and gives a container with stdin: true what the session sends; port-forward
 // reaches a server listening in the pod's network namespace; logs -f
 // follows a container's log as it grows and ends when the container does.
 func TestVirtualNodeCRIStreams(t *testing.T) {
@@ -168,6 +171,49 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 			}
 		})
 	}
+
+	// A container with stdin: true reads what the attach session sends.
+	t.Run("attach-stdin", func(t *testing.T) {
+		ctx := testContext(t)
+		p := criPod(ns, "reader", name, `echo ready; read line; echo "got $line"`)
+		p.Spec.Containers[0].Stdin = true
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitLogs(t, ctx, c, ns, "reader", "ready")
+		req := c.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name("reader").SubResource("attach").
+			VersionedParams(&corev1.PodAttachOptions{Container: "app", Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		ex, err := remotecommand.NewSPDYExecutor(cp.RESTConfig, "POST", req.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The session ends when its stdin does (containerd detaches a
+		// client whose stdin closes unless stdinOnce): stdin stays open
+		// until the answer arrives.
+		in, toStdin := io.Pipe()
+		stdout, stderr := newSyncBuffer("got hello\n"), newSyncBuffer("")
+		done := make(chan error, 1)
+		go func() {
+			done <- ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: in, Stdout: stdout, Stderr: stderr})
+		}()
+		go func() { _, _ = toStdin.Write([]byte("hello\n")) }()
+		answer := time.NewTimer(30 * time.Second)
+		defer answer.Stop()
+		select {
+		case <-stdout.seen:
+		case err := <-done:
+			t.Fatalf("attach ended before the container answered: %v (stdout %q, stderr %q)", err, stdout, stderr)
+		case <-answer.C:
+			t.Fatalf("no answer to stdin in 30s: stdout %q, stderr %q", stdout, stderr)
+		}
+		toStdin.Close()
+		if err := <-done; err != nil {
+			t.Fatalf("attach: %v", err)
+		}
+		if stdout.String() != "got hello\n" {
+			t.Errorf("attach with stdin: stdout %q, want the line read back", stdout.String())
+		}
+	})
 
 	t.Run("port-forward", func(t *testing.T) {
 		ctx := testContext(t)
