@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,7 +62,9 @@ func startCRIPod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, 
 // the runtime's stats; attach shows what a container prints from then on
 // and gives a container with stdin: true what the session sends; port-forward
 // reaches a server listening in the pod's network namespace; logs -f
-// follows a container's log as it grows and ends when the container does.
+// follows a container's log as it grows and ends when the container does;
+// a sandbox the runtime fails to create gives the kubelet's event and is
+// tried again.
 func TestVirtualNodeCRIStreams(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
@@ -313,5 +317,50 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 			}
 		}
 		t.Logf("followed %d lines, %d of them before the stream opened", len(got), had)
+	})
+
+	// The runtime cannot create a sandbox while its CNI configuration is
+	// gone: the kubelet's FailedCreatePodSandBox event, the pod Pending;
+	// once the configuration is back, the next try creates it.
+	t.Run("sandbox-failure", func(t *testing.T) {
+		ctx := testContext(t)
+		conf := filepath.Join(rtm.dir, "cni", "10-dpkit-cri.conflist")
+		saved, err := os.ReadFile(conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(conf); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(conf, saved, 0o644) })
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, criPod(ns, "nonet", name, "echo up; sleep 3600"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var msg string
+		poll(t, ctx, "a FailedCreatePodSandBox event for the pod", func(ctx context.Context) (bool, string, error) {
+			evs, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=nonet,reason=FailedCreatePodSandBox"})
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			for _, e := range evs.Items {
+				msg = e.Message
+				return e.Type == corev1.EventTypeWarning && strings.HasPrefix(e.Message, "Failed to create pod sandbox: "), e.Message, nil
+			}
+			return false, "no event", nil
+		})
+		t.Logf("event: %s", msg)
+		p, err := c.CoreV1().Pods(ns).Get(ctx, "nonet", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodPending {
+			t.Errorf("phase %s while the sandbox fails, want Pending", p.Status.Phase)
+		}
+		if err := os.WriteFile(conf, saved, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		waitPod(t, ctx, c, ns, "nonet", "Running once the runtime's CNI configuration is back", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != ""
+		})
 	})
 }
