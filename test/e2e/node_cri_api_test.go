@@ -176,48 +176,62 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 		})
 	}
 
-	// A container with stdin: true reads what the attach session sends.
-	t.Run("attach-stdin", func(t *testing.T) {
-		ctx := testContext(t)
-		p := criPod(ns, "reader", name, `echo ready; read line; echo "got $line"`)
-		p.Spec.Containers[0].Stdin = true
-		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
+	// A container with stdin: true reads what the attach session sends;
+	// with tty: true too, through its terminal, which echoes the input
+	// and ends lines with CR LF.
+	for _, tty := range []bool{false, true} {
+		pod, want := "reader", "got hello\n"
+		if tty {
+			pod, want = "reader-tty", "got hello\r\n"
 		}
-		waitLogs(t, ctx, c, ns, "reader", "ready")
-		req := c.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name("reader").SubResource("attach").
-			VersionedParams(&corev1.PodAttachOptions{Container: "app", Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
-		ex, err := remotecommand.NewSPDYExecutor(cp.RESTConfig, "POST", req.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The session ends when its stdin does (containerd detaches a
-		// client whose stdin closes unless stdinOnce): stdin stays open
-		// until the answer arrives.
-		in, toStdin := io.Pipe()
-		stdout, stderr := newSyncBuffer("got hello\n"), newSyncBuffer("")
-		done := make(chan error, 1)
-		go func() {
-			done <- ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: in, Stdout: stdout, Stderr: stderr})
-		}()
-		go func() { _, _ = toStdin.Write([]byte("hello\n")) }()
-		answer := time.NewTimer(30 * time.Second)
-		defer answer.Stop()
-		select {
-		case <-stdout.seen:
-		case err := <-done:
-			t.Fatalf("attach ended before the container answered: %v (stdout %q, stderr %q)", err, stdout, stderr)
-		case <-answer.C:
-			t.Fatalf("no answer to stdin in 30s: stdout %q, stderr %q", stdout, stderr)
-		}
-		toStdin.Close()
-		if err := <-done; err != nil {
-			t.Fatalf("attach: %v", err)
-		}
-		if stdout.String() != "got hello\n" {
-			t.Errorf("attach with stdin: stdout %q, want the line read back", stdout.String())
-		}
-	})
+		t.Run("attach-stdin-"+map[bool]string{false: "pipe", true: "tty"}[tty], func(t *testing.T) {
+			ctx := testContext(t)
+			p := criPod(ns, pod, name, `echo ready; read line; echo "got $line"`)
+			p.Spec.Containers[0].Stdin, p.Spec.Containers[0].TTY = true, tty
+			if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitLogs(t, ctx, c, ns, pod, "ready")
+			req := c.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("attach").
+				VersionedParams(&corev1.PodAttachOptions{Container: "app", Stdin: true, Stdout: true, Stderr: !tty, TTY: tty}, scheme.ParameterCodec)
+			ex, err := remotecommand.NewSPDYExecutor(cp.RESTConfig, "POST", req.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The session ends when its stdin does (containerd detaches a
+			// client whose stdin closes unless stdinOnce): stdin stays
+			// open until the answer arrives.
+			in, toStdin := io.Pipe()
+			stdout, stderr := newSyncBuffer(want), newSyncBuffer("")
+			opts := remotecommand.StreamOptions{Stdin: in, Stdout: stdout, Tty: tty}
+			if !tty {
+				opts.Stderr = stderr
+			}
+			done := make(chan error, 1)
+			go func() { done <- ex.StreamWithContext(ctx, opts) }()
+			go func() { _, _ = toStdin.Write([]byte("hello\n")) }()
+			answer := time.NewTimer(30 * time.Second)
+			defer answer.Stop()
+			select {
+			case <-stdout.seen:
+			case err := <-done:
+				t.Fatalf("attach ended before the container answered: %v (stdout %q, stderr %q)", err, stdout, stderr)
+			case <-answer.C:
+				t.Fatalf("no answer to stdin in 30s: stdout %q, stderr %q", stdout, stderr)
+			}
+			toStdin.Close()
+			if err := <-done; err != nil {
+				t.Fatalf("attach: %v", err)
+			}
+			got := stdout.String()
+			if !tty && got != want {
+				t.Errorf("attach with stdin: stdout %q, want the line read back", got)
+			}
+			if tty && got != "hello\r\n"+want {
+				t.Errorf("attach with a TTY: %q, want the terminal's echo of the input, then the line read back", got)
+			}
+		})
+	}
 
 	t.Run("port-forward", func(t *testing.T) {
 		ctx := testContext(t)
