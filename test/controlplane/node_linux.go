@@ -488,11 +488,16 @@ func (n *Node) ImportImage(ctx context.Context, archive string) error {
 	return nil
 }
 
-// importBaseImages packs and imports the sandbox image and busybox.
-func (n *Node) importBaseImages(ctx context.Context) error {
+// BaseImages are the sandbox image (PauseImage, running pauseBinary) and
+// BusyboxImage (BusyboxBinary and its applets, root's and nobody's
+// passwd and group entries, /root and /tmp) that the node imports. A
+// containerd of a test's own imports the same, so that both give a
+// container the same files and environment: runc sets HOME from the
+// image's /etc/passwd, / without one.
+func BaseImages(ctx context.Context, pauseBinary string) ([]ociimage.Image, error) {
 	list, err := exec.CommandContext(ctx, BusyboxBinary, "--list").Output()
 	if err != nil {
-		return fmt.Errorf("controlplane: node: %s --list: %w", BusyboxBinary, err)
+		return nil, fmt.Errorf("controlplane: %s --list: %w (install busybox-static)", BusyboxBinary, err)
 	}
 	busybox := ociimage.Image{
 		Name: BusyboxImage, OS: "linux", Architecture: goarch(),
@@ -513,9 +518,18 @@ func (n *Node) importBaseImages(ctx context.Context) error {
 	pause := ociimage.Image{
 		Name: PauseImage, OS: "linux", Architecture: goarch(),
 		Config: ociimage.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"},
-		Files:  []ociimage.File{{Path: "/pause", Mode: 0o755, Source: n.impl.bins["pause"]}},
+		Files:  []ociimage.File{{Path: "/pause", Mode: 0o755, Source: pauseBinary}},
 	}
-	for _, img := range []ociimage.Image{pause, busybox} {
+	return []ociimage.Image{pause, busybox}, nil
+}
+
+// importBaseImages packs and imports BaseImages.
+func (n *Node) importBaseImages(ctx context.Context) error {
+	images, err := BaseImages(ctx, n.impl.bins["pause"])
+	if err != nil {
+		return err
+	}
+	for _, img := range images {
 		archive := filepath.Join(n.Dir, "etc", strings.ReplaceAll(filepath.Base(img.Name), ":", "_")+".oci.tar")
 		if _, err := ociimage.WriteFile(archive, img); err != nil {
 			return fmt.Errorf("controlplane: node: %w", err)

@@ -34,13 +34,12 @@ const viewScript = `echo '--env'; env | sort; echo '--dev'; ls -l /dev | grep '^
 var kubeletOnlyMounts = []string{"/dev/termination-log", "/etc/hostname", "/etc/hosts", "/etc/resolv.conf"}
 
 // ignoredEnv are variables that differ by node: the host name (the pod's
-// name on both, set by different parts), the API server's Service
-// variables, and HOME, which runc sets from the image's /etc/passwd: /root
-// under the kubelet, / under the cri backend although both ask for user
-// 0 (a known difference, docs/virtual-node.md).
+// name on both, set by different parts) and the API server's Service
+// variables. HOME is compared: runc sets it from the image's /etc/passwd,
+// and both runtimes have the same image (controlplane.BaseImages).
 func ignoredEnv(kv string) bool {
 	name, _, _ := strings.Cut(kv, "=")
-	return name == "HOSTNAME" || name == "HOME" || strings.HasPrefix(name, "KUBERNETES_")
+	return name == "HOSTNAME" || strings.HasPrefix(name, "KUBERNETES_")
 }
 
 func parseView(t *testing.T, logs string) containerView {
@@ -167,6 +166,9 @@ spec:
 
 	if !slices.Equal(kubelet.env, dpkit.env) {
 		t.Errorf("environment differs:\nkubelet %q\ndpkit   %q", kubelet.env, dpkit.env)
+	}
+	if !slices.Contains(dpkit.env, "HOME=/root") {
+		t.Errorf("dpkit's container has no HOME=/root, root's home in the image's /etc/passwd: %q", dpkit.env)
 	}
 	if !slices.Equal(kubelet.devices, dpkit.devices) {
 		t.Errorf("device nodes differ:\nkubelet %q\ndpkit   %q", kubelet.devices, dpkit.devices)

@@ -5,13 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -168,30 +166,15 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-// importImages packs and imports the sandbox image and busybox, as the
-// real node does.
+// importImages packs and imports the sandbox image and busybox the real
+// node imports (controlplane.BaseImages).
 func (r *criRuntime) importImages(t *testing.T, ctx context.Context, bins string) {
 	t.Helper()
-	list, err := exec.CommandContext(ctx, controlplane.BusyboxBinary, "--list").Output()
+	images, err := controlplane.BaseImages(ctx, filepath.Join(bins, "pause"))
 	if err != nil {
-		t.Fatalf("%s --list: %v (install busybox-static)", controlplane.BusyboxBinary, err)
+		t.Fatal(err)
 	}
-	busybox := ociimage.Image{
-		Name: controlplane.BusyboxImage, OS: "linux", Architecture: runtime.GOARCH,
-		Config: ociimage.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}},
-		Files:  []ociimage.File{{Path: "/bin/busybox", Mode: 0o755, Source: controlplane.BusyboxBinary}, {Path: "/tmp", Mode: fs.ModeDir | fs.ModeSticky | 0o777}},
-	}
-	for _, applet := range strings.Fields(string(list)) {
-		if applet != "busybox" {
-			busybox.Files = append(busybox.Files, ociimage.File{Path: "/bin/" + applet, Mode: fs.ModeSymlink | 0o777, Target: "busybox"})
-		}
-	}
-	pause := ociimage.Image{
-		Name: controlplane.PauseImage, OS: "linux", Architecture: runtime.GOARCH,
-		Config: ociimage.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"},
-		Files:  []ociimage.File{{Path: "/pause", Mode: 0o755, Source: filepath.Join(bins, "pause")}},
-	}
-	for _, img := range []ociimage.Image{pause, busybox} {
+	for _, img := range images {
 		archive := filepath.Join(r.dir, strings.ReplaceAll(filepath.Base(img.Name), ":", "_")+".oci.tar")
 		if _, err := ociimage.WriteFile(archive, img); err != nil {
 			t.Fatal(err)

@@ -103,6 +103,8 @@ type Backend struct {
 
 	mu   sync.Mutex
 	pods map[types.UID]*podRun
+
+	cpu cpuCache // CPU samples for usage in nano cores
 }
 
 var _ backend.Backend = (*Backend)(nil)

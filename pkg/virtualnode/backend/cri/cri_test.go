@@ -340,3 +340,54 @@ func TestInitContainers(t *testing.T) {
 		t.Error("the app container does not run after the init container")
 	}
 }
+
+// TestSandboxBackoff: a sandbox the runtime fails to create is reported
+// as the kubelet does (a FailedCreatePodSandBox event, the pod Pending,
+// its container waiting in ContainerCreating with the error) and tried
+// again no sooner than the back-off, until it is created.
+func TestSandboxBackoff(t *testing.T) {
+	t.Parallel()
+	f := newFakeRuntime(t)
+	f.sandboxFailures = 2
+	rec := newRecorder()
+	var mu sync.Mutex
+	var events []string
+	const backoff = 300 * time.Millisecond
+	b := newTestBackend(t, f, rec, backend.Config{Event: func(pod *corev1.Pod, _, eventType, reason, message string) {
+		mu.Lock()
+		events = append(events, eventType+" "+reason+" "+message)
+		mu.Unlock()
+	}}, backoff)
+	defer b.Close()
+	pod := testPod("nonet", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullIfNotPresent})
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	p := rec.wait(t, pod.UID, "waiting with the sandbox's error", func(p *corev1.Pod) bool {
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w != nil && w.Reason == "ContainerCreating" && w.Message != ""
+	})
+	if p.Status.Phase != corev1.PodPending {
+		t.Errorf("phase %s, want Pending", p.Status.Phase)
+	}
+	t.Logf("waiting: %s", p.Status.ContainerStatuses[0].State.Waiting.Message)
+	rec.wait(t, pod.UID, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+
+	f.mu.Lock()
+	calls := append([]time.Time(nil), f.sandboxCalls...)
+	f.mu.Unlock()
+	if len(calls) != 3 {
+		t.Fatalf("RunPodSandbox called %d times, want 3 (two failures, then created)", len(calls))
+	}
+	for i := 1; i < len(calls); i++ {
+		if gap := calls[i].Sub(calls[i-1]); gap < backoff {
+			t.Errorf("attempt %d came %v after the failed one, want at least the back-off %v", i+1, gap, backoff)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := `Warning FailedCreatePodSandBox Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for sandbox: plugin type="ptp" failed`
+	if len(events) != 2 || events[0] != want || events[1] != want {
+		t.Errorf("events %q, want twice %q", events, want)
+	}
+}

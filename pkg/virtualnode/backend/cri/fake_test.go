@@ -36,6 +36,23 @@ type fakeRuntime struct {
 	// name; nil answers exit 0. It is called without the lock held.
 	exec  func(container string, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error)
 	execs []string // "<container>: <cmd>" of every ExecSync
+
+	sandboxFailures int         // RunPodSandbox fails this many more times
+	sandboxCalls    []time.Time // when RunPodSandbox was called
+
+	// usage is what the stats calls report for every container, exited
+	// ones too, and (doubled) for every sandbox; podStats false answers ListPodSandboxStats
+	// with podStatsErr.
+	usage       fakeUsage
+	podStats    bool
+	podStatsErr codes.Code // ListPodSandboxStats's error without podStats; Unimplemented when OK
+}
+
+// fakeUsage is a sample of the fake's stats.
+type fakeUsage struct {
+	at              time.Time
+	cpuNanoSeconds  uint64
+	workingSetBytes uint64
 }
 
 type fakeSandbox struct {
@@ -86,6 +103,11 @@ func (f *fakeRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*run
 func (f *fakeRuntime) RunPodSandbox(_ context.Context, r *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.sandboxCalls = append(f.sandboxCalls, time.Now())
+	if f.sandboxFailures > 0 {
+		f.sandboxFailures--
+		return nil, status.Error(codes.Unknown, "failed to setup network for sandbox: plugin type=\"ptp\" failed")
+	}
 	id := f.nextID("sb")
 	f.sandboxes[id] = &fakeSandbox{id: id, cfg: r.Config, ready: true, at: time.Now().UnixNano()}
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: id}, nil
@@ -234,6 +256,63 @@ func (f *fakeRuntime) ImageStatus(_ context.Context, r *runtimeapi.ImageStatusRe
 
 func (f *fakeRuntime) PullImage(_ context.Context, r *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
 	return nil, status.Errorf(codes.Unknown, "failed to pull and unpack image %q: no such host", r.Image.Image)
+}
+
+func (f *fakeRuntime) containerStatsLocked(c *fakeContainer) *runtimeapi.ContainerStats {
+	u := f.usage
+	return &runtimeapi.ContainerStats{
+		Attributes: &runtimeapi.ContainerAttributes{Id: c.id, Metadata: c.cfg.Metadata, Labels: c.cfg.Labels},
+		Cpu:        &runtimeapi.CpuUsage{Timestamp: u.at.UnixNano(), UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: u.cpuNanoSeconds}},
+		Memory:     &runtimeapi.MemoryUsage{Timestamp: u.at.UnixNano(), WorkingSetBytes: &runtimeapi.UInt64Value{Value: u.workingSetBytes}},
+	}
+}
+
+func (f *fakeRuntime) ListContainerStats(_ context.Context, r *runtimeapi.ListContainerStatsRequest) (*runtimeapi.ListContainerStatsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := &runtimeapi.ListContainerStatsResponse{}
+	for _, c := range f.containers {
+		if matches(c.cfg.Labels, r.GetFilter().GetLabelSelector()) {
+			out.Stats = append(out.Stats, f.containerStatsLocked(c))
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeRuntime) ListPodSandboxStats(_ context.Context, r *runtimeapi.ListPodSandboxStatsRequest) (*runtimeapi.ListPodSandboxStatsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.podStats {
+		code := f.podStatsErr
+		if code == codes.OK {
+			code = codes.Unimplemented
+		}
+		return nil, status.Error(code, "no pod sandbox stats")
+	}
+	out := &runtimeapi.ListPodSandboxStatsResponse{}
+	u := f.usage
+	for _, sb := range f.sandboxes {
+		if !matches(sb.cfg.Labels, r.GetFilter().GetLabelSelector()) {
+			continue
+		}
+		s := &runtimeapi.PodSandboxStats{
+			Attributes: &runtimeapi.PodSandboxAttributes{Id: sb.id, Metadata: sb.cfg.Metadata, Labels: sb.cfg.Labels},
+			Linux: &runtimeapi.LinuxPodSandboxStats{
+				Cpu:    &runtimeapi.CpuUsage{Timestamp: u.at.UnixNano(), UsageCoreNanoSeconds: &runtimeapi.UInt64Value{Value: 2 * u.cpuNanoSeconds}},
+				Memory: &runtimeapi.MemoryUsage{Timestamp: u.at.UnixNano(), WorkingSetBytes: &runtimeapi.UInt64Value{Value: 2 * u.workingSetBytes}},
+				Network: &runtimeapi.NetworkUsage{Timestamp: u.at.UnixNano(), DefaultInterface: &runtimeapi.NetworkInterfaceUsage{
+					Name: "eth0", RxBytes: &runtimeapi.UInt64Value{Value: 7}, TxBytes: &runtimeapi.UInt64Value{Value: 9},
+				}},
+			},
+		}
+		for _, c := range f.containers {
+			if c.sandbox == sb.id {
+				s.Linux.Containers = append(s.Linux.Containers, f.containerStatsLocked(c))
+			}
+		}
+		out.Stats = append(out.Stats, s)
+	}
+	return out, nil
 }
 
 func (f *fakeRuntime) exitLocked(c *fakeContainer, code int32) {

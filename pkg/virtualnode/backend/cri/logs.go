@@ -109,13 +109,35 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	if err != nil {
 		return fmt.Errorf("exec in container %s: %w", container, err)
 	}
-	u, err := url.Parse(resp.Url)
+	return streamError("exec in container "+container, stream(ctx, resp.Url, eio))
+}
+
+// streamError prefixes err with what failed, but for an exit code, which
+// is returned as it is: the API's streaming handler finds it by type
+// assertion.
+func streamError(what string, err error) error {
+	if _, ok := err.(utilexec.CodeExitError); ok || err == nil { //nolint:errorlint // see above
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// stream joins eio to a session of the runtime's streaming server at
+// rawURL (an exec or attach), over SPDY as the kubelet's
+// remotecommand proxy does; the command's exit code comes back as a
+// utilexec.CodeExitError.
+func stream(ctx context.Context, rawURL string, eio backend.ExecIO) error {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return fmt.Errorf("exec in container %s: the runtime's URL %q: %w", container, resp.Url, err)
+		return fmt.Errorf("the runtime's URL %q: %w", rawURL, err)
 	}
 	exe, err := remotecommand.NewSPDYExecutor(&rest.Config{}, "POST", u)
 	if err != nil {
-		return fmt.Errorf("exec in container %s: %w", container, err)
+		return err
+	}
+	stderr := eio.Stderr
+	if eio.TTY {
+		stderr = nil
 	}
 	err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: eio.Stdin, Stdout: eio.Stdout, Stderr: stderr, Tty: eio.TTY})
 	var ce clientexec.CodeExitError

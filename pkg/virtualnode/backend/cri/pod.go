@@ -50,12 +50,15 @@ type podRun struct {
 	pod       *corev1.Pod // status included
 	sandboxID string
 	sandbox   *runtimeapi.PodSandboxConfig
-	podIP     string
-	ctrs      []*ctr
-	stopping  bool
-	grace     time.Duration
-	ended     bool // the pod reached a terminal phase
-	last      *corev1.PodStatus
+	// sandboxNext is when a sandbox that failed to be created is tried
+	// again.
+	sandboxNext time.Time
+	podIP       string
+	ctrs        []*ctr
+	stopping    bool
+	grace       time.Duration
+	ended       bool // the pod reached a terminal phase
+	last        *corev1.PodStatus
 
 	stopCh   chan struct{}
 	stopOnce sync.Once
@@ -200,6 +203,9 @@ func (pr *podRun) key() string { return pr.pod.Namespace + "/" + pr.pod.Name }
 // states, then what should start.
 func (pr *podRun) sync(ctx context.Context) {
 	if pr.sandboxID == "" {
+		if time.Now().Before(pr.sandboxNext) {
+			return
+		}
 		if !pr.runSandbox(ctx) {
 			return
 		}
@@ -230,20 +236,28 @@ func (pr *podRun) sync(ctx context.Context) {
 	}
 }
 
-// runSandbox creates the pod's sandbox; on failure the containers wait
-// with the error and it is tried again after the back-off.
+// runSandbox creates the pod's sandbox. On failure, as the kubelet: a
+// FailedCreatePodSandBox event, the pod stays Pending with its containers
+// waiting (ContainerCreating, the error as message), and the sandbox is
+// tried again after the back-off (the kubelet's pod worker requeues a
+// pod whose sync failed after backOffPeriod, 10s).
 func (pr *podRun) runSandbox(ctx context.Context) bool {
 	resp, err := pr.b.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pr.sandbox})
 	if err != nil {
 		msg := "Failed to create pod sandbox: " + status.Convert(err).Message()
 		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
 		pr.mu.Lock()
+		pr.sandboxNext = time.Now().Add(pr.b.cfg.BackoffInitial)
 		for _, c := range pr.ctrs {
 			if c.state.Waiting != nil {
-				c.state.Waiting.Message = msg
+				// A new state: the one before went out with a notification.
+				c.state = waiting(c.state.Waiting.Reason, msg)
 			}
 		}
 		pr.mu.Unlock()
+		if pr.b.cfg.Event != nil {
+			pr.b.cfg.Event(pr.pod, "", corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: "+err.Error())
+		}
 		return false
 	}
 	pr.mu.Lock()
