@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -233,15 +234,9 @@ func (r *resource) listenLocked() (unregistered bool, _ error) {
 	if r.listens > 0 {
 		path = fmt.Sprintf("%s-%d.sock", r.sockBase, r.listens)
 	}
-	ln, err := unixsock.Listen(path)
+	ln, fi, err := listenUnix(path)
 	if err != nil {
-		return false, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	fi, err := os.Stat(path)
-	if err != nil {
-		_ = ln.Close()
-		return false, fmt.Errorf("stat %s: %w", path, err)
+		return false, err
 	}
 	if r.srv != nil {
 		// Closing the listener makes the old server's Serve return; its
@@ -262,6 +257,36 @@ func (r *resource) listenLocked() (unregistered bool, _ error) {
 	go func() { _ = srv.Serve(ln) }()
 	r.log.Debug("Serving", "socket", path)
 	return unregistered, nil
+}
+
+// afterListen, when set by a test, runs between listenUnix's listen and
+// stat.
+var afterListen func(path string)
+
+// listenUnix listens on path and returns the socket file's identity. A
+// kubelet that starts empties the device plugin directory; a socket it
+// removed between the listen and the stat is made again (a few times: each
+// time is a new kubelet start, or a directory being cleared by something
+// that is not a kubelet).
+func listenUnix(path string) (net.Listener, os.FileInfo, error) {
+	for attempt := 1; ; attempt++ {
+		ln, err := unixsock.Listen(path)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listen on %s: %w", path, err)
+		}
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		if afterListen != nil {
+			afterListen(path)
+		}
+		fi, err := os.Stat(path)
+		if err == nil {
+			return ln, fi, nil
+		}
+		_ = ln.Close()
+		if !errors.Is(err, fs.ErrNotExist) || attempt == 5 {
+			return nil, nil, fmt.Errorf("stat %s: %w", path, err)
+		}
+	}
 }
 
 // removeStaleSockets removes the sockets of earlier instances of this

@@ -90,22 +90,27 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	ready := watchNodesReady(ctx, c, s.prefix+"-", s.nodes, s.resource, int64(s.devices))
 	start := time.Now()
 	nctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- noderun.Run(nctx, slog.New(slog.DiscardHandler), o, nil) }()
+	var runErr error
+	exited := make(chan struct{})
+	go func() {
+		runErr = noderun.Run(nctx, slog.New(slog.DiscardHandler), o, nil)
+		close(exited)
+	}()
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				tb.Errorf("dpkit node: %v", err)
+			<-exited
+			if runErr != nil && nctx.Err() == nil {
+				tb.Errorf("dpkit node: %v", runErr)
 			}
 		})
 	}
 	tb.Cleanup(s.stop)
 	select {
 	case <-ready.done:
-	case err := <-done:
-		tb.Fatalf("dpkit node exited: %v", err)
+	case <-exited:
+		tb.Fatalf("dpkit node exited: %v", runErr)
 	case <-ctx.Done():
 		tb.Fatalf("%d of %d nodes Ready with %d %s: %v", ready.count(), s.nodes, s.devices, s.resource, ctx.Err())
 	}
