@@ -711,6 +711,25 @@ func (n *Node) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
 	n.mu.Unlock()
 }
 
+// notifyNode hands node to virtual-kubelet's node controller through the
+// callback it gave NotifyNodeStatus. The callback sends on a channel of one
+// that only the controller's loop reads, so once that loop has ended (the
+// node stopping) a send blocks for ever: it runs on a goroutine of its
+// own, and notifyNode returns when it is done or ctx is. A send left
+// blocked by a stopped controller is the one goroutine a stopped node can
+// leave behind.
+func notifyNode(ctx context.Context, cb func(*corev1.Node), node *corev1.Node) {
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		cb(node)
+	}()
+	select {
+	case <-sent:
+	case <-ctx.Done():
+	}
+}
+
 // watchDevices pushes the node status whenever the device manager's
 // resources change.
 func (n *Node) watchDevices(ctx context.Context) {
@@ -734,7 +753,7 @@ func (n *Node) watchDevices(ctx context.Context) {
 		n.mu.Unlock()
 		n.log.Debug("Device resources changed", "allocatable", a)
 		if cb != nil {
-			cb(node)
+			notifyNode(ctx, cb, node)
 		}
 		dc, _ := n.mgr.Capacity()
 		n.warnServedBothWays(ctx, n.newPluginNames(dc))

@@ -136,3 +136,25 @@ func TestHostnameAddress(t *testing.T) {
 		t.Errorf("Hostname address %q, want the configured other.example", got)
 	}
 }
+
+// TestNotifyNodeStopping: virtual-kubelet's node status callback blocks for
+// ever once its controller has stopped; handing it a status must not keep
+// a stopping node from returning.
+func TestNotifyNodeStopping(t *testing.T) {
+	t.Parallel()
+	ch := make(chan *corev1.Node, 1) // the controller's channel, nobody reading
+	cb := func(n *corev1.Node) { ch <- n }
+	notifyNode(context.Background(), cb, &corev1.Node{}) // fills it
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		notifyNode(ctx, cb, &corev1.Node{})
+		close(done)
+	}()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("notifyNode still waits on a send nobody reads after its context ended")
+	}
+}
