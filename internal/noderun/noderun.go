@@ -282,6 +282,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles})
 		}
 	}
+	if err := checkInotify(o, inotifyLimit, "/proc"); err != nil {
+		return cli.Exit(2, err)
+	}
 	var pluginCfg func(string) (*config.PluginConfig, error)
 	if o.PluginConfig != "" {
 		if pluginCfg, err = o.pluginConfig(); err != nil {

@@ -3,6 +3,7 @@ package noderun
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,5 +152,37 @@ func TestValidatePluginConfig(t *testing.T) {
 	o := Options{Name: "n", Root: "/r", Backend: "sim", Count: 1, QPS: 1, Burst: 1, CPU: "1", Memory: "1Gi", Pods: "10", PluginConfig: filepath.Join(dir, "missing.yaml")}
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--plugin-config") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestCheckInotify: more nodes than the inotify instances left are refused
+// with the limit, what is in use and the sysctl that raises it.
+func TestCheckInotify(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	limit := filepath.Join(dir, "max_user_instances")
+	if err := os.WriteFile(limit, []byte("128\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proc := filepath.Join(dir, "proc")
+	for i, target := range []string{"anon_inode:inotify", "anon_inode:inotify", "/dev/null", "socket:[1]"} {
+		fd := filepath.Join(proc, strconv.Itoa(100+i%2), "fd", strconv.Itoa(i))
+		if err := os.MkdirAll(filepath.Dir(fd), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, fd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkInotify(Options{Count: 126}, limit, proc); err != nil {
+		t.Errorf("126 nodes + 2 in use of 128: %v", err)
+	}
+	err := checkInotify(Options{Count: 100, PluginConfig: "f.yaml"}, limit, proc)
+	want := "--count 100 needs 200 inotify instances (2 per node: its plugin watcher and its in-process plugin), and fs.inotify.max_user_instances is 128 with 2 in use: raise it, e.g. sysctl -w fs.inotify.max_user_instances=330, or run fewer nodes per process"
+	if err == nil || err.Error() != want {
+		t.Errorf("error %v\nwant  %s", err, want)
+	}
+	if err := checkInotify(Options{Count: 100000}, filepath.Join(dir, "missing"), proc); err != nil {
+		t.Errorf("no limit to read: %v", err)
 	}
 }
