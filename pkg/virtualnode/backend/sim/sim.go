@@ -73,10 +73,13 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 		sp.timers = append(sp.timers, time.AfterFunc(b.cfg.StartDelay, func() { b.run(pod.UID) }))
 	}
 	b.mu.Unlock()
-	b.cfg.Notify(out)
 	if b.cfg.StartDelay <= 0 {
+		// Nothing to wait for: the pod is reported once, as it runs
+		// (one status write per pod, not two).
 		b.run(pod.UID)
+		return nil
 	}
+	b.cfg.Notify(out)
 	return nil
 }
 

@@ -152,3 +152,24 @@ func TestPreStart(t *testing.T) {
 		})
 	}
 }
+
+// TestNoStartDelayReportsOnce: with no start delay there is nothing to see
+// before the pod runs, and the pod is reported once, Running (one status
+// write per pod).
+func TestNoStartDelayReportsOnce(t *testing.T) {
+	t.Parallel()
+	var got []*corev1.Pod
+	b := New(Config{Config: backend.Config{Notify: func(p *corev1.Pod) { got = append(got, p) }}})
+	defer b.Close()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}}}
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Status.Phase != corev1.PodRunning {
+		var phases []corev1.PodPhase
+		for _, p := range got {
+			phases = append(phases, p.Status.Phase)
+		}
+		t.Fatalf("reported %v, want one report, Running", phases)
+	}
+}
