@@ -182,6 +182,7 @@ type Node struct {
 	watcher  *pluginwatcher.Watcher
 	prov     *provider
 	be       backend.Backend
+	events   backendEvents
 	apiAddr  net.Addr
 	apiReady chan struct{}
 	auth     *nodeapi.Auth
@@ -317,6 +318,8 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		PreStart:     n.prov.preStart,
 
 		ContainerDevices: n.prov.containerDevices,
+		Volumes:          apiVolumes{cfg.Client},
+		Event:            n.events.event,
 		NodeIP:           cfg.NodeIP,
 		Logger:           log.With("component", "backend"),
 	})
@@ -360,6 +363,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "dpkit-node", Host: cfg.Name})
 	}
 	n.prov.recorder = recorder
+	n.events.rec.Store(&recorder)
 	podInformer := podFactory.Core().V1().Pods()
 	podLister := podInformer.Lister()
 	n.prov.api.Store(&apiView{
