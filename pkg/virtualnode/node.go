@@ -320,6 +320,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		ContainerDevices: n.prov.containerDevices,
 		Volumes:          apiVolumes{cfg.Client},
 		Event:            n.events.event,
+		NodeAllocatable:  func() corev1.ResourceList { _, a := n.resources(); return a },
 		NodeIP:           cfg.NodeIP,
 		Logger:           log.With("component", "backend"),
 	})

@@ -54,6 +54,10 @@ type Config struct {
 	// Event records an event about a pod (FailedMount,
 	// MissingClusterDNS). May be nil.
 	Event func(pod *corev1.Pod, eventType, reason, message string)
+	// NodeAllocatable returns the node's allocatable resources, which a
+	// downward API resourceFieldRef to an unset limit reads (the
+	// kubelet's MergeContainerResourceLimits). May be nil.
+	NodeAllocatable func() corev1.ResourceList
 	// NodeIP is reported as the pods' hostIP and podIP.
 	NodeIP string
 	// Logger receives the backend's logs; nil discards them.

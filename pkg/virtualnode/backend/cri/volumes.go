@@ -249,7 +249,11 @@ func (pr *podRun) downwardAPIPayload(items []corev1.DownwardAPIVolumeFile, defMo
 		case it.FieldRef != nil:
 			value, err = fieldValue(pr.pod, it.FieldRef.FieldPath)
 		case it.ResourceFieldRef != nil:
-			value, err = resourceValue(pr.pod, it.ResourceFieldRef)
+			var alloc corev1.ResourceList
+			if pr.b.cfg.NodeAllocatable != nil {
+				alloc = pr.b.cfg.NodeAllocatable()
+			}
+			value, err = resourceValue(pr.pod, it.ResourceFieldRef, alloc)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -313,8 +317,10 @@ func formatMap(m map[string]string) string {
 }
 
 // resourceValue is the kubelet's ExtractContainerResourceValue for the
-// container the reference names, rounded up in units of the divisor.
-func resourceValue(pod *corev1.Pod, ref *corev1.ResourceFieldSelector) (string, error) {
+// container the reference names, rounded up in units of the divisor; an
+// unset CPU, memory or ephemeral storage limit reads as the node's
+// allocatable, as the kubelet merges them.
+func resourceValue(pod *corev1.Pod, ref *corev1.ResourceFieldSelector, alloc corev1.ResourceList) (string, error) {
 	var c *corev1.Container
 	for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
 		for i := range list {
@@ -337,7 +343,10 @@ func resourceValue(pod *corev1.Pod, ref *corev1.ResourceFieldSelector) (string, 
 	} else if kind != "limits" {
 		return "", fmt.Errorf("unsupported container resource : %v", ref.Resource)
 	}
-	q := list[corev1.ResourceName(name)]
+	q, set := list[corev1.ResourceName(name)]
+	if rn := corev1.ResourceName(name); kind == "limits" && !set && (rn == corev1.ResourceCPU || rn == corev1.ResourceMemory || rn == corev1.ResourceEphemeralStorage) {
+		q = alloc[rn]
+	}
 	if name == "cpu" {
 		return strconv.FormatInt(int64(math.Ceil(float64(q.MilliValue())/float64(divisor.MilliValue()))), 10), nil
 	}

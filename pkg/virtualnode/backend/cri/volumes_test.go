@@ -167,7 +167,10 @@ func TestVolumes(t *testing.T) {
 		secrets:    map[string]*corev1.Secret{"sec": {ObjectMeta: metav1.ObjectMeta{Name: "sec"}, Data: map[string][]byte{"password": []byte("hunter2")}}},
 	}
 	hostDir := filepath.Join(t.TempDir(), "made")
-	b := newVolumeBackend(t, f, rec, backend.Config{Volumes: src}, func(c *Config) { c.VolumeResync = 10 * time.Millisecond })
+	alloc := func() corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("100Gi"), corev1.ResourceMemory: resource.MustParse("8Gi")}
+	}
+	b := newVolumeBackend(t, f, rec, backend.Config{Volumes: src, NodeAllocatable: alloc}, func(c *Config) { c.VolumeResync = 10 * time.Millisecond })
 	hostToContainer := corev1.MountPropagationHostToContainer
 	pod := testPod("vols", corev1.RestartPolicyAlways, corev1.Container{
 		Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullNever,
@@ -201,6 +204,7 @@ func TestVolumes(t *testing.T) {
 			{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
 			{Path: "cpu", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "app", Resource: "limits.cpu", Divisor: resource.MustParse("1m")}},
 			{Path: "mem", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "app", Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}},
+			{Path: "disk", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "app", Resource: "limits.ephemeral-storage", Divisor: resource.MustParse("1Gi")}},
 		}}}},
 		{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
 			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: "vault", ExpirationSeconds: ptrTo(int64(3607)), Path: "token"}},
@@ -253,6 +257,7 @@ func TestVolumes(t *testing.T) {
 		{filepath.Join(vol(pluginDownwardAPI, "info"), "labels"), "a=\"x\\\"y\"\nb=\"2\"", 0o644},
 		{filepath.Join(vol(pluginDownwardAPI, "info"), "cpu"), "1500", 0o644},
 		{filepath.Join(vol(pluginDownwardAPI, "info"), "mem"), "64", 0o644},
+		{filepath.Join(vol(pluginDownwardAPI, "info"), "disk"), "100", 0o644}, // unset: the node's allocatable
 		{filepath.Join(vol(pluginProjected, "token"), "token"), "token-vault", 0o644},
 		{filepath.Join(vol(pluginProjected, "token"), "b"), "2", 0o644},
 		{filepath.Join(vol(pluginProjected, "token"), "namespace"), "ns", 0o644},
