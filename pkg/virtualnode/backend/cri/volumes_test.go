@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
@@ -287,26 +288,26 @@ func TestVolumes(t *testing.T) {
 	src.mu.Lock()
 	src.secrets["sec"] = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sec"}, Data: map[string][]byte{"apikey": []byte("k")}}
 	src.mu.Unlock()
+	hidden := func(dir string) []string {
+		entries, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "..") {
+				names = append(names, e.Name())
+			}
+		}
+		return names
+	}
+	// Once written: the new contents, password (no longer in the Secret)
+	// gone, and only ..data and the new timestamped directory left.
 	eventually(t, "the ConfigMap's and the Secret's updates in the volumes", func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(vol(pluginConfigMap, "cfg"), "dir/a.txt"))
 		k, _ := os.ReadFile(filepath.Join(vol(pluginSecret, "sec"), "apikey"))
-		return err == nil && string(b) == "updated" && string(k) == "k", string(b) + " " + string(k)
+		_, perr := os.Lstat(filepath.Join(vol(pluginSecret, "sec"), "password"))
+		hc, hs := hidden(vol(pluginConfigMap, "cfg")), hidden(vol(pluginSecret, "sec"))
+		return err == nil && string(b) == "updated" && string(k) == "k" && errors.Is(perr, fs.ErrNotExist) && len(hc) == 2 && len(hs) == 2,
+			fmt.Sprintf("a.txt %q, apikey %q, password %v, hidden %v %v", b, k, perr, hc, hs)
 	})
-	// password left the Secret: it is gone from the volume, and so is
-	// the old timestamped directory.
-	if _, err := os.Lstat(filepath.Join(vol(pluginSecret, "sec"), "password")); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("password, no longer in the Secret, is there: %v", err)
-	}
-	entries, _ := os.ReadDir(vol(pluginConfigMap, "cfg"))
-	var hidden []string
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "..") {
-			hidden = append(hidden, e.Name())
-		}
-	}
-	if len(hidden) != 2 {
-		t.Errorf("hidden entries %v, want ..data and one timestamped directory", hidden)
-	}
 	src.mu.Lock()
 	n := len(src.requests)
 	src.mu.Unlock()
