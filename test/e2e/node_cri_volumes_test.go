@@ -20,8 +20,9 @@ import (
 )
 
 // TestVirtualNodeCRIVolumes: with the cri backend on a containerd of its
-// own, a pod's configMap, secret, emptyDir and projected (service account
-// token, downward API) volumes are in its container with their content;
+// own, a pod's configMap (also one key of it by subPath), secret, emptyDir
+// and projected (service account token, downward API) volumes are in its
+// container with their content;
 // the token is one the API server's TokenReview accepts for the pod's
 // service account and audience, bound to the pod. The container has the
 // kubelet's /etc/hosts and DNS configuration (cluster DNS and search path
@@ -53,6 +54,7 @@ func TestVirtualNodeCRIVolumes(t *testing.T) {
 	const audience = "dpkit-e2e"
 	script := `set -e
 echo "cfg=$(cat /cfg/greeting)"
+echo "sub=$(cat /etc/greeting)"
 echo "sec=$(cat /sec/password)"
 echo scratch-ok > /scratch/x; echo "scratch=$(cat /scratch/x)"
 echo "ns=$(cat /projected/namespace)"
@@ -74,7 +76,7 @@ echo "all done" > /dev/termination-log`
 				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
 				Command: []string{"sh", "-c", script},
 				VolumeMounts: []corev1.VolumeMount{
-					{Name: "cfg", MountPath: "/cfg"}, {Name: "sec", MountPath: "/sec"},
+					{Name: "cfg", MountPath: "/cfg"}, {Name: "cfg", MountPath: "/etc/greeting", SubPath: "greeting"}, {Name: "sec", MountPath: "/sec"},
 					{Name: "scratch", MountPath: "/scratch"}, {Name: "projected", MountPath: "/projected"},
 				},
 			}},
@@ -105,7 +107,7 @@ echo "all done" > /dev/termination-log`
 	if done.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("pod %s: %+v", done.Status.Phase, done.Status.ContainerStatuses)
 	}
-	for _, want := range []string{"cfg=hello from the configmap\n", "sec=hunter2\n", "scratch=scratch-ok\n", "ns=" + ns + "\n", "cfg read-only\n"} {
+	for _, want := range []string{"cfg=hello from the configmap\n", "sub=hello from the configmap\n", "sec=hunter2\n", "scratch=scratch-ok\n", "ns=" + ns + "\n", "cfg read-only\n"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log: no %q", want)
 		}
