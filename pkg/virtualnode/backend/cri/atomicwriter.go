@@ -138,8 +138,10 @@ func writePayload(dir string, payload map[string]file) error {
 	return nil
 }
 
-// sameContent reports whether the directory holds exactly payload, with
-// the same modes; it records the paths it holds in paths.
+// sameContent reports whether the directory holds exactly payload's
+// paths and contents (modes are not compared, as the kubelet's
+// shouldWritePayload: fsGroup ownership widens them after the write); it
+// records the paths it holds in paths.
 func sameContent(dir string, payload map[string]file, paths map[string]bool) (bool, error) {
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -162,14 +164,9 @@ func sameContent(dir string, payload map[string]file, paths map[string]bool) (bo
 		if !paths[p] {
 			return false, nil
 		}
-		full := filepath.Join(dir, p)
-		st, err := os.Stat(full)
-		if err != nil {
-			return false, nil //nolint:nilerr // a missing file is a difference
-		}
-		b, err := os.ReadFile(full)
-		if err != nil || st.Mode().Perm() != f.mode.Perm() || !bytes.Equal(b, f.data) {
-			return false, nil //nolint:nilerr // an unreadable file is rewritten
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil || !bytes.Equal(b, f.data) {
+			return false, nil //nolint:nilerr // a missing or unreadable file is rewritten
 		}
 	}
 	return true, nil

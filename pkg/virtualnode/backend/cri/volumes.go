@@ -128,7 +128,10 @@ func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolum
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return hostVolume{}, err
 		}
-		return hostVolume{path: dir}, os.Chmod(dir, 0o777) //nolint:gosec // the kubelet's mode for emptyDir
+		if err := os.Chmod(dir, 0o777); err != nil { //nolint:gosec // the kubelet's mode for emptyDir
+			return hostVolume{}, err
+		}
+		return hostVolume{path: dir}, pr.setOwnership(dir, false)
 	case src.HostPath != nil:
 		return hostVolume{path: src.HostPath.Path}, checkHostPathType(src.HostPath.Path, src.HostPath.Type)
 	case src.ConfigMap != nil:
@@ -155,7 +158,46 @@ func (pr *podRun) writeVolume(plugin, name string, payload map[string]file, err 
 	if err := writeAtomic(dir, payload); err != nil {
 		return hostVolume{}, fmt.Errorf("writing the volume's files: %w", err)
 	}
-	return hostVolume{path: dir, readOnly: true}, nil
+	return hostVolume{path: dir, readOnly: true}, pr.setOwnership(dir, true)
+}
+
+// The kubelet's SetVolumeOwnership masks.
+const (
+	rwMask   = 0o660
+	roMask   = 0o440
+	execMask = 0o110
+)
+
+// setOwnership is the kubelet's SetVolumeOwnership for a pod with an
+// fsGroup: everything in the volume gets the group, and group read (and
+// write, unless the volume is read-only) permission; directories also
+// setgid and group search. Symlinks only change group.
+func (pr *podRun) setOwnership(dir string, readOnly bool) error {
+	psc := pr.pod.Spec.SecurityContext
+	if psc == nil || psc.FSGroup == nil {
+		return nil
+	}
+	gid := int(*psc.FSGroup)
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(p, -1, gid); err != nil {
+			return fmt.Errorf("setting the volume's group (fsGroup): %w", err)
+		}
+		info, err := d.Info()
+		if err != nil || info.Mode()&fs.ModeSymlink != 0 {
+			return err
+		}
+		mask := fs.FileMode(rwMask)
+		if readOnly {
+			mask = roMask
+		}
+		if info.IsDir() {
+			mask |= fs.ModeSetgid | execMask
+		}
+		return os.Chmod(p, info.Mode()|mask)
+	})
 }
 
 func mode(m *int32, def *int32) fs.FileMode {
@@ -383,7 +425,13 @@ func (pr *podRun) projectedPayload(ctx context.Context, volName string, p *corev
 				errs = append(errs, err)
 				continue
 			}
-			payload[s.ServiceAccountToken.Path] = file{data: []byte(tok), mode: mode(nil, p.DefaultMode)}
+			// As the kubelet: with an fsGroup the token is for the
+			// owner, and the group gets read access from setOwnership.
+			m := mode(nil, p.DefaultMode)
+			if psc := pr.pod.Spec.SecurityContext; psc != nil && psc.FSGroup != nil {
+				m = 0o600
+			}
+			payload[s.ServiceAccountToken.Path] = file{data: []byte(tok), mode: m}
 		default:
 			errs = append(errs, errors.New("dpkit node's cri backend projects configMap, secret, downwardAPI and serviceAccountToken sources only"))
 		}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -609,5 +610,54 @@ func TestVolumeMountErrors(t *testing.T) {
 		VolumeMounts: []corev1.VolumeMount{{Name: "v", MountPath: "/v", MountPropagation: &bidi, ReadOnly: true}}}, nil)
 	if err != nil || len(m) != 1 || m[0].Propagation != runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL || !m[0].Readonly {
 		t.Errorf("privileged bidirectional read-only: %v %v", m, err)
+	}
+}
+
+// TestVolumeFSGroup: with an fsGroup, as the kubelet's SetVolumeOwnership,
+// the volumes' files and directories get the group and group permission
+// (read-only for the API-backed volumes, read-write for emptyDir; setgid
+// directories), and the token is written 0600 before that.
+func TestVolumeFSGroup(t *testing.T) {
+	t.Parallel()
+	gid := int64(os.Getgid())
+	if os.Geteuid() == 0 {
+		gid = 4242 // root may give any group: one it does not have
+	}
+	f := newFakeRuntime(t)
+	rec := newRecorder()
+	src := &fakeVolumes{configMaps: map[string]*corev1.ConfigMap{"cfg": {ObjectMeta: metav1.ObjectMeta{Name: "cfg"}, Data: map[string]string{"a": "1"}}}}
+	b := newVolumeBackend(t, f, rec, backend.Config{Volumes: src}, nil)
+	pod := testPod("fsgroup", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullNever})
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: &gid}
+	pod.Spec.ServiceAccountName = "robot"
+	pod.Spec.Volumes = []corev1.Volume{
+		{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, DefaultMode: ptrTo(int32(0o600))}}},
+		{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+		}}}},
+	}
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, pod.UID, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	vols := filepath.Join(b.cfg.PodDir, string(pod.UID), "volumes")
+	for _, want := range []struct {
+		path string
+		mode fs.FileMode
+	}{
+		{filepath.Join(vols, pluginEmptyDir, "scratch"), fs.ModeDir | fs.ModeSetgid | 0o777},
+		{filepath.Join(vols, pluginConfigMap, "cfg", "a"), 0o640},
+		{filepath.Join(vols, pluginConfigMap, "cfg", dataDirName), fs.ModeDir | fs.ModeSetgid | 0o755},
+		{filepath.Join(vols, pluginProjected, "token", "token"), 0o640},
+	} {
+		st, err := os.Stat(want.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys, ok := st.Sys().(*syscall.Stat_t)
+		if !ok || int64(sys.Gid) != gid || st.Mode() != want.mode {
+			t.Errorf("%s: mode %v group %v, want %v group %d", want.path, st.Mode(), sys.Gid, want.mode, gid)
+		}
 	}
 }
