@@ -661,3 +661,51 @@ func TestVolumeFSGroup(t *testing.T) {
 		}
 	}
 }
+
+// TestHostNetworkEtcHosts: a hostNetwork pod's sandbox has no hostname of
+// its own (the node's) and the node's DNS configuration for ClusterFirst;
+// its containers get the node's /etc/hosts under the kubelet's header with
+// the pod's aliases, but one that mounts a volume at /etc/hosts keeps it.
+func TestHostNetworkEtcHosts(t *testing.T) {
+	t.Parallel()
+	f := newFakeRuntime(t)
+	rec := newRecorder()
+	hostsFile := writeTemp(t, "127.0.0.1 localhost\n192.0.2.2 node1\n")
+	b := newVolumeBackend(t, f, rec, backend.Config{NodeIP: "192.0.2.2"}, func(c *Config) {
+		c.HostsFile, c.ClusterDNS = hostsFile, []string{"10.96.0.10"}
+	})
+	pod := testPod("hostnet", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullNever})
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "own", Image: "busybox:1", ImagePullPolicy: corev1.PullNever,
+		VolumeMounts: []corev1.VolumeMount{{Name: "hosts", MountPath: "/etc/hosts", SubPath: "hosts"}}})
+	pod.Spec.Volumes = []corev1.Volume{{Name: "hosts", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	pod.Spec.HostNetwork = true
+	pod.Spec.HostAliases = []corev1.HostAlias{{IP: "192.0.2.9", Hostnames: []string{"db"}}}
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, pod.UID, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	f.mu.Lock()
+	var sb *runtimeapi.PodSandboxConfig
+	for _, s := range f.sandboxes {
+		sb = s.cfg
+	}
+	f.mu.Unlock()
+	if sb.Hostname != "" || !slices.Equal(sb.GetDnsConfig().GetServers(), []string{"192.0.2.53"}) {
+		t.Errorf("sandbox hostname %q DNS %v, want none (the node's) and the node's resolver", sb.Hostname, sb.GetDnsConfig())
+	}
+	hosts := mountAt(f.running("app"), "/etc/hosts")
+	if hosts == nil {
+		t.Fatal("no /etc/hosts mount")
+	}
+	got, _ := readVolumeFile(t, hosts.HostPath)
+	if want := "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n192.0.2.2 node1\n\n# Entries added by HostAliases.\n192.0.2.9\tdb\n"; got != want {
+		t.Errorf("/etc/hosts %q, want %q", got, want)
+	}
+	own := mountAt(f.running("own"), "/etc/hosts")
+	if own == nil || !strings.Contains(own.HostPath, pluginEmptyDir) {
+		t.Errorf("container own: /etc/hosts mount %v, want its emptyDir's only", own)
+	}
+	if n := len(f.running("own").Mounts); n != 1 {
+		t.Errorf("container own has %d mounts, want its volume's only", n)
+	}
+}
