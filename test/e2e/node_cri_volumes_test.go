@@ -28,7 +28,8 @@ import (
 // kubelet's /etc/hosts and DNS configuration (cluster DNS and search path
 // from --cluster-dns and --cluster-domain) and its termination message
 // reaches the pod status. A pod whose ConfigMap does not exist waits in
-// ContainerCreating with the kubelet's FailedMount event.
+// ContainerCreating with the kubelet's FailedMount event. A failed
+// container with FallbackToLogsOnError has the end of its log as message.
 func TestVirtualNodeCRIVolumes(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
@@ -147,6 +148,29 @@ echo "all done" > /dev/termination-log`
 	}
 	if tm := done.Status.ContainerStatuses[0].State.Terminated; tm == nil || tm.Message != "all done\n" {
 		t.Errorf("terminated %+v, want the message from /dev/termination-log", tm)
+	}
+
+	// A failed container that wrote no termination message, with
+	// FallbackToLogsOnError: the end of its log, which the runtime wrote
+	// where its container status says.
+	fails := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "fails", Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			NodeSelector:  pod.Spec.NodeSelector, Tolerations: pod.Spec.Tolerations,
+			Containers: []corev1.Container{{
+				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:                  []string{"sh", "-c", "echo first; echo last words; exit 3"},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+		},
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, fails, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	failed := waitPod(t, ctx, c, ns, "fails", "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	if tm := failed.Status.ContainerStatuses[0].State.Terminated; tm == nil || tm.ExitCode != 3 || tm.Message != "first\nlast words\n" {
+		t.Errorf("pod fails: terminated %+v, want exit code 3 and the log as the message", tm)
 	}
 
 	// A ConfigMap that does not exist: ContainerCreating and FailedMount.
