@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,6 +63,7 @@ echo scratch-ok > /scratch/x; echo "scratch=$(cat /scratch/x)"
 echo "ns=$(cat /projected/namespace)"
 echo "token=$(cat /projected/token)"
 touch /cfg/new 2>/dev/null || echo "cfg read-only"
+awk '$2=="/sec" || $2=="/projected" {print "fs " $2 " " $3}' /proc/mounts
 echo "--- hosts"; cat /etc/hosts
 echo "--- resolv"; cat /etc/resolv.conf
 echo "--- end"
@@ -108,7 +111,7 @@ echo "all done" > /dev/termination-log`
 	if done.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("pod %s: %+v", done.Status.Phase, done.Status.ContainerStatuses)
 	}
-	for _, want := range []string{"cfg=hello from the configmap\n", "sub=hello from the configmap\n", "sec=hunter2\n", "scratch=scratch-ok\n", "ns=" + ns + "\n", "cfg read-only\n"} {
+	for _, want := range []string{"cfg=hello from the configmap\n", "sub=hello from the configmap\n", "sec=hunter2\n", "scratch=scratch-ok\n", "ns=" + ns + "\n", "cfg read-only\n", "fs /sec tmpfs\n", "fs /projected tmpfs\n"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log: no %q", want)
 		}
@@ -202,6 +205,32 @@ echo "all done" > /dev/termination-log`
 	if sandboxes, _, err := rtm.podObjects(ctx, string(p.UID)); err != nil || len(sandboxes) != 0 {
 		t.Errorf("pod missing: sandboxes %v (%v), want none before its volumes are set up", sandboxes, err)
 	}
+
+	// Deleted, the pods leave no tmpfs mounted and no directory under the
+	// node's root.
+	for _, name := range []string{"vols", "fails", "missing"} {
+		if err := c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, ctx, "the pods gone, with their tmpfs mounts and directories", func(ctx context.Context) (bool, string, error) {
+		pods, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		mounts, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			return false, "", err
+		}
+		var under []string
+		for line := range strings.SplitSeq(string(mounts), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
+				under = append(under, f[4])
+			}
+		}
+		dirs, _ := filepath.Glob(filepath.Join(root, "pods", string(created.UID)))
+		return len(pods.Items) == 0 && len(under) == 0 && len(dirs) == 0, fmt.Sprintf("pods %d, mounts %v, pod directories %v", len(pods.Items), under, dirs), nil
+	})
 }
 
 // TestVirtualNodeCRIHostPort: a container port with a hostPort reaches

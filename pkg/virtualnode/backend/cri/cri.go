@@ -103,6 +103,13 @@ type Config struct {
 	// HostsFile is the node's hosts file, the base of hostNetwork pods'
 	// /etc/hosts; empty means /etc/hosts.
 	HostsFile string
+	// DiskBackedVolumes writes secret, projected and downwardAPI volumes
+	// and emptyDir{medium: Memory} to plain directories under PodDir,
+	// where the kubelet (and by default this backend) mounts a tmpfs
+	// for each, which needs the privilege to mount (root) and a mount
+	// namespace shared with the runtime. Secrets and tokens then reach
+	// the node's disk.
+	DiskBackedVolumes bool
 	// VolumeResync is how often ConfigMap, Secret, downward API and
 	// token contents of running pods are written again (the kubelet's
 	// sync period); 0 means a minute.

@@ -122,11 +122,14 @@ func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolum
 	src := vol.VolumeSource
 	switch {
 	case src.EmptyDir != nil:
-		// medium: Memory is a plain directory too: the kubelet mounts a
-		// tmpfs, which needs the node's mount namespace.
 		dir := pr.volumeDir(pluginEmptyDir, vol.Name)
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return hostVolume{}, err
+		}
+		if src.EmptyDir.Medium == corev1.StorageMediumMemory {
+			if err := pr.memoryBacked(dir); err != nil {
+				return hostVolume{}, err
+			}
 		}
 		if err := os.Chmod(dir, 0o777); err != nil { //nolint:gosec // the kubelet's mode for emptyDir
 			return hostVolume{}, err
@@ -139,15 +142,37 @@ func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolum
 		return pr.writeVolume(pluginConfigMap, vol.Name, payload, err)
 	case src.Secret != nil:
 		payload, err := pr.secretPayload(ctx, src.Secret.SecretName, src.Secret.Items, src.Secret.DefaultMode, src.Secret.Optional)
-		return pr.writeVolume(pluginSecret, vol.Name, payload, err)
+		return pr.writeMemoryVolume(pluginSecret, vol.Name, payload, err)
 	case src.DownwardAPI != nil:
 		payload, err := pr.downwardAPIPayload(src.DownwardAPI.Items, src.DownwardAPI.DefaultMode)
-		return pr.writeVolume(pluginDownwardAPI, vol.Name, payload, err)
+		return pr.writeMemoryVolume(pluginDownwardAPI, vol.Name, payload, err)
 	case src.Projected != nil:
 		payload, err := pr.projectedPayload(ctx, vol.Name, src.Projected)
-		return pr.writeVolume(pluginProjected, vol.Name, payload, err)
+		return pr.writeMemoryVolume(pluginProjected, vol.Name, payload, err)
 	}
 	return hostVolume{}, errors.New("dpkit node's cri backend sets up emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes only")
+}
+
+// writeMemoryVolume is writeVolume on a tmpfs: the kubelet backs secret,
+// projected and downwardAPI volumes with memory (their wrapped
+// emptyDir{medium: Memory}), so that Secrets and tokens never reach the
+// node's disk.
+func (pr *podRun) writeMemoryVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {
+	if err != nil {
+		return hostVolume{}, err
+	}
+	if err := pr.memoryBacked(pr.volumeDir(plugin, name)); err != nil {
+		return hostVolume{}, err
+	}
+	return pr.writeVolume(plugin, name, payload, nil)
+}
+
+// memoryBacked mounts a tmpfs at dir, unless Config.DiskBackedVolumes.
+func (pr *podRun) memoryBacked(dir string) error {
+	if pr.b.cfg.DiskBackedVolumes {
+		return os.MkdirAll(dir, 0o750)
+	}
+	return mountTmpfs(dir)
 }
 
 func (pr *podRun) writeVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {
@@ -596,9 +621,13 @@ func propagation(p *corev1.MountPropagationMode, c *corev1.Container) (runtimeap
 	return 0, fmt.Errorf("invalid MountPropagation mode: %q", *p)
 }
 
-// removePodDir removes what the pod's volumes and files left; a
-// directory the runtime still has mounted fails the removal.
+// removePodDir unmounts the pod's memory-backed volumes and removes what
+// its volumes and files left; a directory still mounted fails the
+// removal.
 func removePodDir(dir string) error {
+	if err := unmountVolumes(dir); err != nil {
+		return err
+	}
 	err := os.RemoveAll(dir)
 	if errors.Is(err, syscall.EBUSY) {
 		return fmt.Errorf("%s is still mounted: %w", dir, err)

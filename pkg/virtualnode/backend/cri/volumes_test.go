@@ -111,7 +111,10 @@ func newVolumeBackend(t *testing.T, f *fakeRuntime, rec *recorder, cfg backend.C
 	cfg.Notify = rec.notify
 	c := Config{
 		Config: cfg, Endpoint: "unix://" + f.socket, Node: "vn1", LogDir: t.TempDir(), PodDir: t.TempDir(),
-		PollInterval: 5 * time.Millisecond, BackoffInitial: time.Hour, ResolvConf: writeTemp(t, "nameserver 192.0.2.53\nsearch example.com.\noptions edns0\n"),
+		// Plain directories for the memory-backed volumes: mounting a
+		// tmpfs needs root (the e2e test checks them).
+		DiskBackedVolumes: true,
+		PollInterval:      5 * time.Millisecond, BackoffInitial: time.Hour, ResolvConf: writeTemp(t, "nameserver 192.0.2.53\nsearch example.com.\noptions edns0\n"),
 	}
 	if mutate != nil {
 		mutate(&c)
