@@ -15,6 +15,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -63,7 +64,8 @@ echo scratch-ok > /scratch/x; echo "scratch=$(cat /scratch/x)"
 echo "ns=$(cat /projected/namespace)"
 echo "token=$(cat /projected/token)"
 touch /cfg/new 2>/dev/null || echo "cfg read-only"
-awk '$2=="/sec" || $2=="/projected" {print "fs " $2 " " $3}' /proc/mounts
+awk '$2=="/sec" || $2=="/projected" || $2=="/mem" {print "fs " $2 " " $3}' /proc/mounts
+awk '$2=="/sec" || $2=="/mem" {n=split($4, o, ","); for (i=1; i<=n; i++) if (o[i] ~ /^size=/) print "size " $2 " " o[i]}' /proc/mounts
 echo "--- hosts"; cat /etc/hosts
 echo "--- resolv"; cat /etc/resolv.conf
 echo "--- end"
@@ -81,13 +83,14 @@ echo "all done" > /dev/termination-log`
 				Command: []string{"sh", "-c", script},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "cfg", MountPath: "/cfg"}, {Name: "cfg", MountPath: "/etc/greeting", SubPath: "greeting"}, {Name: "sec", MountPath: "/sec"},
-					{Name: "scratch", MountPath: "/scratch"}, {Name: "projected", MountPath: "/projected"},
+					{Name: "scratch", MountPath: "/scratch"}, {Name: "projected", MountPath: "/projected"}, {Name: "mem", MountPath: "/mem"},
 				},
 			}},
 			Volumes: []corev1.Volume{
 				{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}},
 				{Name: "sec", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sec"}}},
 				{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "mem", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr(resource.MustParse("1Mi"))}}},
 				{Name: "projected", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
 					{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: audience, ExpirationSeconds: ptr(int64(3600)), Path: "token"}},
 					{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}}},
@@ -111,7 +114,10 @@ echo "all done" > /dev/termination-log`
 	if done.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("pod %s: %+v", done.Status.Phase, done.Status.ContainerStatuses)
 	}
-	for _, want := range []string{"cfg=hello from the configmap\n", "sub=hello from the configmap\n", "sec=hunter2\n", "scratch=scratch-ok\n", "ns=" + ns + "\n", "cfg read-only\n", "fs /sec tmpfs\n", "fs /projected tmpfs\n"} {
+	for _, want := range []string{"cfg=hello from the configmap\n", "sub=hello from the configmap\n", "sec=hunter2\n", "scratch=scratch-ok\n", "ns=" + ns + "\n", "cfg read-only\n", "fs /sec tmpfs\n", "fs /projected tmpfs\n", "fs /mem tmpfs\n",
+		// The node's allocatable memory (8Gi) for the secret, the
+		// sizeLimit for the memory emptyDir.
+		"size /sec size=8388608k\n", "size /mem size=1024k\n"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log: no %q", want)
 		}

@@ -5,15 +5,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
 
-// mountTmpfs mounts a tmpfs at dir unless one is there already (a pod
+// mountTmpfs mounts a tmpfs of size bytes (0: the kernel's default) at
+// dir unless one is there already (a pod
 // adopted after a restart), as the kubelet backs secret, projected and
 // downwardAPI volumes and emptyDir{medium: Memory}: their files never
 // reach the node's disk.
-func mountTmpfs(dir string) error {
+func mountTmpfs(dir string, size int64) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
@@ -21,7 +23,11 @@ func mountTmpfs(dir string) error {
 	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.TMPFS_MAGIC && isMountPoint(dir) {
 		return nil
 	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+	opts := "mode=0755"
+	if size > 0 {
+		opts += ",size=" + strconv.FormatInt(size, 10)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mounting a tmpfs at %s (the cri backend needs root for secret, projected and downwardAPI volumes, unless Config.DiskBackedVolumes): %w", dir, err)
 	}
 	return nil

@@ -4,7 +4,7 @@ package cri
 
 import "errors"
 
-func mountTmpfs(string) error {
+func mountTmpfs(string, int64) error {
 	return errors.New("memory-backed volumes need Linux")
 }
 

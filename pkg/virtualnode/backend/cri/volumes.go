@@ -127,7 +127,7 @@ func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolum
 			return hostVolume{}, err
 		}
 		if src.EmptyDir.Medium == corev1.StorageMediumMemory {
-			if err := pr.memoryBacked(dir); err != nil {
+			if err := pr.memoryBacked(dir, src.EmptyDir.SizeLimit); err != nil {
 				return hostVolume{}, err
 			}
 		}
@@ -161,18 +161,69 @@ func (pr *podRun) writeMemoryVolume(plugin, name string, payload map[string]file
 	if err != nil {
 		return hostVolume{}, err
 	}
-	if err := pr.memoryBacked(pr.volumeDir(plugin, name)); err != nil {
+	if err := pr.memoryBacked(pr.volumeDir(plugin, name), nil); err != nil {
 		return hostVolume{}, err
 	}
 	return pr.writeVolume(plugin, name, payload, nil)
 }
 
 // memoryBacked mounts a tmpfs at dir, unless Config.DiskBackedVolumes.
-func (pr *podRun) memoryBacked(dir string) error {
+func (pr *podRun) memoryBacked(dir string, sizeLimit *resource.Quantity) error {
 	if pr.b.cfg.DiskBackedVolumes {
 		return os.MkdirAll(dir, 0o750)
 	}
-	return mountTmpfs(dir)
+	var alloc corev1.ResourceList
+	if pr.b.cfg.NodeAllocatable != nil {
+		alloc = pr.b.cfg.NodeAllocatable()
+	}
+	return mountTmpfs(dir, tmpfsSize(pr.pod, alloc, sizeLimit))
+}
+
+// tmpfsSize is the kubelet's calculateEmptyDirMemorySize: the node's
+// allocatable memory, or the pod's memory limit when it has one and it
+// is smaller, or the volume's sizeLimit when smaller still; 0 (the
+// kernel's default, half the memory) when the node declares none.
+func tmpfsSize(pod *corev1.Pod, alloc corev1.ResourceList, sizeLimit *resource.Quantity) int64 {
+	size := alloc.Memory().Value()
+	if size <= 0 {
+		return 0
+	}
+	if l, ok := podMemoryLimit(pod); ok && l > 0 && l <= size {
+		size = l
+	}
+	if sizeLimit != nil && sizeLimit.Value() > 0 && sizeLimit.Value() <= size {
+		size = sizeLimit.Value()
+	}
+	return size
+}
+
+// podMemoryLimit is the pod's memory limit as the kubelet sets its cgroup
+// (ResourceConfigForPod): the app and sidecar containers' limits added,
+// or a regular init container's with the sidecars started before it
+// when that is more, plus the pod's overhead; none unless every
+// container has a limit.
+func podMemoryLimit(pod *corev1.Pod) (int64, bool) {
+	var sidecars, initMax int64
+	for _, c := range pod.Spec.InitContainers {
+		q, ok := c.Resources.Limits[corev1.ResourceMemory]
+		if !ok {
+			return 0, false
+		}
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			sidecars += q.Value()
+			continue
+		}
+		initMax = max(initMax, sidecars+q.Value())
+	}
+	total := sidecars
+	for _, c := range pod.Spec.Containers {
+		q, ok := c.Resources.Limits[corev1.ResourceMemory]
+		if !ok {
+			return 0, false
+		}
+		total += q.Value()
+	}
+	return max(total, initMax) + pod.Spec.Overhead.Memory().Value(), true
 }
 
 func (pr *podRun) writeVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {

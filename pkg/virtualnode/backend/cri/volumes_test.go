@@ -712,3 +712,48 @@ func TestHostNetworkEtcHosts(t *testing.T) {
 		t.Errorf("container own has %d mounts, want its volume's only", n)
 	}
 }
+
+// TestTmpfsSize: the kubelet's calculateEmptyDirMemorySize.
+func TestTmpfsSize(t *testing.T) {
+	t.Parallel()
+	mi := func(n int64) int64 { return n << 20 }
+	limits := func(mem string) corev1.ResourceRequirements {
+		return corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(mem)}}
+	}
+	always := corev1.ContainerRestartPolicyAlways
+	for _, tc := range []struct {
+		name      string
+		alloc     string
+		init, app []corev1.Container
+		overhead  string
+		sizeLimit string
+		want      int64
+	}{
+		{name: "no allocatable: the kernel's default", app: []corev1.Container{{Resources: limits("64Mi")}}, want: 0},
+		{name: "no pod limit: allocatable", alloc: "1Gi", app: []corev1.Container{{}, {Resources: limits("64Mi")}}, want: mi(1024)},
+		{name: "pod limit: app containers added", alloc: "1Gi", app: []corev1.Container{{Resources: limits("64Mi")}, {Resources: limits("32Mi")}}, want: mi(96)},
+		{name: "a bigger init container", alloc: "1Gi", init: []corev1.Container{{Resources: limits("200Mi")}}, app: []corev1.Container{{Resources: limits("64Mi")}}, want: mi(200)},
+		{name: "sidecars added, overhead too", alloc: "1Gi", overhead: "8Mi",
+			init: []corev1.Container{{Resources: limits("16Mi"), RestartPolicy: &always}}, app: []corev1.Container{{Resources: limits("64Mi")}}, want: mi(88)},
+		{name: "pod limit above allocatable", alloc: "64Mi", app: []corev1.Container{{Resources: limits("1Gi")}}, want: mi(64)},
+		{name: "sizeLimit smaller", alloc: "1Gi", app: []corev1.Container{{Resources: limits("64Mi")}}, sizeLimit: "1Mi", want: mi(1)},
+		{name: "sizeLimit larger than the pod's", alloc: "1Gi", app: []corev1.Container{{Resources: limits("64Mi")}}, sizeLimit: "128Mi", want: mi(64)},
+	} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: tc.init, Containers: tc.app}}
+		if tc.overhead != "" {
+			pod.Spec.Overhead = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(tc.overhead)}
+		}
+		var alloc corev1.ResourceList
+		if tc.alloc != "" {
+			alloc = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(tc.alloc)}
+		}
+		var sl *resource.Quantity
+		if tc.sizeLimit != "" {
+			q := resource.MustParse(tc.sizeLimit)
+			sl = &q
+		}
+		if got := tmpfsSize(pod, alloc, sl); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
