@@ -241,7 +241,11 @@ func (pr *podRun) runSandbox(ctx context.Context) bool {
 		pr.mu.Lock()
 		for _, c := range pr.ctrs {
 			if c.state.Waiting != nil {
-				c.state.Waiting.Message = msg
+				// A new Waiting: the old one is shared with the
+				// statuses already published.
+				w := *c.state.Waiting
+				w.Message = msg
+				c.state.Waiting = &w
 			}
 		}
 		pr.mu.Unlock()
