@@ -46,6 +46,11 @@ func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 // createSandbox asks the runtime for the pod's sandbox with the pod's DNS
 // configuration, computed then as the kubelet does for each sandbox.
 func (pr *podRun) createSandbox(ctx context.Context) (*runtimeapi.RunPodSandboxResponse, error) {
+	// As the kubelet's GetNodenameForKernel: the kernel keeps 64
+	// characters of a hostname.
+	if h := pr.sandbox.Hostname; len(h) > 64 {
+		return nil, fmt.Errorf("failed to construct FQDN from pod hostname and cluster domain, FQDN %s is too long (64 characters is the max, %d characters requested)", h, len(h))
+	}
 	dns, err := pr.dnsConfig()
 	if err != nil {
 		return nil, err

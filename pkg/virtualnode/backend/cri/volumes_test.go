@@ -757,3 +757,25 @@ func TestTmpfsSize(t *testing.T) {
 		}
 	}
 }
+
+// TestFQDNTooLong: a pod whose FQDN hostname does not fit the kernel's 64
+// characters gets no sandbox, its containers waiting with the kubelet's
+// message.
+func TestFQDNTooLong(t *testing.T) {
+	t.Parallel()
+	f := newFakeRuntime(t)
+	rec := newRecorder()
+	b := newVolumeBackend(t, f, rec, backend.Config{}, func(c *Config) { c.ClusterDomain = "cluster.local" })
+	pod := testPod("fqdn", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullNever})
+	pod.Spec.Hostname, pod.Spec.Subdomain, pod.Spec.SetHostnameAsFQDN = strings.Repeat("h", 40), "sub", ptrTo(true)
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	p := rec.wait(t, pod.UID, "waiting with the FQDN error", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].State.Waiting != nil && strings.Contains(cs[0].State.Waiting.Message, "is too long (64 characters is the max, 65 characters requested)")
+	})
+	if sandboxes, _ := f.counts(); sandboxes != 0 || p.Status.Phase != corev1.PodPending {
+		t.Errorf("%d sandboxes, phase %s; want none, Pending", sandboxes, p.Status.Phase)
+	}
+}
