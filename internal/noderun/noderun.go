@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -62,6 +63,12 @@ type Options struct {
 	// CRIEndpoint is the container runtime's CRI socket of the cri
 	// backend (unix:///run/containerd/containerd.sock).
 	CRIEndpoint string
+	// ClusterDNS, ClusterDomain and ResolvConf are the cri backend's DNS
+	// settings, as the kubelet's --cluster-dns, --cluster-domain and
+	// --resolv-conf.
+	ClusterDNS    []string
+	ClusterDomain string
+	ResolvConf    string
 	// LogMaxSize and LogMaxFiles rotate the process backend's container
 	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
 	LogMaxSize  resource.Quantity
@@ -104,6 +111,11 @@ func (o *Options) Validate() error {
 		}
 	default:
 		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim", "cri"}))
+	}
+	for i, ip := range o.ClusterDNS {
+		if net.ParseIP(ip) == nil {
+			errs = append(errs, field.Invalid(field.NewPath("--cluster-dns").Index(i), ip, "want an IP address"))
+		}
 	}
 	if o.DeviceGracePeriod < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
@@ -274,7 +286,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		}
 	case "cri":
 		newBackend = func(name, root string, c backend.Config) (backend.Backend, error) {
-			return cri.New(ctx, cri.Config{Config: c, Endpoint: o.CRIEndpoint, Node: name, LogDir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart})
+			return cri.New(ctx, cri.Config{
+				Config: c, Endpoint: o.CRIEndpoint, Node: name, LogDir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
+				ClusterDNS: o.ClusterDNS, ClusterDomain: o.ClusterDomain, ResolvConf: o.ResolvConf,
+			})
 		}
 	default:
 		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {

@@ -319,6 +319,8 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		Event:        n.prov.events.record,
 
 		ContainerDevices: n.prov.containerDevices,
+		Volumes:          apiVolumes{cfg.Client},
+		NodeAllocatable:  func() corev1.ResourceList { _, a := n.resources(); return a },
 		NodeIP:           cfg.NodeIP,
 		Logger:           log.With("component", "backend"),
 	})

@@ -33,9 +33,9 @@ import (
 )
 
 // criRuntime is a containerd of the test's own: the real node's binaries
-// (hack/build-node.sh), runc, the ptp CNI plugin, its own root, state,
-// socket and pod subnet, and no kubelet beside it (a kubelet kills the
-// sandboxes it does not know).
+// (hack/build-node.sh), runc, the ptp and portmap (hostPort) CNI plugins,
+// its own root, state, socket and pod subnet, and no kubelet beside it (a
+// kubelet kills the sandboxes it does not know).
 type criRuntime struct {
 	dir, socket string
 	ctr         string
@@ -66,8 +66,10 @@ func startContainerd(t *testing.T, ctx context.Context) *criRuntime {
 	if err != nil {
 		t.Fatalf("runc: %v: install the runc package", err)
 	}
-	if _, err := os.Stat("/usr/lib/cni/ptp"); err != nil {
-		t.Fatalf("%v: install containernetworking-plugins", err)
+	for _, p := range []string{"ptp", "portmap"} {
+		if _, err := os.Stat("/usr/lib/cni/" + p); err != nil {
+			t.Fatalf("%v: install containernetworking-plugins", err)
+		}
 	}
 	dir, err := os.MkdirTemp("", "dpkit-cri")
 	if err != nil {
@@ -88,7 +90,8 @@ func startContainerd(t *testing.T, ctx context.Context) *criRuntime {
 	writeFile(t, filepath.Join(dir, "cni", "10-dpkit-cri.conflist"), `{
   "cniVersion": "1.0.0", "name": "dpkit-cri-test",
   "plugins": [{"type": "ptp", "ipMasq": false,
-    "ipam": {"type": "host-local", "ranges": [[{"subnet": "`+subnet+`"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "`+filepath.Join(dir, "ipam")+`"}}]
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": "`+subnet+`"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "`+filepath.Join(dir, "ipam")+`"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}]
 }
 `)
 	conf := filepath.Join(dir, "containerd.toml")

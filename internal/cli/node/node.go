@@ -14,6 +14,7 @@ import (
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
 )
 
@@ -71,6 +72,9 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringVar(&o.Root, "root", "", "node root directory: device-plugins/, plugins_registry/, pod-resources/, checkpoint and pod state (required)")
 	f.StringVar(&o.Backend, "backend", "process", "pod backend: process (host processes), sim (nothing runs) or cri (containers through --cri-endpoint)")
 	f.StringVar(&o.CRIEndpoint, "cri-endpoint", "", "cri backend: the container runtime's CRI socket, e.g. unix:///run/containerd/containerd.sock")
+	f.StringSliceVar(&o.ClusterDNS, "cluster-dns", nil, "cri backend: DNS server IPs of ClusterFirst pods, comma-separated (the kubelet's --cluster-dns); without, they use --resolv-conf")
+	f.StringVar(&o.ClusterDomain, "cluster-domain", "", "cri backend: the cluster's DNS domain, e.g. cluster.local, searched by ClusterFirst pods")
+	f.StringVar(&o.ResolvConf, "resolv-conf", cri.DefaultResolvConf, "cri backend: the resolver configuration that pods with dnsPolicy Default use and ClusterFirst pods' search path extends")
 	f.StringVar(&o.ClientCAFile, "client-ca-file", "", "CA that signs client certificates accepted by the node API (the API server's kubelet client certificate)")
 	f.StringVar(&o.TLSCertFile, "tls-cert-file", "", "node API serving certificate (default: self-signed)")
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "node API serving key")

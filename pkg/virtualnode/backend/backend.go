@@ -13,6 +13,7 @@ import (
 	"sort"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
@@ -50,10 +51,30 @@ type Config struct {
 	// Unhealthy, Killing, FailedPostStartHook...). It must not block. May
 	// be nil.
 	Event func(pod *corev1.Pod, container, eventType, reason, message string)
+	// Volumes reads the API objects that a pod's configMap, secret and
+	// projected volumes show, and issues their service account tokens.
+	// Backends that run containers materialize volumes from it; without
+	// one (nil) such volumes fail to mount.
+	Volumes VolumeSource
+	// NodeAllocatable returns the node's allocatable resources, which a
+	// downward API resourceFieldRef to an unset limit reads (the
+	// kubelet's MergeContainerResourceLimits). May be nil.
+	NodeAllocatable func() corev1.ResourceList
 	// NodeIP is reported as the pods' hostIP and podIP.
 	NodeIP string
 	// Logger receives the backend's logs; nil discards them.
 	Logger *slog.Logger
+}
+
+// VolumeSource reads what a pod's volumes show, authorized as the node.
+// Errors about objects that do not exist satisfy apierrors.IsNotFound and
+// read as the kubelet's ("configmap \"x\" not found").
+type VolumeSource interface {
+	ConfigMap(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error)
+	Secret(ctx context.Context, namespace, name string) (*corev1.Secret, error)
+	// ServiceAccountToken asks the TokenRequest API for a token of the
+	// service account, bound to the pod the request names.
+	ServiceAccountToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
 }
 
 // ContainerDevices are a container's devices as a container runtime

@@ -16,28 +16,47 @@ import (
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
-// sandboxConfig is the pod's sandbox as the kubelet would ask for it,
-// less DNS, port mappings, sysctls and cgroups: the runtime's defaults
-// apply.
+// sandboxConfig is the pod's sandbox as the kubelet would ask for it
+// (generatePodSandboxConfig), less sysctls and cgroups: the runtime's
+// defaults apply. The DNS configuration is added when the sandbox is
+// created (createSandbox).
 func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 	pod := pr.pod
-	hostname := pod.Name
-	if pod.Spec.Hostname != "" {
-		hostname = pod.Spec.Hostname
-	}
 	sc := &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: namespaces(pod)}
 	if psc := pod.Spec.SecurityContext; psc != nil {
 		sc.RunAsUser = int64Value(psc.RunAsUser)
 		sc.RunAsGroup = int64Value(psc.RunAsGroup)
 		sc.SupplementalGroups = psc.SupplementalGroups
 	}
-	return &runtimeapi.PodSandboxConfig{
-		Metadata: &runtimeapi.PodSandboxMetadata{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)},
-		Hostname: hostname, LogDirectory: pr.logDir(),
-		Labels:      map[string]string{LabelNode: pr.b.cfg.Node, LabelPodUID: string(pod.UID)},
-		Annotations: map[string]string{AnnotationPod: podAnnotation(pod)},
-		Linux:       &runtimeapi.LinuxPodSandboxConfig{SecurityContext: sc},
+	cfg := &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)},
+		LogDirectory: pr.logDir(),
+		Labels:       map[string]string{LabelNode: pr.b.cfg.Node, LabelPodUID: string(pod.UID)},
+		Annotations:  map[string]string{AnnotationPod: podAnnotation(pod)},
+		PortMappings: portMappings(pod),
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{SecurityContext: sc},
 	}
+	// As the kubelet: a pod on the host network has the node's hostname.
+	if !pod.Spec.HostNetwork {
+		cfg.Hostname = pr.sandboxHostname()
+	}
+	return cfg
+}
+
+// createSandbox asks the runtime for the pod's sandbox with the pod's DNS
+// configuration, computed then as the kubelet does for each sandbox.
+func (pr *podRun) createSandbox(ctx context.Context) (*runtimeapi.RunPodSandboxResponse, error) {
+	// As the kubelet's GetNodenameForKernel: the kernel keeps 64
+	// characters of a hostname.
+	if h := pr.sandbox.Hostname; len(h) > 64 {
+		return nil, fmt.Errorf("failed to construct FQDN from pod hostname and cluster domain, FQDN %s is too long (64 characters is the max, %d characters requested)", h, len(h))
+	}
+	dns, err := pr.dnsConfig()
+	if err != nil {
+		return nil, err
+	}
+	pr.sandbox.DnsConfig = dns
+	return pr.b.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pr.sandbox})
 }
 
 // namespaces are the pod's Linux namespaces: its own network, PID and IPC
@@ -146,6 +165,23 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 				cfg.CDIDevices = append(cfg.CDIDevices, &runtimeapi.CDIDevice{Name: name})
 			}
 		}
+	}
+	// Then, as the kubelet's makeMounts, the volumes, the managed
+	// /etc/hosts and the termination message file.
+	mounts, err := pr.volumeMounts(&spec, vars)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Mounts = append(cfg.Mounts, mounts...)
+	if m, err := pr.etcHostsMount(&spec); err != nil {
+		return nil, err
+	} else if m != nil {
+		cfg.Mounts = append(cfg.Mounts, m)
+	}
+	if m, err := pr.terminationMessageMount(&spec); err != nil {
+		return nil, err
+	} else if m != nil {
+		cfg.Mounts = append(cfg.Mounts, m)
 	}
 	return cfg, nil
 }

@@ -3,9 +3,12 @@
 // sandbox per pod, one container per container of the pod spec, with the
 // devices, mounts and CDI devices the device plugins and DRA drivers gave.
 //
-// It is the part of a kubelet that talks to the runtime, with the
-// containers' probes and lifecycle hooks (probe.go, hooks.go), and no
-// more: no volumes, DNS or image credentials. The sandboxes it creates are
+// It is the part of a kubelet that talks to the runtime: the containers'
+// probes and lifecycle hooks (probe.go, hooks.go), and what containers
+// mount: emptyDir, hostPath, configMap, secret, downwardAPI and projected
+// volumes under the pod's directory, the managed /etc/hosts, the
+// termination message file, and the sandbox's DNS configuration and port
+// mappings. No image credentials. The sandboxes it creates are
 // labelled with the node's name (LabelNode) and carry the pod they run
 // (AnnotationPod), so a restarted node adopts them. The runtime must not
 // be shared with a kubelet: a kubelet lists every sandbox of the runtime
@@ -53,7 +56,9 @@ const (
 const (
 	DefaultPollInterval   = time.Second
 	DefaultBackoffInitial = 10 * time.Second
-	maxBackoff            = 5 * time.Minute
+	// DefaultVolumeResync is the kubelet's sync period.
+	DefaultVolumeResync = time.Minute
+	maxBackoff          = 5 * time.Minute
 	// DefaultGracePeriod applies when a pod names none.
 	DefaultGracePeriod = 30 * time.Second
 	// cdiEnv is the variable in which the node gives the process backend
@@ -81,6 +86,35 @@ type Config struct {
 	BackoffInitial time.Duration
 	// DialTimeout bounds the first call to the runtime; 0 means 10s.
 	DialTimeout time.Duration
+	// PodDir holds each pod's directory <uid>/, as the kubelet's
+	// /var/lib/kubelet/pods: volumes/<plugin>/<volume>, etc-hosts and
+	// containers/<name>/ (termination messages). The runtime must see it
+	// at the same path. Empty means LogDir (the log directories are
+	// named <ns>_<name>_<uid>, so the two never meet).
+	PodDir string
+	// ClusterDNS are the cluster DNS servers of ClusterFirst pods (the
+	// kubelet's --cluster-dns); without any such pods use the node's
+	// resolver configuration, with a MissingClusterDNS event.
+	ClusterDNS []string
+	// ClusterDomain is the cluster's DNS domain (--cluster-domain).
+	ClusterDomain string
+	// ResolvConf is the node's resolver configuration, the base of pods'
+	// DNS configuration (--resolv-conf); empty means /etc/resolv.conf.
+	ResolvConf string
+	// HostsFile is the node's hosts file, the base of hostNetwork pods'
+	// /etc/hosts; empty means /etc/hosts.
+	HostsFile string
+	// DiskBackedVolumes writes secret, projected and downwardAPI volumes
+	// and emptyDir{medium: Memory} to plain directories under PodDir,
+	// where the kubelet (and by default this backend) mounts a tmpfs
+	// for each, which needs the privilege to mount (root) and a mount
+	// namespace shared with the runtime. Secrets and tokens then reach
+	// the node's disk.
+	DiskBackedVolumes bool
+	// VolumeResync is how often ConfigMap, Secret, downward API and
+	// token contents of running pods are written again (the kubelet's
+	// sync period); 0 means a minute.
+	VolumeResync time.Duration
 
 	// probeTicker, when set, paces the probe workers instead of their
 	// period, the first probe included (tests): name is
@@ -146,6 +180,18 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.PodDir == "" {
+		cfg.PodDir = cfg.LogDir
+	}
+	if cfg.ResolvConf == "" {
+		cfg.ResolvConf = DefaultResolvConf
+	}
+	if cfg.HostsFile == "" {
+		cfg.HostsFile = "/etc/hosts"
+	}
+	if cfg.VolumeResync <= 0 {
+		cfg.VolumeResync = DefaultVolumeResync
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -300,6 +346,9 @@ func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
 	}
 	if err := os.RemoveAll(pr.logDir()); err != nil {
 		return fmt.Errorf("removing the pod's logs: %w", err)
+	}
+	if err := removePodDir(pr.podDir()); err != nil {
+		return fmt.Errorf("removing the pod's directory: %w", err)
 	}
 	return nil
 }

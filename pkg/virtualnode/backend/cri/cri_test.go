@@ -135,8 +135,9 @@ func TestDevicesEnvAndDeletion(t *testing.T) {
 	if len(cfg.Devices) != 1 || cfg.Devices[0].HostPath != "/dev/zero" || cfg.Devices[0].ContainerPath != "/dev/dpkit-zero" || cfg.Devices[0].Permissions != "rw" {
 		t.Errorf("devices %v", cfg.Devices)
 	}
-	if len(cfg.Mounts) != 1 || cfg.Mounts[0].ContainerPath != "/usr/lib/dev" || !cfg.Mounts[0].Readonly {
-		t.Errorf("mounts %v", cfg.Mounts)
+	// The device plugins' mounts first, then the pod's managed /etc/hosts.
+	if len(cfg.Mounts) != 2 || cfg.Mounts[0].ContainerPath != "/usr/lib/dev" || !cfg.Mounts[0].Readonly || cfg.Mounts[1].ContainerPath != "/etc/hosts" {
+		t.Errorf("mounts %v, want /usr/lib/dev read-only then /etc/hosts", cfg.Mounts)
 	}
 	var cdi []string
 	for _, d := range cfg.CDIDevices {
@@ -354,6 +355,9 @@ func TestSandboxBackoff(t *testing.T) {
 	var events []string
 	const backoff = 300 * time.Millisecond
 	b := newTestBackend(t, f, rec, backend.Config{Event: func(pod *corev1.Pod, _, eventType, reason, message string) {
+		if reason == "MissingClusterDNS" { // each attempt, as the kubelet's GetPodDNS
+			return
+		}
 		mu.Lock()
 		events = append(events, eventType+" "+reason+" "+message)
 		mu.Unlock()

@@ -239,9 +239,11 @@ func (f *fakeRuntime) ContainerStatus(_ context.Context, r *runtimeapi.Container
 	if c == nil {
 		return nil, status.Error(codes.NotFound, "no container")
 	}
+	// As containerd: the mounts asked for, and the log's full path.
 	return &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{
 		Id: c.id, Metadata: c.cfg.Metadata, State: c.state, ExitCode: c.exitCode,
 		CreatedAt: c.created, StartedAt: c.started, FinishedAt: c.finished, ImageRef: "sha256:fake",
+		Mounts: c.cfg.Mounts, LogPath: filepath.Join(f.sandboxes[c.sandbox].cfg.LogDirectory, c.cfg.LogPath),
 	}}, nil
 }
 

@@ -59,6 +59,7 @@ type podRun struct {
 	grace       time.Duration
 	ended       bool // the pod reached a terminal phase
 	last        *corev1.PodStatus
+	vols        podVolumes // the run goroutine's only
 
 	stopCh   chan struct{}
 	stopOnce sync.Once
@@ -202,6 +203,9 @@ func (pr *podRun) key() string { return pr.pod.Namespace + "/" + pr.pod.Name }
 // sync does one round: the sandbox when there is none, the containers'
 // states, then what should start.
 func (pr *podRun) sync(ctx context.Context) {
+	if !pr.syncVolumes(ctx) && pr.sandboxID == "" {
+		return
+	}
 	if pr.sandboxID == "" {
 		if time.Now().Before(pr.sandboxNext) {
 			return
@@ -242,7 +246,7 @@ func (pr *podRun) sync(ctx context.Context) {
 // tried again after the back-off (the kubelet's pod worker requeues a
 // pod whose sync failed after backOffPeriod, 10s).
 func (pr *podRun) runSandbox(ctx context.Context) bool {
-	resp, err := pr.b.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pr.sandbox})
+	resp, err := pr.createSandbox(ctx)
 	if err != nil {
 		msg := "Failed to create pod sandbox: " + status.Convert(err).Message()
 		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
@@ -298,6 +302,10 @@ func (pr *podRun) refresh(ctx context.Context) {
 			continue
 		}
 		s := resp.Status
+		var msg string
+		if s.State == runtimeapi.ContainerState_CONTAINER_EXITED {
+			msg = terminationMessage(&c.spec, s)
+		}
 		pr.mu.Lock()
 		if s.ImageRef != "" {
 			c.imageID = s.ImageRef
@@ -306,7 +314,7 @@ func (pr *podRun) refresh(ctx context.Context) {
 		case runtimeapi.ContainerState_CONTAINER_RUNNING:
 			c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: nsTime(s.StartedAt)}}
 		case runtimeapi.ContainerState_CONTAINER_EXITED, runtimeapi.ContainerState_CONTAINER_UNKNOWN:
-			pr.exit(c, terminated(s, pr.b.containerID(c.id)))
+			pr.exit(c, withTerminationMessage(terminated(s, pr.b.containerID(c.id)), msg))
 		}
 		pr.mu.Unlock()
 	}

@@ -1,0 +1,168 @@
+package cri
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	corev1 "k8s.io/api/core/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+)
+
+// The kubelet's termination message limits (kubecontainer).
+const (
+	maxTerminationMessageLength   = 4 * 1024
+	maxTerminationMessageLogLines = 80
+	maxTerminationMessageLogBytes = 2048
+)
+
+// etcHostsMount is the pod's managed /etc/hosts, as the kubelet mounts
+// it: when the pod has an address (the node's with hostNetwork) and the
+// container mounts nothing of its own there.
+func (pr *podRun) etcHostsMount(spec *corev1.Container) (*runtimeapi.Mount, error) {
+	pr.mu.Lock()
+	ip := pr.podIP
+	pr.mu.Unlock()
+	if pr.pod.Spec.HostNetwork {
+		ip = pr.b.cfg.NodeIP
+	}
+	if ip == "" {
+		return nil, nil
+	}
+	for _, m := range spec.VolumeMounts {
+		if m.MountPath == "/etc/hosts" {
+			return nil, nil
+		}
+	}
+	path, err := pr.ensureEtcHosts(ip)
+	if err != nil {
+		return nil, fmt.Errorf("writing the pod's /etc/hosts: %w", err)
+	}
+	return &runtimeapi.Mount{ContainerPath: "/etc/hosts", HostPath: path}, nil
+}
+
+// terminationMessageMount is the file the container may write its
+// termination message to, as the kubelet's: a new world-writable file
+// <pod dir>/containers/<name>/<random> per run, at
+// terminationMessagePath.
+func (pr *podRun) terminationMessageMount(spec *corev1.Container) (*runtimeapi.Mount, error) {
+	if spec.TerminationMessagePath == "" {
+		return nil, nil
+	}
+	dir := filepath.Join(pr.podDir(), "containers", spec.Name)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, err
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	path := filepath.Join(dir, fmt.Sprintf("%08x", binary.BigEndian.Uint32(b[:])))
+	f, err := os.Create(path) //nolint:gosec // under the pod's directory
+	if err != nil {
+		return nil, fmt.Errorf("creating the termination message file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o666); err != nil { //nolint:gosec // any user of the container writes it, as under the kubelet
+		return nil, err
+	}
+	return &runtimeapi.Mount{ContainerPath: spec.TerminationMessagePath, HostPath: path}, nil
+}
+
+// terminationMessage is what the kubelet adds to an exited container's
+// message: the file at terminationMessagePath (its last 4 KiB), or with
+// FallbackToLogsOnError, when the container failed and wrote nothing
+// there, the end of its log (80 lines, 2048 bytes).
+func terminationMessage(spec *corev1.Container, s *runtimeapi.ContainerStatus) string {
+	fallback := spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError && s.ExitCode != 0
+	msg, checkLogs := "", fallback
+	if spec.TerminationMessagePath != "" {
+		for _, m := range s.Mounts {
+			if m.ContainerPath != spec.TerminationMessagePath {
+				continue
+			}
+			data, err := readTail(m.HostPath, maxTerminationMessageLength)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+			case err != nil:
+				msg, checkLogs = fmt.Sprintf("Error on reading termination log %s: %v", m.HostPath, err), false
+			default:
+				msg, checkLogs = string(data), fallback && len(data) == 0
+			}
+			break
+		}
+	}
+	if checkLogs {
+		msg = lastLogLines(s.LogPath)
+	}
+	return msg
+}
+
+// readTail reads at most the last n bytes of a file.
+func readTail(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path) //nolint:gosec // a file the backend created
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() > n {
+		if _, err := f.Seek(-n, io.SeekEnd); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(f)
+}
+
+// lastLogLines is the kubelet's readLastStringFromContainerLogs: the
+// text of the log's last 80 lines, at most 2048 bytes of it.
+func lastLogLines(path string) string {
+	data, err := readTail(path, 1<<20)
+	if err != nil {
+		return ""
+	}
+	lines := bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n"))
+	if len(lines) > maxTerminationMessageLogLines {
+		lines = lines[len(lines)-maxTerminationMessageLogLines:]
+	}
+	var out bytes.Buffer
+	for _, l := range lines {
+		parsed, ok := backend.ParseLogLine(l)
+		if !ok {
+			continue
+		}
+		out.Write(parsed.Msg)
+		if !parsed.Partial {
+			out.WriteByte('\n')
+		}
+	}
+	b := out.Bytes()
+	if len(b) > maxTerminationMessageLogBytes {
+		b = b[:maxTerminationMessageLogBytes]
+	}
+	return string(b)
+}
+
+// withTerminationMessage appends the container's termination message to
+// the runtime's, as the kubelet's toKubeContainerStatus.
+func withTerminationMessage(t *corev1.ContainerStateTerminated, msg string) *corev1.ContainerStateTerminated {
+	if msg == "" {
+		return t
+	}
+	if t.Message != "" {
+		t.Message += ": "
+	}
+	t.Message += msg
+	return t
+}
