@@ -192,6 +192,9 @@ type Node struct {
 	mu       sync.Mutex
 	node     *corev1.Node
 	notifyCB func(*corev1.Node)
+	// statusKick asks sendStatus to hand virtual-kubelet the node's
+	// current status.
+	statusKick chan struct{}
 	// pluginResources are the device-plugin resources the node has
 	// reported. One the device manager removed stays on the Node with
 	// zero capacity and allocatable, as the kubelet keeps it (see
@@ -308,7 +311,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiReady: make(chan struct{}), pluginResources: map[corev1.ResourceName]bool{}}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP
@@ -410,6 +413,10 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		}
 	}
 	n.rememberPluginResources(ctx)
+	// Subscribed before the node's first status is computed, so no device
+	// change after it is missed.
+	devices, unsubscribe := n.mgr.Subscribe()
+	defer unsubscribe()
 	n.node = n.nodeObject()
 	opts := []vknode.NodeControllerOpt{
 		vknode.WithNodeEnableLeaseV1(cfg.HeartbeatClient.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
@@ -447,7 +454,8 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	})
 	podFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
-	g.Go(func() error { n.watchDevices(gctx); return nil })
+	g.Go(func() error { n.watchDevices(gctx, devices); return nil })
+	g.Go(func() error { n.sendStatus(gctx); return nil })
 	g.Go(func() error { n.prov.watchHealth(gctx); return nil })
 	g.Go(func() error { n.prov.runDRA(gctx); return nil })
 	if cfg.Port > 0 {
@@ -706,11 +714,48 @@ func (n *Node) finishDeletion(ctx context.Context, pod *corev1.Pod) {
 // Ping implements node.NodeProvider.
 func (n *Node) Ping(ctx context.Context) error { return ctx.Err() }
 
-// NotifyNodeStatus implements node.NodeProvider.
+// NotifyNodeStatus implements node.NodeProvider. What changed before
+// virtual-kubelet asked is sent now.
 func (n *Node) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
 	n.mu.Lock()
 	n.notifyCB = cb
 	n.mu.Unlock()
+	n.kickStatus()
+}
+
+// kickStatus asks sendStatus to send the node's status.
+func (n *Node) kickStatus() {
+	select {
+	case n.statusKick <- struct{}{}:
+	default: // one is pending; it will read the status when it runs
+	}
+}
+
+// sendStatus hands virtual-kubelet the node's status, computed when it is
+// sent, each time it is asked (kickStatus): one goroutine sends, and each
+// send carries everything before it, so no change is lost (a change before
+// virtual-kubelet gave its callback, or while a send waited) nor overtaken
+// by an older status.
+func (n *Node) sendStatus(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.statusKick:
+		}
+		c, a := n.resources()
+		n.mu.Lock()
+		n.node.Status.Capacity, n.node.Status.Allocatable = c, a
+		n.node.Status.Conditions = conditions()
+		node := n.node.DeepCopy()
+		cb := n.notifyCB
+		n.mu.Unlock()
+		if cb == nil {
+			continue // NotifyNodeStatus kicks again
+		}
+		n.log.Debug("Sending the node status", "allocatable", a)
+		notifyNode(ctx, cb, node)
+	}
 }
 
 // notifyNode hands node to virtual-kubelet's node controller through the
@@ -732,11 +777,9 @@ func notifyNode(ctx context.Context, cb func(*corev1.Node), node *corev1.Node) {
 	}
 }
 
-// watchDevices pushes the node status whenever the device manager's
+// watchDevices has the node status sent whenever the device manager's
 // resources change.
-func (n *Node) watchDevices(ctx context.Context) {
-	ch, cancel := n.mgr.Subscribe()
-	defer cancel()
+func (n *Node) watchDevices(ctx context.Context, ch <-chan struct{}) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -746,17 +789,7 @@ func (n *Node) watchDevices(ctx context.Context) {
 				return
 			}
 		}
-		c, a := n.resources()
-		n.mu.Lock()
-		n.node.Status.Capacity, n.node.Status.Allocatable = c, a
-		n.node.Status.Conditions = conditions()
-		node := n.node.DeepCopy()
-		cb := n.notifyCB
-		n.mu.Unlock()
-		n.log.Debug("Device resources changed", "allocatable", a)
-		if cb != nil {
-			notifyNode(ctx, cb, node)
-		}
+		n.kickStatus()
 		dc, _ := n.mgr.Capacity()
 		n.warnServedBothWays(ctx, n.newPluginNames(dc))
 	}

@@ -158,3 +158,52 @@ func TestNotifyNodeStopping(t *testing.T) {
 		t.Fatal("notifyNode still waits on a send nobody reads after its context ended")
 	}
 }
+
+// TestStatusChangeBeforeCallback: devices that register before
+// virtual-kubelet gives its status callback (a plugin in the same process
+// is quick) reach it once it does, and every later change too.
+func TestStatusChangeBeforeCallback(t *testing.T) {
+	root := shortRoot(t)
+	mgr, err := devicemanager.New(devicemanager.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Stop()
+	const foo = "example.com/foo"
+	n := &Node{cfg: Config{Name: "vn", Client: fake.NewClientset()}, mgr: mgr, log: slog.New(slog.DiscardHandler), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{}}
+	devices, unsubscribe := mgr.Subscribe()
+	defer unsubscribe()
+	n.node = n.nodeObject()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go n.sendStatus(ctx)
+
+	// The change is seen before the callback exists (no watcher yet: the
+	// status can only come from NotifyNodeStatus asking for it).
+	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1")})
+	waitManager(t, mgr, "2 devices", allocatableIs(mgr, map[string]int64{foo: 2}))
+
+	got := make(chan *corev1.Node, 16)
+	n.NotifyNodeStatus(ctx, func(node *corev1.Node) { got <- node })
+	want := func(count int64) {
+		t.Helper()
+		deadline := time.After(time.Minute)
+		for {
+			select {
+			case node := <-got:
+				if q := node.Status.Allocatable[foo]; q.Value() == count {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no status with %d %s reached the callback", count, foo)
+			}
+		}
+	}
+	want(2)
+	go n.watchDevices(ctx, devices)
+	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1", "d2")})
+	want(3)
+}
