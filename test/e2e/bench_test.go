@@ -115,26 +115,7 @@ func runPodBench(b *testing.B, cp *controlplane.ControlPlane, c kubernetes.Inter
 		b.StartTimer()
 
 		start := time.Now()
-		jobs := make(chan int)
-		var wg sync.WaitGroup
-		var failed atomic.Int64
-		for range benchWorkers {
-			wg.Go(func() {
-				for i := range jobs {
-					if _, err := c.CoreV1().Pods(ns).Create(ctx, benchPod(ns, fmt.Sprintf("p%d", i), label), metav1.CreateOptions{}); err != nil {
-						failed.Add(1)
-					}
-				}
-			})
-		}
-		for i := range benchPods {
-			jobs <- i
-		}
-		close(jobs)
-		wg.Wait()
-		if failed.Load() > 0 {
-			b.Fatalf("%d pods could not be created", failed.Load())
-		}
+		createPods(b, ctx, c, ns, benchPods, func(i int) *corev1.Pod { return benchPod(ns, fmt.Sprintf("p%d", i), label) })
 		created := time.Since(start)
 		select {
 		case <-w.done:
@@ -176,6 +157,32 @@ func runPodBench(b *testing.B, cp *controlplane.ControlPlane, c kubernetes.Inter
 			b.Fatalf("pods of %s not deleted: %v", ns, err)
 		}
 		b.StartTimer()
+	}
+}
+
+// createPods creates n pods of ns, pod(i) for each i, from benchWorkers
+// clients at once.
+func createPods(tb testing.TB, ctx context.Context, c kubernetes.Interface, ns string, n int, pod func(i int) *corev1.Pod) {
+	tb.Helper()
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range benchWorkers {
+		wg.Go(func() {
+			for i := range jobs {
+				if _, err := c.CoreV1().Pods(ns).Create(ctx, pod(i), metav1.CreateOptions{}); err != nil {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for i := range n {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	if failed.Load() > 0 {
+		tb.Fatalf("%d pods could not be created", failed.Load())
 	}
 }
 

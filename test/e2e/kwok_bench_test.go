@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,9 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
-	"github.com/dpkit/dpkit/test/upstream"
 )
 
 // kwokVersion is the kwok that hack/build-kwok.sh builds.
@@ -49,13 +46,7 @@ func kwokDir() string {
 // tests: the benchmark is skipped until it is built with
 // hack/build-kwok.sh. Run with -benchtime=1x.
 func BenchmarkKwokSim(b *testing.B) {
-	dir := kwokDir()
-	kwok, stages := filepath.Join(dir, "kwok"), filepath.Join(dir, "stages.yaml")
-	for _, f := range []string{kwok, stages} {
-		if _, err := os.Stat(f); err != nil {
-			b.Skipf("kwok %s not built (%v); build it with: bash %s", kwokVersion, err, repopath.Find("hack/build-kwok.sh"))
-		}
-	}
+	kw := kwokBinaries(b)
 	for _, s := range benchSchedulers {
 		b.Run(s.name, func(b *testing.B) {
 			cp, c := benchControlPlane(b, s.qps, s.burst)
@@ -63,41 +54,7 @@ func BenchmarkKwokSim(b *testing.B) {
 			defer cancel()
 			prefix := unique("kwok")
 
-			logPath := filepath.Join(cp.Dir, "kwok.log")
-			log, err := os.Create(logPath)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer log.Close()
-			// kwok's own client has no rate limit.
-			cmd := upstream.Command(kwok,
-				"--kubeconfig="+cp.Kubeconfig,
-				"--config="+stages,
-				"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-				"--cidr=10.0.0.0/16",
-				"--v=WARN",
-			)
-			cmd.Stdout, cmd.Stderr = log, log
-			if err := cmd.Start(); err != nil {
-				b.Fatalf("start kwok: %v", err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			defer func() {
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case <-exited:
-				case <-time.After(10 * time.Second):
-					_ = cmd.Process.Kill()
-					<-exited
-				}
-				if b.Failed() {
-					if data, err := os.ReadFile(logPath); err == nil {
-						b.Logf("kwok.log (tail):\n%s", data[max(0, len(data)-8<<10):])
-					}
-				}
-			}()
-
+			pid, exited := startKwok(b, cp, kw)
 			for i := range benchNodes {
 				if _, err := c.CoreV1().Nodes().Create(ctx, kwokNode(fmt.Sprintf("%s-%d", prefix, i)), metav1.CreateOptions{}); err != nil {
 					b.Fatal(err)
@@ -138,7 +95,7 @@ func BenchmarkKwokSim(b *testing.B) {
 					b.Fatalf("kwok node %s never Ready with 100 example.com/bench: %v", name, err)
 				}
 			}
-			runPodBench(b, cp, c, prefix, map[string]int{"kwok": cmd.Process.Pid})
+			runPodBench(b, cp, c, prefix, map[string]int{"kwok": pid})
 		})
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -131,28 +130,11 @@ func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s 
 	w := watchPods(ctx, c, ns, want)
 	defer w.stop()
 	start := time.Now()
-	jobs := make(chan int)
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	for range benchWorkers {
-		wg.Go(func() {
-			for i := range jobs {
-				p := benchPod(ns, fmt.Sprintf("p%d", i), s.prefix)
-				p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{s.resource: resource.MustParse("1")}
-				if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-					failed.Add(1)
-				}
-			}
-		})
-	}
-	for i := range want {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-	if failed.Load() > 0 {
-		tb.Fatalf("%d pods could not be created", failed.Load())
-	}
+	createPods(tb, ctx, c, ns, want, func(i int) *corev1.Pod {
+		p := benchPod(ns, fmt.Sprintf("p%d", i), s.prefix)
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{s.resource: resource.MustParse("1")}
+		return p
+	})
 	s.createS = time.Since(start).Seconds()
 	select {
 	case <-w.done:
@@ -415,7 +397,7 @@ func BenchmarkKwokScale(b *testing.B) {
 		s := &scale{nodes: nodes, devices: devices, prefix: unique("kwok"), resource: benchResource}
 		ready := watchNodesReady(ctx, c, s.prefix+"-", nodes, benchResource, int64(devices))
 		start := time.Now()
-		pid := startKwok(b, cp, kw)
+		pid, _ := startKwok(b, cp, kw)
 		rss0 := processRSS(pid)
 		createKwokNodes(b, ctx, c, s.prefix, nodes, devices)
 		select {
@@ -474,8 +456,8 @@ func kwokBinaries(b *testing.B) [2]string {
 }
 
 // startKwok starts kwok on cp's API server until b ends and returns its
-// process ID.
-func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) int {
+// process ID and a channel that has kwok's exit if it ends before.
+func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) (int, <-chan error) {
 	logPath := filepath.Join(cp.Dir, "kwok.log")
 	log, err := os.Create(logPath)
 	if err != nil {
@@ -493,8 +475,12 @@ func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) int {
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("start kwok: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited, early := make(chan error, 1), make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		exited <- err
+		early <- err
+	}()
 	b.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -510,7 +496,7 @@ func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) int {
 			}
 		}
 	})
-	return cmd.Process.Pid
+	return cmd.Process.Pid, early
 }
 
 // createKwokNodes creates the nodes kwok manages, each declaring devices
