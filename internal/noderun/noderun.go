@@ -306,10 +306,16 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			return cli.Exit(2, err)
 		}
 	}
-	var shared informers.SharedInformerFactory
+	var (
+		shared informers.SharedInformerFactory
+		router *virtualnode.PodRouter
+	)
 	if o.Count > 1 {
 		shared = informers.NewSharedInformerFactory(client, 0)
 		defer shared.Shutdown()
+		if router, err = virtualnode.NewPodRouter(ctx, shared.Core().V1().Pods()); err != nil {
+			return err
+		}
 	}
 	// One node per root: a second one would replace this one's sockets,
 	// and remove them when it stops.
@@ -331,6 +337,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			Root:         root,
 			Client:       client,
 			Informers:    shared,
+			PodRouter:    router,
 			NewBackend:   newBackend,
 			Resources:    res,
 			Taints:       taints,

@@ -42,6 +42,7 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
+	corev1informers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -99,6 +100,10 @@ type Config struct {
 	// to); nodes of one process share it. Nil makes a factory for this
 	// node only, watching the pods bound to it.
 	Informers informers.SharedInformerFactory
+	// PodRouter, with Informers, hands each node of the process the
+	// events of its own pods only (NewPodRouter over Informers' pod
+	// informer); without it every node is told of every pod.
+	PodRouter *PodRouter
 	// NewBackend builds the backend. Required.
 	NewBackend NewBackend
 	// Resources are the declared capacity (cpu, memory, pods and any
@@ -352,12 +357,16 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 			}))
 		defer podFactory.Shutdown()
 		defer factory.Shutdown()
-		return n.run(ctx, cancel, host, podFactory, factory, started)
+		return n.run(ctx, cancel, host, podFactory, podFactory.Core().V1().Pods(), factory, started)
 	}
-	return n.run(ctx, cancel, host, factory, factory, started)
+	var pods corev1informers.PodInformer = factory.Core().V1().Pods()
+	if cfg.PodRouter != nil {
+		pods = cfg.PodRouter.For(cfg.Name)
+	}
+	return n.run(ctx, cancel, host, factory, pods, factory, started)
 }
 
-func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *devicehost.Host, podFactory, factory informers.SharedInformerFactory, started func(*Node)) error {
+func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *devicehost.Host, podFactory informers.SharedInformerFactory, podInformer corev1informers.PodInformer, factory informers.SharedInformerFactory, started func(*Node)) error {
 	cfg := n.cfg
 	recorder := cfg.EventRecorder
 	if recorder == nil {
@@ -368,7 +377,6 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	}
 	n.prov.recorder = recorder
 	n.prov.events.set(recorder)
-	podInformer := podFactory.Core().V1().Pods()
 	podLister := podInformer.Lister()
 	n.prov.api.Store(&apiView{
 		inAPI: func(namespace, name string, uid types.UID) bool {
