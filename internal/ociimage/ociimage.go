@@ -249,10 +249,17 @@ func cleanPath(p string) string {
 	return strings.TrimPrefix(path.Clean("/"+p), "/")
 }
 
-// Write writes img as an OCI image layout in a tar archive to w.
-func Write(w io.Writer, img Image) (Result, error) {
+// packed is an image's blobs and what Write reports.
+type packed struct {
+	res                         Result
+	created                     time.Time
+	cfgBlob, layerBlob, manBlob []byte
+}
+
+// pack builds img's config, layer and manifest.
+func pack(img Image) (packed, error) {
 	if err := img.Validate(); err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	created := img.Created.UTC()
 	if img.Created.IsZero() {
@@ -260,20 +267,20 @@ func Write(w io.Writer, img Image) (Result, error) {
 	}
 	layerTar, err := layer(img.Files, created)
 	if err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	diffID := digest(layerTar)
 	var gz bytes.Buffer
 	zw, err := gzip.NewWriterLevel(&gz, gzip.BestCompression)
 	if err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	// The zero gzip header: no name, no time, OS "unknown".
 	if _, err := zw.Write(layerTar); err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	if err := zw.Close(); err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	layerBlob := gz.Bytes()
 	stamp := created.Format(time.RFC3339)
@@ -286,7 +293,7 @@ func Write(w io.Writer, img Image) (Result, error) {
 		History:      []historyRow{{Created: stamp, CreatedBy: "dpkit ociimage: one layer of static files"}},
 	})
 	if err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	res := Result{
 		Config: Descriptor{MediaType: MediaTypeConfig, Digest: digest(cfgBlob), Size: int64(len(cfgBlob))},
@@ -295,13 +302,38 @@ func Write(w io.Writer, img Image) (Result, error) {
 	}
 	manBlob, err := json.Marshal(manifest{SchemaVersion: 2, MediaType: MediaTypeManifest, Config: res.Config, Layers: []Descriptor{res.Layer}})
 	if err != nil {
-		return Result{}, err
+		return packed{}, err
 	}
 	res.Manifest = Descriptor{
 		MediaType: MediaTypeManifest, Digest: digest(manBlob), Size: int64(len(manBlob)),
 		Annotations: map[string]string{AnnotationRefName: tag(img.Name), AnnotationContainerName: img.Name},
 		Platform:    &Platform{Architecture: img.Architecture, OS: img.OS},
 	}
+	return packed{res: res, created: created, cfgBlob: cfgBlob, layerBlob: layerBlob, manBlob: manBlob}, nil
+}
+
+// Blobs returns what Write reports and img's blobs by digest (its
+// config, layer and manifest, the bytes Write packs): what a registry
+// serves for the image, the manifest under Result.Manifest.Digest.
+func Blobs(img Image) (Result, map[string][]byte, error) {
+	p, err := pack(img)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	return p.res, map[string][]byte{
+		p.res.Config.Digest:   p.cfgBlob,
+		p.res.Layer.Digest:    p.layerBlob,
+		p.res.Manifest.Digest: p.manBlob,
+	}, nil
+}
+
+// Write writes img as an OCI image layout in a tar archive to w.
+func Write(w io.Writer, img Image) (Result, error) {
+	p, err := pack(img)
+	if err != nil {
+		return Result{}, err
+	}
+	res, created, cfgBlob, layerBlob, manBlob := p.res, p.created, p.cfgBlob, p.layerBlob, p.manBlob
 	idxBlob, err := json.Marshal(index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{res.Manifest}})
 	if err != nil {
 		return Result{}, err

@@ -261,3 +261,45 @@ func TestWriteFile(t *testing.T) {
 		t.Error("a refused image changed the archive already there")
 	}
 }
+
+// TestBlobs: Blobs gives the blobs Write packs, byte for byte, each under
+// its digest, and the same Result.
+func TestBlobs(t *testing.T) {
+	t.Parallel()
+	img := testImage(t)
+	archive, want := write(t, img)
+	res, blobs, err := ociimage.Blobs(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Manifest.Digest != want.Manifest.Digest || res.Config.Digest != want.Config.Digest || res.Layer.Digest != want.Layer.Digest {
+		t.Errorf("Blobs result %+v, Write's %+v", res, want)
+	}
+	packed := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(archive))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := strings.CutPrefix(h.Name, "blobs/sha256/"); ok && d != "" {
+			b, _ := io.ReadAll(tr)
+			packed["sha256:"+d] = b
+		}
+	}
+	if len(blobs) != len(packed) || len(blobs) != 3 {
+		t.Fatalf("Blobs gave %d blobs, the archive has %d, want 3", len(blobs), len(packed))
+	}
+	for d, b := range blobs {
+		sum := sha256.Sum256(b)
+		if "sha256:"+hex.EncodeToString(sum[:]) != d {
+			t.Errorf("blob under %s has digest sha256:%x", d, sum)
+		}
+		if !bytes.Equal(b, packed[d]) {
+			t.Errorf("blob %s differs from the archive's", d)
+		}
+	}
+}

@@ -42,11 +42,30 @@ type criRuntime struct {
 	rt          runtimeapi.RuntimeServiceClient
 }
 
+// containerdOption changes the test's containerd.
+type containerdOption func(*containerdConfig)
+
+type containerdConfig struct {
+	dockerHubMirror string
+}
+
+// withDockerHubMirror has the runtime pull the images of docker.io
+// ("foo" is docker.io/library/foo:latest) from the registry at addr
+// (plain HTTP), and from nowhere else: containerd's hosts.toml for
+// docker.io names that mirror and no upstream server.
+func withDockerHubMirror(addr string) containerdOption {
+	return func(c *containerdConfig) { c.dockerHubMirror = addr }
+}
+
 // startContainerd starts containerd with the pause and busybox images the
 // real node uses, and stops it (every sandbox removed first) when the test
 // ends.
-func startContainerd(t *testing.T, ctx context.Context) *criRuntime {
+func startContainerd(t *testing.T, ctx context.Context, opts ...containerdOption) *criRuntime {
 	t.Helper()
+	var cfg containerdConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	if testing.Short() {
 		t.Skip(controlplane.NodeSkipMessage)
 	}
@@ -76,10 +95,18 @@ func startContainerd(t *testing.T, ctx context.Context) *criRuntime {
 		t.Fatal(err)
 	}
 	r := &criRuntime{dir: dir, socket: filepath.Join(dir, "containerd.sock"), ctr: filepath.Join(bins, "ctr")}
-	for _, d := range []string{"cni", "cdi"} {
+	for _, d := range []string{"cni", "cdi", "certs.d"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if cfg.dockerHubMirror != "" {
+		if err := os.MkdirAll(filepath.Join(dir, "certs.d", "docker.io"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(dir, "certs.d", "docker.io", "hosts.toml"), `[host."http://`+cfg.dockerHubMirror+`"]
+  capabilities = ["pull", "resolve"]
+`)
 	}
 	// ptp turns IPv4 forwarding on: put back what the host had.
 	const forward = "/proc/sys/net/ipv4/ip_forward"
@@ -106,6 +133,8 @@ state = "`+filepath.Join(dir, "state")+`"
   snapshotter = 'overlayfs'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = '`+controlplane.PauseImage+`'
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = '`+filepath.Join(dir, "certs.d")+`'
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   cdi_spec_dirs = ['`+filepath.Join(dir, "cdi")+`']

@@ -245,7 +245,8 @@ func TestImages(t *testing.T) {
 	defer b.Close()
 	never := testPod("never", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "absent:1", ImagePullPolicy: corev1.PullNever})
 	pull := testPod("pull", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "absent:1"})
-	for _, p := range []*corev1.Pod{never, pull} {
+	untagged := testPod("untagged", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "registry.test:5000/absent", ImagePullPolicy: corev1.PullAlways})
+	for _, p := range []*corev1.Pod{never, pull, untagged} {
 		if err := b.CreatePod(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
@@ -259,8 +260,37 @@ func TestImages(t *testing.T) {
 	if msg := p.Status.ContainerStatuses[0].State.Waiting.Message; !strings.HasPrefix(msg, `Back-off pulling image "absent:1"`) {
 		t.Errorf("message %q", msg)
 	}
+	// The runtime is asked for the image with the default tag, as by the
+	// kubelet; messages name it as the pod does.
+	p = rec.wait(t, untagged.UID, "ErrImagePull", func(p *corev1.Pod) bool { return waitingReason(p, "ErrImagePull") })
+	if msg := p.Status.ContainerStatuses[0].State.Waiting.Message; !strings.Contains(msg, `"registry.test:5000/absent:latest"`) {
+		t.Errorf("message %q, want the runtime's error for registry.test:5000/absent:latest", msg)
+	}
+	f.mu.Lock()
+	pulls := slices.Clone(f.pulls)
+	f.mu.Unlock()
+	if !slices.Contains(pulls, "registry.test:5000/absent:latest") || slices.Contains(pulls, "registry.test:5000/absent") {
+		t.Errorf("pulls %q, want registry.test:5000/absent:latest", pulls)
+	}
 	if _, cs := f.counts(); cs != 0 {
 		t.Errorf("%d containers created without an image", cs)
+	}
+}
+
+// TestWithDefaultTag: the tag "latest" is added where the kubelet adds it.
+func TestWithDefaultTag(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"foo":                                   "foo:latest",
+		"foo:1":                                 "foo:1",
+		"library/foo":                           "library/foo:latest",
+		"registry.test:5000/foo":                "registry.test:5000/foo:latest",
+		"registry.test:5000/foo:1":              "registry.test:5000/foo:1",
+		"foo@sha256:" + strings.Repeat("a", 64): "foo@sha256:" + strings.Repeat("a", 64),
+	} {
+		if got := withDefaultTag(in); got != want {
+			t.Errorf("withDefaultTag(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

@@ -31,7 +31,8 @@ type fakeRuntime struct {
 	sandboxes  map[string]*fakeSandbox
 	containers map[string]*fakeContainer
 	images     map[string]bool
-	stops      []int64 // the timeouts StopContainer was called with
+	pulls      []string // the images PullImage was asked for
+	stops      []int64  // the timeouts StopContainer was called with
 	// exec answers ExecSync for a running container, by the container's
 	// name; nil answers exit 0. It is called without the lock held.
 	exec  func(container string, r *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error)
@@ -257,6 +258,9 @@ func (f *fakeRuntime) ImageStatus(_ context.Context, r *runtimeapi.ImageStatusRe
 }
 
 func (f *fakeRuntime) PullImage(_ context.Context, r *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	f.mu.Lock()
+	f.pulls = append(f.pulls, r.Image.Image)
+	f.mu.Unlock()
 	return nil, status.Errorf(codes.Unknown, "failed to pull and unpack image %q: no such host", r.Image.Image)
 }
 

@@ -497,7 +497,7 @@ func (pr *podRun) removeContainer(ctx context.Context, id string) {
 // pull policy says.
 func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 	image := c.spec.Image
-	spec := &runtimeapi.ImageSpec{Image: image}
+	spec := &runtimeapi.ImageSpec{Image: withDefaultTag(image)}
 	st, err := pr.b.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: spec})
 	if err != nil {
 		return "", &waitError{"ErrImageInspect", fmt.Sprintf("Failed to inspect image %q: %s", image, status.Convert(err).Message())}
@@ -523,6 +523,24 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 		return "", &waitError{"ErrImagePull", msg}
 	}
 	return resp.ImageRef, nil
+}
+
+// withDefaultTag is image with the tag "latest" when it names neither a
+// tag nor a digest, what the kubelet's applyDefaultImageTag
+// (pkg/kubelet/images) asks the runtime to inspect and pull: "foo" as
+// "foo:latest", "registry:5000/foo" as "registry:5000/foo:latest". Like
+// the kubelet it does not qualify the name (docker.io/library/...): that
+// is the runtime's.
+func withDefaultTag(image string) string {
+	for i := len(image) - 1; i >= 0; i-- {
+		switch image[i] {
+		case '@', ':':
+			return image
+		case '/':
+			return image + ":latest"
+		}
+	}
+	return image + ":latest"
 }
 
 // policy is the container's image pull policy, defaulted as the API
