@@ -49,7 +49,7 @@ func (b *Backend) Attach(ctx context.Context, namespace, name, container string,
 	if err != nil {
 		return err
 	}
-	resp, err := b.rt.Attach(ctx, &runtimeapi.AttachRequest{
+	resp, err := b.rt.Attach(b.logctx(ctx), &runtimeapi.AttachRequest{
 		ContainerId: id, Tty: eio.TTY,
 		Stdin: eio.Stdin != nil, Stdout: eio.Stdout != nil, Stderr: eio.Stderr != nil && !eio.TTY,
 	})
@@ -79,7 +79,7 @@ func (b *Backend) PortForward(ctx context.Context, namespace, name string, port 
 	if sandbox == "" {
 		return fmt.Errorf("pod %s/%s has no sandbox yet", namespace, name)
 	}
-	resp, err := b.rt.PortForward(ctx, &runtimeapi.PortForwardRequest{PodSandboxId: sandbox, Port: []int32{port}})
+	resp, err := b.rt.PortForward(b.logctx(ctx), &runtimeapi.PortForwardRequest{PodSandboxId: sandbox, Port: []int32{port}})
 	if err != nil {
 		return fmt.Errorf("port-forward to pod %s/%s: %w", namespace, name, err)
 	}

@@ -45,18 +45,18 @@ func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 
 // createSandbox asks the runtime for the pod's sandbox with the pod's DNS
 // configuration, computed then as the kubelet does for each sandbox.
-func (pr *podRun) createSandbox(ctx context.Context) (*runtimeapi.RunPodSandboxResponse, error) {
+func (pr *podRun) createSandbox(ctx context.Context) (string, error) {
 	// As the kubelet's GetNodenameForKernel: the kernel keeps 64
 	// characters of a hostname.
 	if h := pr.sandbox.Hostname; len(h) > 64 {
-		return nil, fmt.Errorf("failed to construct FQDN from pod hostname and cluster domain, FQDN %s is too long (64 characters is the max, %d characters requested)", h, len(h))
+		return "", fmt.Errorf("failed to construct FQDN from pod hostname and cluster domain, FQDN %s is too long (64 characters is the max, %d characters requested)", h, len(h))
 	}
 	dns, err := pr.dnsConfig()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	pr.sandbox.DnsConfig = dns
-	return pr.b.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pr.sandbox})
+	return pr.b.rt.RunPodSandbox(pr.b.logctx(ctx), pr.sandbox, "")
 }
 
 // namespaces are the pod's Linux namespaces: its own network, PID and IPC
@@ -252,7 +252,7 @@ func securityContext(pod *corev1.Pod, c corev1.Container) *runtimeapi.LinuxConta
 // names none (kuberuntime getImageUser): the image's UID, else its user
 // name, else root.
 func (pr *podRun) imageUser(ctx context.Context, image string) (*runtimeapi.Int64Value, string, error) {
-	st, err := pr.b.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: image}})
+	st, err := pr.b.img.ImageStatus(pr.b.logctx(ctx), &runtimeapi.ImageSpec{Image: image}, false)
 	if err != nil {
 		return nil, "", fmt.Errorf("inspect image %q for its user: %w", image, err)
 	}

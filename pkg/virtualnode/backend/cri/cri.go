@@ -29,11 +29,13 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	internalapi "k8s.io/cri-api/pkg/apis"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	remote "k8s.io/cri-client/pkg"
+	"k8s.io/klog/v2"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
@@ -86,6 +88,11 @@ type Config struct {
 	BackoffInitial time.Duration
 	// DialTimeout bounds the first call to the runtime; 0 means 10s.
 	DialTimeout time.Duration
+	// RequestTimeout bounds each call to the runtime but image pulls, as
+	// the kubelet's --runtime-request-timeout (sandbox creation gets
+	// twice as long, a container's stop and a command's exec the grace
+	// period or timeout more); 0 means the kubelet's 2m.
+	RequestTimeout time.Duration
 	// PodDir holds each pod's directory <uid>/, as the kubelet's
 	// /var/lib/kubelet/pods: volumes/<plugin>/<volume>, etc-hosts and
 	// containers/<name>/ (termination messages). The runtime must see it
@@ -124,11 +131,13 @@ type Config struct {
 
 // Backend runs pods through a CRI runtime.
 type Backend struct {
-	cfg     Config
-	log     *slog.Logger
-	conn    *grpc.ClientConn
-	rt      runtimeapi.RuntimeServiceClient
-	img     runtimeapi.ImageServiceClient
+	cfg Config
+	log *slog.Logger
+	// klog is log for the CRI client, which takes its logger from the
+	// context of each call (logctx).
+	klog    klog.Logger
+	rt      internalapi.RuntimeService
+	img     internalapi.ImageManagerService
 	runtime string // the runtime's name, the scheme of container IDs
 
 	ctx    context.Context
@@ -181,6 +190,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = runtimeRequestTimeout
+	}
 	if cfg.PodDir == "" {
 		cfg.PodDir = cfg.LogDir
 	}
@@ -203,20 +215,21 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("cri backend: %s: %w (is containerd or CRI-O running, and is this its CRI socket?)", cfg.Endpoint, err)
 	}
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+	if path, err = filepath.Abs(path); err != nil {
 		return nil, fmt.Errorf("cri backend: %s: %w", cfg.Endpoint, err)
 	}
 	b := &Backend{
-		cfg: cfg, log: log, conn: conn,
-		rt: runtimeapi.NewRuntimeServiceClient(conn), img: runtimeapi.NewImageServiceClient(conn),
+		cfg: cfg, log: log, klog: logr.FromSlogHandler(log.Handler()),
 		pods: map[types.UID]*podRun{},
 	}
-	vctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	if err := b.connect(ctx, "unix://"+path); err != nil {
+		return nil, fmt.Errorf("cri backend: no CRI v1 runtime answers on %s (is containerd or CRI-O running, with its CRI plugin enabled?): %w", cfg.Endpoint, err)
+	}
+	vctx, cancel := context.WithTimeout(b.logctx(ctx), cfg.DialTimeout)
 	defer cancel()
-	v, err := b.rt.Version(vctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+	v, err := b.rt.Version(vctx, kubeRuntimeAPIVersion)
 	if err != nil {
-		_ = conn.Close()
+		_ = b.closeClients()
 		return nil, fmt.Errorf("cri backend: no CRI v1 runtime answers on %s (is containerd or CRI-O running, with its CRI plugin enabled?): %w", cfg.Endpoint, err)
 	}
 	b.runtime = v.RuntimeName
@@ -224,22 +237,66 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	if err := b.adopt(ctx); err != nil {
 		b.cancel()
-		_ = conn.Close()
+		_ = b.closeClients()
 		return nil, err
 	}
 	return b, nil
 }
 
+// kubeRuntimeAPIVersion is the version the kubelet sends in its Version
+// calls (pkg/kubelet/kuberuntime).
+const kubeRuntimeAPIVersion = "0.1.0"
+
+// connect builds the kubelet's CRI clients (k8s.io/cri-client), whose
+// first call, CRI v1's Version, is bounded by DialTimeout, and every
+// later one by RequestTimeout. They do without tracing (no otelgrpc
+// stats handler) and without the alpha CRIListStreaming lists.
+func (b *Backend) connect(ctx context.Context, endpoint string) error {
+	ctx, cancel := context.WithTimeout(b.logctx(ctx), b.cfg.DialTimeout)
+	defer cancel()
+	rt, err := remote.NewRemoteRuntimeServiceBuilder().
+		WithEndpoint(endpoint).
+		WithConnectionTimeout(b.cfg.RequestTimeout).
+		WithTracerProvider(nil).
+		Build(ctx)
+	if err != nil {
+		return err
+	}
+	img, err := remote.NewRemoteImageServiceBuilder().
+		WithEndpoint(endpoint).
+		WithConnectionTimeout(b.cfg.RequestTimeout).
+		WithTracerProvider(nil).
+		Build(ctx)
+	if err != nil {
+		_ = rt.Close(ctx)
+		return err
+	}
+	b.rt, b.img = rt, img
+	return nil
+}
+
+// closeClients closes the connections of the CRI clients.
+func (b *Backend) closeClients() error {
+	ctx := b.logctx(context.Background())
+	return errors.Join(b.rt.Close(ctx), b.img.Close(ctx))
+}
+
+// logctx is ctx carrying the backend's logger for the CRI client, which
+// logs its failed calls (Error) and its calls (V(10)) with the logger of
+// the call's context, and else with klog's global one.
+func (b *Backend) logctx(ctx context.Context) context.Context {
+	return klog.NewContext(ctx, b.klog)
+}
+
 // adopt takes over the sandboxes of this node a previous run left.
 func (b *Backend) adopt(ctx context.Context) error {
-	resp, err := b.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+	items, err := b.rt.ListPodSandbox(b.logctx(ctx), &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{LabelNode: b.cfg.Node},
-	}})
+	})
 	if err != nil {
 		return fmt.Errorf("cri backend: listing sandboxes: %w", err)
 	}
 	// The newest sandbox of a pod wins; older ones are removed.
-	items := resp.Items
 	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
 	for _, sb := range items {
 		var pod corev1.Pod
@@ -268,10 +325,10 @@ func (b *Backend) adopt(ctx context.Context) error {
 
 // removeSandbox stops and removes a sandbox and its containers.
 func (b *Backend) removeSandbox(ctx context.Context, id string) {
-	if _, err := b.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+	if err := b.rt.StopPodSandbox(b.logctx(ctx), id); err != nil {
 		b.log.Warn("Stopping a sandbox", "sandbox", id, "err", err)
 	}
-	if _, err := b.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+	if err := b.rt.RemovePodSandbox(b.logctx(ctx), id); err != nil {
 		b.log.Warn("Removing a sandbox", "sandbox", id, "err", err)
 	}
 }
@@ -281,7 +338,7 @@ func (b *Backend) removeSandbox(ctx context.Context, id string) {
 func (b *Backend) Close() error {
 	b.cancel()
 	b.wg.Wait()
-	return b.conn.Close()
+	return b.closeClients()
 }
 
 // CreatePod implements backend.Backend.

@@ -98,7 +98,7 @@ func (f *fakeRuntime) nextID(prefix string) string {
 }
 
 func (f *fakeRuntime) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
-	return &runtimeapi.VersionResponse{RuntimeName: "fake", RuntimeVersion: "1", RuntimeApiVersion: "v1"}, nil
+	return &runtimeapi.VersionResponse{Version: "0.1.0", RuntimeName: "fake", RuntimeVersion: "1", RuntimeApiVersion: "v1"}, nil
 }
 
 func (f *fakeRuntime) RunPodSandbox(_ context.Context, r *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
@@ -147,7 +147,7 @@ func (f *fakeRuntime) PodSandboxStatus(_ context.Context, r *runtimeapi.PodSandb
 	if sb == nil {
 		return nil, status.Error(codes.NotFound, "no sandbox")
 	}
-	return &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{Id: sb.id, Network: &runtimeapi.PodSandboxNetworkStatus{Ip: "10.9.9.9"}}}, nil
+	return &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{Id: sb.id, Metadata: sb.cfg.Metadata, CreatedAt: sb.at, Network: &runtimeapi.PodSandboxNetworkStatus{Ip: "10.9.9.9"}}}, nil
 }
 
 func (f *fakeRuntime) ListPodSandbox(_ context.Context, r *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
@@ -243,7 +243,7 @@ func (f *fakeRuntime) ContainerStatus(_ context.Context, r *runtimeapi.Container
 	// As containerd: the mounts asked for, and the log's full path.
 	return &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{
 		Id: c.id, Metadata: c.cfg.Metadata, State: c.state, ExitCode: c.exitCode,
-		CreatedAt: c.created, StartedAt: c.started, FinishedAt: c.finished, ImageRef: "sha256:fake",
+		CreatedAt: c.created, StartedAt: c.started, FinishedAt: c.finished, Image: c.cfg.Image, ImageRef: "sha256:fake",
 		Mounts: c.cfg.Mounts, LogPath: filepath.Join(f.sandboxes[c.sandbox].cfg.LogDirectory, c.cfg.LogPath),
 	}}, nil
 }
@@ -254,7 +254,13 @@ func (f *fakeRuntime) ImageStatus(_ context.Context, r *runtimeapi.ImageStatusRe
 	if !f.images[r.Image.Image] {
 		return &runtimeapi.ImageStatusResponse{}, nil
 	}
-	return &runtimeapi.ImageStatusResponse{Image: &runtimeapi.Image{Id: "sha256:" + r.Image.Image}}, nil
+	return &runtimeapi.ImageStatusResponse{Image: &runtimeapi.Image{Id: "sha256:" + r.Image.Image, Size: 1}}, nil
+}
+
+// ImageFsInfo is how the kubelet's image client checks, when it
+// connects, that the runtime serves CRI v1's image service.
+func (f *fakeRuntime) ImageFsInfo(context.Context, *runtimeapi.ImageFsInfoRequest) (*runtimeapi.ImageFsInfoResponse, error) {
+	return &runtimeapi.ImageFsInfoResponse{}, nil
 }
 
 func (f *fakeRuntime) PullImage(_ context.Context, r *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Lifecycle hooks and the killing of a container, as the kubelet's
@@ -170,7 +169,7 @@ func (pr *podRun) killContainer(ctx context.Context, c *ctr, id, message string,
 		}
 		grace = max(grace, minGracePeriod)
 	}
-	_, err := pr.b.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: grace})
+	err := pr.b.rt.StopContainer(pr.b.logctx(ctx), id, grace)
 	if err != nil && status.Code(err) != codes.NotFound {
 		pr.b.log.Warn("Stopping a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
 	}

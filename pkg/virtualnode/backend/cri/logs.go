@@ -102,7 +102,7 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	if eio.TTY {
 		stderr = nil // one stream with a TTY
 	}
-	resp, err := b.rt.Exec(ctx, &runtimeapi.ExecRequest{
+	resp, err := b.rt.Exec(b.logctx(ctx), &runtimeapi.ExecRequest{
 		ContainerId: id, Cmd: cmd, Tty: eio.TTY,
 		Stdin: eio.Stdin != nil, Stdout: eio.Stdout != nil, Stderr: stderr != nil,
 	})

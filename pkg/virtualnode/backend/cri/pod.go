@@ -178,7 +178,7 @@ func (pr *podRun) run(ctx context.Context) {
 			// its containers stay, for their logs, until it is deleted.
 			pr.ended = true
 			if pr.sandboxID != "" {
-				if _, err := pr.b.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pr.sandboxID}); err != nil {
+				if err := pr.b.rt.StopPodSandbox(pr.b.logctx(ctx), pr.sandboxID); err != nil {
 					pr.b.log.Warn("Stopping the sandbox of an ended pod", "pod", pr.key(), "err", err)
 				}
 			}
@@ -246,7 +246,7 @@ func (pr *podRun) sync(ctx context.Context) {
 // tried again after the back-off (the kubelet's pod worker requeues a
 // pod whose sync failed after backOffPeriod, 10s).
 func (pr *podRun) runSandbox(ctx context.Context) bool {
-	resp, err := pr.createSandbox(ctx)
+	id, err := pr.createSandbox(ctx)
 	if err != nil {
 		msg := "Failed to create pod sandbox: " + status.Convert(err).Message()
 		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
@@ -265,7 +265,7 @@ func (pr *podRun) runSandbox(ctx context.Context) bool {
 		return false
 	}
 	pr.mu.Lock()
-	pr.sandboxID = resp.PodSandboxId
+	pr.sandboxID = id
 	pr.mu.Unlock()
 	pr.readPodIP(ctx)
 	return true
@@ -275,7 +275,7 @@ func (pr *podRun) readPodIP(ctx context.Context) {
 	if pr.pod.Spec.HostNetwork {
 		return
 	}
-	st, err := pr.b.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pr.sandboxID})
+	st, err := pr.b.rt.PodSandboxStatus(pr.b.logctx(ctx), pr.sandboxID, false)
 	if err != nil || st.Status == nil || st.Status.Network == nil {
 		return
 	}
@@ -290,7 +290,7 @@ func (pr *podRun) refresh(ctx context.Context) {
 		if c.id == "" || c.exited {
 			continue
 		}
-		resp, err := pr.b.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.id})
+		resp, err := pr.b.rt.ContainerStatus(pr.b.logctx(ctx), c.id, false)
 		if status.Code(err) == codes.NotFound {
 			pr.mu.Lock()
 			pr.exit(c, unknownTermination(c))
@@ -451,13 +451,13 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 			return &waitError{"CreateContainerConfigError", "PreStartContainer: " + err.Error()}
 		}
 	}
-	resp, err := pr.b.rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pr.sandboxID, Config: cfg, SandboxConfig: pr.sandbox})
+	id, err := pr.b.rt.CreateContainer(pr.b.logctx(ctx), pr.sandboxID, cfg, pr.sandbox)
 	if err != nil {
 		return &waitError{"CreateContainerError", status.Convert(err).Message()}
 	}
-	if _, err := pr.b.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: resp.ContainerId}); err != nil {
+	if err := pr.b.rt.StartContainer(pr.b.logctx(ctx), id); err != nil {
 		pr.mu.Lock()
-		c.prevID, c.id, c.exited, c.started = c.id, resp.ContainerId, false, time.Now()
+		c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 		pr.mu.Unlock()
 		return &waitError{"RunContainerError", status.Convert(err).Message()}
 	}
@@ -472,7 +472,7 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 		c.lastState = corev1.ContainerState{Terminated: c.lastTerminated()}
 		c.backoff = min(2*c.backoff, maxBackoff)
 	}
-	c.prevID, c.id, c.exited, c.started = c.id, resp.ContainerId, false, time.Now()
+	c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 	c.pullFailed, c.imageID = "", imageRef
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: backend.Now()}}
 	pr.mu.Unlock()
@@ -488,7 +488,7 @@ func (c *ctr) lastTerminated() *corev1.ContainerStateTerminated {
 }
 
 func (pr *podRun) removeContainer(ctx context.Context, id string) {
-	if _, err := pr.b.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil && status.Code(err) != codes.NotFound {
+	if err := pr.b.rt.RemoveContainer(pr.b.logctx(ctx), id); err != nil && status.Code(err) != codes.NotFound {
 		pr.b.log.Warn("Removing a container", "pod", pr.key(), "container", id, "err", err)
 	}
 }
@@ -498,7 +498,7 @@ func (pr *podRun) removeContainer(ctx context.Context, id string) {
 func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 	image := c.spec.Image
 	spec := &runtimeapi.ImageSpec{Image: withDefaultTag(image)}
-	st, err := pr.b.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: spec})
+	st, err := pr.b.img.ImageStatus(pr.b.logctx(ctx), spec, false)
 	if err != nil {
 		return "", &waitError{"ErrImageInspect", fmt.Sprintf("Failed to inspect image %q: %s", image, status.Convert(err).Message())}
 	}
@@ -514,7 +514,7 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 			return st.Image.Id, nil
 		}
 	}
-	resp, err := pr.b.img.PullImage(ctx, &runtimeapi.PullImageRequest{Image: spec, SandboxConfig: pr.sandbox})
+	ref, err := pr.b.img.PullImage(pr.b.logctx(ctx), spec, nil, pr.sandbox)
 	if err != nil {
 		msg := status.Convert(err).Message()
 		pr.mu.Lock()
@@ -522,7 +522,7 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 		pr.mu.Unlock()
 		return "", &waitError{"ErrImagePull", msg}
 	}
-	return resp.ImageRef, nil
+	return ref, nil
 }
 
 // withDefaultTag is image with the tag "latest" when it names neither a
@@ -610,13 +610,13 @@ func (pr *podRun) terminate(ctx context.Context) {
 // adoptContainers finds the containers of an adopted sandbox: per
 // container name the newest is current, the one before it previous.
 func (pr *podRun) adoptContainers(ctx context.Context) error {
-	resp, err := pr.b.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: pr.sandboxID}})
+	ctrs, err := pr.b.rt.ListContainers(pr.b.logctx(ctx), &runtimeapi.ContainerFilter{PodSandboxId: pr.sandboxID})
 	if err != nil {
 		return fmt.Errorf("cri backend: listing the containers of sandbox %s: %w", pr.sandboxID, err)
 	}
 	for _, c := range pr.ctrs {
 		var cur, prev *runtimeapi.Container
-		for _, rc := range resp.Containers {
+		for _, rc := range ctrs {
 			if rc.Labels[LabelContainer] != c.spec.Name || rc.Metadata == nil {
 				continue
 			}

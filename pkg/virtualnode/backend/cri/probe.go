@@ -8,10 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	remote "k8s.io/cri-client/pkg"
+	utilexec "k8s.io/utils/exec"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
@@ -94,7 +93,7 @@ func (o outcome) String() string {
 const maxProbeRetries = 3
 
 // runtimeRequestTimeout is the kubelet's default --runtime-request-timeout,
-// which bounds an exec beyond its own timeout.
+// which bounds each call to the runtime, an exec beyond its own timeout.
 const runtimeRequestTimeout = 2 * time.Minute
 
 // probeState is what a container's probes found for its current runtime
@@ -458,25 +457,21 @@ func expandStatic(cmd []string, env []corev1.EnvVar) []string {
 // output.
 const maxExecOutput = 10 << 10
 
-var errCommandTimedOut = errors.New("command timed out")
-
 // execSync runs cmd in the container through the runtime's ExecSync and
 // returns its output (stdout, then stderr) and exit code. timeout 0 runs
-// it until ctx ends.
+// it until ctx ends; else the call is bounded by timeout and the
+// RequestTimeout beyond it, and an exec past it is an error wrapping
+// remote.ErrCommandTimedOut, as the kubelet's.
 func (pr *podRun) execSync(ctx context.Context, id string, cmd []string, timeout time.Duration) ([]byte, int32, error) {
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout+runtimeRequestTimeout)
-		defer cancel()
-	}
-	resp, err := pr.b.rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: int64(timeout / time.Second)})
-	if err != nil {
-		if status.Code(err) == codes.DeadlineExceeded {
-			return nil, 0, fmt.Errorf("%w: %q timed out after %s", errCommandTimedOut, strings.Join(cmd, " "), timeout)
-		}
+	stdout, stderr, err := pr.b.rt.ExecSync(pr.b.logctx(ctx), id, cmd, timeout)
+	var exit utilexec.CodeExitError
+	switch {
+	case errors.As(err, &exit):
+		return append(stdout, stderr...), int32(exit.Code), nil //nolint:gosec // the runtime's int32
+	case err != nil:
 		return nil, 0, err
 	}
-	return append(resp.Stdout, resp.Stderr...), resp.ExitCode, nil
+	return append(stdout, stderr...), 0, nil
 }
 
 // execProbe is the kubelet's exec prober: exit 0 passes, another exit
@@ -487,7 +482,7 @@ func (pr *podRun) execProbe(ctx context.Context, id string, cmd []string, timeou
 		out = out[:maxExecOutput]
 	}
 	switch {
-	case errors.Is(err, errCommandTimedOut):
+	case errors.Is(err, remote.ErrCommandTimedOut):
 		return outcomeFailure, err.Error(), nil
 	case err != nil:
 		return outcomeUnknown, "", err

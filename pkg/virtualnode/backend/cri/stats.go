@@ -99,11 +99,11 @@ func (c *cpuCache) prune(now time.Time) {
 // previous sample as the kubelet does.
 func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error) {
 	byID := map[string]*runtimeapi.PodSandboxStats{}
-	resp, err := b.rt.ListPodSandboxStats(ctx, &runtimeapi.ListPodSandboxStatsRequest{Filter: &runtimeapi.PodSandboxStatsFilter{
+	resp, err := b.rt.ListPodSandboxStats(b.logctx(ctx), &runtimeapi.PodSandboxStatsFilter{
 		LabelSelector: map[string]string{LabelNode: b.cfg.Node},
-	}})
+	})
 	if err == nil {
-		for _, s := range resp.Stats {
+		for _, s := range resp {
 			if id := s.GetAttributes().GetId(); id != "" {
 				byID[id] = s
 			}
@@ -117,15 +117,15 @@ func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error
 			// which the backend does not set ("has no cgroup parent").
 			b.log.Debug("Pod sandbox stats, reading container stats instead", "err", err)
 		}
-		cs, err := b.rt.ListContainerStats(ctx, &runtimeapi.ListContainerStatsRequest{Filter: &runtimeapi.ContainerStatsFilter{
+		cs, err := b.rt.ListContainerStats(b.logctx(ctx), &runtimeapi.ContainerStatsFilter{
 			LabelSelector: map[string]string{LabelNode: b.cfg.Node},
-		}})
+		})
 		if err != nil {
 			return nil, fmt.Errorf("cri backend: container stats: %w", err)
 		}
 		// ListContainerStats names no sandbox: every pod looks for its
 		// containers, by ID, among all of them.
-		byID[""] = &runtimeapi.PodSandboxStats{Linux: &runtimeapi.LinuxPodSandboxStats{Containers: cs.Stats}}
+		byID[""] = &runtimeapi.PodSandboxStats{Linux: &runtimeapi.LinuxPodSandboxStats{Containers: cs}}
 	}
 	b.cpu.prune(time.Now())
 
