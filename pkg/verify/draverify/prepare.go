@@ -73,7 +73,9 @@ func (r *run) timed(ctx context.Context, what string, fn func(context.Context) e
 	if d := time.Since(start); d > r.slowest {
 		r.slowest, r.slowestCall = d, what
 	}
-	if ctx.Err() == context.DeadlineExceeded {
+	// gRPC's own timer for the deadline can end the call a moment before
+	// the context records it: the clock decides.
+	if deadline, _ := ctx.Deadline(); ctx.Err() == context.DeadlineExceeded || (err != nil && !time.Now().Before(deadline)) {
 		return fmt.Errorf("%s %w after %s (see %s)", what, errTimedOut, r.cfg.PrepareTimeout, verify.CheckDRATimeout)
 	}
 	return err
