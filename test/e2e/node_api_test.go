@@ -279,22 +279,8 @@ func TestVirtualNodePortForward(t *testing.T) {
 	for _, mode := range []string{"websocket", "spdy"} {
 		t.Run(mode, func(t *testing.T) {
 			local := forwardPort(t, ctx, cp.RESTConfig, mode, ns, "web", podPort)
-			var body string
-			// The server may still be starting: poll until it answers.
-			poll(t, ctx, "the pod's server through the forwarded port", func(ctx context.Context) (bool, string, error) {
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/index.html", local), nil)
-				if err != nil {
-					return false, "", err
-				}
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					return false, err.Error(), nil
-				}
-				defer resp.Body.Close()
-				b, err := io.ReadAll(resp.Body)
-				body = string(b)
-				return err == nil && resp.StatusCode == http.StatusOK, resp.Status + " " + body, nil
-			})
+			// The server may still be starting.
+			body := pollHTTP(t, ctx, "the pod's server through the forwarded port", fmt.Sprintf("http://127.0.0.1:%d/index.html", local))
 			if body != "served by the pod\n" {
 				t.Errorf("through the forwarded port: %q, want the pod's page", body)
 			}
@@ -365,4 +351,26 @@ func forwardPort(t *testing.T, ctx context.Context, cfg *rest.Config, mode, ns, 
 		t.Fatalf("forwarded ports %v, %v", ports, err)
 	}
 	return int(ports[0].Local)
+}
+
+// pollHTTP GETs url until it answers 200 (a server in a pod may still be
+// starting) and returns the body of that answer.
+func pollHTTP(t *testing.T, ctx context.Context, what, url string) string {
+	t.Helper()
+	var body string
+	poll(t, ctx, what, func(ctx context.Context) (bool, string, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, "", err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err == nil && resp.StatusCode == http.StatusOK, resp.Status + " " + body, nil
+	})
+	return body
 }

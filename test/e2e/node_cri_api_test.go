@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -238,22 +237,8 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 		startCRIPod(t, ctx, c, ns, "web", name, "mkdir -p /tmp/www && echo 'served by the cri pod' > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www")
 		for _, mode := range []string{"websocket", "spdy"} {
 			local := forwardPort(t, ctx, cp.RESTConfig, mode, ns, "web", 8080)
-			var body string
-			// The server may still be starting: poll until it answers.
-			poll(t, ctx, mode+": the pod's server through the forwarded port", func(ctx context.Context) (bool, string, error) {
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/index.html", local), nil)
-				if err != nil {
-					return false, "", err
-				}
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					return false, err.Error(), nil
-				}
-				defer resp.Body.Close()
-				b, err := io.ReadAll(resp.Body)
-				body = string(b)
-				return err == nil && resp.StatusCode == http.StatusOK, resp.Status + " " + body, nil
-			})
+			// The server may still be starting.
+			body := pollHTTP(t, ctx, mode+": the pod's server through the forwarded port", fmt.Sprintf("http://127.0.0.1:%d/index.html", local))
 			if body != "served by the cri pod\n" {
 				t.Errorf("%s: through the forwarded port: %q, want the pod's page", mode, body)
 			}

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -273,19 +271,9 @@ func TestVirtualNodeCRIHostPort(t *testing.T) {
 	}
 	waitPod(t, ctx, c, ns, "web", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	url := fmt.Sprintf("http://%s/index.html", net.JoinHostPort(hostIP, strconv.Itoa(int(hostPort))))
-	poll(t, ctx, "GET "+url+" through the host port", func(ctx context.Context) (bool, string, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return false, "", err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b) == "served by web\n", resp.Status + " " + string(b), nil
-	})
+	if body := pollHTTP(t, ctx, "GET "+url+" through the host port", url); body != "served by web\n" {
+		t.Errorf("through the host port: %q, want the pod's page", body)
+	}
 }
 
 // globalIPv4 is an IPv4 address of the host other than loopback: one
