@@ -197,16 +197,7 @@ func TestVirtualNodeAttach(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitLogs(t, ctx, c, ns, pod, "before")
-			stdout, stderr := newSyncBuffer("tick\n"), newSyncBuffer("tock\n")
-			done := make(chan error, 1)
-			go func() { done <- attachToPod(ctx, cp.RESTConfig, mode, ns, pod, stdout, stderr) }()
-			for _, b := range []*syncBuffer{stdout, stderr} {
-				select {
-				case <-b.seen:
-				case err := <-done:
-					t.Fatalf("attach ended before the container printed %q: %v (stdout %q, stderr %q)", b.want, err, stdout, stderr)
-				}
-			}
+			stdout, stderr, done := attachUntilTickTock(t, ctx, cp.RESTConfig, mode, ns, pod)
 			if err := os.WriteFile(stop, nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -373,4 +364,22 @@ func pollHTTP(t *testing.T, ctx context.Context, what, url string) string {
 		return err == nil && resp.StatusCode == http.StatusOK, resp.Status + " " + body, nil
 	})
 	return body
+}
+
+// attachUntilTickTock attaches to pod, whose container prints tick lines
+// on stdout and tock lines on stderr, and returns once one of each came
+// through the attach, with the streams and the attach's end.
+func attachUntilTickTock(t *testing.T, ctx context.Context, rc *rest.Config, mode, ns, pod string) (stdout, stderr *syncBuffer, done <-chan error) {
+	t.Helper()
+	stdout, stderr = newSyncBuffer("tick\n"), newSyncBuffer("tock\n")
+	ended := make(chan error, 1)
+	go func() { ended <- attachToPod(ctx, rc, mode, ns, pod, stdout, stderr) }()
+	for _, b := range []*syncBuffer{stdout, stderr} {
+		select {
+		case <-b.seen:
+		case err := <-ended:
+			t.Fatalf("attach ended before the container printed %q: %v (stdout %q, stderr %q)", b.want, err, stdout, stderr)
+		}
+	}
+	return stdout, stderr, ended
 }

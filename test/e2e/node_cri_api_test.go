@@ -149,16 +149,7 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 			pod := "attach-" + mode
 			startCRIPod(t, ctx, c, ns, pod, name, "echo before; while [ ! -e /tmp/stop ]; do echo tick; echo tock >&2; sleep 0.1; done; echo bye")
 			waitLogs(t, ctx, c, ns, pod, "before")
-			stdout, stderr := newSyncBuffer("tick\n"), newSyncBuffer("tock\n")
-			done := make(chan error, 1)
-			go func() { done <- attachToPod(ctx, cp.RESTConfig, mode, ns, pod, stdout, stderr) }()
-			for _, b := range []*syncBuffer{stdout, stderr} {
-				select {
-				case <-b.seen:
-				case err := <-done:
-					t.Fatalf("attach ended before the container printed %q: %v (stdout %q, stderr %q)", b.want, err, stdout, stderr)
-				}
-			}
+			stdout, stderr, done := attachUntilTickTock(t, ctx, cp.RESTConfig, mode, ns, pod)
 			if out, errOut, err := execInPod(ctx, cp.RESTConfig, mode, ns, pod, []string{"touch", "/tmp/stop"}, ""); err != nil {
 				t.Fatalf("exec touch /tmp/stop: %v (%q %q)", err, out, errOut)
 			}
