@@ -42,9 +42,6 @@ type Manager struct {
 	admitMu sync.Mutex
 	// cpMu serialises checkpoint snapshots and writes so they land in order.
 	cpMu sync.Mutex
-	// cpWritten is the last checkpoint request (cpWanted) the file on disk
-	// includes; guarded by cpMu.
-	cpWritten uint64
 
 	mu        sync.Mutex
 	started   bool
@@ -56,9 +53,6 @@ type Manager struct {
 	pods    map[string]*podState
 	subs    map[int]chan struct{}
 	nextSub int
-	// cpWanted counts checkpoint requests: each writeCheckpoint call takes
-	// the next number after its change is made.
-	cpWanted uint64
 
 	server *grpc.Server
 	ctx    context.Context // cancelled by Stop; parent of plugin streams
