@@ -80,17 +80,19 @@ func TestReRegistration(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name     string
-		recreate func(t *testing.T, dir, socket string, old *pwtest.Plugin)
+		// recreate returns the plugin now serving socket.
+		recreate func(t *testing.T, dir, socket string, old *pwtest.Plugin) *pwtest.Plugin
 	}{
-		{"socket removed and created again", func(t *testing.T, _, socket string, old *pwtest.Plugin) {
+		{"socket removed and created again", func(t *testing.T, _, socket string, old *pwtest.Plugin) *pwtest.Plugin {
 			old.Close()
-			startPlugin(t, socket, devicePluginInfo("example.com/a", "v2.sock"))
+			return startPlugin(t, socket, devicePluginInfo("example.com/a", "v2.sock"))
 		}},
-		{"socket replaced by rename", func(t *testing.T, dir, socket string, _ *pwtest.Plugin) {
+		{"socket replaced by rename", func(t *testing.T, dir, socket string, _ *pwtest.Plugin) *pwtest.Plugin {
 			p := startPlugin(t, filepath.Join(dir, ".tmp.sock"), devicePluginInfo("example.com/a", "v2.sock"))
 			if err := p.MoveTo(socket); err != nil {
 				t.Fatal(err)
 			}
+			return p
 		}},
 	}
 	for _, tc := range tests {
@@ -109,10 +111,14 @@ func TestReRegistration(t *testing.T) {
 			}
 			first := w.Plugins()
 
-			tc.recreate(t, dir, socket, p)
+			second := tc.recreate(t, dir, socket, p)
 			calls := wantOps(t, h, "validate", "register", "deregister", "validate", "register")
 			if calls[2].Endpoint != "v1.sock" || calls[4].Endpoint != "v2.sock" {
 				t.Errorf("deregistered %q and registered %q, want v1.sock then v2.sock", calls[2].Endpoint, calls[4].Endpoint)
+			}
+			// As above: recorded by the watcher once the plugin hears it.
+			if _, err := second.WaitStatuses(waitCtx(t), 1); err != nil {
+				t.Fatal(err)
 			}
 			got := w.Plugins()
 			if len(got) != 1 || got[0].Endpoint != "v2.sock" || len(first) != 1 || got[0].Seen.Before(first[0].Seen) {

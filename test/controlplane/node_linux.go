@@ -306,27 +306,6 @@ func (n *Node) makeCgroups() error {
 	return nil
 }
 
-// removeCgroups removes CgroupRoot and everything below it, deepest first.
-// A cgroup still holding a process cannot be removed; the error names it.
-func (im *nodeImpl) removeCgroups() error {
-	var errs []error
-	for _, root := range im.cgroupDirs {
-		var dirs []string
-		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // startMountNamespace starts the process that holds the node's mount
 // namespace: the kernel makes it with CLONE_NEWNS (Go marks every mount
 // private in it first), the shell binds the node's directories and says
@@ -655,6 +634,10 @@ func (n *Node) waitSchedulable(ctx context.Context) error {
 	}
 }
 
+// Binary returns the path of one of the node's binaries ("kubelet",
+// "containerd", "containerd-shim-runc-v2", "ctr", "pause").
+func (n *Node) Binary(name string) string { return n.impl.bins[name] }
+
 // PIDs returns the process ids of the node's components by name:
 // "mountns" (the process holding the mount namespace), "containerd",
 // "kubelet" (the running one).
@@ -693,11 +676,15 @@ func (n *Node) RestartKubelet(ctx context.Context, sig syscall.Signal) error {
 }
 
 // Stop stops the node and puts the host back as it was: the kubelet
-// (SIGTERM), every container and sandbox (through containerd, which ends
-// their shims), containerd, the mount namespace; then it removes the
-// node's cgroups and restores the sysctls the kubelet and the CNI plugin
-// changed. Dir is removed with the control plane's. Safe to call more than
-// once.
+// (SIGTERM), then every pod sandbox through the runtime's CRI API (as
+// `crictl rmp -fa`), every other container through containerd,
+// containerd; then whatever still runs in the node's cgroups or its mount
+// namespace (a shim outlives its containerd; a container the runtime
+// could not stop) is killed, the mount namespace ended, the node's
+// cgroups removed and the sysctls the kubelet and the CNI plugin changed
+// restored. The error names every process it had to kill that way and
+// anything it could not undo. Dir is removed with the control plane's.
+// Safe to call more than once.
 func (n *Node) Stop() error {
 	im := &n.impl
 	im.mu.Lock()
@@ -714,6 +701,11 @@ func (n *Node) Stop() error {
 	}
 	if im.containerd != nil {
 		if done, _ := im.containerd.exited(); !done {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if err := RemoveAllPods(ctx, n.ContainerdSocket); err != nil {
+				errs = append(errs, err)
+			}
+			cancel()
 			if err := n.removeContainers(); err != nil {
 				errs = append(errs, err)
 			}
@@ -722,12 +714,15 @@ func (n *Node) Stop() error {
 			errs = append(errs, err)
 		}
 	}
+	if err := im.endLeftovers(); err != nil {
+		errs = append(errs, err)
+	}
 	if im.mountns != nil {
 		if err := im.mountns.stop(5 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := im.removeCgroups(); err != nil {
+	if err := RemoveCgroupTrees(im.cgroupDirs...); err != nil {
 		errs = append(errs, err)
 	}
 	if err := n.leaveHost(); err != nil {
@@ -737,6 +732,36 @@ func (n *Node) Stop() error {
 		im.stopErr = fmt.Errorf("controlplane: stop node: %w", err)
 	}
 	return im.stopErr
+}
+
+// endLeftovers kills what the runtime left: processes in the node's
+// cgroups, and those in its mount namespace but its holder. With the
+// sandboxes removed and containerd stopped there should be none but
+// containerd's shims, which end with their last task; any other is
+// logged by name, so a test that leaves one behind shows in the log.
+func (im *nodeImpl) endLeftovers() error {
+	var match []ProcessMatcher
+	if len(im.cgroupDirs) > 0 {
+		match = append(match, InCgroupTrees(im.cgroupDirs...))
+	}
+	if im.mountns != nil {
+		if done, _ := im.mountns.exited(); !done {
+			match = append(match, InMountNamespaceOf(im.mountns.pid()))
+		}
+	}
+	if len(match) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	killed, err := EndProcesses(ctx, AnyOf(match...))
+	for _, k := range killed {
+		im.logger.Info("Killed a process the node's runtime left behind", "process", k)
+	}
+	if err != nil {
+		return fmt.Errorf("end the node's processes: %w", err)
+	}
+	return nil
 }
 
 // removeContainers kills and deletes every task and container containerd

@@ -22,3 +22,6 @@ func (n *Node) Stop() error { return nil }
 func (n *Node) RestartKubelet(context.Context, syscall.Signal) error {
 	return fmt.Errorf("controlplane: %w", ErrNodeUnsupported)
 }
+
+// Binary returns "": no node runs.
+func (n *Node) Binary(string) string { return "" }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -136,7 +137,39 @@ func TestNode(t *testing.T) {
 		}
 	}
 
+	// A pod whose PID 1 ignores SIGTERM, deleted just before the node
+	// stops: the kubelet is still waiting out its grace period when it
+	// is stopped, and the pod still runs. Stop must end it.
+	stubborn := pod.DeepCopy()
+	stubborn.Name = "stubborn"
+	stubborn.Spec.TerminationGracePeriodSeconds = ptr(int64(30))
+	if _, err := client.CoreV1().Pods("default").Create(ctx, stubborn, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods("default").Get(ctx, "stubborn", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+	}); err != nil {
+		t.Fatalf("pod stubborn not running: %v", err)
+	}
+	if err := client.CoreV1().Pods("default").Delete(ctx, "stubborn", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	shim, err := filepath.EvalSymlinks(n.Binary("containerd-shim-runc-v2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shims := processesOf(t, shim); len(shims) == 0 {
+		t.Fatalf("no %s runs while two pods do", shim)
+	}
+	// And the runtime is gone (crashed, killed): its shims and their
+	// containers run on, and only the node's cgroups and mount namespace
+	// still tell they are the node's.
 	pids := n.PIDs()
+	if err := syscall.Kill(pids["containerd"], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := n.Stop(); err != nil {
 		t.Fatalf("stop node: %v", err)
 	}
@@ -144,6 +177,9 @@ func TestNode(t *testing.T) {
 		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 			t.Errorf("%s (pid %d) still exists after Stop: %v", name, pid, err)
 		}
+	}
+	if shims := processesOf(t, shim); len(shims) > 0 {
+		t.Errorf("containerd shims still run after Stop: %v", shims)
 	}
 	matches, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", n.CgroupRoot))
 	if len(matches) > 0 {
@@ -169,3 +205,25 @@ func otherNodes(t *testing.T) int {
 	}
 	return len(ents)
 }
+
+// processesOf lists the PIDs of the processes running the binary at path.
+func processesOf(t *testing.T, path string) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && exe == path {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -92,7 +92,7 @@ func runView(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name
 		if t.Failed() {
 			describePod(t, c, ns, name)
 		}
-		_ = c.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		deletePodAndWait(t, c, ns, name)
 	})
 	var logs string
 	poll(t, ctx, "what pod "+name+" sees, from its log", func(ctx context.Context) (bool, string, error) {

@@ -61,7 +61,7 @@ func TestExporterOnRealNode(t *testing.T) {
 		return healthValue(lines, ids[0], "Healthy") == "1", lines, nil
 	})
 
-	if err := c.CoreV1().Pods(ns).Delete(ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}); err != nil {
+	if err := c.CoreV1().Pods(ns).Delete(ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(10))}); err != nil {
 		t.Fatal(err)
 	}
 	poll(t, ctx, "the kubelet to stop listing the holder", func(ctx context.Context) (bool, string, error) {

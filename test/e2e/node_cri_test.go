@@ -173,6 +173,18 @@ state = "`+filepath.Join(dir, "state")+`"
 		conn.Close()
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		<-exited
+		// A shim outlives its containerd by design; with every sandbox
+		// removed none should be left, and any that is names a pod the
+		// runtime could not stop.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		killed, err := controlplane.EndProcesses(ctx, controlplane.WithArg(r.socket))
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		for _, k := range killed {
+			t.Logf("cleanup: killed %s, left by the test's containerd", k)
+		}
 		logf.Close()
 		if t.Failed() {
 			if b, err := os.ReadFile(logf.Name()); err == nil {
@@ -218,18 +230,13 @@ func (r *criRuntime) importImages(t *testing.T, ctx context.Context, bins string
 	}
 }
 
-// removeAll stops and removes every sandbox, as crictl rmp -fa.
+// removeAll stops and removes every sandbox, as crictl rmp -fa, and
+// fails the test when one is left.
 func (r *criRuntime) removeAll(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	resp, err := r.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-	if err != nil {
-		t.Logf("cleanup: list sandboxes: %v", err)
-		return
-	}
-	for _, sb := range resp.Items {
-		_, _ = r.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
-		_, _ = r.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+	if err := controlplane.RemoveAllPods(ctx, r.socket); err != nil {
+		t.Errorf("cleanup: %v", err)
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
 )
 
 const foo = corev1.ResourceName("example.com/foo")
@@ -77,6 +78,13 @@ func runNode(t *testing.T, ctx context.Context, o noderun.Options) (*virtualnode
 			}
 		})
 	}
+	if o.Backend == "process" {
+		// Runs after stop (cleanups run last first): a stopped node
+		// leaves its pods' processes running for the next one on the
+		// root to adopt, as a kubelet leaves its containers. The test
+		// ends them.
+		t.Cleanup(func() { stopProcessPods(t, o.Root) })
+	}
 	t.Cleanup(stop)
 	select {
 	case n := <-started:
@@ -87,6 +95,25 @@ func runNode(t *testing.T, ctx context.Context, o noderun.Options) (*virtualnode
 		t.Fatalf("dpkit node did not start: %v", ctx.Err())
 	}
 	return nil, nil
+}
+
+// stopProcessPods ends the processes of the pods that the process
+// backends under root (the node's, or each node's of a --count) left.
+func stopProcessPods(t *testing.T, root string) {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(root, "*", "pods"))
+	dirs = append(dirs, filepath.Join(root, "pods"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, d := range dirs {
+		stopped, err := process.StopPods(ctx, d, 5*time.Second)
+		if err != nil {
+			t.Errorf("stop the pods the node left running: %v", err)
+		}
+		if len(stopped) > 0 {
+			t.Logf("the stopped node left pods running (kept for adoption); ended them: %v", stopped)
+		}
+	}
 }
 
 func freePort(t *testing.T) int {

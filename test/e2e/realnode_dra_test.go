@@ -189,7 +189,7 @@ spec:
 			if t.Failed() {
 				describePod(t, c, ns, p.Name)
 			}
-			_ = c.CoreV1().Pods(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			deletePodAndWait(t, c, ns, p.Name)
 		})
 	}
 	for _, p := range []string{"claim", "extended"} {

@@ -312,7 +312,7 @@ func zeroPod(ns, name string, res corev1.ResourceName, n string) *corev1.Pod {
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{
 				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command:   []string{"sh", "-c", `echo "DPKIT_E2E=$DPKIT_E2E"; ls -l /dev/dpkit-zero; echo "read: $(head -c 3 /dev/dpkit-zero | od -An -tx1)"; exec sleep 3600`},
+				Command:   []string{"sh", "-c", `echo "DPKIT_E2E=$DPKIT_E2E"; ls -l /dev/dpkit-zero; echo "read: $(head -c 3 /dev/dpkit-zero | od -An -tx1)"; trap "exit 0" TERM; sleep 3600 & wait`},
 				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse(n)}},
 			}},
 		},
@@ -328,10 +328,39 @@ func runDevicePod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns,
 		if t.Failed() {
 			describePod(t, c, ns, name)
 		}
-		zero := int64(0)
-		_ = c.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		deletePodAndWait(t, c, ns, name)
 	})
 	return waitPod(t, ctx, c, ns, name, "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning && podReady(p) })
+}
+
+// deletePodAndWait deletes a pod with a grace period its command honours
+// (the tests' commands end on SIGTERM) and waits until the node has
+// removed it: a kubelet deletes the pod object only once its containers
+// have stopped, so the test leaves nothing running on the node. A force
+// deletion (grace 0) would remove the object at once and leave the
+// containers to the kubelet, still running when the test ends.
+func deletePodAndWait(t *testing.T, c kubernetes.Interface, ns, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(10))})
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	if err != nil {
+		t.Errorf("delete pod %s/%s: %v", ns, name, err)
+		return
+	}
+	poll(t, ctx, "pod "+ns+"/"+name+" stopped and removed by its node", func(ctx context.Context) (bool, string, error) {
+		p, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return false, fmt.Sprintf("phase %s", p.Status.Phase), nil
+	})
 }
 
 // describePod logs a pod's status and events, for a failed test.
@@ -505,7 +534,7 @@ spec:
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{
 				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command:   []string{"sh", "-c", `ls -l /dev/ | grep nvidia; for f in /dev/nvidia[0-9]*; do echo "gpu $f read: $(head -c 2 $f | od -An -tx1)"; done; exec sleep 3600`},
+				Command:   []string{"sh", "-c", `ls -l /dev/ | grep nvidia; for f in /dev/nvidia[0-9]*; do echo "gpu $f read: $(head -c 2 $f | od -An -tx1)"; done; trap "exit 0" TERM; sleep 3600 & wait`},
 				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse("1")}},
 			}},
 		},
@@ -517,6 +546,7 @@ spec:
 		if t.Failed() {
 			describePod(t, c, ns, "gpu")
 		}
+		deletePodAndWait(t, c, ns, "gpu")
 	})
 	waitPod(t, ctx, c, ns, "gpu", "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	var logs string
@@ -590,14 +620,7 @@ func TestRealNodeKubeletRestart(t *testing.T) {
 			name := fmt.Sprintf("new-%d", i)
 			runDevicePod(t, ctx, c, ns, name, d.resource, "1")
 			wantDeviceLogs(t, ctx, c, ns, name)
-			zero := int64(0)
-			if err := c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-				t.Fatal(err)
-			}
-			poll(t, ctx, "pod "+name+" gone", func(ctx context.Context) (bool, string, error) {
-				_, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-				return apierrors.IsNotFound(err), fmt.Sprint(err), nil
-			})
+			deletePodAndWait(t, c, ns, name)
 		})
 	}
 }

@@ -2,10 +2,12 @@ package process
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -362,5 +364,67 @@ func TestPodStatsAndExec(t *testing.T) {
 	}
 	if err := b.Forget(context.Background(), pod); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStopPods: a closed backend leaves its pods running (for the next
+// one to adopt); StopPods ends them, a container that ignores SIGTERM by
+// SIGKILL after the grace period, and leaves a finished pod alone.
+func TestStopPods(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	rec := newRecorder()
+	b := newBackend(t, dir, rec)
+	polite := testPod("polite", corev1.RestartPolicyNever, nil, sh("app", "echo ready.; sleep 300 & wait"))
+	stubborn := testPod("stubborn", corev1.RestartPolicyNever, nil, sh("app", `trap "" TERM; echo ready.; while :; do sleep 0.05; done`))
+	done := testPod("done", corev1.RestartPolicyNever, nil, sh("app", "exit 0"))
+	for _, p := range []*corev1.Pod{polite, stubborn, done} {
+		if err := b.CreatePod(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.wait(t, polite.UID, "running", phase(corev1.PodRunning))
+	rec.wait(t, stubborn.UID, "running", phase(corev1.PodRunning))
+	rec.wait(t, done.UID, "succeeded", phase(corev1.PodSucceeded))
+	// Each container leads its own process group (in a PID namespace of
+	// its own where the host allows one): the leader's host PID is in
+	// the pod's state.
+	groups := map[string]int{}
+	for _, p := range []*corev1.Pod{polite, stubborn} {
+		waitLogs(t, b, p.Name, ".\n")
+		data, err := os.ReadFile(filepath.Join(dir, string(p.UID), "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st state
+		if err := json.Unmarshal(data, &st); err != nil {
+			t.Fatal(err)
+		}
+		groups[p.Name] = st.Procs["app"].PID
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, pgid := range groups {
+		if len(groupMembers(pgid)) == 0 {
+			t.Fatalf("%s's processes (group %d) ended with their backend: they are kept for adoption", name, pgid)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stopped, err := StopPods(ctx, dir, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ns/polite", "ns/stubborn"}; !slices.Equal(stopped, want) {
+		t.Errorf("StopPods stopped %v, want %v", stopped, want)
+	}
+	for name, pgid := range groups {
+		if m := groupMembers(pgid); len(m) > 0 {
+			t.Errorf("%s's processes %v still run after StopPods", name, m)
+		}
+	}
+	if again, err := StopPods(ctx, dir, time.Second); err != nil || len(again) != 0 {
+		t.Errorf("StopPods again: %v, %v; want nothing to stop", again, err)
 	}
 }

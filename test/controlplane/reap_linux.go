@@ -1,0 +1,247 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// RemoveAllPods stops and removes every pod sandbox of the CRI runtime at
+// socket, as `crictl rmp -fa` does (stopping a sandbox kills its
+// containers at once), and fails naming the sandboxes still listed after.
+// Run it when no kubelet is left to start them again.
+func RemoveAllPods(ctx context.Context, socket string) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("remove pods: %w", err)
+	}
+	defer conn.Close()
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return fmt.Errorf("remove pods: list sandboxes: %w", err)
+	}
+	var errs []error
+	for _, sb := range resp.Items {
+		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("stop sandbox %s (%s/%s): %w", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err))
+		}
+		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			errs = append(errs, fmt.Errorf("remove sandbox %s (%s/%s): %w", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err))
+		}
+	}
+	left, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("remove pods: list sandboxes: %w", err))...)
+	}
+	if len(left.Items) == 0 {
+		return nil
+	}
+	var names []string
+	for _, sb := range left.Items {
+		names = append(names, fmt.Sprintf("%s (%s/%s, %s)", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), sb.State))
+	}
+	return errors.Join(append(errs, fmt.Errorf("remove pods: sandboxes still there: %s", strings.Join(names, ", ")))...)
+}
+
+// ProcessMatcher says whether a process (by PID) is one to end.
+type ProcessMatcher func(pid int) bool
+
+// InCgroupTrees matches processes in any cgroup at or below the given
+// directories (absolute paths under a cgroup mount, one per hierarchy).
+func InCgroupTrees(dirs ...string) ProcessMatcher {
+	return func(pid int) bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			return false
+		}
+		for _, d := range dirs {
+			// The line of the hierarchy d belongs to ends with d's path
+			// below its mount; any hierarchy will do, so compare the
+			// path below the mount with each line's.
+			rel := cgroupRelPath(d)
+			if rel == "" {
+				continue
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				parts := strings.SplitN(line, ":", 3)
+				if len(parts) == 3 && (parts[2] == rel || strings.HasPrefix(parts[2], rel+"/")) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+}
+
+// cgroupRelPath returns d's path below its cgroup mount ("/dpkit-node-x"
+// for "/sys/fs/cgroup/cpu/dpkit-node-x"), or "" when d is under none.
+func cgroupRelPath(d string) string {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return ""
+	}
+	best := ""
+	for _, m := range mounts {
+		if (d == m || strings.HasPrefix(d, m+"/")) && len(m) > len(best) {
+			best = m
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	rel := strings.TrimPrefix(d, best)
+	if rel == "" {
+		return "/"
+	}
+	return rel
+}
+
+// InMountNamespaceOf matches the processes, other than holder, that share
+// holder's mount namespace: what a node's containerd started in it (its
+// shims) outlives containerd.
+func InMountNamespaceOf(holder int) ProcessMatcher {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder))
+	return func(pid int) bool {
+		if err != nil || pid == holder {
+			return false
+		}
+		got, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		return err == nil && got == ns
+	}
+}
+
+// WithArg matches processes whose command line has arg as one argument
+// (a containerd shim's "-address SOCKET" names its containerd).
+func WithArg(arg string) ProcessMatcher {
+	return func(pid int) bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && slices.Contains(strings.Split(string(b), "\x00"), arg)
+	}
+}
+
+// AnyOf matches what any of ms matches.
+func AnyOf(ms ...ProcessMatcher) ProcessMatcher {
+	return func(pid int) bool {
+		for _, m := range ms {
+			if m(pid) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// EndProcesses kills (SIGKILL) every live process match selects, again as
+// long as new ones appear (a shim may start a process while it dies), and
+// waits until none is left. It returns a description of each process it
+// killed ("PID command line"), and an error naming those still alive when
+// ctx ends. The calling process is never matched.
+func EndProcesses(ctx context.Context, match ProcessMatcher) ([]string, error) {
+	var killed []string
+	seen := map[int]bool{}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		live := matching(match)
+		if len(live) == 0 {
+			return killed, nil
+		}
+		for _, pid := range live {
+			if !seen[pid] {
+				seen[pid] = true
+				killed = append(killed, describeProcess(pid))
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+			var left []string
+			for _, pid := range matching(match) {
+				left = append(left, describeProcess(pid))
+			}
+			if len(left) == 0 {
+				return killed, nil
+			}
+			return killed, fmt.Errorf("processes still alive after SIGKILL: %s", strings.Join(left, "; "))
+		case <-tick.C:
+		}
+	}
+}
+
+// matching lists the live (not zombie) processes match selects.
+func matching(match ProcessMatcher) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || zombie(pid) {
+			continue
+		}
+		if match(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// zombie reports whether pid has exited (or is gone) and waits only to be
+// reaped: it holds nothing any more.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) STATE ...; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return true
+	}
+	return b[i+2] == 'Z' || b[i+2] == 'X'
+}
+
+func describeProcess(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return strconv.Itoa(pid)
+	}
+	return strconv.Itoa(pid) + " " + strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// RemoveCgroupTrees removes each directory and every cgroup below it,
+// deepest first. A cgroup that still holds a process cannot be removed:
+// end them first (EndProcesses with InCgroupTrees).
+func RemoveCgroupTrees(dirs ...string) error {
+	var errs []error
+	for _, root := range dirs {
+		var all []string
+		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				all = append(all, p)
+			}
+			return nil
+		})
+		for i := len(all) - 1; i >= 0; i-- {
+			if err := syscall.Rmdir(all[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", all[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
