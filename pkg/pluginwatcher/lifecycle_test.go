@@ -79,7 +79,7 @@ func TestDeregistrationOnRemoval(t *testing.T) {
 func TestReRegistration(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name     string
+		name string
 		// recreate returns the plugin now serving socket.
 		recreate func(t *testing.T, dir, socket string, old *pwtest.Plugin) *pwtest.Plugin
 	}{
