@@ -98,8 +98,9 @@ func (e *Emulator) unprepareAfterFailure(pod *corev1.Pod) {
 }
 
 // addClaims adds to c the claims container name of pod uses and their
-// CDI devices, which the runtime gets with the device plugins' (the
-// kubelet merges both into the container's CDI devices).
+// CDI devices, which the runtime gets before the device plugins' (the
+// kubelet's containerManagerImpl.GetResources puts the DRA manager's
+// first, then the device manager's).
 func (e *Emulator) addClaims(pod *corev1.Pod, name string, c *Container) {
 	if !hasClaims(pod) {
 		return
@@ -122,7 +123,7 @@ func (e *Emulator) addClaims(pod *corev1.Pod, name string, c *Container) {
 	if c.Options == nil {
 		c.Options = &RuntimeOptions{}
 	}
-	c.Options.CDIDevices = append(c.Options.CDIDevices, cdi...)
+	c.Options.CDIDevices = append(cdi, c.Options.CDIDevices...)
 }
 
 func findContainer(pod *corev1.Pod, name string) *corev1.Container {

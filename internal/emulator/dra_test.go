@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 )
@@ -140,5 +141,51 @@ func TestAdmitClaimsWithoutAPIServer(t *testing.T) {
 	var ae *APIError
 	if !errors.As(err, &ae) || ae.Reason != ReasonFailedPrepare || !strings.Contains(ae.Message, "--kubeconfig") {
 		t.Errorf("admitting a pod with a claim: %v, want %s asking for --kubeconfig", err, ReasonFailedPrepare)
+	}
+}
+
+// cdiDevices is twoDevices whose Allocate answers with a CDI device per
+// device ID.
+type cdiDevices struct{ twoDevices }
+
+func (cdiDevices) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	resp := &pluginapi.ContainerAllocateResponse{}
+	for _, id := range ids {
+		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: "example.com/foo=" + id})
+	}
+	return resp, nil
+}
+
+// TestAdmitCDIOrder: a container with a claim and a device plugin's
+// device gets the claim's CDI devices first, then the device plugin's, as
+// the kubelet's containerManagerImpl.GetResources merges them.
+func TestAdmitCDIOrder(t *testing.T) {
+	e, claims, drv := startDRAEmulator(t)
+	defer startPluginWith(t, e.opts.Root, cdiDevices{})()
+	waitAllocatable(t, e, 2)
+	c := NewClient(e.opts.AdminSocket)
+	defer c.Close()
+	claims.Add(t, "default", "gpu", "uid-gpu", []types.UID{"pod-both"}, "dev-0")
+	pod, err := c.AdmitPod(context.Background(), []byte(`metadata: {name: both, uid: pod-both}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimName: gpu}]
+  containers:
+  - name: main
+    resources:
+      claims: [{name: gpu}]
+      limits: {example.com/foo: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := drv.NextCall(t); m != "NodePrepareResources" {
+		t.Fatalf("driver call %s, want NodePrepareResources", m)
+	}
+	main := pod.Containers[0]
+	if main.Options == nil || len(main.Options.CDIDevices) != 2 {
+		t.Fatalf("main's runtime options %+v, want two CDI devices", main.Options)
+	}
+	if got := main.Options.CDIDevices; got[0] != dratest.CDIDeviceID("dev-0") || !strings.HasPrefix(got[1], "example.com/foo=") {
+		t.Errorf("CDI devices %v, want the claim's (%s) first, then the device plugin's", got, dratest.CDIDeviceID("dev-0"))
 	}
 }

@@ -65,12 +65,18 @@ func startEmulator(t *testing.T, root string) (*Emulator, func()) {
 // through plugins_registry.
 func startPlugin(t *testing.T, root string) func() {
 	t.Helper()
+	return startPluginWith(t, root, twoDevices{})
+}
+
+// startPluginWith is startPlugin serving p.
+func startPluginWith(t *testing.T, root string, p deviceplugin.Plugin) func() {
+	t.Helper()
 	srv, err := deviceplugin.NewServer(deviceplugin.Config{
 		PluginDir:    filepath.Join(root, "device-plugins"),
 		Registration: deviceplugin.RegistrationRegistry,
 		RegistryDir:  filepath.Join(root, "plugins_registry"),
 		InstanceID:   "t",
-	}, deviceplugin.Resource{Name: "example.com/foo", Plugin: twoDevices{}})
+	}, deviceplugin.Resource{Name: "example.com/foo", Plugin: p})
 	if err != nil {
 		t.Fatal(err)
 	}

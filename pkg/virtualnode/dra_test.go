@@ -10,11 +10,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
@@ -170,4 +173,62 @@ func TestPodClaimsWaitingDeleted(t *testing.T) {
 		t.Fatalf("the backend got %d pods, want none", n)
 	}
 	drv.NoMoreCalls(t)
+}
+
+// cdiPlugin has one device and answers Allocate with a CDI device per ID.
+type cdiPlugin struct{}
+
+func (cdiPlugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	notify([]deviceplugin.Device{{ID: "d0", Healthy: true}})
+	<-ctx.Done()
+	return nil
+}
+
+func (cdiPlugin) Allocate(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	resp := &pluginapi.ContainerAllocateResponse{}
+	for _, id := range ids {
+		resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: "example.com/foo=" + id})
+	}
+	return resp, nil
+}
+
+// TestContainerDevicesCDIOrder: a container with a claim and a device
+// plugin's device gets the claim's CDI devices first, then the device
+// plugin's, as the kubelet's containerManagerImpl.GetResources merges them.
+func TestContainerDevicesCDIOrder(t *testing.T) {
+	root := shortRoot(t)
+	ctx, claims, p, _ := startDRAProvider(t, root)
+	got := recordStatuses(ctx, p)
+	changes, unsubscribe := p.mgr.Subscribe()
+	defer unsubscribe()
+	servePlugins(t, root, deviceplugin.Resource{Name: "example.com/foo", Plugin: cdiPlugin{}})
+	for {
+		if _, alloc := p.mgr.Capacity(); alloc["example.com/foo"] == 1 {
+			break
+		}
+		select {
+		case <-changes:
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	drv := dratest.Start(t, root, claims)
+	const podUID = types.UID("uid-both")
+	claims.Add(t, "ns", "gpu", "uid-gpu", []types.UID{podUID}, "dev-0")
+	pod := dratest.Pod("ns", "both", podUID, "gpu")
+	pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"example.com/foo": resource.MustParse("1")}
+	if err := p.CreatePod(ctx, pod); err != nil {
+		t.Fatalf("CreatePod: %v", err)
+	}
+	if m, _ := drv.NextCall(t); m != "NodePrepareResources" {
+		t.Fatalf("driver call %s, want NodePrepareResources", m)
+	}
+	got.wait(t, "both", "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	cd, err := p.containerDevices(ctx, pod, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{dratest.CDIDeviceID("dev-0"), "example.com/foo=d0"}; cd == nil || !reflect.DeepEqual(cd.CDIDevices, want) {
+		t.Errorf("container devices %+v, want CDI devices %v: the claim's first, then the device plugin's", cd, want)
+	}
 }

@@ -449,11 +449,17 @@ func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container 
 	return env, nil
 }
 
-// containerDevices returns the device nodes, mounts, annotations and CDI
-// devices of the device plugins' Allocate answers for a container, then
-// the CDI devices of its claims; nil when it has none.
+// containerDevices returns the CDI devices of a container's claims, then
+// the device nodes, mounts, annotations and CDI devices of the device
+// plugins' Allocate answers for it; nil when it has none. The order of the
+// CDI devices is the kubelet's (containerManagerImpl.GetResources: the DRA
+// manager's first, then the device manager's).
 func (p *provider) containerDevices(_ context.Context, pod *corev1.Pod, container string) (*backend.ContainerDevices, error) {
-	cd := &backend.ContainerDevices{}
+	ids, err := p.claimCDIDevices(pod, container)
+	if err != nil {
+		return nil, err
+	}
+	cd := &backend.ContainerDevices{CDIDevices: ids}
 	if o := p.mgr.ContainerOptions(pod.UID, container); o != nil {
 		for _, d := range o.Devices {
 			cd.Devices = append(cd.Devices, backend.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
@@ -469,11 +475,6 @@ func (p *provider) containerDevices(_ context.Context, pod *corev1.Pod, containe
 		}
 		cd.CDIDevices = append(cd.CDIDevices, o.CDIDevices...)
 	}
-	ids, err := p.claimCDIDevices(pod, container)
-	if err != nil {
-		return nil, err
-	}
-	cd.CDIDevices = append(cd.CDIDevices, ids...)
 	if len(cd.Devices) == 0 && len(cd.Mounts) == 0 && len(cd.Annotations) == 0 && len(cd.CDIDevices) == 0 {
 		return nil, nil
 	}
