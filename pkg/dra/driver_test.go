@@ -544,3 +544,78 @@ func TestReadyBeforeRegistration(t *testing.T) {
 		t.Fatalf("Ready() = %v before any registration, want not registered", err)
 	}
 }
+
+// TestPrepareSubrequest: a claim allocated through a prioritized list
+// (firstAvailable) has results for request "req/big"; the driver reports
+// them under request "req", so the container that names "req" gets the
+// claim's CDI devices (the kubelet matches request names as given).
+func TestPrepareSubrequest(t *testing.T) {
+	n := newNode(t)
+	n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.waitRegistered(t)
+	c := n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
+	c.Status.Allocation.Devices.Results[0].Request = "req/big"
+	n.claims.Put(t, c)
+	pod := dratest.Pod("default", "p", "pod-1", "a")
+	pod.Spec.Containers[0].Resources.Claims[0].Request = "req"
+	ctx := context.Background()
+	if err := n.m.PrepareResources(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	cdi, err := n.m.CDIDevices(pod, &pod.Spec.Containers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{driverName + "/claim=uid-a-req", "vendor.com/dev=dev-1"}; !reflect.DeepEqual(cdi, want) {
+		t.Fatalf("CDI devices of the container naming request req: %v, want %v", cdi, want)
+	}
+}
+
+// TestPrepareAdminAccess: an admin-access claim observes a device without
+// holding it: it is prepared while another claim holds the device, its
+// unprepare leaves that hold, and one prepared first does not keep a
+// normal claim or the device plugin front from the device.
+func TestPrepareAdminAccess(t *testing.T) {
+	n := newNode(t)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.waitRegistered(t)
+	ctx := context.Background()
+	admin := func(name, uid string, pod types.UID, dev string) {
+		c := n.claims.Add(t, "default", name, types.UID(uid), []types.UID{pod}, dev)
+		c.Status.Allocation.Devices.Results[0].AdminAccess = ptr(true)
+		n.claims.Put(t, c)
+	}
+	holderA := inventory.ClaimHolder("default", "a", "uid-a")
+
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	if err := n.m.PrepareResources(ctx, dratest.Pod("default", "p1", "pod-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	admin("watch", "uid-watch", "pod-2", "dev-0")
+	watcher := dratest.Pod("default", "p2", "pod-2", "watch")
+	if err := n.m.PrepareResources(ctx, watcher); err != nil {
+		t.Fatalf("admin-access claim on a held device: %v, want prepared", err)
+	}
+	if cdi, err := n.m.CDIDevices(watcher, &watcher.Spec.Containers[0]); err != nil || len(cdi) == 0 {
+		t.Fatalf("admin-access container's CDI devices %v (%v), want the device's", cdi, err)
+	}
+	if err := n.m.UnprepareResources(ctx, watcher); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := d.inv.HeldBy("dev-0"); h != holderA {
+		t.Fatalf("dev-0 held by %v after the admin claim's unprepare, want claim a still", h)
+	}
+
+	admin("first", "uid-first", "pod-3", "dev-1")
+	if err := n.m.PrepareResources(ctx, dratest.Pod("default", "p3", "pod-3", "first")); err != nil {
+		t.Fatal(err)
+	}
+	if h, held := d.inv.HeldBy("dev-1"); held {
+		t.Fatalf("dev-1 held by %v: an admin-access claim holds nothing", h)
+	}
+	if _, err := d.inv.DevicePluginFront().Allocate(ctx, []string{"dev-1"}); err != nil {
+		t.Fatalf("device plugin Allocate of a device an admin claim observes: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -34,6 +34,16 @@ func CDIDeviceName(claimUID, request string) string {
 	return claimUID + "-" + strings.ReplaceAll(request, "/", ".")
 }
 
+// baseRequest is the request a result answers, without the subrequest a
+// prioritized list (firstAvailable) chose: "gpu/big" is request "gpu". The
+// kubelet matches a container's resources.claims[].request against these
+// names, so a device reported under "gpu/big" would reach no container
+// that names "gpu" (the kubeletplugin helper strips them the same way).
+func baseRequest(name string) string {
+	base, _, _ := strings.Cut(name, "/")
+	return base
+}
+
 // nodeService serves DRAPlugin.
 type nodeService struct {
 	drav1.UnimplementedDRAPluginServer
@@ -121,7 +131,11 @@ func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedCla
 	names := nameDevices(devs, d.log)
 	type picked struct{ name, id string }
 	byRequest := map[string][]picked{}
+	// ids are the devices the claim holds in the arbiter; an admin-access
+	// result observes its device without holding it (another claim or a
+	// device plugin container may hold it, and may take it after).
 	var ids []string
+	observed := 0
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName {
 			continue
@@ -133,12 +147,17 @@ func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedCla
 		if !ok {
 			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is not among this node's devices of %s (was it removed?)", c.GetNamespace(), c.GetName(), r.Device, d.inv.Resource())
 		}
-		byRequest[r.Request] = append(byRequest[r.Request], picked{r.Device, id})
+		req := baseRequest(r.Request)
+		byRequest[req] = append(byRequest[req], picked{r.Device, id})
+		if r.AdminAccess != nil && *r.AdminAccess {
+			observed++
+			continue
+		}
 		if !slices.Contains(ids, id) {
 			ids = append(ids, id)
 		}
 	}
-	if len(ids) == 0 {
+	if len(ids) == 0 && observed == 0 {
 		return nil, fmt.Errorf("ResourceClaim %s/%s allocates no device of driver %s", c.GetNamespace(), c.GetName(), d.cfg.DriverName)
 	}
 	holder := inventory.ClaimHolder(c.GetNamespace(), c.GetName(), c.GetUid())

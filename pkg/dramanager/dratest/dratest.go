@@ -98,6 +98,15 @@ func (d Claims) Add(t testing.TB, ns, name string, uid types.UID, reservedFor []
 	for _, u := range reservedFor {
 		c.Status.ReservedFor = append(c.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{Resource: "pods", Name: "p", UID: u})
 	}
+	d.Put(t, c)
+	return c
+}
+
+// Put writes c as it is (a claim Add made, then changed: a subrequest, an
+// admin-access result).
+func (d Claims) Put(t testing.TB, c *resourcev1.ResourceClaim) {
+	t.Helper()
+	ns, name := c.Namespace, c.Name
 	blob, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +117,6 @@ func (d Claims) Add(t testing.TB, ns, name string, uid types.UID, reservedFor []
 	if err := os.WriteFile(filepath.Join(string(d), ns+"_"+name+".json"), blob, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return c
 }
 
 // Pod returns a pod using the named claims (by name) in one container
