@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/dpkit/dpkit/internal/procfs"
 )
 
 // testScope owns mounts under dir and top-level cgroups named prefix*,
@@ -42,8 +44,8 @@ func readPID(t *testing.T, path string) int {
 }
 
 func alive(pid int) bool {
-	_, state, ok := stat(pid)
-	return ok && state != 'Z' && state != 'X' && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	st, err := procfs.ReadStat(pid)
+	return err == nil && !st.Exited() && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 func TestLeftovers(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dpkit/dpkit/internal/procfs"
 )
 
 // prSetChildSubreaper is PR_SET_CHILD_SUBREAPER (linux/prctl.h).
@@ -128,18 +130,10 @@ func (s scope) find(before snapshot) leftovers {
 
 // processes lists the live processes below self and those in cgroups.
 func (s scope) processes(cgroups []string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	parent := map[int]int{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, state, ok := stat(pid); ok && state != 'Z' && state != 'X' {
-			parent[pid] = ppid
+	for _, pid := range procfs.PIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && !st.Exited() {
+			parent[pid] = st.PPID()
 		}
 	}
 	var out []int
@@ -164,25 +158,6 @@ func below(parent map[int]int, pid, ancestor int) bool {
 		pid = p
 	}
 	return false
-}
-
-// stat returns the parent and state of pid from /proc/PID/stat.
-func stat(pid int) (ppid int, state byte, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, false
-	}
-	// PID (COMM) STATE PPID ...; COMM may hold spaces and parentheses.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, 0, false
-	}
-	ppid, err = strconv.Atoi(f[1])
-	return ppid, f[0][0], err == nil
 }
 
 // inCgroups reports whether pid is in one of the cgroup directories.
@@ -227,49 +202,20 @@ func describe(pid int) string {
 	return fmt.Sprintf("%d %s (cwd %s; cgroups %s)", pid, line, cwd, strings.Join(cgs, ","))
 }
 
-// mounts lists "mount point\x00source" of every mount under mountRoot.
+// mounts lists "mount point\x00type:source" of every mount under
+// mountRoot.
 func (s scope) mounts() []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := procfs.Mounts()
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
+	for _, m := range ms {
+		if s.mountRoot == "/" || strings.HasPrefix(m.Point, s.mountRoot+"/") {
+			out = append(out, m.Point+"\x00"+m.FSType+":"+m.Source)
 		}
-		f, p := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(p) < 2 {
-			continue
-		}
-		point := unescape(f[4])
-		if s.mountRoot != "/" && !strings.HasPrefix(point, s.mountRoot+"/") {
-			continue
-		}
-		out = append(out, point+"\x00"+p[0]+":"+unescape(p[1]))
 	}
 	return out
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // cgroupSep joins a hierarchy's mount and a cgroup's path below it in
@@ -280,21 +226,12 @@ const cgroupSep = "//"
 
 // cgroups lists the cgroup directories s owns, in every hierarchy.
 func (s scope) cgroups() []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	roots, err := procfs.CgroupMounts()
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		f, p := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(p) < 1 || (p[0] != "cgroup" && p[0] != "cgroup2") {
-			continue
-		}
-		root := unescape(f[4])
+	for _, root := range roots {
 		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || !d.IsDir() || path == root {
 				return nil
@@ -369,17 +306,8 @@ func (s scope) end(ctx context.Context, l leftovers, grace time.Duration) error 
 	cgs := slices.Clone(l.cgroups)
 	slices.SortFunc(cgs, func(a, b string) int { return len(b) - len(a) })
 	for _, c := range cgs {
-		var below []string
-		_ = filepath.WalkDir(c, func(path string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				below = append(below, path)
-			}
-			return nil
-		})
-		for i := len(below) - 1; i >= 0; i-- {
-			if err := syscall.Rmdir(below[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", below[i], err))
-			}
+		if err := procfs.RemoveTree(c); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -389,17 +317,12 @@ func (s scope) end(ctx context.Context, l leftovers, grace time.Duration) error 
 // processes reparented here (the subreaper) are reaped as they end,
 // while keep's exit status stays for its own Wait.
 func reapOrphans(keep int) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return
-	}
 	self := os.Getpid()
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == keep {
+	for _, pid := range procfs.PIDs() {
+		if pid == keep {
 			continue
 		}
-		if ppid, state, ok := stat(pid); ok && ppid == self && state == 'Z' {
+		if st, err := procfs.ReadStat(pid); err == nil && st.PPID() == self && st.State() == 'Z' {
 			_, _ = syscall.Wait4(pid, nil, syscall.WNOHANG, nil)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/internal/repopath"
 )
 
@@ -254,36 +255,11 @@ func (im *nodeImpl) restoreSysctls() error {
 	return errors.Join(errs...)
 }
 
-// cgroupMounts returns the mount points of the cgroup hierarchies (v1 and
-// v2) of this machine.
-func cgroupMounts() ([]string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		f, p := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(p) < 1 || (p[0] != "cgroup" && p[0] != "cgroup2") {
-			continue
-		}
-		if !slices.Contains(out, f[4]) {
-			out = append(out, f[4])
-		}
-	}
-	return out, nil
-}
-
 // makeCgroups creates CgroupRoot in every hierarchy (the kubelet checks
 // that its cgroup root exists), with the cpuset of the parent so tasks can
 // join it.
 func (n *Node) makeCgroups() error {
-	mounts, err := cgroupMounts()
+	mounts, err := procfs.CgroupMounts()
 	if err != nil {
 		return fmt.Errorf("controlplane: node: cgroups: %w", err)
 	}

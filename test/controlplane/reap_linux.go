@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/internal/procfs"
 )
 
 // RemoveAllPods stops and removes every pod sandbox of the CRI runtime at
@@ -89,7 +89,7 @@ func InCgroupTrees(dirs ...string) ProcessMatcher {
 // cgroupRelPath returns d's path below its cgroup mount ("/dpkit-node-x"
 // for "/sys/fs/cgroup/cpu/dpkit-node-x"), or "" when d is under none.
 func cgroupRelPath(d string) string {
-	mounts, err := cgroupMounts()
+	mounts, err := procfs.CgroupMounts()
 	if err != nil {
 		return ""
 	}
@@ -183,15 +183,13 @@ func EndProcesses(ctx context.Context, match ProcessMatcher) ([]string, error) {
 
 // matching lists the live (not zombie) processes match selects.
 func matching(match ProcessMatcher) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	self := os.Getpid()
 	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self || zombie(pid) {
+	for _, pid := range procfs.PIDs() {
+		if pid == self {
+			continue
+		}
+		if st, err := procfs.ReadStat(pid); err != nil || st.Exited() {
 			continue
 		}
 		if match(pid) {
@@ -199,21 +197,6 @@ func matching(match ProcessMatcher) []int {
 		}
 	}
 	return out
-}
-
-// zombie reports whether pid has exited (or is gone) and waits only to be
-// reaped: it holds nothing any more.
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) STATE ...; comm may hold spaces and parentheses.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 || i+2 >= len(b) {
-		return true
-	}
-	return b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 func describeProcess(pid int) string {
@@ -229,18 +212,9 @@ func describeProcess(pid int) string {
 // end them first (EndProcesses with InCgroupTrees).
 func RemoveCgroupTrees(dirs ...string) error {
 	var errs []error
-	for _, root := range dirs {
-		var all []string
-		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				all = append(all, p)
-			}
-			return nil
-		})
-		for i := len(all) - 1; i >= 0; i-- {
-			if err := syscall.Rmdir(all[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", all[i], err))
-			}
+	for _, d := range dirs {
+		if err := procfs.RemoveTree(d); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

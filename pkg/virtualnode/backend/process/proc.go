@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -406,28 +407,18 @@ func (pr *podRun) rotateLog(path string, f *os.File) (*os.File, error) {
 	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 }
 
-// procStartTicks reads the start time of a process (field 22 of
-// /proc/PID/stat, in clock ticks since boot), which tells a process from
-// a later one that reuses its PID.
+// procStartTicks reads the start time of a process (in clock ticks since
+// boot), which tells a process from a later one that reuses its PID. An
+// exited process (a zombie) is an error.
 func procStartTicks(pid int) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	fields := strings.Fields(s[i+1:])
-	// fields[0] is field 3 (state); start time is field 22.
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	if fields[0] == "Z" || fields[0] == "X" {
+	if st.Exited() {
 		return 0, fmt.Errorf("process %d exited", pid)
 	}
-	return strconv.ParseUint(fields[19], 10, 64)
+	return st.StartTicks(), nil
 }
 
 func procEnv(pid int) []string {

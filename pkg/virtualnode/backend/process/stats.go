@@ -3,12 +3,12 @@ package process
 import (
 	"context"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+
+	"github.com/dpkit/dpkit/internal/procfs"
 )
 
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
@@ -23,39 +23,16 @@ type groupUsage struct {
 // scanGroups reads /proc once and sums usage per process group.
 func scanGroups() map[int]groupUsage {
 	out := map[int]groupUsage{}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return out
-	}
 	page := uint64(os.Getpagesize())
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
+	for _, pid := range procfs.PIDs() {
+		st, err := procfs.ReadStat(pid)
 		if err != nil {
 			continue
 		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(data)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		// f[0] is field 3; pgrp is field 5, utime 14, stime 15, rss 24.
-		if len(f) < 22 {
-			continue
-		}
-		pgrp, _ := strconv.Atoi(f[2])
-		ut, _ := strconv.ParseUint(f[11], 10, 64)
-		st, _ := strconv.ParseUint(f[12], 10, 64)
-		rss, _ := strconv.ParseUint(f[21], 10, 64)
-		_ = pid
-		u := out[pgrp]
-		u.cpu += time.Duration(ut+st) * time.Second / clockTicks
-		u.rss += rss * page
-		out[pgrp] = u
+		u := out[st.PGRP()]
+		u.cpu += time.Duration(st.CPUTicks()) * time.Second / clockTicks
+		u.rss += st.RSSPages() * page
+		out[st.PGRP()] = u
 	}
 	return out
 }

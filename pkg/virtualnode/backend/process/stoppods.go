@@ -9,10 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dpkit/dpkit/internal/procfs"
 )
 
 // StopPods ends the containers of every pod recorded under dir (a
@@ -107,31 +108,9 @@ func StopPods(ctx context.Context, dir string, grace time.Duration) ([]string, e
 
 // groupMembers lists the live processes of process group pgid.
 func groupMembers(pgid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(data)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		// STATE PPID PGRP ...
-		f := strings.Fields(s[i+1:])
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+	for _, pid := range procfs.PIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && !st.Exited() && st.PGRP() == pgid {
 			out = append(out, pid)
 		}
 	}
