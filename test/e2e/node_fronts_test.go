@@ -27,6 +27,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/dra"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/resourcename"
+	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -396,4 +397,55 @@ func holders(ctx context.Context, c kubernetes.Interface, prc podresourcesv1.Pod
 		}
 	}
 	return h, nil
+}
+
+// TestVirtualNodeDRAFirstAvailable: a claim with a prioritized list
+// (firstAvailable: three devices, else one) on a node of two devices
+// served by the fake plugin's DRA front is allocated by kube-scheduler as
+// subrequest "dev/one"; the container that names request "dev" gets the
+// claim's CDI device (reported under "dev", as the kubelet matches it).
+func TestVirtualNodeDRAFirstAvailable(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	node := unique("vn-first")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, node, root, nil)
+	f := startBothFronts(t, ctx, c, cp.Kubeconfig, node, root, 2)
+	class := applyDeviceClasses(t, ctx, c, "--config", f.config)[0]
+	ns := createNamespace(t, c, "vn-first")
+	claim := &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pick"},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "dev",
+			FirstAvailable: []resourcev1.DeviceSubRequest{
+				{Name: "three", DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 3},
+				{Name: "one", DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1},
+			},
+		}}}},
+	}
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := claimPod(ns, "named", node, "pick", []string{"sh", "-c", "echo cdi=$" + virtualnode.CDIDevicesEnv})
+	pod.Spec.Containers[0].Resources.Claims[0].Request = "dev"
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, ctx, c, ns, "named", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	got, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "pick", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := got.Status.Allocation; a == nil || len(a.Devices.Results) != 1 || a.Devices.Results[0].Request != "dev/one" {
+		t.Fatalf("claim allocation %+v, want one device for subrequest dev/one", got.Status.Allocation)
+	}
+	b, err := c.CoreV1().Pods(ns).GetLogs("named", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "cdi=" + f.driver + "/claim=" + string(got.UID) + "-dev"
+	if !strings.Contains(string(b), want) {
+		t.Fatalf("log of the container naming request dev: %q, want %q (the claim's CDI device)", b, want)
+	}
 }
