@@ -619,3 +619,31 @@ func TestPrepareAdminAccess(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestClaimUIDChecked: a claim UID that is not a UID is refused for that
+// claim, by Prepare and Unprepare, and names no file: an Unprepare of
+// "x/../../victim" leaves <cdiDir>/../victim.json alone.
+func TestClaimUIDChecked(t *testing.T) {
+	n := newNode(t)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0"))
+	victim := filepath.Join(n.root, "victim.json")
+	if err := os.WriteFile(victim, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	client := drav1.NewDRAPluginClient(dial(t, d.drv.Endpoint()))
+	ctx := context.Background()
+	for _, uid := range []string{"x/../../victim", "..", "", "a b"} {
+		claims := []*drav1.Claim{{Namespace: "default", Name: "a", Uid: uid}}
+		un, err := client.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+		if err != nil || !strings.Contains(un.Claims[uid].GetError(), "is not a UID") {
+			t.Errorf("Unprepare of UID %q: %v %v, want refused", uid, un, err)
+		}
+		pr, err := client.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: claims})
+		if err != nil || !strings.Contains(pr.Claims[uid].GetError(), "is not a UID") {
+			t.Errorf("Prepare of UID %q: %v %v, want refused", uid, pr, err)
+		}
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("%s after an Unprepare of a crafted UID: %v", victim, err)
+	}
+}

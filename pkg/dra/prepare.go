@@ -65,6 +65,10 @@ func (d *Driver) prepare(ctx context.Context, claims []*drav1.Claim) *drav1.Node
 	refreshed := false
 	var added []string
 	for _, c := range claims {
+		if err := checkUID(c.GetUid()); err != nil {
+			out.Claims[c.GetUid()] = &drav1.NodePrepareResourceResponse{Error: err.Error()}
+			continue
+		}
 		log := d.log.With("claim", c.GetNamespace()+"/"+c.GetName(), "uid", c.GetUid())
 		if p, ok := d.prepared[c.GetUid()]; ok {
 			// Prepared before: the same answer, with its spec file and holds
@@ -225,6 +229,22 @@ func (d *Driver) containerEdits(resp *pluginapi.ContainerAllocateResponse) cdisp
 	return e
 }
 
+// checkUID refuses a claim UID that is not a UID (letters, digits, '-',
+// '.' and '_', at most 128): the CDI spec's file name is made from it, and
+// "x/../../y" would name another file (Unprepare removes it).
+func checkUID(uid string) error {
+	ok := uid != "" && len(uid) <= 128 && uid != "." && uid != ".."
+	for _, r := range uid {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("claim UID %q is not a UID (want letters, digits, '-', '.' or '_', as a ResourceClaim's metadata.uid)", uid)
+	}
+	return nil
+}
+
 func (d *Driver) specPath(uid string) string {
 	return filepath.Join(d.cfg.CDIDir, CDISpecFile(d.cfg.DriverName, uid))
 }
@@ -288,6 +308,10 @@ func (d *Driver) unprepare(claims []*drav1.Claim) *drav1.NodeUnprepareResourcesR
 	out := &drav1.NodeUnprepareResourcesResponse{Claims: make(map[string]*drav1.NodeUnprepareResourceResponse, len(claims))}
 	var gone []*preparedClaim
 	for _, c := range claims {
+		if err := checkUID(c.GetUid()); err != nil {
+			out.Claims[c.GetUid()] = &drav1.NodeUnprepareResourceResponse{Error: err.Error()}
+			continue
+		}
 		out.Claims[c.GetUid()] = &drav1.NodeUnprepareResourceResponse{}
 		p, ok := d.prepared[c.GetUid()]
 		if !ok {
