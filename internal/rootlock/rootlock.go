@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -120,9 +121,21 @@ func acquire(root string, me Holder) (*Lock, error) {
 		}
 		return nil, &ForeignError{Root: root, Socket: sock}
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err := checkOwned(root, "root"); err != nil {
+		return nil, err
+	}
+	// O_NOFOLLOW: a dpkit.lock planted as a symbolic link (to the user's
+	// ~/.bashrc, say) would have the truncate and write below land there.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o644)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("locking root %s: %s is a symbolic link, which dpkit never makes: remove it, or choose another --root", root, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("locking root %s: %w", root, err)
+	}
+	if err := checkOwned(path, "lock file"); err != nil {
+		_ = f.Close()
+		return nil, err
 	}
 	if err := flock(f, unix.LOCK_EX); err != nil {
 		_ = f.Close()
@@ -152,6 +165,30 @@ func flock(f *os.File, how int) error {
 			return err
 		}
 	}
+}
+
+// checkOwned refuses a root, or its lock file, that another user owns or
+// that group or others may write: whoever can write it can replace the
+// sockets and state files the node serves from it (a root prepared by
+// another user under a shared directory such as /tmp). The superuser's
+// files pass for any user, as /var/lib does.
+func checkOwned(path, what string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("locking root: %w", err)
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	me := os.Geteuid()
+	if int(sys.Uid) != me && sys.Uid != 0 {
+		return fmt.Errorf("locking root: the %s %s belongs to uid %d, not to this user (uid %d): choose a --root of your own", what, path, sys.Uid, me)
+	}
+	if st.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("locking root: the %s %s may be written by group or others (mode %#o): run chmod go-w %s, or choose another --root", what, path, st.Mode().Perm(), path)
+	}
+	return nil
 }
 
 // peek reports whether a process holds the lock at path, and who when the

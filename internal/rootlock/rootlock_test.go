@@ -151,3 +151,65 @@ func TestHeldErrorUnreadable(t *testing.T) {
 		t.Errorf("Error() = %q, want %q", err.Error(), want)
 	}
 }
+
+// TestAcquireRefusesPlantedRoot: a lock file planted as a symbolic link is
+// refused and its target left as it was; a root or lock file another user
+// owns, or that group or others may write, is refused with the fix.
+func TestAcquireRefusesPlantedRoot(t *testing.T) {
+	t.Parallel()
+	t.Run("lock file is a link", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		victim := filepath.Join(dir, "bashrc")
+		if err := os.WriteFile(victim, []byte("precious\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		root := filepath.Join(dir, "root")
+		if err := os.Mkdir(root, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(victim, filepath.Join(root, FileName)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Acquire(root)
+		if err == nil || !strings.Contains(err.Error(), "is a symbolic link") {
+			t.Errorf("Acquire with a planted link = %v, want refused naming the link", err)
+		}
+		if b, _ := os.ReadFile(victim); string(b) != "precious\n" {
+			t.Errorf("the link's target now holds %q", b)
+		}
+	})
+	t.Run("root writable by others", func(t *testing.T) {
+		t.Parallel()
+		root := filepath.Join(t.TempDir(), "root")
+		if err := os.Mkdir(root, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(root, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Acquire(root)
+		if err == nil || !strings.Contains(err.Error(), "chmod go-w "+root) {
+			t.Errorf("Acquire of a world-writable root = %v, want refused with the chmod", err)
+		}
+	})
+	t.Run("root of another user", func(t *testing.T) {
+		t.Parallel()
+		if os.Geteuid() != 0 {
+			t.Skip("giving a directory to another user needs root")
+		}
+		// A root owned by root passes for anyone (as /var/lib does): give
+		// it to nobody.
+		root := filepath.Join(t.TempDir(), "root")
+		if err := os.Mkdir(root, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(root, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Acquire(root)
+		if err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") {
+			t.Errorf("Acquire of another user's root = %v, want refused naming its owner", err)
+		}
+	})
+}
