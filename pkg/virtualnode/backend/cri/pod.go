@@ -304,7 +304,7 @@ func (pr *podRun) refresh(ctx context.Context) {
 		s := resp.Status
 		var msg string
 		if s.State == runtimeapi.ContainerState_CONTAINER_EXITED {
-			msg = terminationMessage(&c.spec, s)
+			msg = terminationMessage(&c.spec, s, pr.containerDir(c.spec.Name))
 		}
 		pr.mu.Lock()
 		if s.ImageRef != "" {

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -49,6 +50,11 @@ func (pr *podRun) etcHostsMount(spec *corev1.Container) (*runtimeapi.Mount, erro
 	return &runtimeapi.Mount{ContainerPath: "/etc/hosts", HostPath: path}, nil
 }
 
+// containerDir is where a container's termination message files are.
+func (pr *podRun) containerDir(name string) string {
+	return filepath.Join(pr.podDir(), "containers", name)
+}
+
 // terminationMessageMount is the file the container may write its
 // termination message to, as the kubelet's: a new world-writable file
 // <pod dir>/containers/<name>/<random> per run, at
@@ -57,7 +63,7 @@ func (pr *podRun) terminationMessageMount(spec *corev1.Container) (*runtimeapi.M
 	if spec.TerminationMessagePath == "" {
 		return nil, nil
 	}
-	dir := filepath.Join(pr.podDir(), "containers", spec.Name)
+	dir := pr.containerDir(spec.Name)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, err
 	}
@@ -81,12 +87,19 @@ func (pr *podRun) terminationMessageMount(spec *corev1.Container) (*runtimeapi.M
 // message: the file at terminationMessagePath (its last 4 KiB), or with
 // FallbackToLogsOnError, when the container failed and wrote nothing
 // there, the end of its log (80 lines, 2048 bytes).
-func terminationMessage(spec *corev1.Container, s *runtimeapi.ContainerStatus) string {
+//
+// The file read is the one the backend made for the run, in dir (the
+// container's directory under the pod's): a volume the pod mounts at the
+// same path is never read, so a link the pod planted there cannot put a
+// node file into the status. It is read without following a link, only
+// when it is a regular file (a FIFO would block, /dev/zero never end), and
+// at most 4 KiB of it.
+func terminationMessage(spec *corev1.Container, s *runtimeapi.ContainerStatus, dir string) string {
 	fallback := spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError && s.ExitCode != 0
 	msg, checkLogs := "", fallback
 	if spec.TerminationMessagePath != "" {
 		for _, m := range s.Mounts {
-			if m.ContainerPath != spec.TerminationMessagePath {
+			if m.ContainerPath != spec.TerminationMessagePath || filepath.Dir(m.HostPath) != dir {
 				continue
 			}
 			data, err := readTail(m.HostPath, maxTerminationMessageLength)
@@ -106,9 +119,13 @@ func terminationMessage(spec *corev1.Container, s *runtimeapi.ContainerStatus) s
 	return msg
 }
 
-// readTail reads at most the last n bytes of a file.
+// readTail reads at most the last n bytes of a regular file, without
+// following a link at path and without blocking on a FIFO.
 func readTail(path string, n int64) ([]byte, error) {
-	f, err := os.Open(path) //nolint:gosec // a file the backend created
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("%s is a symbolic link", path)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -117,12 +134,15 @@ func readTail(path string, n int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+	}
 	if st.Size() > n {
 		if _, err := f.Seek(-n, io.SeekEnd); err != nil {
 			return nil, err
 		}
 	}
-	return io.ReadAll(f)
+	return io.ReadAll(io.LimitReader(f, n))
 }
 
 // lastLogLines is the kubelet's readLastStringFromContainerLogs: the
