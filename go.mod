@@ -21,6 +21,7 @@ require (
 	k8s.io/api v0.37.0
 	k8s.io/apimachinery v0.37.0
 	k8s.io/client-go v0.37.0
+	k8s.io/component-helpers v0.37.0
 	k8s.io/cri-api v0.37.0
 	k8s.io/cri-client v0.37.0
 	k8s.io/klog/v2 v2.140.0

@@ -333,20 +333,23 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range o.Count {
 		cfg := virtualnode.Config{
-			Name:         o.Name,
-			Root:         root,
-			Client:       client,
-			Informers:    shared,
-			PodRouter:    router,
-			NewBackend:   newBackend,
-			Resources:    res,
-			Taints:       taints,
-			NodeIP:       o.NodeIP,
-			Port:         o.Port,
-			ClientCAFile: o.ClientCAFile,
-			TLSCertFile:  o.TLSCertFile,
-			TLSKeyFile:   o.TLSKeyFile,
-			Logger:       log,
+			Name:       o.Name,
+			Root:       root,
+			Client:     client,
+			Informers:  shared,
+			PodRouter:  router,
+			NewBackend: newBackend,
+			Resources:  res,
+			Taints:     taints,
+			// Host processes: the node's own NoSchedule taints are
+			// enforced at admission too (virtualnode.Config).
+			HostProcesses: o.Backend == "process",
+			NodeIP:        o.NodeIP,
+			Port:          o.Port,
+			ClientCAFile:  o.ClientCAFile,
+			TLSCertFile:   o.TLSCertFile,
+			TLSKeyFile:    o.TLSKeyFile,
+			Logger:        log,
 
 			DeviceGracePeriod: o.DeviceGracePeriod,
 			DRAWipingDelay:    o.DRAWipingDelay,

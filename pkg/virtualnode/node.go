@@ -113,6 +113,12 @@ type Config struct {
 	// Taints the node registers with. Nil means DefaultTaint(); an empty
 	// non-nil slice registers none.
 	Taints []corev1.Taint
+	// HostProcesses says the backend runs containers as host processes
+	// (the process backend): a pod must then tolerate the node's own
+	// NoSchedule taints (Taints) to be admitted, not only its NoExecute
+	// ones as with a kubelet, since a pod that names the node in
+	// spec.nodeName never meets the scheduler.
+	HostProcesses bool
 	// Labels are added to the node's default labels.
 	Labels map[string]string
 	// NodeIP is the node's InternalIP, where the API server reaches the
@@ -320,6 +326,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP
+	n.prov.ownTaints, n.prov.hostProcesses = cfg.Taints, cfg.HostProcesses
 	n.be, err = cfg.NewBackend(cfg.Name, cfg.Root, backend.Config{
 		Notify:       n.prov.backendNotify,
 		ContainerEnv: n.prov.containerEnv,
@@ -355,19 +362,28 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Name).String()
 			}))
+		// The node's own Node, as the kubelet watches it (its labels
+		// and taints, for admission).
+		nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.Name).String()
+			}))
 		defer podFactory.Shutdown()
+		defer nodeFactory.Shutdown()
 		defer factory.Shutdown()
-		return n.run(ctx, cancel, host, podFactory, podFactory.Core().V1().Pods(), factory, started)
+		return n.run(ctx, cancel, host, podFactory, podFactory.Core().V1().Pods(), nodeFactory, factory, started)
 	}
 	var pods corev1informers.PodInformer = factory.Core().V1().Pods()
 	if cfg.PodRouter != nil {
 		pods = cfg.PodRouter.For(cfg.Name)
 	}
-	return n.run(ctx, cancel, host, factory, pods, factory, started)
+	// Nodes of one process share one informer over every Node.
+	return n.run(ctx, cancel, host, factory, pods, factory, factory, started)
 }
 
-func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *devicehost.Host, podFactory informers.SharedInformerFactory, podInformer corev1informers.PodInformer, factory informers.SharedInformerFactory, started func(*Node)) error {
+func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *devicehost.Host, podFactory informers.SharedInformerFactory, podInformer corev1informers.PodInformer, nodeFactory, factory informers.SharedInformerFactory, started func(*Node)) error {
 	cfg := n.cfg
+	nodeLister := nodeFactory.Core().V1().Nodes().Lister()
 	recorder := cfg.EventRecorder
 	if recorder == nil {
 		b := record.NewBroadcaster(record.WithContext(ctx))
@@ -426,6 +442,15 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	devices, unsubscribe := n.mgr.Subscribe()
 	defer unsubscribe()
 	n.node = n.nodeObject()
+	registered := n.node.DeepCopy()
+	n.prov.node = func() *corev1.Node {
+		if cur, err := nodeLister.Get(cfg.Name); err == nil {
+			return cur
+		}
+		// Not yet listed: the node as it registers, with its own labels
+		// and taints.
+		return registered
+	}
 	opts := []vknode.NodeControllerOpt{
 		vknode.WithNodeEnableLeaseV1(cfg.HeartbeatClient.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
 	}
@@ -461,6 +486,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		return nil
 	})
 	podFactory.Start(gctx.Done())
+	nodeFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
 	g.Go(func() error { n.watchDevices(gctx, devices); return nil })
 	g.Go(func() error { n.sendStatus(gctx); return nil })

@@ -57,6 +57,15 @@ type provider struct {
 	// mu guards notify.
 	mu     sync.Mutex
 	notify func(*corev1.Pod)
+	// node returns the node as the API server has it now (its labels and
+	// taints), for the admission predicates; nil until it is known.
+	node func() *corev1.Node
+	// ownTaints are the taints the node registers with, and hostProcesses
+	// says its backend runs containers as host processes: see
+	// checkPredicates.
+	ownTaints     []corev1.Taint
+	hostProcesses bool
+
 	// publishing serialises the hand-overs of one pod to the pod
 	// controller (striped by key), so that the last one carries the last
 	// stored state even when the backend and the health watcher report
@@ -285,23 +294,20 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	resolved := pod
 	pod = p.withoutResolvedEnv(resolved)
 	p.envs.put(resolved)
+	// The kubelet's predicates come first: a pod refused anyway gets no
+	// plugin's Allocate (the kubelet allocates, then checks).
+	if node := p.currentNode(); node != nil {
+		if f := checkPredicates(pod, node, p.ownTaints, p.hostProcesses); f != nil {
+			p.reject(pod, f.predicate, f.message())
+			return nil
+		}
+	}
 	if _, err := p.mgr.Admit(ctx, p.withClaimStatus(pod)); err != nil {
 		var ae *devicemanager.AdmissionError
 		if !errors.As(err, &ae) {
 			return err
 		}
-		p.log.Info("Pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", ae.Reason, "message", ae.PodMessage())
-		if p.recorder != nil {
-			p.recorder.Event(pod, corev1.EventTypeWarning, ae.Reason, ae.PodMessage())
-		}
-		failed := pod.DeepCopy()
-		failed.Status = corev1.PodStatus{
-			Phase:    corev1.PodFailed,
-			Reason:   ae.Reason,
-			Message:  "Pod was rejected: " + ae.PodMessage(),
-			QOSClass: pod.Status.QOSClass,
-		}
-		p.backendNotify(failed)
+		p.reject(pod, ae.Reason, ae.PodMessage())
 		return nil
 	}
 	p.pods.Add(pod)
@@ -313,6 +319,32 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	return nil
+}
+
+// currentNode is the node for the admission predicates, nil when unknown.
+func (p *provider) currentNode() *corev1.Node {
+	if p.node == nil {
+		return nil
+	}
+	return p.node()
+}
+
+// reject fails a pod at admission as the kubelet's rejectPod: phase
+// Failed, the reason, its message after "Pod was rejected: ", the QoS
+// class kept, and a Warning event with the reason and message.
+func (p *provider) reject(pod *corev1.Pod, reason, message string) {
+	p.log.Info("Pod rejected at admission", "pod", key(pod.Namespace, pod.Name), "reason", reason, "message", message)
+	if p.recorder != nil {
+		p.recorder.Event(pod, corev1.EventTypeWarning, reason, message)
+	}
+	failed := pod.DeepCopy()
+	failed.Status = corev1.PodStatus{
+		Phase:    corev1.PodFailed,
+		Reason:   reason,
+		Message:  "Pod was rejected: " + message,
+		QOSClass: pod.Status.QOSClass,
+	}
+	p.backendNotify(failed)
 }
 
 // UpdatePod accepts the changes the API allows on a running pod (labels,

@@ -5,9 +5,12 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -273,4 +276,91 @@ func runQuietNode(t *testing.T, ctx context.Context, o noderun.Options) *virtual
 		t.Fatalf("dpkit node did not start: %v", ctx.Err())
 	}
 	return nil
+}
+
+// TestVirtualNodeAdmissionPredicates: pods that name a process-backend
+// node in spec.nodeName, as an attacker would to get past the scheduler
+// and the node's taint, are refused as the kubelet refuses them (phase
+// Failed, the predicate as reason, an event) and their command never
+// runs: one without the node's own NoSchedule toleration, one whose
+// nodeSelector the node does not match; and once a NoExecute taint is put
+// on the Node through the API, a pod that does not tolerate it.
+func TestVirtualNodeAdmissionPredicates(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := shortTempDir(t)
+	name := unique("vn-pred")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
+	ns := createNamespace(t, c, "vn-pred")
+	ran := filepath.Join(root, "ran")
+	bound := func(pod string, f func(*corev1.PodSpec)) {
+		t.Helper()
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns},
+			Spec: corev1.PodSpec{
+				NodeName: name, RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "app", Image: "none", Command: []string{"sh", "-c", "touch " + ran + "-" + pod}}},
+			},
+		}
+		if f != nil {
+			f(&p.Spec)
+		}
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := func(pod, predicate string) {
+		t.Helper()
+		p := waitPod(t, ctx, c, ns, pod, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		if p.Status.Reason != predicate || !strings.HasPrefix(p.Status.Message, "Pod was rejected: Predicate "+predicate+" failed: ") {
+			t.Errorf("pod %s: reason %q message %q, want %s and the kubelet's message", pod, p.Status.Reason, p.Status.Message, predicate)
+		}
+		poll(t, ctx, "a "+predicate+" event for "+pod, func(ctx context.Context) (bool, string, error) {
+			evs, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod + ",reason=" + predicate})
+			if err != nil {
+				return false, "", err
+			}
+			return len(evs.Items) > 0, fmt.Sprintf("%d events", len(evs.Items)), nil
+		})
+		if _, err := os.Stat(ran + "-" + pod); err == nil {
+			t.Errorf("pod %s ran its command on the host", pod)
+		}
+	}
+	tolerate := []corev1.Toleration{{Key: virtualnode.DefaultTaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+
+	bound("no-toleration", nil)
+	refused("no-toleration", "TaintToleration")
+	bound("wrong-zone", func(s *corev1.PodSpec) {
+		s.Tolerations = tolerate
+		s.NodeSelector = map[string]string{"topology.kubernetes.io/zone": "elsewhere"}
+	})
+	refused("wrong-zone", "NodeAffinity")
+	bound("tolerates", func(s *corev1.PodSpec) { s.Tolerations = tolerate })
+	waitPod(t, ctx, c, ns, "tolerates", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+
+	node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "e2e.dpkit.io/maintenance", Effect: corev1.TaintEffectNoExecute})
+	if _, err := c.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The node sees its taint through its Node watch; until then a pod
+	// would still be admitted, so wait on a pod that is refused.
+	for i := 0; ; i++ {
+		pod := fmt.Sprintf("after-taint-%d", i)
+		bound(pod, func(s *corev1.PodSpec) { s.Tolerations = tolerate })
+		p := waitPod(t, ctx, c, ns, pod, "finished", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+		})
+		if p.Status.Phase == corev1.PodFailed {
+			refused(pod, "TaintToleration")
+			break
+		}
+		if i == 20 {
+			t.Fatal("pods not tolerating the node's new NoExecute taint are still admitted")
+		}
+	}
 }
