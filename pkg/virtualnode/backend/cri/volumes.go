@@ -60,6 +60,7 @@ type podVolumes struct {
 	retryAt time.Time
 	retry   time.Duration
 	tokens  map[string]*authenticationv1.TokenRequest // volume/path -> the token written
+	ready   map[string]bool                           // emptyDirs set up (mode, fsGroup)
 }
 
 func (pr *podRun) podDir() string { return filepath.Join(pr.b.cfg.PodDir, string(pr.pod.UID)) }
@@ -132,10 +133,22 @@ func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolum
 				return hostVolume{}, err
 			}
 		}
+		if pr.vols.ready[vol.Name] {
+			// Set up before: as the kubelet's emptyDir (its ready
+			// marker), not walked again while the pod writes it.
+			return hostVolume{path: dir}, nil
+		}
 		if err := os.Chmod(dir, 0o777); err != nil { //nolint:gosec // the kubelet's mode for emptyDir
 			return hostVolume{}, err
 		}
-		return hostVolume{path: dir}, pr.setOwnership(dir, false)
+		if err := pr.setOwnership(dir, false); err != nil {
+			return hostVolume{}, err
+		}
+		if pr.vols.ready == nil {
+			pr.vols.ready = map[string]bool{}
+		}
+		pr.vols.ready[vol.Name] = true
+		return hostVolume{path: dir}, nil
 	case src.HostPath != nil:
 		return hostVolume{path: src.HostPath.Path}, checkHostPathType(src.HostPath.Path, src.HostPath.Type)
 	case src.ConfigMap != nil:
@@ -248,33 +261,21 @@ const (
 // setOwnership is the kubelet's SetVolumeOwnership for a pod with an
 // fsGroup: everything in the volume gets the group, and group read (and
 // write, unless the volume is read-only) permission; directories also
-// setgid and group search. Symlinks only change group.
+// setgid and group search. Links only change group, and none is followed
+// (groupTree).
 func (pr *podRun) setOwnership(dir string, readOnly bool) error {
 	psc := pr.pod.Spec.SecurityContext
 	if psc == nil || psc.FSGroup == nil {
 		return nil
 	}
-	gid := int(*psc.FSGroup)
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := os.Lchown(p, -1, gid); err != nil {
-			return fmt.Errorf("setting the volume's group (fsGroup): %w", err)
-		}
-		info, err := d.Info()
-		if err != nil || info.Mode()&fs.ModeSymlink != 0 {
-			return err
-		}
-		mask := fs.FileMode(rwMask)
-		if readOnly {
-			mask = roMask
-		}
-		if info.IsDir() {
-			mask |= fs.ModeSetgid | execMask
-		}
-		return os.Chmod(p, info.Mode()|mask)
-	})
+	mask := fs.FileMode(rwMask)
+	if readOnly {
+		mask = roMask
+	}
+	if err := groupTree(dir, int(*psc.FSGroup), mask); err != nil {
+		return fmt.Errorf("setting the volume's group (fsGroup): %w", err)
+	}
+	return nil
 }
 
 func mode(m *int32, def *int32) fs.FileMode {
