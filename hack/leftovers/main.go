@@ -45,8 +45,9 @@ func runIn(scope scope, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("leftovers", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	grace := fs.Duration("grace", 10*time.Second, "how long a leftover process has to end after SIGTERM before SIGKILL")
+	clean := fs.Bool("clean", false, "also end what was found that does not descend from the command: processes in the suite's cgroups, mounts, cgroups (for a machine the run owns, as CI's; without it they are reported only, since another run on the machine may own them)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: leftovers [-grace DURATION] -- COMMAND [ARG...]")
+		fmt.Fprintln(stderr, "usage: leftovers [-grace DURATION] [-clean] -- COMMAND [ARG...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -100,10 +101,14 @@ wait:
 	fmt.Fprintf(stderr, "leftovers: the command left these behind (a test did not stop what it started):\n%s", found)
 	ctx, cancel := context.WithTimeout(context.Background(), *grace+time.Minute)
 	defer cancel()
-	if err := scope.end(ctx, found, *grace); err != nil {
+	if err := scope.end(ctx, found, *grace, *clean); err != nil {
 		fmt.Fprintf(stderr, "leftovers: could not end everything: %v\n", err)
 	} else {
-		fmt.Fprintln(stderr, "leftovers: ended them")
+		if *clean {
+			fmt.Fprintln(stderr, "leftovers: ended them")
+		} else {
+			fmt.Fprintln(stderr, "leftovers: ended the processes that descend from the command; run with -clean to end the rest too")
+		}
 	}
 	if code == 0 {
 		code = 1

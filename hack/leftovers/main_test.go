@@ -23,10 +23,11 @@ func testScope(dir, prefix string) scope {
 	}}
 }
 
-func runTest(t *testing.T, sc scope, script string) (int, string) {
+func runTest(t *testing.T, sc scope, script string, flags ...string) (int, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code := runIn(sc, []string{"-grace", "300ms", "--", "sh", "-c", script}, &out, &errb)
+	args := append(append([]string{"-grace", "300ms"}, flags...), "--", "sh", "-c", script)
+	code := runIn(sc, args, &out, &errb)
 	return code, out.String() + errb.String()
 }
 
@@ -72,7 +73,7 @@ func TestLeftovers(t *testing.T) {
 				}
 				return
 			}
-			if !strings.Contains(out, "process ") || !strings.Contains(out, tc.want) || !strings.Contains(out, "ended them") {
+			if !strings.Contains(out, "process ") || !strings.Contains(out, tc.want) || !strings.Contains(out, "ended the processes that descend from the command") {
 				t.Errorf("report does not name %q and end it:\n%s", tc.want, out)
 			}
 			if pid := readPID(t, filepath.Join(d, "pid")); alive(pid) {
@@ -100,9 +101,29 @@ func TestLeftoverMountAndCgroup(t *testing.T) {
 	prefix := "dpkit-leftovers-test-" + strconv.Itoa(os.Getpid())
 	cg := filepath.Join(hier, prefix)
 	t.Cleanup(func() { _ = os.Remove(cg); _ = syscall.Unmount(filepath.Join(d, "m"), syscall.MNT_DETACH) })
-	script := `set -e; mkdir $D/m; mount -t tmpfs leftovers-test $D/m; mkdir ` + cg + `
+	script := `set -e; mkdir -p $D/m; mount -t tmpfs leftovers-test $D/m; mkdir -p ` + cg + `
 sleep 303 & echo $! > $D/pid; echo $! > ` + cg + `/cgroup.procs`
+
+	// Without -clean: named, the process (its own) ended, the mount and
+	// the cgroup left, since another run on the machine could own them.
 	code, out := runTest(t, testScope(d, prefix), strings.ReplaceAll(script, "$D", d))
+	if code != 1 || !strings.Contains(out, "mount   "+filepath.Join(d, "m")) || !strings.Contains(out, "cgroup  "+cg) {
+		t.Errorf("without -clean: exit %d, output:\n%s\nwant the mount and the cgroup named", code, out)
+	}
+	if _, err := os.Stat(cg); err != nil {
+		t.Errorf("without -clean the cgroup was removed: %v", err)
+	}
+	if m, _ := os.ReadFile("/proc/self/mountinfo"); !strings.Contains(string(m), filepath.Join(d, "m")+" ") {
+		t.Error("without -clean the mount was detached")
+	}
+	if err := syscall.Unmount(filepath.Join(d, "m"), syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(cg); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out = runTest(t, testScope(d, prefix), strings.ReplaceAll(script, "$D", d), "-clean")
 	if code != 1 {
 		t.Errorf("exit status %d, want 1; output:\n%s", code, out)
 	}

@@ -84,6 +84,9 @@ type leftovers struct {
 type proc struct {
 	pid  int
 	desc string
+	// below says the process descends from the command (the subreaper
+	// found it); the others were found in the suite's cgroups.
+	below bool
 }
 
 func (l leftovers) empty() bool {
@@ -118,7 +121,7 @@ func (s scope) find(before snapshot) leftovers {
 	}
 	l.cgroups = fresh
 	for _, pid := range s.processes(cgroups) {
-		l.procs = append(l.procs, proc{pid: pid, desc: describe(pid)})
+		l.procs = append(l.procs, proc{pid: pid, desc: describe(pid), below: s.descends(pid)})
 	}
 	for _, m := range s.mounts() {
 		if !before.mounts[m] {
@@ -144,6 +147,21 @@ func (s scope) processes(cgroups []string) []int {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// descends reports whether pid descends from this process.
+func (s scope) descends(pid int) bool {
+	for range 4096 {
+		st, err := procfs.ReadStat(pid)
+		if err != nil || st.PPID() == 0 {
+			return false
+		}
+		if st.PPID() == s.self {
+			return true
+		}
+		pid = st.PPID()
+	}
+	return false
 }
 
 func below(parent map[int]int, pid, ancestor int) bool {
@@ -251,10 +269,22 @@ func (s scope) cgroups() []string {
 	return out
 }
 
-// end stops the processes (SIGTERM, SIGKILL after grace), detaches the
-// mounts (deepest first) and removes the cgroups (deepest first).
-func (s scope) end(ctx context.Context, l leftovers, grace time.Duration) error {
+// end stops the processes that descend from the command (SIGTERM,
+// SIGKILL after grace). With clean (the machine is the run's: CI) it also
+// stops the other processes found, detaches the mounts (deepest first)
+// and removes the cgroups (deepest first); without it those are only
+// reported, since another run on the machine may own them.
+func (s scope) end(ctx context.Context, l leftovers, grace time.Duration, clean bool) error {
 	var errs []error
+	if !clean {
+		var own []proc
+		for _, p := range l.procs {
+			if p.below {
+				own = append(own, p)
+			}
+		}
+		l = leftovers{procs: own}
+	}
 	for _, p := range l.procs {
 		_ = syscall.Kill(p.pid, syscall.SIGTERM)
 	}
@@ -271,7 +301,17 @@ func (s scope) end(ctx context.Context, l leftovers, grace time.Duration) error 
 				break
 			}
 		}
-		live := s.processes(l.cgroups)
+		var live []int
+		for _, p := range l.procs {
+			if st, err := procfs.ReadStat(p.pid); err == nil && !st.Exited() {
+				live = append(live, p.pid)
+			}
+		}
+		for _, pid := range s.processes(l.cgroups) {
+			if !slices.Contains(live, pid) && (clean || s.descends(pid)) {
+				live = append(live, pid)
+			}
+		}
 		if len(live) == 0 {
 			break
 		}

@@ -293,3 +293,65 @@ func globalIPv4(t *testing.T) string {
 	t.Fatal("the host has no global IPv4 address to reach a host port at")
 	return ""
 }
+
+// TestVirtualNodeCRISubPathEscape is the attacker's pod of
+// CVE-2017-1002101's class on dpkit node --backend cri with containerd: an
+// init container plants `ln -s / /vol/x` in an emptyDir, and the next
+// container mounts the volume with subPath x. It is not started
+// (CreateContainerConfigError, the subPath named as not within the
+// volume), where containerd would have bind-mounted the node's / into it;
+// a subPath that stays in the volume works, through the bind mount the
+// node makes of the opened directory.
+func TestVirtualNodeCRISubPathEscape(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	rtm := startContainerd(t, ctx)
+	root := shortTempDir(t)
+	name := unique("vncri-sub")
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	runNode(t, ctx, o)
+	ns := createNamespace(t, c, "vncri-sub")
+	pod := func(podName, sub, script string) *corev1.Pod {
+		p := criPod(ns, podName, name, script)
+		p.Spec.Volumes = []corev1.Volume{{Name: "vol", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+		p.Spec.InitContainers = []corev1.Container{{
+			Name: "plant", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+			Command:      []string{"sh", "-c", "ln -s / /vol/x && mkdir -p /vol/ok && echo fine > /vol/ok/f"},
+			VolumeMounts: []corev1.VolumeMount{{Name: "vol", MountPath: "/vol"}},
+		}}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "vol", MountPath: "/mnt", SubPath: sub}}
+		return p
+	}
+	for _, p := range []*corev1.Pod{
+		pod("escape", "x", "ls /mnt/etc/passwd && echo ESCAPED; sleep 1"),
+		pod("inside", "ok", "cat /mnt/f"),
+	} {
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				describePod(t, c, ns, p.Name)
+			}
+			deletePodAndWait(t, c, ns, p.Name)
+		})
+	}
+	refused := waitPod(t, ctx, c, ns, "escape", "its container refused", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "CreateContainerConfigError"
+	})
+	msg := refused.Status.ContainerStatuses[0].State.Waiting.Message
+	if !strings.Contains(msg, `failed to prepare subPath for volumeMount "vol" of container "app"`) || !strings.Contains(msg, "not within volume path") {
+		t.Errorf("refusal message %q, want the subPath named as not within the volume", msg)
+	}
+	waitPod(t, ctx, c, ns, "inside", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	b, err := c.CoreV1().Pods(ns).GetLogs("inside", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil || strings.TrimSpace(string(b)) != "fine" {
+		t.Errorf("the subPath within the volume: log %q (%v), want fine", b, err)
+	}
+	if b, err := c.CoreV1().Pods(ns).GetLogs("escape", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx); err == nil && strings.Contains(string(b), "ESCAPED") {
+		t.Errorf("the attacker's container ran with the node's / mounted: %s", b)
+	}
+}

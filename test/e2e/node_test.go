@@ -30,6 +30,7 @@ import (
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
 )
 
@@ -75,6 +76,15 @@ func runNode(t *testing.T, ctx context.Context, o noderun.Options) (*virtualnode
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("dpkit node: %v", err)
+			}
+		})
+	}
+	if o.Backend == "cri" {
+		// Likewise: a stopped node leaves its pods' volumes mounted
+		// (memory-backed ones, subPath bind mounts) for the next one.
+		t.Cleanup(func() {
+			if err := cri.UnmountPods(filepath.Join(o.Root, "pods")); err != nil {
+				t.Errorf("unmount the volumes the node left: %v", err)
 			}
 		})
 	}

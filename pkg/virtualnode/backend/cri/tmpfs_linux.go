@@ -42,8 +42,12 @@ func isMountPoint(dir string) bool {
 	return a.Dev != b.Dev
 }
 
-// unmountVolumes unmounts the tmpfs volumes under a pod's directory.
+// unmountVolumes unmounts the subPath bind mounts and the tmpfs volumes
+// under a pod's directory.
 func unmountVolumes(podDir string) error {
+	if err := unmountSubPaths(podDir); err != nil {
+		return err
+	}
 	dirs, _ := filepath.Glob(filepath.Join(podDir, "volumes", "*", "*"))
 	var errs []error
 	for _, d := range dirs {

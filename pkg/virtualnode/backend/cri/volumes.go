@@ -63,6 +63,10 @@ type podVolumes struct {
 	ready   map[string]bool                           // emptyDirs set up (mode, fsGroup)
 }
 
+// subPathDir is where, below a pod's directory, its subPaths are
+// bind-mounted for the runtime (the kubelet's volume-subpaths).
+const subPathDir = "volume-subpaths"
+
 func (pr *podRun) podDir() string { return filepath.Join(pr.b.cfg.PodDir, string(pr.pod.UID)) }
 
 func (pr *podRun) volumeDir(plugin, name string) string {
@@ -620,7 +624,7 @@ func checkHostPathType(path string, t *corev1.HostPathType) error {
 // mountPropagation as the runtime's propagation.
 func (pr *podRun) volumeMounts(spec *corev1.Container, vars map[string]string) ([]*runtimeapi.Mount, error) {
 	var out []*runtimeapi.Mount
-	for _, m := range spec.VolumeMounts {
+	for i, m := range spec.VolumeMounts {
 		hv, ok := pr.vols.mounted[m.Name]
 		if !ok {
 			return nil, fmt.Errorf("cannot find volume %q to mount into container %q", m.Name, spec.Name)
@@ -634,15 +638,24 @@ func (pr *podRun) volumeMounts(spec *corev1.Container, vars map[string]string) (
 			if err := validatePath(filepath.Clean(sub)); err != nil || filepath.IsAbs(sub) {
 				return nil, fmt.Errorf("subPath %q of volume %q: must be a relative path within the volume", sub, m.Name)
 			}
-			host = filepath.Join(hv.path, sub)
-			if _, err := os.Lstat(host); errors.Is(err, fs.ErrNotExist) {
-				perm := fs.FileMode(0o755)
-				if st, err := os.Stat(hv.path); err == nil {
-					perm = st.Mode().Perm()
-				}
-				if err := os.MkdirAll(host, perm); err != nil {
-					return nil, fmt.Errorf("failed to create subPath directory for volumeMount %q of container %q: %w", m.Name, spec.Name, err)
-				}
+			// As the kubelet: the subPath is opened without following a
+			// link out of the volume (a link another container of the
+			// pod planted), its missing directories made with the
+			// volume's mode, and the opened inode bind-mounted where the
+			// runtime is pointed (CVE-2017-1002101, CVE-2021-25741).
+			perm := fs.FileMode(0o755)
+			if st, err := os.Stat(hv.path); err == nil {
+				perm = st.Mode().Perm()
+			}
+			fd, err := openSubPath(hv.path, sub, perm)
+			if err != nil {
+				return nil, fmt.Errorf("failed to prepare subPath for volumeMount %q of container %q: %w", m.Name, spec.Name, err)
+			}
+			host = filepath.Join(pr.podDir(), subPathDir, m.Name, spec.Name, strconv.Itoa(i))
+			err = bindSubPath(fd, host)
+			_ = syscall.Close(fd)
+			if err != nil {
+				return nil, fmt.Errorf("failed to prepare subPath for volumeMount %q of container %q: %w", m.Name, spec.Name, err)
 			}
 		}
 		prop, err := propagation(m.MountPropagation, spec)
@@ -672,6 +685,24 @@ func propagation(p *corev1.MountPropagationMode, c *corev1.Container) (runtimeap
 		return runtimeapi.MountPropagation_PROPAGATION_PRIVATE, nil
 	}
 	return 0, fmt.Errorf("invalid MountPropagation mode: %q", *p)
+}
+
+// UnmountPods unmounts what the pods under podDir (a Backend's
+// Config.PodDir) left mounted: their memory-backed volumes and subPath
+// bind mounts. A Backend that closes leaves them, as a kubelet that stops
+// does, for the next Backend on the same directory to adopt the pods;
+// UnmountPods is for when no node will (a node taken out of service, a
+// test ending). Call it only when no Backend runs on podDir; the running
+// containers keep their own mounts.
+func UnmountPods(podDir string) error {
+	dirs, _ := filepath.Glob(filepath.Join(podDir, "*"))
+	var errs []error
+	for _, d := range dirs {
+		if err := unmountVolumes(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // removePodDir unmounts the pod's memory-backed volumes and removes what

@@ -123,7 +123,16 @@ func newVolumeBackend(t *testing.T, f *fakeRuntime, rec *recorder, cfg backend.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Close() })
+	t.Cleanup(func() {
+		_ = b.Close()
+		// The subPaths a test's pods left bind-mounted (as root).
+		pods, _ := filepath.Glob(filepath.Join(c.PodDir, "*"))
+		for _, d := range pods {
+			if err := unmountVolumes(d); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	})
 	return b
 }
 
@@ -193,6 +202,12 @@ func TestVolumes(t *testing.T) {
 			{Name: "token", MountPath: "/var/run/secrets/tokens"},
 		},
 	})
+	if os.Geteuid() != 0 {
+		// A subPath is bind-mounted, which needs root: left out (the
+		// subPath tests say so when they skip).
+		mounts := pod.Spec.Containers[0].VolumeMounts
+		pod.Spec.Containers[0].VolumeMounts = append(mounts[:1:1], mounts[2:]...)
+	}
 	pod.Labels = map[string]string{"b": "2", "a": "x\"y"}
 	pod.Spec.ServiceAccountName = "robot"
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
@@ -230,13 +245,16 @@ func TestVolumes(t *testing.T) {
 		prop       runtimeapi.MountPropagation
 	}{
 		{"/scratch", vol(pluginEmptyDir, "scratch"), false, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
-		{"/sub", filepath.Join(vol(pluginEmptyDir, "scratch"), "expanded"), false, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
+		{"/sub", filepath.Join(podDir, "volume-subpaths", "scratch", "app", "1"), false, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
 		{"/host", hostDir, false, runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER},
 		{"/cfg", vol(pluginConfigMap, "cfg"), true, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
 		{"/sec", vol(pluginSecret, "sec"), true, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
 		{"/info", vol(pluginDownwardAPI, "info"), true, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
 		{"/var/run/secrets/tokens", vol(pluginProjected, "token"), true, runtimeapi.MountPropagation_PROPAGATION_PRIVATE},
 	} {
+		if want.path == "/sub" && os.Geteuid() != 0 {
+			continue
+		}
 		m := mountAt(cfg, want.path)
 		if m == nil || m.HostPath != want.host || m.Readonly != want.ro || m.Propagation != want.prop {
 			t.Errorf("mount at %s: %v, want %s read-only %v propagation %v", want.path, m, want.host, want.ro, want.prop)
@@ -245,7 +263,7 @@ func TestVolumes(t *testing.T) {
 	if st, err := os.Stat(vol(pluginEmptyDir, "scratch")); err != nil || st.Mode().Perm() != 0o777 {
 		t.Errorf("emptyDir: %v %v, want mode 0777", st, err)
 	}
-	if st, err := os.Stat(filepath.Join(vol(pluginEmptyDir, "scratch"), "expanded")); err != nil || !st.IsDir() {
+	if st, err := os.Stat(filepath.Join(vol(pluginEmptyDir, "scratch"), "expanded")); os.Geteuid() == 0 && (err != nil || !st.IsDir()) {
 		t.Errorf("subPath directory: %v %v", st, err)
 	}
 	if st, err := os.Stat(hostDir); err != nil || !st.IsDir() {
@@ -679,7 +697,7 @@ func TestHostNetworkEtcHosts(t *testing.T) {
 	})
 	pod := testPod("hostnet", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullNever})
 	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "own", Image: "busybox:1", ImagePullPolicy: corev1.PullNever,
-		VolumeMounts: []corev1.VolumeMount{{Name: "hosts", MountPath: "/etc/hosts", SubPath: "hosts"}}})
+		VolumeMounts: []corev1.VolumeMount{{Name: "hosts", MountPath: "/etc/hosts", SubPath: subPathIfRoot("hosts")}}})
 	pod.Spec.Volumes = []corev1.Volume{{Name: "hosts", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	pod.Spec.HostNetwork = true
 	pod.Spec.HostAliases = []corev1.HostAlias{{IP: "192.0.2.9", Hostnames: []string{"db"}}}
@@ -705,8 +723,13 @@ func TestHostNetworkEtcHosts(t *testing.T) {
 		t.Errorf("/etc/hosts %q, want %q", got, want)
 	}
 	own := mountAt(f.running("own"), "/etc/hosts")
-	if own == nil || !strings.Contains(own.HostPath, pluginEmptyDir) {
-		t.Errorf("container own: /etc/hosts mount %v, want its emptyDir's only", own)
+	if wantIn := filepath.Join(subPathDir, "hosts", "own"); os.Geteuid() != 0 {
+		wantIn = filepath.Join(pluginEmptyDir, "hosts")
+		if own == nil || !strings.Contains(own.HostPath, wantIn) {
+			t.Errorf("container own: /etc/hosts mount %v, want its emptyDir only", own)
+		}
+	} else if own == nil || !strings.Contains(own.HostPath, wantIn) {
+		t.Errorf("container own: /etc/hosts mount %v, want its emptyDir's subPath only", own)
 	}
 	if n := len(f.running("own").Mounts); n != 1 {
 		t.Errorf("container own has %d mounts, want its volume's only", n)
@@ -778,4 +801,13 @@ func TestFQDNTooLong(t *testing.T) {
 	if sandboxes, _ := f.counts(); sandboxes != 0 || p.Status.Phase != corev1.PodPending {
 		t.Errorf("%d sandboxes, phase %s; want none, Pending", sandboxes, p.Status.Phase)
 	}
+}
+
+// subPathIfRoot is sub for a test run as root, else "" (a subPath is
+// bind-mounted, which needs root).
+func subPathIfRoot(sub string) string {
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	return sub
 }
