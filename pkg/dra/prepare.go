@@ -229,13 +229,16 @@ func (d *Driver) containerEdits(resp *pluginapi.ContainerAllocateResponse) cdisp
 	return e
 }
 
+// uidChars are the characters a claim UID may hold.
+const uidChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._"
+
 // checkUID refuses a claim UID that is not a UID (letters, digits, '-',
 // '.' and '_', at most 128): the CDI spec's file name is made from it, and
 // "x/../../y" would name another file (Unprepare removes it).
 func checkUID(uid string) error {
 	ok := uid != "" && len(uid) <= 128 && uid != "." && uid != ".."
 	for _, r := range uid {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' || r == '_') {
+		if !strings.ContainsRune(uidChars, r) {
 			ok = false
 		}
 	}

@@ -51,8 +51,11 @@ func StopPods(ctx context.Context, dir string, grace time.Duration) ([]string, e
 		if err == nil {
 			err = json.Unmarshal(data, &st)
 		}
-		if err != nil || st.Pod == nil {
-			return nil, fmt.Errorf("process backend: pod state %s: unreadable (%v)", filepath.Join(dir, e.Name(), "state.json"), err)
+		if err != nil {
+			return nil, fmt.Errorf("process backend: pod state %s: %w", filepath.Join(dir, e.Name(), "state.json"), err)
+		}
+		if st.Pod == nil {
+			return nil, fmt.Errorf("process backend: pod state %s holds no pod", filepath.Join(dir, e.Name(), "state.json"))
 		}
 		name := st.Pod.Namespace + "/" + st.Pod.Name
 		for _, ps := range st.Procs {
