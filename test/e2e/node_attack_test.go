@@ -261,6 +261,7 @@ func runQuietNode(t *testing.T, ctx context.Context, o noderun.Options) *virtual
 	go func() {
 		done <- noderun.Run(nctx, env.Logger, o, func(ns []*virtualnode.Node) { started <- ns[0] })
 	}()
+	afterNodeStops(t, o)
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

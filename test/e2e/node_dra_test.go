@@ -631,6 +631,7 @@ func TestVirtualNodeDRAPrefersDevicePlugin(t *testing.T) {
 	started := make(chan *virtualnode.Node, 1)
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, &logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	go func() { done <- noderun.Run(nctx, log, o, func(ns []*virtualnode.Node) { started <- ns[0] }) }()
+	afterNodeStops(t, o)
 	t.Cleanup(func() { cancel(); <-done })
 	var node *virtualnode.Node
 	select {

@@ -79,22 +79,7 @@ func runNode(t *testing.T, ctx context.Context, o noderun.Options) (*virtualnode
 			}
 		})
 	}
-	if o.Backend == "cri" {
-		// Likewise: a stopped node leaves its pods' volumes mounted
-		// (memory-backed ones, subPath bind mounts) for the next one.
-		t.Cleanup(func() {
-			if err := cri.UnmountPods(filepath.Join(o.Root, "pods")); err != nil {
-				t.Errorf("unmount the volumes the node left: %v", err)
-			}
-		})
-	}
-	if o.Backend == "process" {
-		// Runs after stop (cleanups run last first): a stopped node
-		// leaves its pods' processes running for the next one on the
-		// root to adopt, as a kubelet leaves its containers. The test
-		// ends them.
-		t.Cleanup(func() { stopProcessPods(t, o.Root) })
-	}
+	afterNodeStops(t, o)
 	t.Cleanup(stop)
 	select {
 	case n := <-started:
@@ -105,6 +90,26 @@ func runNode(t *testing.T, ctx context.Context, o noderun.Options) (*virtualnode
 		t.Fatalf("dpkit node did not start: %v", ctx.Err())
 	}
 	return nil, nil
+}
+
+// afterNodeStops registers what a test does once the dpkit node it runs
+// with o has stopped; register it before the cleanup that stops the node
+// (cleanups run last first). A stopped node keeps its pods for the next
+// node on the root to adopt, as a kubelet keeps its containers: the
+// process backend's processes, the cri backend's volumes (memory-backed
+// ones, subPath bind mounts). The test ends them.
+func afterNodeStops(t *testing.T, o noderun.Options) {
+	t.Helper()
+	switch o.Backend {
+	case "process":
+		t.Cleanup(func() { stopProcessPods(t, o.Root) })
+	case "cri":
+		t.Cleanup(func() {
+			if err := cri.UnmountPods(filepath.Join(o.Root, "pods")); err != nil {
+				t.Errorf("unmount the volumes the node left: %v", err)
+			}
+		})
+	}
 }
 
 // stopProcessPods ends the processes of the pods that the process
