@@ -140,7 +140,14 @@ func TestPortForward(t *testing.T) {
 	if err := b.CreatePod(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = b.DeletePod(context.Background(), pod) }()
+	defer func() {
+		// Ended before the backend closes and the directory goes: the
+		// pod's last state is written once its process has exited.
+		_ = b.DeletePod(context.Background(), pod)
+		rec.wait(t, pod.UID, "ended", func(p *corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+		})
+	}()
 	rec.wait(t, pod.UID, "running", phase(corev1.PodRunning))
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
