@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -120,8 +121,10 @@ func (s scope) find(before snapshot) leftovers {
 		}
 	}
 	l.cgroups = fresh
-	for _, pid := range s.processes(cgroups) {
-		l.procs = append(l.procs, proc{pid: pid, desc: describe(pid), below: s.descends(pid)})
+	found := s.processes(cgroups)
+	pids := slices.Sorted(maps.Keys(found))
+	for _, pid := range pids {
+		l.procs = append(l.procs, proc{pid: pid, desc: describe(pid), below: found[pid]})
 	}
 	for _, m := range s.mounts() {
 		if !before.mounts[m] {
@@ -131,37 +134,25 @@ func (s scope) find(before snapshot) leftovers {
 	return l
 }
 
-// processes lists the live processes below self and those in cgroups.
-func (s scope) processes(cgroups []string) []int {
+// processes lists the live processes below self and those in cgroups,
+// each with whether it is below self (ancestry read once from /proc).
+func (s scope) processes(cgroups []string) map[int]bool {
 	parent := map[int]int{}
 	for _, pid := range procfs.PIDs() {
 		if st, err := procfs.ReadStat(pid); err == nil && !st.Exited() {
 			parent[pid] = st.PPID()
 		}
 	}
-	var out []int
+	out := map[int]bool{}
 	for pid := range parent {
-		if pid != s.self && (below(parent, pid, s.self) || inCgroups(pid, cgroups)) {
-			out = append(out, pid)
+		if pid == s.self {
+			continue
+		}
+		if b := below(parent, pid, s.self); b || inCgroups(pid, cgroups) {
+			out[pid] = b
 		}
 	}
-	slices.Sort(out)
 	return out
-}
-
-// descends reports whether pid descends from this process.
-func (s scope) descends(pid int) bool {
-	for range 4096 {
-		st, err := procfs.ReadStat(pid)
-		if err != nil || st.PPID() == 0 {
-			return false
-		}
-		if st.PPID() == s.self {
-			return true
-		}
-		pid = st.PPID()
-	}
-	return false
 }
 
 func below(parent map[int]int, pid, ancestor int) bool {
@@ -307,8 +298,8 @@ func (s scope) end(ctx context.Context, l leftovers, grace time.Duration, clean 
 				live = append(live, p.pid)
 			}
 		}
-		for _, pid := range s.processes(l.cgroups) {
-			if !slices.Contains(live, pid) && (clean || s.descends(pid)) {
+		for pid, below := range s.processes(l.cgroups) {
+			if !slices.Contains(live, pid) && (clean || below) {
 				live = append(live, pid)
 			}
 		}
