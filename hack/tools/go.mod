@@ -1,9 +1,8 @@
 // Module tools builds the binaries dpkit's tests and scripts need: the test
 // control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
 // etcd), the real node's kubelet and the upstream interop binaries
-// (sample-device-plugin, kubelet-devicemanager, kubelet-dramanager), the
-// fake DRA driver (dpkit-fakedra) and the DRA checkpoint golden writer
-// (kubelet-dracheckpoint). It is separate from the
+// (sample-device-plugin, kubelet-devicemanager, kubelet-dramanager) and the
+// DRA checkpoint golden writer (kubelet-dracheckpoint). It is separate from the
 // main module so that github.com/dpkit/dpkit never depends on
 // k8s.io/kubernetes. See hack/build-controlplane.sh, hack/build-node.sh,
 // hack/build-upstream.sh, docs/testing.md and docs/upstream-interop.md.
@@ -26,7 +25,6 @@ require (
 	k8s.io/apimachinery v0.37.0
 	k8s.io/client-go v0.37.0
 	k8s.io/component-base v0.37.0
-	k8s.io/dynamic-resource-allocation v0.37.0
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kubelet v0.37.0
 	k8s.io/kubernetes v1.37.0
@@ -143,7 +141,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
-	golang.org/x/mod v0.37.0 // indirect
 	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect
@@ -170,6 +167,7 @@ require (
 	k8s.io/cri-client v0.0.0 // indirect
 	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
+	k8s.io/dynamic-resource-allocation v0.37.0 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
 	k8s.io/externaljwt v0.0.0 // indirect
 	k8s.io/kms v0.37.0 // indirect
@@ -189,7 +187,6 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
-	tags.cncf.io/container-device-interface/specs-go v1.1.0 // indirect
 )
 
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them

@@ -180,11 +180,11 @@ func TestRulesCatch(t *testing.T) {
 }
 
 // heavy are the module prefixes the dpkit binary must not link: the
-// Kubernetes client, the virtual-kubelet and the apiserver libraries are
-// what made a cold "go run ./cmd/dpkit up" take minutes
+// Kubernetes client, the virtual-kubelet, the apiserver and the DRA helper
+// libraries are what made a cold "go run ./cmd/dpkit up" take minutes
 // (docs/performance.md). The commands that need them are in
 // cmd/dpkit-cluster, which dpkit runs for them.
-var heavy = []string{"k8s.io/client-go", "github.com/virtual-kubelet", "k8s.io/apiserver"}
+var heavy = []string{"k8s.io/client-go", "github.com/virtual-kubelet", "k8s.io/apiserver", "k8s.io/dynamic-resource-allocation"}
 
 // deps returns the packages pkg links, as go list -deps prints them.
 func deps(t *testing.T, root, pkg string, flags ...string) []string {

@@ -4,7 +4,7 @@ package e2e
 // against the kubelet's own DRA manager (k8s.io/kubernetes/pkg/kubelet/cm/dra,
 // v1.37.0, run by hack/tools/cmd/kubelet-dramanager) and against dpkit's
 // (pkg/dramanager), each with its own fake DRA driver
-// (hack/tools/cmd/dpkit-fakedra) and the same ResourceClaims from the test
+// (cmd/dpkit-fakedra) and the same ResourceClaims from the test
 // control plane, and what each showed is compared. docs/dra.md "Judged
 // against the kubelet" is the table of these results.
 

@@ -195,7 +195,7 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 
 // TestVerifyDRAUpstreamHelper runs dpkit verify --dra against the fake
 // DRA driver built on the upstream kubeletplugin helper
-// (hack/tools/cmd/dpkit-fakedra): what the helper does (registration,
+// (cmd/dpkit-fakedra): what the helper does (registration,
 // stale sockets, ResourceSlices, per-claim errors, health, shutdown)
 // passes; the fake driver on top writes no CDI specs and does not keep
 // which claim holds a device, and fails exactly those two checks.

@@ -1,4 +1,4 @@
-// Package dratest runs the fake DRA driver (hack/tools/cmd/dpkit-fakedra,
+// Package dratest runs the fake DRA driver (cmd/dpkit-fakedra,
 // built on the upstream kubeletplugin helper) as a process for tests of a
 // DRA manager, and keeps ResourceClaims in files both sides read, so no
 // API server is needed.
@@ -23,8 +23,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/dpkit/dpkit/internal/repopath"
 )
 
 // DriverName is the fake driver's name; Pool the pool of its devices.
@@ -53,10 +51,10 @@ func Binary(t testing.TB) string {
 			return
 		}
 		fakeDRA.path = filepath.Join(dir, "dpkit-fakedra")
-		cmd := exec.Command("go", "build", "-o", fakeDRA.path, "./cmd/dpkit-fakedra")
-		cmd.Dir = repopath.Find("hack/tools")
+		// By import path: it builds in any module that requires dpkit.
+		cmd := exec.Command("go", "build", "-o", fakeDRA.path, "github.com/dpkit/dpkit/cmd/dpkit-fakedra")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			fakeDRA.err = fmt.Errorf("(cd hack/tools && go build ./cmd/dpkit-fakedra): %w\n%s", err, out)
+			fakeDRA.err = fmt.Errorf("go build github.com/dpkit/dpkit/cmd/dpkit-fakedra: %w\n%s", err, out)
 		}
 	})
 	if fakeDRA.err != nil {

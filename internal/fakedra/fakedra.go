@@ -4,15 +4,10 @@
 // a scripted list of devices, reports their health as the test sets it,
 // fails Prepare or Unprepare on demand and records every call.
 //
-// The helper reads the claims it prepares from the API server; tests give
-// it a client-go fake clientset holding the same claims as the manager's
-// ClaimGetter. Command dpkit-fakedra (hack/tools/cmd/dpkit-fakedra) runs
-// it as a process, reading claims from files.
-//
-// It lives in the hack/tools module, not in dpkit's: the helper needs
-// k8s.io/apiserver v0.37, whose removal of pkg/util/wsstream breaks
-// virtual-kubelet v1.12 (dpkit node), so the two cannot share a build
-// list. dpkit's own tests run it as a process (dpkit-fakedra).
+// The helper reads the claims it prepares through a client: an API
+// server's, or a client-go fake clientset that holds the same claims as
+// the manager's ClaimGetter. Command dpkit-fakedra (cmd/dpkit-fakedra)
+// runs it as a process, and dpkit's tests run that (pkg/dramanager/dratest).
 package fakedra
 
 import (

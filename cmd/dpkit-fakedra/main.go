@@ -1,4 +1,4 @@
-// Command dpkit-fakedra runs the fake DRA driver (hack/tools/fakedra), built
+// Command dpkit-fakedra runs the fake DRA driver (internal/fakedra), built
 // on the upstream kubeletplugin helper, as a process for dpkit's tests and
 // demos. The helper reads ResourceClaims through a client. With
 // --kubeconfig and --node-name it is an API server's: the driver publishes
@@ -52,7 +52,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/dpkit/dpkit/hack/tools/fakedra"
+	"github.com/dpkit/dpkit/internal/fakedra"
 )
 
 func main() {
