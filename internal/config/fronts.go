@@ -33,6 +33,10 @@ const (
 	// EnvNodeName is the variable the node name comes from when
 	// dra.nodeName is not set (the downward API's spec.nodeName).
 	EnvNodeName = "NODE_NAME"
+	// EnvPodUID is the variable with the UID of the pod the plugin runs
+	// in (the downward API's metadata.uid): set, the DRA front takes part
+	// in rolling updates of its DaemonSet (maxSurge 1).
+	EnvPodUID = "POD_UID"
 	// EnvDRAPluginsDir and EnvCDIDir name the plugins and CDI
 	// directories when dra.pluginsDir and dra.cdiDir are left at their
 	// defaults (dpkit verify --dra sets them).

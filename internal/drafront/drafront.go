@@ -1,4 +1,4 @@
-// Package drafront starts the DRA front of a plugin's resource (pkg/dra)
+// Package drafront starts the DRA front of a plugin's resource (pkg/draplugin)
 // with an API server client: what "dpkit plugin" runs for a resource whose
 // fronts include dra. It is linked only into dpkit-cluster, since it needs
 // client-go; dpkit hands such command lines over to dpkit-cluster.
@@ -10,11 +10,12 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/internal/pluginrun"
-	"github.com/dpkit/dpkit/pkg/dra"
+	"github.com/dpkit/dpkit/pkg/draplugin"
 	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
@@ -42,15 +43,15 @@ func New() pluginrun.DRAFront {
 		if o.NodeName == "" {
 			return pluginrun.DRADriver{}, fmt.Errorf("the DRA front of %s needs the node's name: set dra.nodeName in the config or $NODE_NAME (in a DaemonSet, from the downward API: fieldPath spec.nodeName)", inv.Resource())
 		}
-		d, err := dra.New(dra.Config{
+		d, err := draplugin.New(draplugin.Config{
 			DriverName:  o.DriverName,
 			NodeName:    o.NodeName,
 			PluginsDir:  o.PluginsDir,
 			RegistryDir: o.RegistryDir,
 			CDIDir:      o.CDIDir,
 			SysfsRoot:   o.SysfsRoot,
-			Claims:      dra.APIClaims(client),
-			Slices:      dra.APISlices(client, o.DriverName, o.NodeName),
+			Client:      client,
+			PodUID:      types.UID(o.PodUID),
 			Logger:      log,
 			Registerer:  reg,
 		}, inv)

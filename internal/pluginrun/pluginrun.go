@@ -38,9 +38,13 @@ type DRAOptions struct {
 	CDIDir      string
 	SysfsRoot   string
 	Kubeconfig  string
+	// PodUID is $POD_UID, the UID of the pod the plugin runs in (the
+	// downward API's metadata.uid): set, the front supports rolling
+	// updates of its DaemonSet.
+	PodUID string
 }
 
-// DRAFront starts the DRA front (pkg/dra) of one resource's inventory and
+// DRAFront starts the DRA front (pkg/draplugin) of one resource's inventory and
 // returns what serves it until its context ends. dpkit-cluster has one
 // (internal/drafront); the dpkit binary has none, since the front needs
 // the Kubernetes client libraries.
@@ -58,7 +62,7 @@ type DRADriver struct {
 type Options struct {
 	// DRA starts DRA fronts; nil when this build has none.
 	DRA DRAFront
-	// Getenv reads the environment ($NODE_NAME); nil means os.Getenv.
+	// Getenv reads the environment ($NODE_NAME, $POD_UID); nil means os.Getenv.
 	Getenv func(string) string
 }
 
@@ -223,6 +227,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 			CDIDir:      cdiDir,
 			SysfsRoot:   cfg.Host.SysfsRoot,
 			Kubeconfig:  cfg.DRA.Kubeconfig,
+			PodUID:      getenv(config.EnvPodUID),
 		}, rlog, registerer)
 		if err != nil {
 			closeAll()

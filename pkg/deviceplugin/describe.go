@@ -2,7 +2,7 @@ package deviceplugin
 
 // DeviceInfo describes a device beyond what the kubelet's device plugin
 // API carries (ID, health, NUMA nodes), for fronts that publish devices
-// with attributes: the DRA front (pkg/dra) turns it into a ResourceSlice
+// with attributes: the DRA front (pkg/draplugin) turns it into a ResourceSlice
 // device's attributes and capacity. It holds no Kubernetes API types, so
 // a plugin describes its devices without importing them.
 type DeviceInfo struct {

@@ -1,6 +1,6 @@
 // Package inventory serves one device plugin's devices through two fronts
 // at once: the kubelet's device plugin API (pkg/deviceplugin) and DRA
-// (pkg/dra). It runs the plugin's Scan once for both, holds the latest
+// (pkg/draplugin). It runs the plugin's Scan once for both, holds the latest
 // snapshot, and arbitrates: a device held through one front is never given
 // out through the other.
 //

@@ -43,7 +43,7 @@ func DRAChecks() []CheckInfo {
 			"keep the registration server running for the life of the driver and answer GetInfo every time it is asked."},
 		{CheckDRADriverRestart, "a driver killed without cleaning up (stale sockets left) starts again and registers within the threshold (warns above --reregister-warn)",
 			"a DaemonSet pod is restarted after a crash or an update; the sockets of the old instance stay behind, and only a new registration brings the driver back to the kubelet",
-			"remove a stale socket file before listening on its path (the kubeletplugin helper and pkg/dra do), and register as soon as the gRPC servers run."},
+			"remove a stale socket file before listening on its path (the kubeletplugin helper does, and so pkg/draplugin), and register as soon as the gRPC servers run."},
 		{CheckDRASlices, "the ResourceSlices are valid: spec.nodeName and the Node as owner, at most 128 devices per slice, one pool generation, resourceSliceCount slices",
 			"the scheduler allocates only from complete pools of the newest generation, and the kubelet (and the Node's deletion) remove the slices of a node by spec.nodeName and the owner reference",
 			"publish with spec.nodeName set to $NODE_NAME and an owner reference to the Node, split the devices into slices of at most 128, and give every slice of the pool the same generation and resourceSliceCount."},

@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/dpkit/dpkit/pkg/dra"
+	"github.com/dpkit/dpkit/pkg/draplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -343,7 +343,7 @@ func holders(ctx context.Context, c kubernetes.Interface, prc podresourcesv1.Pod
 	}
 	byName := map[string]string{}
 	for _, id := range f.devices {
-		byName[dra.DeviceName(id)] = id
+		byName[draplugin.DeviceName(id)] = id
 	}
 	resp, err := prc.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
 	if err != nil {

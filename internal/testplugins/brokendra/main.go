@@ -1,7 +1,7 @@
 // Command brokendra is a DRA driver for the tests of dpkit verify --dra. It
 // speaks the kubelet's gRPC APIs (pluginregistration/v1, dra/v1,
 // dra-health/v1) directly and publishes its ResourceSlices with client-go,
-// written without pkg/dra so that it can misbehave: -mode picks one
+// written without pkg/draplugin so that it can misbehave: -mode picks one
 // deliberate bug, each aimed at one check, and an empty mode is a driver
 // that does everything right.
 //

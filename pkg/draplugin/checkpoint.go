@@ -1,4 +1,4 @@
-package dra
+package draplugin
 
 import (
 	"encoding/json"
@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
@@ -39,11 +39,11 @@ type preparedDevice struct {
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
 }
 
-func (p *preparedClaim) response() *drav1.NodePrepareResourceResponse {
-	out := &drav1.NodePrepareResourceResponse{}
+func (p *preparedClaim) result() kubeletplugin.PrepareResult {
+	out := kubeletplugin.PrepareResult{Devices: make([]kubeletplugin.Device, 0, len(p.Devices))}
 	for _, dev := range p.Devices {
-		out.Devices = append(out.Devices, &drav1.Device{
-			RequestNames: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CdiDeviceIds: dev.CDIDeviceIDs,
+		out.Devices = append(out.Devices, kubeletplugin.Device{
+			Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: dev.CDIDeviceIDs,
 		})
 	}
 	return out

@@ -1,16 +1,20 @@
-// Package dra serves an inventory's devices (pkg/inventory) as a DRA
-// driver on the kubelet's own gRPC APIs: plugin registration
-// (pluginregistration/v1), DRAPlugin (dra/v1) and DRAResourceHealth
-// (dra-health/v1). It publishes the devices in ResourceSlices, prepares
-// claims by calling the plugin's Allocate and turning the answer into a
-// CDI spec, checkpoints what it prepared, and streams device health.
+// Package draplugin serves an inventory's devices (pkg/inventory) as a DRA
+// driver, on the ecosystem's own helper
+// (k8s.io/dynamic-resource-allocation/kubeletplugin): it registers with the
+// kubelet, serves DRAPlugin v1 and v1beta1 and DRAResourceHealth v1 and
+// v1alpha1 (so kubelets v1.34 to v1.37 all see health), serializes
+// Prepare and Unprepare, supports rolling updates (Config.PodUID) and
+// publishes ResourceSlices through the helper's ResourceSlice controller.
+// What is dpkit's own is the rest: the devices' names and attributes,
+// preparing a claim by calling the plugin's Allocate and turning the
+// answer into a CDI spec, the checkpoint of what was prepared, and the
+// arbiter shared with the device plugin front.
 //
 // A device is never given out through DRA and the device plugin front at
 // once: both acquire it in the inventory's arbiter first.
-package dra
+package draplugin
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,9 +22,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 )
 
@@ -33,20 +38,6 @@ const (
 	DefaultHealthTimeout = 30 * time.Second
 )
 
-// ClaimGetter reads the ResourceClaims the kubelet asks the driver to
-// prepare. The method is the one dramanager.ClaimGetter has, so one
-// implementation serves both sides (dratest.Claims is one).
-type ClaimGetter interface {
-	GetResourceClaim(ctx context.Context, namespace, name string) (*resourcev1.ResourceClaim, error)
-}
-
-// SlicePublisher publishes the devices of the driver's pool on this node.
-// Publish is called with the full list on every change; an implementation
-// splits it into ResourceSlices and bumps the pool's generation.
-type SlicePublisher interface {
-	Publish(ctx context.Context, pool string, devices []resourcev1.Device) error
-}
-
 // Config configures a Driver.
 type Config struct {
 	// DriverName is the DRA driver's name, a DNS subdomain of at most 63
@@ -57,11 +48,13 @@ type Config struct {
 	// PoolName is the pool of the node's devices. Default NodeName.
 	PoolName string
 	// PluginsDir is the kubelet's plugins directory; the driver serves
-	// <PluginsDir>/<DriverName>/dra.sock and keeps its checkpoint there.
-	// Default /var/lib/kubelet/plugins.
+	// <PluginsDir>/<DriverName>/dra.sock (dra-<PodUID>.sock in a rolling
+	// update) and keeps its checkpoint there. Default
+	// /var/lib/kubelet/plugins.
 	PluginsDir string
 	// RegistryDir is the kubelet's plugin watcher directory; the driver
-	// registers through <RegistryDir>/<DriverName>-reg.sock. Default
+	// registers through <RegistryDir>/<DriverName>-reg.sock (a name with
+	// the PodUID in a rolling update). Default
 	// /var/lib/kubelet/plugins_registry.
 	RegistryDir string
 	// CDIDir is where CDI spec files are written for the container
@@ -70,11 +63,19 @@ type Config struct {
 	// SysfsRoot is where sysfs is mounted, read for the PCIe root of
 	// devices with a PCI bus ID. Default /sys.
 	SysfsRoot string
-	// Claims reads the claims to prepare. Required.
-	Claims ClaimGetter
-	// Slices publishes the devices; nil publishes nothing (another
-	// component publishes them, or a test does not need them).
-	Slices SlicePublisher
+	// Client is the API server's: the helper reads the claims to prepare
+	// through it and publishes the ResourceSlices. Required.
+	Client kubernetes.Interface
+	// NoSlices publishes no ResourceSlices (another component publishes
+	// them).
+	NoSlices bool
+	// PodUID, when set, is the UID of the pod the driver runs in (the
+	// downward API's metadata.uid) and turns on rolling updates: two
+	// instances of the driver (a DaemonSet with maxSurge 1) serve at once
+	// on sockets of their own, Prepare and Unprepare are serialized
+	// between them through a file lock, and each reads what the other
+	// prepared from the checkpoint. Leave it empty outside a pod.
+	PodUID types.UID
 	// HealthTimeout is how long a health report holds in the kubelet;
 	// the driver reports every device at least every HealthTimeout/2.
 	// Default 30s.
@@ -143,8 +144,13 @@ func (c *Config) validate() error {
 			errs = append(errs, field.Invalid(p.Child(d.name), d.v, "must be an absolute path"))
 		}
 	}
-	if c.Claims == nil {
-		errs = append(errs, field.Required(p.Child("claims"), "pass a ClaimGetter, such as dra.APIClaims(client)"))
+	if c.Client == nil {
+		errs = append(errs, field.Required(p.Child("client"), "pass the API server's client (kubernetes.NewForConfig)"))
+	}
+	for _, msg := range validation.IsDNS1123Subdomain(string(c.PodUID)) {
+		if c.PodUID != "" {
+			errs = append(errs, field.Invalid(p.Child("podUID"), c.PodUID, msg+"; set the pod's metadata.uid (downward API) or leave it empty"))
+		}
 	}
 	if c.HealthTimeout < 2*time.Second {
 		errs = append(errs, field.Invalid(p.Child("healthTimeout"), c.HealthTimeout.String(), "must be at least 2s; leave it zero for the default 30s"))

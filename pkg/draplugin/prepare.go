@@ -1,4 +1,4 @@
-package dra
+package draplugin
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"strings"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
@@ -44,41 +46,36 @@ func baseRequest(name string) string {
 	return base
 }
 
-// nodeService serves DRAPlugin.
-type nodeService struct {
-	drav1.UnimplementedDRAPluginServer
-	d *Driver
-}
-
-func (s nodeService) NodePrepareResources(ctx context.Context, req *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
-	return s.d.prepare(ctx, req.GetClaims()), nil
-}
-
-func (s nodeService) NodeUnprepareResources(_ context.Context, req *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
-	return s.d.unprepare(req.GetClaims()), nil
-}
-
-func (d *Driver) prepare(ctx context.Context, claims []*drav1.Claim) *drav1.NodePrepareResourcesResponse {
+// PrepareResourceClaims prepares the claims the helper read for a
+// NodePrepareResources call (allocated, of the UIDs the kubelet named).
+// A claim prepared before gets the same answer without a second Allocate,
+// with its holds and CDI spec file put back in place (the file may be gone:
+// kubernetes#141433). What is prepared is checkpointed before it is
+// reported; a checkpoint that cannot be written fails the claims of this
+// call.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := &drav1.NodePrepareResourcesResponse{Claims: make(map[string]*drav1.NodePrepareResourceResponse, len(claims))}
+	if err := d.syncLocked(); err != nil {
+		return nil, err
+	}
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	refreshed := false
 	var added []string
-	for _, c := range claims {
-		if err := checkUID(c.GetUid()); err != nil {
-			out.Claims[c.GetUid()] = &drav1.NodePrepareResourceResponse{Error: err.Error()}
+	for _, claim := range claims {
+		uid := string(claim.UID)
+		if err := checkUID(uid); err != nil {
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
-		log := d.log.With("claim", c.GetNamespace()+"/"+c.GetName(), "uid", c.GetUid())
-		if p, ok := d.prepared[c.GetUid()]; ok {
-			// Prepared before: the same answer, with its spec file and holds
-			// in place (the file may be gone: kubernetes#141433).
+		log := d.log.With("claim", claim.Namespace+"/"+claim.Name, "uid", uid)
+		if p, ok := d.prepared[uid]; ok {
 			if err := d.ensure(p); err != nil {
 				log.Error("Prepare of a prepared claim failed", "err", err)
-				out.Claims[c.GetUid()] = &drav1.NodePrepareResourceResponse{Error: err.Error()}
+				out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 				continue
 			}
-			out.Claims[c.GetUid()] = p.response()
+			out[claim.UID] = p.result()
 			continue
 		}
 		if !refreshed {
@@ -89,18 +86,18 @@ func (d *Driver) prepare(ctx context.Context, claims []*drav1.Claim) *drav1.Node
 			}
 			refreshed = true
 		}
-		p, err := d.prepareClaim(ctx, c)
+		p, err := d.prepareClaim(ctx, claim)
 		if err != nil {
 			log.Error("Prepare failed", "err", err)
 			d.metrics.operations.WithLabelValues("prepare", "error").Inc()
-			out.Claims[c.GetUid()] = &drav1.NodePrepareResourceResponse{Error: err.Error()}
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
 		d.metrics.operations.WithLabelValues("prepare", "success").Inc()
 		log.Info("Claim prepared", "devices", len(p.DeviceIDs))
-		d.prepared[c.GetUid()] = p
-		added = append(added, c.GetUid())
-		out.Claims[c.GetUid()] = p.response()
+		d.prepared[uid] = p
+		added = append(added, uid)
+		out[claim.UID] = p.result()
 	}
 	if len(added) > 0 {
 		if err := d.saveLocked(); err != nil {
@@ -109,27 +106,49 @@ func (d *Driver) prepare(ctx context.Context, claims []*drav1.Claim) *drav1.Node
 			for _, uid := range added {
 				d.undo(d.prepared[uid])
 				delete(d.prepared, uid)
-				out.Claims[uid] = &drav1.NodePrepareResourceResponse{Error: err.Error()}
+				out[types.UID(uid)] = kubeletplugin.PrepareResult{Err: err}
 			}
 		}
 	}
 	d.metrics.prepared.Set(float64(len(d.prepared)))
-	return out
+	return out, nil
 }
 
 func (d *Driver) saveLocked() error { return writeCheckpoint(d.checkpointPath, d.prepared) }
 
-// prepareClaim prepares one claim that was not prepared before.
-func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedClaim, error) {
-	claim, err := d.cfg.Claims.GetResourceClaim(ctx, c.GetNamespace(), c.GetName())
+// syncLocked reads the checkpoint again: in a rolling update the other
+// instance may have prepared or unprepared claims since (the helper's
+// file lock orders the calls of both). Claims it prepared are held here
+// too; claims it unprepared are released.
+func (d *Driver) syncLocked() error {
+	if d.cfg.PodUID == "" {
+		return nil // one instance: the checkpoint is what d.prepared says
+	}
+	onDisk, err := readCheckpoint(d.checkpointPath)
 	if err != nil {
-		return nil, fmt.Errorf("fetch ResourceClaim %s/%s: %w", c.GetNamespace(), c.GetName(), err)
+		return err
 	}
-	if string(claim.UID) != c.GetUid() {
-		return nil, fmt.Errorf("ResourceClaim %s/%s has UID %s, the kubelet asked for %s: the claim was deleted and created again", c.GetNamespace(), c.GetName(), claim.UID, c.GetUid())
+	for uid, p := range d.prepared {
+		if _, ok := onDisk[uid]; !ok {
+			d.inv.Release(inventory.ClaimHolder(p.Namespace, p.Name, p.UID))
+		}
 	}
+	for uid, p := range onDisk {
+		if _, ok := d.prepared[uid]; !ok {
+			if err := d.inv.Acquire(p.DeviceIDs, inventory.ClaimHolder(p.Namespace, p.Name, p.UID)); err != nil {
+				d.log.Error("A claim the other instance prepared holds devices this one gave out", "uid", uid, "err", err)
+			}
+		}
+	}
+	d.prepared = onDisk
+	return nil
+}
+
+// prepareClaim prepares one claim that was not prepared before.
+func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceClaim) (*preparedClaim, error) {
+	uid := string(claim.UID)
 	if claim.Status.Allocation == nil {
-		return nil, fmt.Errorf("ResourceClaim %s/%s is not allocated", c.GetNamespace(), c.GetName())
+		return nil, fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
 	devs, _ := d.inv.Devices()
 	names := nameDevices(devs, d.log)
@@ -145,11 +164,11 @@ func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedCla
 			continue
 		}
 		if r.Pool != d.cfg.PoolName {
-			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is of pool %q, this node's pool is %q", c.GetNamespace(), c.GetName(), r.Device, r.Pool, d.cfg.PoolName)
+			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is of pool %q, this node's pool is %q", claim.Namespace, claim.Name, r.Device, r.Pool, d.cfg.PoolName)
 		}
 		id, ok := names.byName[r.Device]
 		if !ok {
-			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is not among this node's devices of %s (was it removed?)", c.GetNamespace(), c.GetName(), r.Device, d.inv.Resource())
+			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is not among this node's devices of %s (was it removed?)", claim.Namespace, claim.Name, r.Device, d.inv.Resource())
 		}
 		req := baseRequest(r.Request)
 		byRequest[req] = append(byRequest[req], picked{r.Device, id})
@@ -162,14 +181,14 @@ func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedCla
 		}
 	}
 	if len(ids) == 0 && observed == 0 {
-		return nil, fmt.Errorf("ResourceClaim %s/%s allocates no device of driver %s", c.GetNamespace(), c.GetName(), d.cfg.DriverName)
+		return nil, fmt.Errorf("ResourceClaim %s/%s allocates no device of driver %s", claim.Namespace, claim.Name, d.cfg.DriverName)
 	}
-	holder := inventory.ClaimHolder(c.GetNamespace(), c.GetName(), c.GetUid())
+	holder := inventory.ClaimHolder(claim.Namespace, claim.Name, uid)
 	if err := d.inv.Acquire(ids, holder); err != nil {
-		return nil, fmt.Errorf("ResourceClaim %s/%s cannot be prepared: %w", c.GetNamespace(), c.GetName(), err)
+		return nil, fmt.Errorf("ResourceClaim %s/%s cannot be prepared: %w", claim.Namespace, claim.Name, err)
 	}
 	p := &preparedClaim{
-		Namespace: c.GetNamespace(), Name: c.GetName(), UID: c.GetUid(), DeviceIDs: ids,
+		Namespace: claim.Namespace, Name: claim.Name, UID: uid, DeviceIDs: ids,
 		Spec: &cdispec.Spec{Kind: CDIKind(d.cfg.DriverName)},
 	}
 	requests := sortedKeys(byRequest)
@@ -181,9 +200,9 @@ func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedCla
 		resp, err := d.inv.Plugin().Allocate(ctx, devIDs)
 		if err != nil {
 			d.inv.Release(holder)
-			return nil, fmt.Errorf("ResourceClaim %s/%s, request %s: the plugin's Allocate of %v failed: %w", c.GetNamespace(), c.GetName(), req, devIDs, err)
+			return nil, fmt.Errorf("ResourceClaim %s/%s, request %s: the plugin's Allocate of %v failed: %w", claim.Namespace, claim.Name, req, devIDs, err)
 		}
-		cdiName := CDIDeviceName(c.GetUid(), req)
+		cdiName := CDIDeviceName(uid, req)
 		p.Spec.Devices = append(p.Spec.Devices, cdispec.Device{Name: cdiName, ContainerEdits: d.containerEdits(resp)})
 		cdiIDs := []string{CDIKind(d.cfg.DriverName) + "=" + cdiName}
 		for _, cd := range resp.GetCdiDevices() {
@@ -196,7 +215,7 @@ func (d *Driver) prepareClaim(ctx context.Context, c *drav1.Claim) (*preparedCla
 	version, err := cdispec.MinimumRequiredVersion(p.Spec)
 	if err != nil {
 		d.inv.Release(holder)
-		return nil, fmt.Errorf("CDI spec of ResourceClaim %s/%s: %w", c.GetNamespace(), c.GetName(), err)
+		return nil, fmt.Errorf("CDI spec of ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
 	p.Spec.Version = version
 	if err := d.writeSpec(p); err != nil {
@@ -305,34 +324,40 @@ func (d *Driver) restore() {
 	d.metrics.prepared.Set(float64(len(d.prepared)))
 }
 
-func (d *Driver) unprepare(claims []*drav1.Claim) *drav1.NodeUnprepareResourcesResponse {
+// UnprepareResourceClaims undoes what PrepareResourceClaims did: the
+// claims' devices are released and their CDI spec files removed once the
+// checkpoint no longer lists them. A claim not prepared (never, or
+// unprepared before) succeeds, and no spec file of it is left.
+func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := &drav1.NodeUnprepareResourcesResponse{Claims: make(map[string]*drav1.NodeUnprepareResourceResponse, len(claims))}
+	if err := d.syncLocked(); err != nil {
+		return nil, err
+	}
+	out := make(map[types.UID]error, len(claims))
 	var gone []*preparedClaim
 	for _, c := range claims {
-		if err := checkUID(c.GetUid()); err != nil {
-			out.Claims[c.GetUid()] = &drav1.NodeUnprepareResourceResponse{Error: err.Error()}
+		uid := string(c.UID)
+		if err := checkUID(uid); err != nil {
+			out[c.UID] = err
 			continue
 		}
-		out.Claims[c.GetUid()] = &drav1.NodeUnprepareResourceResponse{}
-		p, ok := d.prepared[c.GetUid()]
+		out[c.UID] = nil
+		p, ok := d.prepared[uid]
 		if !ok {
-			// Unknown: never prepared, or unprepared already. Leave no
-			// spec file behind either way.
-			d.undo(&preparedClaim{Namespace: c.GetNamespace(), Name: c.GetName(), UID: c.GetUid()})
+			d.undo(&preparedClaim{Namespace: c.Namespace, Name: c.Name, UID: uid})
 			continue
 		}
-		delete(d.prepared, c.GetUid())
+		delete(d.prepared, uid)
 		gone = append(gone, p)
 	}
 	if len(gone) > 0 {
 		if err := d.saveLocked(); err != nil {
 			for _, p := range gone {
 				d.prepared[p.UID] = p
-				out.Claims[p.UID] = &drav1.NodeUnprepareResourceResponse{Error: err.Error()}
+				out[types.UID(p.UID)] = err
 			}
-			return out
+			return out, nil
 		}
 		for _, p := range gone {
 			d.undo(p)
@@ -341,5 +366,6 @@ func (d *Driver) unprepare(claims []*drav1.Claim) *drav1.NodeUnprepareResourcesR
 		}
 	}
 	d.metrics.prepared.Set(float64(len(d.prepared)))
-	return out
+	return out, nil
 }
+

@@ -1,4 +1,4 @@
-package dra
+package draplugin
 
 import (
 	"crypto/sha256"

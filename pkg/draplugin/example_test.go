@@ -1,4 +1,4 @@
-package dra_test
+package draplugin_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
-	"github.com/dpkit/dpkit/pkg/dra"
+	"github.com/dpkit/dpkit/pkg/draplugin"
 )
 
 type dongles struct{}
@@ -28,8 +28,8 @@ func (dongles) Allocate(context.Context, []string) (*pluginapi.ContainerAllocate
 func ExampleServe() {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	err := dra.Serve(ctx, deviceplugin.Config{Logger: log},
-		dra.Config{DriverName: "dongle.example.com", NodeName: os.Getenv("NODE_NAME"), Logger: log},
+	err := draplugin.Serve(ctx, deviceplugin.Config{Logger: log},
+		draplugin.Config{DriverName: "dongle.example.com", NodeName: os.Getenv("NODE_NAME"), Logger: log},
 		"example.com/dongle", dongles{})
 	if err != nil {
 		log.Error("Plugin failed", "err", err)

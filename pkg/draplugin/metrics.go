@@ -1,4 +1,4 @@
-package dra
+package draplugin
 
 import (
 	"fmt"
@@ -10,8 +10,8 @@ type metrics struct {
 	operations     *prometheus.CounterVec
 	prepared       prometheus.Gauge
 	specsRewritten prometheus.Counter
-	relistens      prometheus.Counter
-	publishes      *prometheus.CounterVec
+	publishes      prometheus.Counter
+	background     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, driver string) (*metrics, error) {
@@ -27,17 +27,17 @@ func newMetrics(reg prometheus.Registerer, driver string) (*metrics, error) {
 		specsRewritten: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dpkit_dra_driver_cdi_specs_rewritten_total", Help: "CDI specs of prepared claims found gone and written again.", ConstLabels: labels,
 		}),
-		relistens: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dpkit_dra_driver_socket_relistens_total", Help: "Sockets served again after their file was removed.", ConstLabels: labels,
+		publishes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dpkit_dra_driver_slice_publishes_total", Help: "Device lists handed to the ResourceSlice controller (one per change).", ConstLabels: labels,
 		}),
-		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dpkit_dra_driver_slice_publishes_total", Help: "ResourceSlice publications, by result.", ConstLabels: labels,
-		}, []string{"result"}),
+		background: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dpkit_dra_driver_background_errors_total", Help: "Errors the DRA helper reported in the background, by kind (dropped_fields, recoverable, fatal).", ConstLabels: labels,
+		}, []string{"kind"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.operations, m.prepared, m.specsRewritten, m.relistens, m.publishes} {
+	for _, c := range []prometheus.Collector{m.operations, m.prepared, m.specsRewritten, m.publishes, m.background} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("DRA driver %s metrics: %w (one Registerer per driver)", driver, err)
 		}

@@ -1,17 +1,13 @@
-package dra
+package draplugin
 
 import (
-	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
-	"strings"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/inventory"
@@ -19,9 +15,9 @@ import (
 
 // Standard attribute names (k8s.io/dynamic-resource-allocation/deviceattribute).
 const (
-	AttrNUMANode = "resource.kubernetes.io/numaNode"
-	AttrPCIBusID = "resource.kubernetes.io/pciBusID"
-	AttrPCIeRoot = "resource.kubernetes.io/pcieRoot"
+	AttrNUMANode = deviceattribute.StandardDeviceAttributeNUMANode
+	AttrPCIBusID = deviceattribute.StandardDeviceAttributePCIBusID
+	AttrPCIeRoot = deviceattribute.StandardDeviceAttributePCIeRoot
 )
 
 // maxAttrs is how many attributes and capacities one device may carry.
@@ -58,29 +54,14 @@ var bdf = regexp.MustCompile(`^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-9a
 var cIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,31}$`)
 
 // PCIeRoot returns the PCIe root complex of a PCI device, "pci<domain>:<bus>",
-// as k8s.io/dynamic-resource-allocation/deviceattribute does: the first
-// element under devices/ of the target of
-// <sysfsRoot>/bus/pci/devices/<pciBusID>.
+// read by k8s.io/dynamic-resource-allocation/deviceattribute from the sysfs
+// mounted at sysfsRoot.
 func PCIeRoot(sysfsRoot, pciBusID string) (string, error) {
-	if !bdf.MatchString(pciBusID) {
-		return "", fmt.Errorf("invalid PCI Bus ID format: %s", pciBusID)
-	}
-	link := filepath.Join("bus", "pci", "devices", pciBusID)
-	target, err := fs.ReadLink(os.DirFS(sysfsRoot), link)
+	attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(pciBusID, deviceattribute.WithFSFromRoot(sysfsRoot))
 	if err != nil {
-		return "", fmt.Errorf("failed to read symlink for PCI Bus ID %s: %w", link, err)
+		return "", err
 	}
-	if !filepath.IsAbs(target) {
-		target = filepath.Clean(filepath.Join(filepath.Dir(link), target))
-	}
-	prefix := filepath.Join("devices", "pci")
-	if !strings.HasPrefix(target, prefix) {
-		return "", fmt.Errorf("symlink target for PCI Bus ID %s is invalid: it must start with %s: %s", pciBusID, prefix, target)
-	}
-	if filepath.Base(target) != pciBusID {
-		return "", fmt.Errorf("symlink target for PCI Bus ID %s is invalid: it must end with %s: %s", pciBusID, pciBusID, target)
-	}
-	return strings.Split(strings.TrimPrefix(target, "devices"+string(filepath.Separator)), string(filepath.Separator))[0], nil
+	return *attr.Value.StringValue, nil
 }
 
 // sliceDevices returns the ResourceSlice devices of a snapshot: every

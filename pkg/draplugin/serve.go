@@ -1,4 +1,4 @@
-package dra
+package draplugin
 
 import (
 	"context"
@@ -20,21 +20,18 @@ const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 // Serve serves plugin p for resource through both of the kubelet's device
 // APIs until ctx ends: the device plugin API (dpCfg, as deviceplugin.Serve)
 // and DRA (cfg), from one inventory that never gives a device to both. When
-// cfg has neither Claims nor Slices, they talk to the API server of the
-// pod Serve runs in (its service account needs what deploy/components/dra
-// grants). The PodResources socket is DefaultPodResourcesSocket unless
+// cfg has no Client, the driver talks to the API server of the pod Serve
+// runs in (its service account needs what deploy/components/dra grants). The PodResources socket is DefaultPodResourcesSocket unless
 // podResources names another.
 func Serve(ctx context.Context, dpCfg deviceplugin.Config, cfg Config, resource string, p deviceplugin.Plugin, podResources ...string) error {
-	if cfg.Claims == nil && cfg.Slices == nil {
+	if cfg.Client == nil {
 		rc, err := rest.InClusterConfig()
 		if err != nil {
-			return fmt.Errorf("DRA driver %s: no Claims or Slices set and not in a pod: %w", cfg.DriverName, err)
+			return fmt.Errorf("DRA driver %s: no Client set and not in a pod: %w", cfg.DriverName, err)
 		}
-		client, err := kubernetes.NewForConfig(rc)
-		if err != nil {
+		if cfg.Client, err = kubernetes.NewForConfig(rc); err != nil {
 			return err
 		}
-		cfg.Claims, cfg.Slices = APIClaims(client), APISlices(client, cfg.DriverName, cfg.NodeName)
 	}
 	socket := DefaultPodResourcesSocket
 	if len(podResources) > 0 {

@@ -1,0 +1,78 @@
+package draplugin
+
+import (
+	"context"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+)
+
+// Devices per ResourceSlice: the API's limits.
+const (
+	MaxDevicesPerSlice        = resourcev1.ResourceSliceMaxDevices
+	MaxDevicesPerSliceTainted = resourcev1.ResourceSliceMaxDevicesWithAdvancedFeatures
+)
+
+// SplitDevices cuts devices into the slices they are published in: at most
+// 128 devices per slice, 64 when a device has taints or consumes counters.
+// An empty pool is one empty slice (the driver runs and has no devices).
+func SplitDevices(devices []resourcev1.Device) [][]resourcev1.Device {
+	per := MaxDevicesPerSlice
+	for _, d := range devices {
+		if len(d.Taints) > 0 || len(d.ConsumesCounters) > 0 {
+			per = MaxDevicesPerSliceTainted
+			break
+		}
+	}
+	if len(devices) == 0 {
+		return [][]resourcev1.Device{nil}
+	}
+	var out [][]resourcev1.Device
+	for i := 0; i < len(devices); i += per {
+		out = append(out, devices[i:min(i+per, len(devices))])
+	}
+	return out
+}
+
+// Resources returns the ResourceSlices' content for a pool's devices, as
+// the helper's ResourceSlice controller takes it.
+func Resources(pool string, devices []resourcev1.Device) resourceslice.DriverResources {
+	parts := SplitDevices(devices)
+	slices := make([]resourceslice.Slice, len(parts))
+	for i, devs := range parts {
+		slices[i] = resourceslice.Slice{Devices: devs}
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{pool: {Slices: slices}}}
+}
+
+// publishLoop hands the devices to the helper's ResourceSlice controller
+// once known and on every change that alters them. The controller owns
+// the rest: slice names and generations, writing them with the Node as
+// owner, putting back slices someone deleted or changed, retries, and
+// fields the API server drops (HandleError).
+func (d *Driver) publishLoop(ctx context.Context, h *kubeletplugin.Helper) {
+	ch, stop := d.inv.Watch()
+	defer stop()
+	var last []resourcev1.Device
+	published := false
+	for {
+		if devs, known := d.sliceDevices(); known && (!published || !apiequality.Semantic.DeepEqual(devs, last)) {
+			if err := h.PublishResources(ctx, Resources(d.cfg.PoolName, devs)); err != nil {
+				// Only a helper without a node name fails here, and
+				// New refuses that.
+				d.log.Error("Publishing ResourceSlices failed", "err", err)
+			} else {
+				d.metrics.publishes.Inc()
+				d.log.Debug("ResourceSlices handed to the controller", "devices", len(devs))
+				last, published = devs, true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		}
+	}
+}
