@@ -11,10 +11,10 @@ import (
 	"sort"
 	"strings"
 
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
@@ -368,4 +368,3 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 	d.metrics.prepared.Set(float64(len(d.prepared)))
 	return out, nil
 }
-
