@@ -3,7 +3,8 @@ package cli
 import "context"
 
 // DRAReader reads the DRA objects of an API server for dpkit get and the
-// emulated kubelet, in plain values (no Kubernetes API type: see Cluster).
+// emulated kubelet, in plain values (no Kubernetes API type: see Cluster),
+// and allocates the claims of the pods dpkit admit admits.
 type DRAReader interface {
 	// Claims lists the ResourceClaims of namespace (every namespace when
 	// empty).
@@ -14,6 +15,13 @@ type DRAReader interface {
 	// (JSON), for the DRA manager of dpkit kubelet --kubeconfig, which
 	// decodes it (emulator.ClaimsFromJSON).
 	ClaimJSON(ctx context.Context, namespace, name string) ([]byte, error)
+	// Allocate allocates the claims of pod (JSON) that are not allocated,
+	// for node, with the scheduler's allocator, and reserves every claim
+	// of the pod for it (emulator.AllocatorFromJSON).
+	Allocate(ctx context.Context, node string, pod []byte) error
+	// Release removes pod's reservations and deallocates the claims then
+	// reserved for no pod.
+	Release(ctx context.Context, pod []byte) error
 }
 
 // Claim states, from the least to the most advanced.

@@ -40,6 +40,44 @@ func (g jsonClaims) GetResourceClaim(ctx context.Context, namespace, name string
 	return claim, nil
 }
 
+// ClaimAllocator allocates and reserves a pod's claims, and releases them.
+type ClaimAllocator interface {
+	// Allocate allocates the pod's claims that are not allocated, for
+	// node, and reserves every claim of the pod for it.
+	Allocate(ctx context.Context, node string, pod *corev1.Pod) error
+	// Release removes the pod's reservations and deallocates claims
+	// then reserved for no pod.
+	Release(ctx context.Context, pod *corev1.Pod) error
+}
+
+// AllocatorFromJSON is a ClaimAllocator over functions that take the pod
+// as JSON (cli.DRAReader's Allocate and Release: the command layer names
+// no API type).
+func AllocatorFromJSON(allocate func(ctx context.Context, node string, pod []byte) error, release func(ctx context.Context, pod []byte) error) ClaimAllocator {
+	return jsonAllocator{allocate, release}
+}
+
+type jsonAllocator struct {
+	allocate func(ctx context.Context, node string, pod []byte) error
+	release  func(ctx context.Context, pod []byte) error
+}
+
+func (a jsonAllocator) Allocate(ctx context.Context, node string, pod *corev1.Pod) error {
+	data, err := json.Marshal(pod)
+	if err != nil {
+		return err
+	}
+	return a.allocate(ctx, node, data)
+}
+
+func (a jsonAllocator) Release(ctx context.Context, pod *corev1.Pod) error {
+	data, err := json.Marshal(pod)
+	if err != nil {
+		return err
+	}
+	return a.release(ctx, data)
+}
+
 // ClaimAllocation is a claim a container uses, as the node prepared it.
 type ClaimAllocation struct {
 	// Claim is the ResourceClaim's name (in the pod's namespace).
@@ -53,10 +91,10 @@ func hasClaims(pod *corev1.Pod) bool {
 	return len(pod.Spec.ResourceClaims) > 0 || pod.Status.ExtendedResourceClaimStatus != nil
 }
 
-// prepareClaims prepares pod's claims through the DRA drivers, as the
-// kubelet does before a pod's containers start. The emulator does not
-// allocate claims: the error says who must (kube-scheduler, or any
-// allocator) and which claim is not allocated or reserved.
+// prepareClaims allocates pod's claims and reserves them for it, as
+// kube-scheduler would have (with an Allocator), then prepares them
+// through the DRA drivers, as the kubelet does before a pod's containers
+// start.
 func (e *Emulator) prepareClaims(ctx context.Context, pod *corev1.Pod) error {
 	if !hasClaims(pod) {
 		return nil
@@ -65,12 +103,17 @@ func (e *Emulator) prepareClaims(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("spec.resourceClaims: this emulated kubelet has no API server to read ResourceClaims from; " +
 			"start dpkit kubelet (or dpkit up) with --kubeconfig")
 	}
+	if e.opts.Allocator != nil {
+		if err := e.opts.Allocator.Allocate(ctx, e.nodeName, pod); err != nil {
+			return fmt.Errorf("allocating the pod's claims for node %s (the scheduler's allocator): %w", e.nodeName, err)
+		}
+	}
 	err := e.dra.PrepareResources(ctx, pod)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, dramanager.ErrNotAllocated), errors.Is(err, dramanager.ErrNotReserved):
-		err = fmt.Errorf("%w\ndpkit admit does not allocate claims: allocate each claim (kube-scheduler does, or any allocator writing status.allocation) "+
+	case e.opts.Allocator == nil && (errors.Is(err, dramanager.ErrNotAllocated) || errors.Is(err, dramanager.ErrNotReserved)):
+		err = fmt.Errorf("%w\nthis emulated kubelet does not allocate claims: allocate each claim (kube-scheduler does, or any allocator writing status.allocation) "+
 			"and reserve it for this pod (status.reservedFor: {resource: pods, name: %s, uid: %s}; set metadata.uid in the manifest) before admitting it",
 			err, pod.Name, pod.UID)
 	}
@@ -94,7 +137,23 @@ func (e *Emulator) unprepareAfterFailure(pod *corev1.Pod) {
 	defer cancel()
 	if err := e.dra.UnprepareResources(ctx, pod); err != nil {
 		e.log.Warn("Cannot unprepare the claims of a refused pod", "namespace", pod.Namespace, "name", pod.Name, "err", err)
+		return
 	}
+	if err := e.releaseClaims(ctx, pod); err != nil {
+		e.log.Warn("Cannot release the claims of a refused pod", "namespace", pod.Namespace, "name", pod.Name, "err", err)
+	}
+}
+
+// releaseClaims gives back what the Allocator allocated and reserved for
+// pod; without an Allocator there is nothing to give back.
+func (e *Emulator) releaseClaims(ctx context.Context, pod *corev1.Pod) error {
+	if !hasClaims(pod) || e.opts.Allocator == nil {
+		return nil
+	}
+	if err := e.opts.Allocator.Release(ctx, pod); err != nil {
+		return fmt.Errorf("releasing the pod's claims: %w", err)
+	}
+	return nil
 }
 
 // addClaims adds to c the claims container name of pod uses and their

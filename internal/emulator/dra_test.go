@@ -112,7 +112,7 @@ func TestAdmitPreparesClaims(t *testing.T) {
 	_, err = c.AdmitPod(ctx, claimPod("late", "pod-2", "other"))
 	var ae *APIError
 	if !errors.As(err, &ae) || ae.Reason != ReasonFailedPrepare || !strings.Contains(ae.Message, "ResourceClaim other (uid-other): status.reservedFor does not list it") ||
-		!strings.Contains(ae.Message, "dpkit admit does not allocate claims") || !strings.Contains(ae.Message, "uid: pod-2") {
+		!strings.Contains(ae.Message, "this emulated kubelet does not allocate claims") || !strings.Contains(ae.Message, "uid: pod-2") {
 		t.Errorf("admitting a pod whose claim is reserved for another: %v, want %s naming the claim and who allocates", err, ReasonFailedPrepare)
 	}
 	if pods, err := c.Pods(ctx); err != nil || len(pods) != 1 {

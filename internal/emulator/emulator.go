@@ -77,6 +77,16 @@ type Options struct {
 	// (dpkit kubelet --kubeconfig: ClaimsFromJSON over an API server).
 	// Nil: a pod with claims is refused, saying so.
 	Claims dramanager.ClaimGetter
+	// Allocator allocates a pod's claims that are not allocated and
+	// reserves them for the pod before they are prepared, and releases
+	// them when the pod is deleted (dpkit kubelet --kubeconfig: the
+	// scheduler's allocator over the API server, AllocatorFromJSON). Nil:
+	// a pod's claims must be allocated and reserved for it already.
+	Allocator ClaimAllocator
+	// NodeName is the node this kubelet is: claims are allocated from
+	// the devices published for it. Default the host's name, as the
+	// kubelet's.
+	NodeName string
 }
 
 // Emulator is a running emulated kubelet: the device manager, the plugin
@@ -90,6 +100,8 @@ type Emulator struct {
 	watcher *pluginwatcher.Watcher
 	pods    *podresources.PodStore
 	podsDir string
+	// nodeName is Options.NodeName, or the host's name.
+	nodeName string
 
 	mu sync.Mutex // serializes admissions and deletions
 }
@@ -108,6 +120,13 @@ func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
 func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	if opts.Root == "" {
 		return errors.New("root directory is required")
+	}
+	if opts.NodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("the node's name: %w; set it (--node-name)", err)
+		}
+		opts.NodeName = strings.ToLower(host) // as the kubelet's default
 	}
 	if opts.AdminSocket == "" {
 		opts.AdminSocket = AdminSocket(opts.Root)
@@ -149,7 +168,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	// The host's components name themselves (component=devicemanager,
 	// ...); the emulator's own lines say component=emulator.
 	log = log.With("component", "emulator")
-	e := &Emulator{opts: opts, log: log, mgr: mgr, dra: host.DRA, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods")}
+	e := &Emulator{opts: opts, log: log, mgr: mgr, dra: host.DRA, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods"), nodeName: opts.NodeName}
 	if err := e.loadPods(); err != nil {
 		return err
 	}
@@ -379,6 +398,10 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 	view := e.podView(pod)
 	if err := e.dra.UnprepareResources(r.Context(), pod); err != nil {
 		writeError(w, http.StatusInternalServerError, "", fmt.Errorf("%w; the pod is kept with its claims, run dpkit delete again once the driver answers", err))
+		return
+	}
+	if err := e.releaseClaims(r.Context(), pod); err != nil {
+		writeError(w, http.StatusInternalServerError, "", fmt.Errorf("%w; the pod is kept, run dpkit delete again once the API server answers", err))
 		return
 	}
 	if err := os.Remove(filepath.Join(e.podsDir, string(pod.UID)+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {

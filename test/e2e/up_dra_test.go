@@ -118,9 +118,11 @@ func allocate(t *testing.T, ctx context.Context, c kubernetes.Interface, claim *
 // in its root, "dpkit admit" of a pod whose claim is allocated and
 // reserved for it (the claim's status written as the scheduler would)
 // prepares the claim through the driver and prints the container's CDI
-// devices; "dpkit get claims" shows it prepared; a claim allocated but
-// not reserved for the pod refuses it, naming the claim and saying that
-// dpkit admit does not allocate; "dpkit delete" unprepares the claim.
+// devices; "dpkit get claims" shows it prepared. With no scheduler
+// running, a claim not allocated is allocated by dpkit admit with the
+// scheduler's allocator, reserved and prepared; one no free device
+// satisfies refuses its pod with the allocator's reason; "dpkit delete"
+// unprepares, unreserves and deallocates.
 func TestUpDRAKubeconfig(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
@@ -131,7 +133,7 @@ func TestUpDRAKubeconfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
-	startUp(t, ctx, "--root", root, "--kubeconfig", cp.Kubeconfig)
+	startUp(t, ctx, "--root", root, "--kubeconfig", cp.Kubeconfig, "--node-name", node)
 	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, node, root, "dev-0", "dev-1", "dev-2")
 	poll(t, ctx, "the DRA driver registered with dpkit up", func(ctx context.Context) (bool, string, error) {
 		out, errOut, code := dpkitRun(t, ctx, "", "get", "plugins", "--root", root, "-o", "json")
@@ -174,16 +176,53 @@ spec:
 		t.Errorf("dpkit get claims --kubeconfig --root: exit %d\n%s%s\nwant claim two prepared on %s", code, out, errOut, node)
 	}
 
-	// Allocated, but reserved for no pod: refused, nothing prepared.
+	// Not allocated, and no scheduler runs: dpkit admit allocates the
+	// claim with the scheduler's allocator from the driver's slice (dev-2
+	// is the one device left), reserves it for the pod and prepares it.
 	other, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "other", class, 1), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	allocate(t, ctx, c, other, node, "", "", "dev-2")
 	late := strings.NewReplacer("name: train", "name: late", string(podUID), "uid-late", "resourceClaimName: two", "resourceClaimName: other").Replace(manifest)
-	_, errOut, code = dpkitRun(t, ctx, late, "admit", "--root", root, "-f", "-")
-	if code != 1 || !strings.Contains(errOut, "ResourceClaim other") || !strings.Contains(errOut, "dpkit admit does not allocate claims") {
-		t.Errorf("dpkit admit of a pod whose claim is not reserved for it: exit %d\n%s\nwant exit 1 naming claim other and who allocates", code, errOut)
+	out, errOut, code = dpkitRun(t, ctx, late, "admit", "--root", root, "-f", "-")
+	if code != 0 || !strings.Contains(out, "claim other: fake.dpkit.io/"+node+"/dev-2") || !strings.Contains(out, "cdi "+dratest.CDIDeviceID("dev-2")) {
+		t.Fatalf("dpkit admit of a pod whose claim is not allocated: exit %d\n%s%s\nwant claim other allocated dev-2 and prepared", code, out, errOut)
+	}
+	if m, uids := drv.NextCall(t); m != "NodePrepareResources" || !slices.Equal(uids, []string{string(other.UID)}) {
+		t.Fatalf("driver call %s %v, want NodePrepareResources [%s]", m, uids, other.UID)
+	}
+	got, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "other", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Allocation == nil || len(got.Status.ReservedFor) != 1 || got.Status.ReservedFor[0].UID != "uid-late" || !slices.Contains(got.Finalizers, "resource.kubernetes.io/delete-protection") {
+		t.Fatalf("claim other after dpkit admit: %+v, finalizers %v; want allocated, reserved for pod late, protected", got.Status, got.Finalizers)
+	}
+
+	// Nothing left for a third claim: refused with the allocator's
+	// reason, the claim untouched, nothing prepared.
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "third", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	extra := strings.NewReplacer("name: train", "name: extra", string(podUID), "uid-extra", "resourceClaimName: two", "resourceClaimName: third").Replace(manifest)
+	_, errOut, code = dpkitRun(t, ctx, extra, "admit", "--root", root, "-f", "-")
+	if code != 1 || !strings.Contains(errOut, "ResourceClaim "+ns+"/third") || !strings.Contains(errOut, "cannot allocate all claims") || !strings.Contains(errOut, "allocated to another claim") {
+		t.Errorf("dpkit admit of a pod whose claim no free device satisfies: exit %d\n%s\nwant exit 1 with the allocator's reason", code, errOut)
+	}
+	if got, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "third", metav1.GetOptions{}); err != nil || got.Status.Allocation != nil || len(got.Status.ReservedFor) != 0 {
+		t.Errorf("claim third after a refused admission: %v %+v, want untouched", err, got)
+	}
+
+	// Deleting the pod unprepares the claim and gives it back: reserved
+	// for no pod, it is deallocated (as the resourceclaim controller does).
+	if out, errOut, code := dpkitRun(t, ctx, "", "delete", "pod", "late", "-n", ns, "--root", root); code != 0 {
+		t.Fatalf("dpkit delete: exit %d\n%s%s", code, out, errOut)
+	}
+	if m, uids := drv.NextCall(t); m != "NodeUnprepareResources" || !slices.Equal(uids, []string{string(other.UID)}) {
+		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s]", m, uids, other.UID)
+	}
+	if got, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "other", metav1.GetOptions{}); err != nil || got.Status.Allocation != nil || len(got.Status.ReservedFor) != 0 || len(got.Finalizers) != 0 {
+		t.Fatalf("claim other after dpkit delete: %v %+v %v, want deallocated, unreserved, no finalizer", err, got.Status, got.Finalizers)
 	}
 
 	if out, errOut, code := dpkitRun(t, ctx, "", "delete", "pod", "train", "-n", ns, "--root", root); code != 0 {

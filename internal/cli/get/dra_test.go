@@ -88,6 +88,10 @@ func (f fakeCluster) Claims(_ context.Context, namespace string) ([]cli.Claim, e
 	return out, nil
 }
 func (f fakeCluster) Slices(context.Context) ([]cli.Slice, error) { return f.slices, nil }
+func (fakeCluster) Allocate(context.Context, string, []byte) error {
+	return errors.New("get does not allocate")
+}
+func (fakeCluster) Release(context.Context, []byte) error { return errors.New("get does not allocate") }
 func (fakeCluster) ClaimJSON(context.Context, string, string) ([]byte, error) {
 	return nil, errors.New("not here")
 }

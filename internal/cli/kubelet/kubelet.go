@@ -72,6 +72,7 @@ must have allocated them and reserved them for the pod. Without
 					return cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
 				}
 				o.Claims = emulator.ClaimsFromJSON(r.ClaimJSON)
+				o.Allocator = emulator.AllocatorFromJSON(r.Allocate, r.Release)
 			}
 			return emulator.Run(cmd.Context(), o, func(*emulator.Emulator) {
 				// "dpkit get", "admit" and "delete" find this root without
@@ -85,7 +86,8 @@ must have allocated them and reserved them for the pod. Without
 	fl := cmd.Flags()
 	fl.StringVar(&o.Root, "root", emulator.DefaultRoot, "directory standing for the kubelet's root directory")
 	topo.AddFlags(cmd)
-	fl.StringVar(&kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, so that their DRA drivers prepare them (runs dpkit-cluster; default: pods with claims are refused)")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, allocate those not allocated for --node-name with the scheduler's allocator, and prepare them through their DRA drivers (runs dpkit-cluster; default: pods with claims are refused)")
+	fl.StringVar(&o.NodeName, "node-name", "", "the node this kubelet is: claims are allocated from the devices published for it (default: the host's name)")
 	fl.StringVar(&o.AdminSocket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd

@@ -81,6 +81,10 @@ type options struct {
 	Kubeconfig string
 	// claims is the DRA manager's claim source, from Kubeconfig.
 	claims dramanager.ClaimGetter
+	// allocator allocates them (with Kubeconfig).
+	allocator emulator.ClaimAllocator
+	// NodeName is the node the emulated kubelet is (--node-name).
+	NodeName string
 }
 
 // NewCommand returns the "up" command.
@@ -102,7 +106,10 @@ watcher's <root>/plugins_registry instead).
 With --kubeconfig, the ResourceClaims of pods admitted with "dpkit admit"
 are read from that API server and prepared through the DRA drivers
 registered in <root>/plugins_registry, as "dpkit kubelet --kubeconfig"
-does: the claims must be allocated and reserved for the pod already.
+does: claims not allocated yet are allocated for --node-name (default the
+host's name) with the scheduler's allocator from the published
+ResourceSlices and reserved for the pod, and "dpkit delete" gives them
+back. No scheduler need run.
 
 The root is a fresh temporary directory, removed on exit, unless --root is
 given or --keep is set. "dpkit up" prints where everything listens, a line
@@ -130,11 +137,11 @@ sockets.`,
 				o.Command = selfCommand()
 			}
 			if o.Kubeconfig != "" {
-				claims, err := claimsFrom(env, o.Kubeconfig)
+				claims, alloc, err := claimsFrom(env, o.Kubeconfig)
 				if err != nil {
 					return err
 				}
-				o.claims = claims
+				o.claims, o.allocator = claims, alloc
 			}
 			log := env.Logger
 			if f := cmd.Flags().Lookup("log-level"); log != nil && (f == nil || !f.Changed) {
@@ -151,7 +158,8 @@ sockets.`,
 	fl.StringVarP(&o.ConfigFile, "config", "c", "", "PluginConfig file of the plugins to run (default: the fake plugin of examples/fake.yaml)")
 	fl.StringVar(&o.Registration, "registration", "", "how plugins register: kubelet, registry or auto (default: the config's, else kubelet)")
 	o.Topology.AddFlags(cmd)
-	fl.StringVar(&o.Kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, so that their DRA drivers prepare them (runs dpkit-cluster; default: pods with claims are refused)")
+	fl.StringVar(&o.Kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, allocate those not allocated for --node-name with the scheduler's allocator, and prepare them through their DRA drivers (runs dpkit-cluster; default: pods with claims are refused)")
+	fl.StringVar(&o.NodeName, "node-name", "", "the node this kubelet is: claims are allocated from the devices published for it (default: the host's name)")
 	fl.StringVar(&o.HostRoot, "host-root", "", "read the host's devices below DIR/sys, DIR/dev and DIR/proc, e.g. a fixture host under pkg/discovery/testdata/hosts (default: /sys, /dev, /proc)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
@@ -241,6 +249,8 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 			RootLocked:     true,
 			Logger:         log,
 			Claims:         o.claims,
+			Allocator:      o.allocator,
+			NodeName:       o.NodeName,
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})
 	g.Go(func() error {
@@ -617,16 +627,16 @@ func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.min}
 }
 
-// claimsFrom reads claims through the API server of kubeconfig, with the
-// API clients of dpkit-cluster (dpkit hands a command line with
-// --kubeconfig over to it).
-func claimsFrom(env *cli.Env, kubeconfig string) (dramanager.ClaimGetter, error) {
+// claimsFrom reads claims through the API server of kubeconfig, and
+// allocates them, with the API clients of dpkit-cluster (dpkit hands a
+// command line with --kubeconfig over to it).
+func claimsFrom(env *cli.Env, kubeconfig string) (dramanager.ClaimGetter, emulator.ClaimAllocator, error) {
 	if env.Cluster == nil {
-		return nil, errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
+		return nil, nil, errors.New("--kubeconfig needs the API server clients of dpkit-cluster")
 	}
 	r, err := env.Cluster.DRA(kubeconfig)
 	if err != nil {
-		return nil, cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
+		return nil, nil, cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
 	}
-	return emulator.ClaimsFromJSON(r.ClaimJSON), nil
+	return emulator.ClaimsFromJSON(r.ClaimJSON), emulator.AllocatorFromJSON(r.Allocate, r.Release), nil
 }

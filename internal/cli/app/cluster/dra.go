@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpkit/dpkit/internal/claimalloc"
 	"github.com/dpkit/dpkit/internal/cli"
 	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 )
@@ -30,6 +31,22 @@ func (kubeClients) DRA(kubeconfig string) (cli.DRAReader, error) {
 func DRA(client kubernetes.Interface) cli.DRAReader { return draReader{client} }
 
 type draReader struct{ client kubernetes.Interface }
+
+func (r draReader) Allocate(ctx context.Context, node string, pod []byte) error {
+	p := &corev1.Pod{}
+	if err := json.Unmarshal(pod, p); err != nil {
+		return fmt.Errorf("decoding the pod: %w", err)
+	}
+	return claimalloc.Allocate(ctx, r.client, node, p)
+}
+
+func (r draReader) Release(ctx context.Context, pod []byte) error {
+	p := &corev1.Pod{}
+	if err := json.Unmarshal(pod, p); err != nil {
+		return fmt.Errorf("decoding the pod: %w", err)
+	}
+	return claimalloc.Release(ctx, r.client, p)
+}
 
 func (r draReader) Claims(ctx context.Context, namespace string) ([]cli.Claim, error) {
 	list, err := r.client.ResourceV1().ResourceClaims(namespace).List(ctx, metav1.ListOptions{})
