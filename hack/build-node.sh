@@ -2,7 +2,9 @@
 # Builds the test node's binaries from Go modules into a cache directory, or
 # reuses the binaries already there when their versions and sources match:
 #
-#   kubelet                      k8s.io/kubernetes/cmd/kubelet v1.37.0 (hack/tools)
+#   kubelet                      k8s.io/kubernetes/cmd/kubelet v1.37.0 (hack/tools),
+#                                or $DPKIT_KUBELET_VERSION: v1.34.4, v1.35.4 or
+#                                v1.36.3 (hack/skew/v1.NN), the skew matrix
 #   containerd, ctr,             github.com/containerd/containerd/v2 v2.4.2
 #   containerd-shim-runc-v2      (hack/containerd; 2.x injects CDI devices)
 #   pause                        test/controlplane/cmd/pause, the sandbox process
@@ -14,13 +16,13 @@
 # the system: apt-get install runc containernetworking-plugins busybox-static
 # (busybox-static is the test node's busybox image). The directory is
 # $DPKIT_NODE_BIN when set, otherwise
-# ${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/node/v1.37.0, which is where
-# test/controlplane looks. Same flags as the control plane (-trimpath,
+# ${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/node/<kubelet version>, which is where
+# test/controlplane looks (it reads $DPKIT_KUBELET_VERSION too). Same flags as the control plane (-trimpath,
 # CGO_ENABLED=0), so the packages the kubelet shares with kube-apiserver
 # compile once. See docs/testing.md.
 set -euo pipefail
 
-KUBE_VERSION=v1.37.0
+KUBE_VERSION="${DPKIT_KUBELET_VERSION:-v1.37.0}"
 CONTAINERD_VERSION=v2.4.2
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,10 +40,17 @@ esac
 log() { echo "build-node: $*" >&2; }
 
 ctrmod="$root/hack/containerd"
+# kubemod is the module the kubelet is built from: hack/tools for the
+# control plane's version, hack/skew/v1.NN for an older kubelet.
+case "$KUBE_VERSION" in
+  v1.37.0) kubemod="$root/hack/tools" ;;
+  v1.34.4|v1.35.4|v1.36.3) kubemod="$root/hack/skew/$(echo "$KUBE_VERSION" | cut -d. -f1,2)" ;;
+  *) echo "build-node: DPKIT_KUBELET_VERSION=$KUBE_VERSION: use v1.34.4, v1.35.4, v1.36.3 or v1.37.0" >&2; exit 2 ;;
+esac
 # stamp identifies the sources: the module files of both modules and the
 # pause program. A change to any rebuilds.
 stamp() {
-  cat "$root/hack/tools/go.mod" "$root/hack/tools/go.sum" "$ctrmod/go.mod" "$ctrmod/go.sum" \
+  cat "$kubemod/go.mod" "$kubemod/go.sum" "$ctrmod/go.mod" "$ctrmod/go.sum" \
     "$root"/test/controlplane/cmd/pause/*.go | sha256sum | cut -d' ' -f1
 }
 
@@ -70,7 +79,7 @@ start=$SECONDS
 sum="$(stamp)"
 
 ldflags="$(kube_ldflags "$KUBE_VERSION")"
-tools_build "$tmp" k8s.io/kubernetes/cmd/kubelet
+module_build "$kubemod" "$tmp" k8s.io/kubernetes/cmd/kubelet
 
 # containerd's own Makefile builds with these tags when cgo is off: the
 # btrfs, devmapper and zfs snapshotters need cgo or tools this node lacks.

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -28,6 +29,33 @@ const (
 // EnvNodeBinDir names the environment variable that overrides where the
 // node's binaries are looked up.
 const EnvNodeBinDir = "DPKIT_NODE_BIN"
+
+// EnvKubeletVersion names the environment variable that picks the real
+// node's kubelet: v1.34.4, v1.35.4 or v1.36.3 for the version-skew matrix
+// (make test-skew), the control plane's Version when unset.
+const EnvKubeletVersion = "DPKIT_KUBELET_VERSION"
+
+// SkewVersions are the kubelets the version-skew matrix runs, oldest
+// first: every minor version a v1.37 control plane supports.
+var SkewVersions = []string{"v1.34.4", "v1.35.4", "v1.36.3", Version}
+
+// KubeletVersion returns the version of the real node's kubelet.
+func KubeletVersion() string {
+	if v := os.Getenv(EnvKubeletVersion); v != "" {
+		return v
+	}
+	return Version
+}
+
+// KubeletMinor returns the minor version of the real node's kubelet (34
+// for v1.34.4), for tests whose expectations depend on it.
+func KubeletMinor() int {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(KubeletVersion(), "v%d.%d.%d", &major, &minor, &patch); err != nil {
+		return 0
+	}
+	return minor
+}
 
 // NodeBuildScript is the repository-relative script that builds them.
 const NodeBuildScript = "hack/build-node.sh"
@@ -89,7 +117,7 @@ type Node struct {
 // DefaultNodeBinDir is where hack/build-node.sh puts the binaries when
 // DPKIT_NODE_BIN is not set.
 func DefaultNodeBinDir() string {
-	return filepath.Join(filepath.Dir(DefaultBinDir()), "..", "node", Version)
+	return filepath.Join(filepath.Dir(DefaultBinDir()), "..", "node", KubeletVersion())
 }
 
 func (o NodeOptions) binDir() string {
