@@ -10,7 +10,7 @@ LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
 # The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
 LEAN_TAGS := dpkit_lean grpcnotrace
 
-.PHONY: all build build-lean image images test test-short verify lint bench controlplane kwok clean
+.PHONY: all build build-lean image images test test-skew test-short verify lint bench controlplane kwok clean
 
 all: build
 
@@ -27,6 +27,9 @@ image: images ## the same as images
 
 test: ## every test, with -race and coverage; builds the test control plane on first use
 	bash hack/test.sh
+
+test-skew: ## the real-node tests on kubelets v1.34, v1.35, v1.36 and v1.37 (docs/testing.md)
+	bash hack/test-skew.sh
 
 test-short: ## the tests that need no control plane
 	bash hack/test.sh -short

@@ -74,85 +74,13 @@ func TestRealNodeDRA(t *testing.T) {
 	cp, n := realNode.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	importFullImage(t, n)
 	res := "e2e.dpkit.io/zero-dra"
 	driver := resourcename.DriverName(res)
 	// The test node has no Service proxy: the plugin reaches the API
 	// server on the host's loopback, with a kubeconfig from a Secret.
 	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n- generic:\n" + indent(zeroConfig(res), "    ") + "  fronts: [dra]\n"
 
-	dir := t.TempDir()
-	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic-dra"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := filepath.Rel(dir, overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, tag, _ := strings.Cut(fullImage, ":")
-	writeFile(t, filepath.Join(dir, "kustomization.yaml"), `apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- `+rel+`
-images:
-- name: `+imagespec.FullRepository+`
-  newName: `+name+`
-  newTag: `+tag+`
-configMapGenerator:
-- name: dpkit-plugin-config
-  namespace: dpkit-system
-  behavior: replace
-  files:
-  - config.yaml
-secretGenerator:
-- name: dpkit-e2e-kubeconfig
-  namespace: dpkit-system
-  files:
-  - kubeconfig
-patches:
-- path: patch.yaml
-`)
-	kubeconfig, err := os.ReadFile(cp.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(dir, "kubeconfig"), string(kubeconfig))
-	writeFile(t, filepath.Join(dir, "patch.yaml"), `apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: dpkit-plugin
-  namespace: dpkit-system
-spec:
-  template:
-    spec:
-      hostNetwork: true
-      containers:
-      - name: plugin
-        volumeMounts:
-        - name: e2e-kubeconfig
-          mountPath: /etc/dpkit-kube
-          readOnly: true
-      volumes:
-      - name: e2e-kubeconfig
-        secret:
-          secretName: dpkit-e2e-kubeconfig
-`)
-	writeFile(t, filepath.Join(dir, "config.yaml"), config)
-	writeFile(t, filepath.Join(dir, "plugin.yaml"), config)
-	d := deployment{objs: render(t, "kustomize", dir), resource: corev1.ResourceName(res)}
-	for _, o := range d.objs {
-		if o.GetKind() == "DaemonSet" {
-			d.namespace, d.daemonSet = o.GetNamespace(), o.GetName()
-		}
-	}
-	d.apply(t, ctx, cp)
-	t.Cleanup(func() {
-		if t.Failed() {
-			d.logPlugin(t, c)
-			logTail(t, n.LogPath("kubelet"))
-		}
-	})
+	d, dir := deployFullImage(t, ctx, cp, n, config, res)
 	poll(t, ctx, "the DRA front's ResourceSlice for "+n.Name, func(ctx context.Context) (bool, string, error) {
 		names, err := sliceDevices(ctx, c, n.Name, driver)
 		return len(names) == 2, fmt.Sprintf("devices %v", names), err
@@ -237,4 +165,89 @@ func (d deployment) logPlugin(t *testing.T, c kubernetes.Interface) {
 		b, err := c.CoreV1().Pods(d.namespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 		t.Logf("plugin pod %s log (%v):\n%s", p.Name, err, b)
 	}
+}
+
+// deployFullImage deploys the plugin config from deploy/overlays/generic-dra
+// in the full image (imported into the node first), as a user's overlay
+// does: the config in the ConfigMap, the API server's kubeconfig from a
+// Secret (the test node has no Service proxy), host networking. It
+// returns the deployment (res is its resource) and the overlay's
+// directory, which holds the config as plugin.yaml.
+func deployFullImage(t *testing.T, ctx context.Context, cp *controlplane.ControlPlane, n *controlplane.Node, config, res string) (deployment, string) {
+	t.Helper()
+	importFullImage(t, n)
+	c := cp.Client()
+	dir := t.TempDir()
+	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic-dra"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(fullImage, ":")
+	writeFile(t, filepath.Join(dir, "kustomization.yaml"), `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- `+rel+`
+images:
+- name: `+imagespec.FullRepository+`
+  newName: `+name+`
+  newTag: `+tag+`
+configMapGenerator:
+- name: dpkit-plugin-config
+  namespace: dpkit-system
+  behavior: replace
+  files:
+  - config.yaml
+secretGenerator:
+- name: dpkit-e2e-kubeconfig
+  namespace: dpkit-system
+  files:
+  - kubeconfig
+patches:
+- path: patch.yaml
+`)
+	kubeconfig, err := os.ReadFile(cp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "kubeconfig"), string(kubeconfig))
+	writeFile(t, filepath.Join(dir, "patch.yaml"), `apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: dpkit-plugin
+  namespace: dpkit-system
+spec:
+  template:
+    spec:
+      hostNetwork: true
+      containers:
+      - name: plugin
+        volumeMounts:
+        - name: e2e-kubeconfig
+          mountPath: /etc/dpkit-kube
+          readOnly: true
+      volumes:
+      - name: e2e-kubeconfig
+        secret:
+          secretName: dpkit-e2e-kubeconfig
+`)
+	writeFile(t, filepath.Join(dir, "config.yaml"), config)
+	writeFile(t, filepath.Join(dir, "plugin.yaml"), config)
+	d := deployment{objs: render(t, "kustomize", dir), resource: corev1.ResourceName(res)}
+	for _, o := range d.objs {
+		if o.GetKind() == "DaemonSet" {
+			d.namespace, d.daemonSet = o.GetNamespace(), o.GetName()
+		}
+	}
+	d.apply(t, ctx, cp)
+	t.Cleanup(func() {
+		if t.Failed() {
+			d.logPlugin(t, c)
+			logTail(t, n.LogPath("kubelet"))
+		}
+	})
+	return d, dir
 }
