@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -165,6 +166,11 @@ func (d *Driver) Run(ctx context.Context) error {
 	if !d.cfg.NoSlices {
 		wg.Go(func() { d.publishLoop(ctx, h) })
 	}
+	if d.cfg.PodUID != "" {
+		if err := d.followCheckpoint(ctx, &wg); err != nil {
+			return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)
+		}
+	}
 	select {
 	case <-ctx.Done():
 		return nil
@@ -216,4 +222,46 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 		default:
 		}
 	}
+}
+
+// followCheckpoint reads the checkpoint again whenever it is written, in
+// a rolling update: a claim the other instance prepares holds its devices
+// here too at once, so this instance's device plugin front cannot give
+// them to a container before this instance's next DRA call.
+func (d *Driver) followCheckpoint(ctx context.Context, wg *sync.WaitGroup) error {
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch the checkpoint: %w", err)
+	}
+	if err := fsw.Add(filepath.Dir(d.checkpointPath)); err != nil {
+		_ = fsw.Close()
+		return fmt.Errorf("watch %s: %w", filepath.Dir(d.checkpointPath), err)
+	}
+	wg.Go(func() {
+		defer func() { _ = fsw.Close() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-fsw.Events:
+				if !ok {
+					return
+				}
+				if ev.Name != d.checkpointPath || !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Rename) {
+					continue
+				}
+				d.mu.Lock()
+				if err := d.syncLocked(); err != nil {
+					d.log.Error("Reading the checkpoint the other instance wrote", "err", err)
+				}
+				d.mu.Unlock()
+			case err, ok := <-fsw.Errors:
+				if !ok {
+					return
+				}
+				d.log.Warn("Watching the checkpoint", "err", err)
+			}
+		}
+	})
+	return nil
 }

@@ -429,7 +429,8 @@ func TestHealthStream(t *testing.T) {
 // TestRollingUpdate: two instances of the driver (a DaemonSet's old and
 // new pod, maxSurge 1) serve at once on sockets of their own over the same
 // directories and checkpoint. A claim one prepared holds its device in the
-// other too, so the other refuses the device to a second claim; once the
+// other too as soon as the checkpoint is written, so the other refuses the
+// device to a second claim; once the
 // other unprepared it (the kubelet may call either), the device is free in
 // both.
 func TestRollingUpdate(t *testing.T) {
@@ -448,6 +449,19 @@ func TestRollingUpdate(t *testing.T) {
 	claimB := []*drav1.Claim{{Namespace: "default", Name: "b", Uid: "uid-b"}}
 	if r, err := oldc.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: claimA}); err != nil || r.Claims["uid-a"].GetError() != "" {
 		t.Fatalf("old instance, prepare a: %v %v", r, err)
+	}
+	// The new instance holds the device at once (it follows the
+	// checkpoint), before any call reaches it: its device plugin front
+	// would not give the device out.
+	for {
+		ch, stop := surge.inv.Watch()
+		h, _ := surge.inv.HeldBy("dev-0")
+		if h == inventory.ClaimHolder("default", "a", "uid-a") {
+			stop()
+			break
+		}
+		<-ch
+		stop()
 	}
 	r, err := newc.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: claimB})
 	if err != nil || !strings.Contains(r.Claims["uid-b"].GetError(), "ResourceClaim default/a (uid-a)") {
