@@ -14,6 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/internal/imagespec"
@@ -167,13 +170,186 @@ func (d deployment) logPlugin(t *testing.T, c kubernetes.Interface) {
 	}
 }
 
+// surge makes a DaemonSet roll with maxSurge 1 and maxUnavailable 0: the
+// new pod starts beside the old one.
+func surge(t *testing.T, o *unstructured.Unstructured) {
+	if err := unstructured.SetNestedMap(o.Object, map[string]any{
+		"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": int64(1), "maxUnavailable": int64(0)},
+	}, "spec", "updateStrategy"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noHostPorts drops the plugin container's metrics port, probes and
+// --metrics-address: with host networking (the test node's way to the API
+// server) two plugin pods cannot hold the same port, and the scheduler
+// would keep the surge pod Pending. Without the readiness probe (ready
+// once registered), the DaemonSet's minReadySeconds keeps the old pod
+// until the new one has been running for 5 s, time to register.
+func noHostPorts(t *testing.T, o *unstructured.Unstructured) {
+	if err := unstructured.SetNestedField(o.Object, int64(5), "spec", "minReadySeconds"); err != nil {
+		t.Fatal(err)
+	}
+	containers, _, err := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ctr := range containers {
+		m := ctr.(map[string]any)
+		delete(m, "ports")
+		delete(m, "readinessProbe")
+		delete(m, "livenessProbe")
+		if args, ok := m["args"].([]any); ok {
+			kept := args[:0]
+			for _, a := range args {
+				if s, _ := a.(string); !strings.HasPrefix(s, "--metrics-address") {
+					kept = append(kept, a)
+				}
+			}
+			m["args"] = kept
+		}
+		containers[i] = m
+	}
+	if err := unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRealNodeRollingUpdateDRA rolls the plugin's DaemonSet (full image,
+// both fronts, maxSurge 1, POD_UID from the downward API as
+// deploy/components/dra sets it) while pods with claims
+// and with the extended resource are created: the new instance serves
+// beside the old one on sockets of its own, no Prepare fails, no pod is
+// refused, the Node's allocatable never drops to 0, and every pod runs
+// with its device.
+func TestRealNodeRollingUpdateDRA(t *testing.T) {
+	cp, n := realNode.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	// One plugin process with both fronts, each on a resource of its own:
+	// one resource on both fronts has a race of its own (docs/dra-plugins.md,
+	// Limits) that is not the rolling update's.
+	res, draRes := "e2e.dpkit.io/zero-roll", "e2e.dpkit.io/zero-roll-dra"
+	entry := func(name, fronts string) string {
+		return "- generic:\n" + indent(strings.Replace(zeroConfig(name), "count: 2", "count: 4", 1), "    ") + "  fronts: [" + fronts + "]\n"
+	}
+	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n" +
+		entry(res, "deviceplugin") + entry(draRes, "dra")
+	d, dir := deployFullImage(t, ctx, cp, n, config, res, surge, noHostPorts)
+	old := d.waitPluginReady(t, ctx, c, n.Name, "4")
+	driver := resourcename.DriverName(draRes)
+	poll(t, ctx, "the DRA front's ResourceSlice", func(ctx context.Context) (bool, string, error) {
+		names, err := sliceDevices(ctx, c, n.Name, driver)
+		return len(names) == 4, fmt.Sprintf("devices %v", names), err
+	})
+	classes := applyDeviceClasses(t, ctx, c, "--config", filepath.Join(dir, "plugin.yaml"))
+	if len(classes) != 1 {
+		t.Fatalf("DeviceClasses %v, want the DRA resource's", classes)
+	}
+	class := classes[0]
+	ns := createNamespace(t, c, "roll-dra")
+	pods := 0
+	start := func(kind string) {
+		pods++
+		name := fmt.Sprintf("%s-%d", kind, pods)
+		p := zeroPod(ns, name, corev1.ResourceName(res), "1")
+		if kind == "claim" {
+			if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, name, class, 1), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "dev"}}}
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimName: ptr(name)}}
+		}
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if t.Failed() {
+				describePod(t, c, ns, name)
+			}
+			deletePodAndWait(t, c, ns, name)
+		})
+	}
+	start("claim")
+	start("extended")
+
+	w, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + n.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.dpkit.io/rollout":"%d"}}}}}`, time.Now().UnixNano())
+	if _, err := c.AppsV1().DaemonSets(d.namespace).Patch(ctx, d.daemonSet, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var rollErr error
+	go func() {
+		defer close(done)
+		rollErr = waitRolledOut(ctx, c, d, old.Name)
+	}()
+	// Pods come while both instances serve.
+	for range 2 {
+		start("claim")
+		start("extended")
+	}
+	var seen []string
+	lowest := int64(-1)
+	for watching := true; watching; {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("node watch ended")
+			}
+			if ev.Type != watch.Modified {
+				continue
+			}
+			q := ev.Object.(*corev1.Node).Status.Allocatable[corev1.ResourceName(res)]
+			if len(seen) == 0 || seen[len(seen)-1] != q.String() {
+				seen = append(seen, q.String())
+			}
+			if v := q.Value(); lowest < 0 || v < lowest {
+				lowest = v
+			}
+		case <-done:
+			watching = false
+		}
+	}
+	if rollErr != nil {
+		t.Fatal(rollErr)
+	}
+	t.Logf("allocatable %s during the rollout: %v", res, seen)
+	if lowest == 0 {
+		t.Errorf("allocatable %s dropped to 0 during the rolling update (values seen: %v)", res, seen)
+	}
+	start("claim") // and after it
+	for i := 1; i <= pods; i++ {
+		kind := "claim" // started alternately, claims first
+		if i%2 == 0 {
+			kind = "extended"
+		}
+		name := fmt.Sprintf("%s-%d", kind, i)
+		waitPod(t, ctx, c, ns, name, "running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		wantDeviceLogs(t, ctx, c, ns, name)
+	}
+	events, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		if ev.Type == corev1.EventTypeWarning && ev.Reason != "MissingClusterDNS" { // the test node has no cluster DNS
+			t.Errorf("pod %s: %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
+		}
+	}
+}
+
 // deployFullImage deploys the plugin config from deploy/overlays/generic-dra
 // in the full image (imported into the node first), as a user's overlay
 // does: the config in the ConfigMap, the API server's kubeconfig from a
 // Secret (the test node has no Service proxy), host networking. It
 // returns the deployment (res is its resource) and the overlay's
 // directory, which holds the config as plugin.yaml.
-func deployFullImage(t *testing.T, ctx context.Context, cp *controlplane.ControlPlane, n *controlplane.Node, config, res string) (deployment, string) {
+func deployFullImage(t *testing.T, ctx context.Context, cp *controlplane.ControlPlane, n *controlplane.Node, config, res string, edits ...func(*testing.T, *unstructured.Unstructured)) (deployment, string) {
 	t.Helper()
 	importFullImage(t, n)
 	c := cp.Client()
@@ -240,6 +416,9 @@ spec:
 	for _, o := range d.objs {
 		if o.GetKind() == "DaemonSet" {
 			d.namespace, d.daemonSet = o.GetNamespace(), o.GetName()
+			for _, edit := range edits {
+				edit(t, o)
+			}
 		}
 	}
 	d.apply(t, ctx, cp)
