@@ -20,7 +20,7 @@ versions=("$@")
 if [[ ${#versions[@]} -eq 0 ]]; then
   versions=(v1.34.4 v1.35.4 v1.36.3 v1.37.0)
 fi
-tests="${SKEW_TESTS:-TestRealNodeSkew|TestRealNodeDRA|TestRealNodeRollingUpdateDRA|TestRealNodeCDI|TestExporterOnRealNode}"
+tests="${SKEW_TESTS:-TestRealNodeSkew|TestRealNodeDRA|TestRealNodeRollingUpdate|TestRealNodeRollingUpdateDRA|TestRealNodeCDI|TestExporterOnRealNode}"
 
 for mod in hack/skew/*/; do
   if ! (cd "$mod" && go mod tidy -diff >/dev/null); then
