@@ -436,6 +436,42 @@ func (r *resource) streamClosed(end streamEnd) {
 	if end == streamEndedByKubelet && last && r.mode == RegistrationKubelet {
 		r.requestRegistration(reasonStreamEnded)
 	}
+	if end == streamEndedByKubelet && last && r.mode == RegistrationRegistry && r.isRegistered() {
+		go r.reannounce()
+	}
+}
+
+// reannounce makes the plugin watcher register the resource again after
+// the kubelet ended the last ListAndWatch stream of a registered plugin
+// that still serves. Kubelets v1.34 to v1.36 do that to the newest
+// instance of a plugin when an older one exits (a DaemonSet rolled with
+// maxSurge; kubernetes#121994, fixed in v1.37) and then keep the
+// resource at 0 until the plugin registers again. The socket is served
+// under a new name, which the watcher takes for a new plugin; the old file
+// is removed first, so that the watcher's deregistration of it (which
+// those kubelets apply to whichever client holds the resource name) comes
+// before the new registration. Only a registered plugin does it, so a
+// kubelet that keeps ending new streams cannot make it loop.
+func (r *resource) reannounce() {
+	r.relistenMu.Lock()
+	defer r.relistenMu.Unlock()
+	select {
+	case <-r.stopping:
+		return
+	default:
+	}
+	if r.ownsSocket() {
+		if err := os.Remove(r.socket()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			r.log.Warn("Could not remove the socket to register again", "err", err)
+		}
+	}
+	if err := r.listen(); err != nil {
+		r.log.Error("Could not serve a new socket to register again; the resource stays unregistered", "err", err)
+		return
+	}
+	r.log.Info("The kubelet ended the device list stream of a registered plugin; registering again through the plugin watcher", "socket", r.socket())
+	r.metrics.reregistration(r.name, reasonStreamEnded)
+	r.stopRetired()
 }
 
 func (r *resource) setRegistered(ok bool, err error) {

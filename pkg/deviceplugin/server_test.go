@@ -392,6 +392,71 @@ func TestRegistryMode(t *testing.T) {
 	}
 }
 
+// TestRegistryModeStreamEndedByKubelet: a registered plugin whose device
+// list stream the kubelet ends while the plugin still serves (kubelets
+// v1.34 to v1.36 do it to the newest instance when an older one exits,
+// kubernetes#121994) serves a socket of a new name, which the plugin
+// watcher registers again, and removes the old one first.
+func TestRegistryModeStreamEndedByKubelet(t *testing.T) {
+	srv, conn, ctx := runRegistryServer(t, deviceplugin.Config{Registration: deviceplugin.RegistrationRegistry}, newTestPlugin(2))
+	sock := strings.TrimPrefix(conn.Target(), "unix://")
+	reg := registerapi.NewRegistrationClient(conn)
+	if _, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		t.Fatal(err)
+	}
+	sctx, end := context.WithCancel(ctx)
+	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(sctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(sock)); err != nil {
+		t.Fatal(err)
+	}
+	end() // the kubelet drops the client
+	removed, created := false, ""
+	for created == "" {
+		select {
+		case ev := <-w.Events:
+			switch {
+			case ev.Name == sock && ev.Has(fsnotify.Remove):
+				removed = true
+			case ev.Name != sock && ev.Has(fsnotify.Create) && strings.HasSuffix(ev.Name, ".sock"):
+				if !removed {
+					t.Fatalf("new socket %s served before the old one was removed", ev.Name)
+				}
+				created = ev.Name
+			}
+		case err := <-w.Errors:
+			t.Fatal(err)
+		case <-time.After(10 * time.Second): // a failure bound, not a synchronisation
+			t.Fatal("no new socket after the kubelet ended the stream")
+		}
+	}
+	if err := srv.Ready(); err == nil {
+		t.Error("Ready() before the plugin watcher registered the new socket")
+	}
+	nc, err := grpc.NewClient("unix://"+created, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	info, err := registerapi.NewRegistrationClient(nc).GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	if err != nil || info.Endpoint != created || info.Name != res {
+		t.Fatalf("GetInfo on the new socket = %+v, %v", info, err)
+	}
+}
+
 func TestNewServerReportsEveryProblem(t *testing.T) {
 	_, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: "relative", Registration: "sometimes"},
 		deviceplugin.Resource{Name: "foo", Plugin: newTestPlugin(1)},

@@ -15,8 +15,6 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/internal/imagespec"
@@ -212,39 +210,28 @@ func surge(t *testing.T, o *unstructured.Unstructured) {
 	}
 }
 
-// noHostPorts drops the plugin container's metrics port, probes and
-// --metrics-address: with host networking (the test node's way to the API
-// server) two plugin pods cannot hold the same port, and the scheduler
-// would keep the surge pod Pending. Without the readiness probe (ready
-// once registered), the DaemonSet's minReadySeconds keeps the old pod
-// until the new one has been running for 5 s, time to register.
-func noHostPorts(t *testing.T, o *unstructured.Unstructured) {
-	if err := unstructured.SetNestedField(o.Object, int64(5), "spec", "minReadySeconds"); err != nil {
-		t.Fatal(err)
-	}
-	containers, _, err := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+// rollToPort rolls the plugin's DaemonSet to a pod template whose metrics
+// port (and so its probes' and --metrics-address) is port: with host
+// networking (the test node's way to the API server) the surge pod could
+// not hold the old pod's port, and the scheduler would keep it Pending.
+func rollToPort(ctx context.Context, c kubernetes.Interface, d deployment, port int32) error {
+	ds, err := c.AppsV1().DaemonSets(d.namespace).Get(ctx, d.daemonSet, metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	for i, ctr := range containers {
-		m := ctr.(map[string]any)
-		delete(m, "ports")
-		delete(m, "readinessProbe")
-		delete(m, "livenessProbe")
-		if args, ok := m["args"].([]any); ok {
-			kept := args[:0]
-			for _, a := range args {
-				if s, _ := a.(string); !strings.HasPrefix(s, "--metrics-address") {
-					kept = append(kept, a)
-				}
-			}
-			m["args"] = kept
+	ctr := &ds.Spec.Template.Spec.Containers[0]
+	for i, a := range ctr.Args {
+		if strings.HasPrefix(a, "--metrics-address=") {
+			ctr.Args[i] = fmt.Sprintf("--metrics-address=:%d", port)
 		}
-		containers[i] = m
 	}
-	if err := unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers"); err != nil {
-		t.Fatal(err)
+	for i := range ctr.Ports {
+		if ctr.Ports[i].Name == "metrics" {
+			ctr.Ports[i].ContainerPort = port
+		}
 	}
+	_, err = c.AppsV1().DaemonSets(d.namespace).Update(ctx, ds, metav1.UpdateOptions{})
+	return err
 }
 
 // TestRealNodeRollingUpdateDRA rolls the plugin's DaemonSet (full image,
@@ -267,7 +254,7 @@ func TestRealNodeRollingUpdateDRA(t *testing.T) {
 	}
 	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n" +
 		entry(res, "deviceplugin") + entry(draRes, "dra")
-	d, dir := deployFullImage(t, ctx, cp, n, config, res, surge, noHostPorts)
+	d, dir := deployFullImage(t, ctx, cp, n, config, res, surge)
 	old := d.waitPluginReady(t, ctx, c, n.Name, "4")
 	driver := resourcename.DriverName(draRes)
 	poll(t, ctx, "the DRA front's ResourceSlice", func(ctx context.Context) (bool, string, error) {
@@ -305,55 +292,23 @@ func TestRealNodeRollingUpdateDRA(t *testing.T) {
 	start("claim")
 	start("extended")
 
-	w, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + n.Name})
-	if err != nil {
+	stop := watchAllocatable(t, ctx, c, n.Name, corev1.ResourceName(res))
+	if err := rollToPort(ctx, c, d, 9401); err != nil {
 		t.Fatal(err)
 	}
-	defer w.Stop()
-	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.dpkit.io/rollout":"%d"}}}}}`, time.Now().UnixNano())
-	if _, err := c.AppsV1().DaemonSets(d.namespace).Patch(ctx, d.daemonSet, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var rollErr error
-	go func() {
-		defer close(done)
-		rollErr = waitRolledOut(ctx, c, d, old.Name)
-	}()
 	// Pods come while both instances serve.
 	for range 2 {
 		start("claim")
 		start("extended")
 	}
-	var seen []string
-	lowest := int64(-1)
-	for watching := true; watching; {
-		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				t.Fatal("node watch ended")
-			}
-			if ev.Type != watch.Modified {
-				continue
-			}
-			q := ev.Object.(*corev1.Node).Status.Allocatable[corev1.ResourceName(res)]
-			if len(seen) == 0 || seen[len(seen)-1] != q.String() {
-				seen = append(seen, q.String())
-			}
-			if v := q.Value(); lowest < 0 || v < lowest {
-				lowest = v
-			}
-		case <-done:
-			watching = false
-		}
-	}
+	rollErr := waitRolledOut(ctx, c, d, old.Name)
+	seen, lowest := stop()
 	if rollErr != nil {
 		t.Fatal(rollErr)
 	}
 	t.Logf("allocatable %s during the rollout: %v", res, seen)
-	if lowest == 0 {
-		t.Errorf("allocatable %s dropped to 0 during the rolling update (values seen: %v)", res, seen)
-	}
+	checkRolloutAllocatable(t, corev1.ResourceName(res), seen, lowest)
+	waitAllocatable(t, ctx, c, n.Name, corev1.ResourceName(res), "4")
 	start("claim") // and after it
 	for i := 1; i <= pods; i++ {
 		kind := "claim" // started alternately, claims first

@@ -700,55 +700,89 @@ func TestRealNodeRollingUpdate(t *testing.T) {
 	ns := createNamespace(t, c, "rolling")
 	runDevicePod(t, ctx, c, ns, "holder", d.resource, "1")
 
-	w, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + n.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	stop := watchAllocatable(t, ctx, c, n.Name, d.resource)
 	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.dpkit.io/rollout":"%d"}}}}}`, time.Now().UnixNano())
 	if _, err := c.AppsV1().DaemonSets(d.namespace).Patch(ctx, d.daemonSet, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Done when the old pod is gone and a new one is ready.
-	done := make(chan struct{})
-	var rollErr error
-	go func() {
-		defer close(done)
-		rollErr = waitRolledOut(ctx, c, d, old.Name)
-	}()
-	var seen []string
-	lowest := int64(-1)
-	for watching := true; watching; {
-		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				t.Fatal("node watch ended")
-			}
-			if ev.Type != watch.Modified {
-				continue
-			}
-			node := ev.Object.(*corev1.Node)
-			q := node.Status.Allocatable[d.resource]
-			v := q.Value()
-			if len(seen) == 0 || seen[len(seen)-1] != q.String() {
-				seen = append(seen, q.String())
-			}
-			if lowest < 0 || v < lowest {
-				lowest = v
-			}
-		case <-done:
-			watching = false
-		}
-	}
+	rollErr := waitRolledOut(ctx, c, d, old.Name)
+	seen, lowest := stop()
 	if rollErr != nil {
 		t.Fatal(rollErr)
 	}
 	t.Logf("allocatable %s during the rollout: %v", d.resource, seen)
-	if lowest == 0 {
-		t.Errorf("allocatable %s dropped to 0 during the rolling update (values seen: %v)", d.resource, seen)
-	}
+	checkRolloutAllocatable(t, d.resource, seen, lowest)
 	waitAllocatable(t, ctx, c, n.Name, d.resource, "2")
 	runDevicePod(t, ctx, c, ns, "after", d.resource, "1")
+}
+
+// checkRolloutAllocatable judges what allocatable did during a maxSurge
+// rollout: never 0 on a v1.37 kubelet. Kubelets v1.34 to v1.36 drop the
+// newest instance's client when an older instance exits
+// (kubernetes#121994) and so the resource to 0; the SDK registers again at
+// once (the caller then waits for the full count to come back).
+func checkRolloutAllocatable(t *testing.T, res corev1.ResourceName, seen []string, lowest int64) {
+	t.Helper()
+	if controlplane.KubeletMinor() < 37 {
+		t.Logf("skew: kubelet %s: device plugin rolling update (maxSurge 1): allocatable %v (kubernetes#121994 drops it; the SDK registers again)", controlplane.KubeletVersion(), seen)
+		return
+	}
+	if lowest == 0 {
+		t.Errorf("allocatable %s dropped to 0 during the rolling update (values seen: %v)", res, seen)
+	}
+	t.Logf("skew: kubelet %s: device plugin rolling update (maxSurge 1): allocatable %v, never 0", controlplane.KubeletVersion(), seen)
+}
+
+// watchAllocatable follows the node's allocatable of res until the
+// returned stop is called, which returns the values seen (each change
+// once) and the lowest. A watch the API server ends is opened again.
+func watchAllocatable(t *testing.T, ctx context.Context, c kubernetes.Interface, node string, res corev1.ResourceName) (stop func() ([]string, int64)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		seen   []string
+		lowest = int64(-1)
+		done   = make(chan struct{})
+	)
+	opened := make(chan error, 1)
+	go func() {
+		defer close(done)
+		first := true
+		for ctx.Err() == nil {
+			w, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + node})
+			if first {
+				opened <- err
+				first = false
+			}
+			if err != nil {
+				return
+			}
+			for ev := range w.ResultChan() {
+				n, ok := ev.Object.(*corev1.Node)
+				if !ok || ev.Type != watch.Modified {
+					continue
+				}
+				q := n.Status.Allocatable[res]
+				if len(seen) == 0 || seen[len(seen)-1] != q.String() {
+					seen = append(seen, q.String())
+				}
+				if v := q.Value(); lowest < 0 || v < lowest {
+					lowest = v
+				}
+			}
+			w.Stop()
+		}
+	}()
+	if err := <-opened; err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	return func() ([]string, int64) {
+		cancel()
+		<-done
+		return seen, lowest
+	}
 }
 
 func waitRolledOut(ctx context.Context, c kubernetes.Interface, d deployment, oldPod string) error {
