@@ -38,7 +38,7 @@ type deviceClassSpec struct {
 	Selectors []selector `json:"selectors"`
 	// ExtendedResourceName makes pods that ask for the extended resource
 	// get their devices through DRA (DRAExtendedResource).
-	ExtendedResourceName string `json:"extendedResourceName"`
+	ExtendedResourceName string `json:"extendedResourceName,omitempty"`
 }
 
 type selector struct {
@@ -60,7 +60,7 @@ type list struct {
 func NewCommand(env *cli.Env) *cobra.Command {
 	var (
 		path, format string
-		all          bool
+		all, noExt   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "deviceclass --config FILE",
@@ -71,7 +71,9 @@ served with the dra front: named after the resource's device class name
 driver's devices, and with extendedResourceName set to the resource, so
 that pods asking for the extended resource get its devices through DRA.
 With --all, every resource of the config gets one, whatever its fronts:
-for moving a device plugin's users to DRA.
+for moving a device plugin's users to DRA. With --no-extended-resource the
+classes leave extendedResourceName out: kubelets before v1.36 run a pod the
+scheduler served that way without its device.
 
 YAML documents (kubectl apply -f -), or a List with -o json.`,
 		Example: `  dpkit deviceclass --config examples/nvidia-dra.yaml | kubectl apply -f -
@@ -86,7 +88,11 @@ YAML documents (kubectl apply -f -), or a List with -o json.`,
 			var items []deviceClass
 			for _, rf := range cfg.Fronts() {
 				if all || rf.Has(config.FrontDRA) {
-					items = append(items, build(rf))
+					dc := build(rf)
+					if noExt {
+						dc.Spec.ExtendedResourceName = ""
+					}
+					items = append(items, dc)
 				}
 			}
 			if len(items) == 0 {
@@ -99,6 +105,7 @@ YAML documents (kubectl apply -f -), or a List with -o json.`,
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "PluginConfig file (required), e.g. examples/nvidia-dra.yaml")
 	cmd.Flags().BoolVar(&all, "all", false, "a DeviceClass for every resource, whatever its fronts")
+	cmd.Flags().BoolVar(&noExt, "no-extended-resource", false, "leave extendedResourceName out: pods asking for the extended resource are not served through DRA (for clusters with kubelets older than v1.36, which would run such pods without their device)")
 	output.AddFlag(cmd, &format, "yaml", "json")
 	return cmd
 }

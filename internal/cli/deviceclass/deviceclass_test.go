@@ -64,6 +64,20 @@ func TestDeviceClassExample(t *testing.T) {
 	check(t, dcs[0], "gpu.nvidia.com", "gpu.nvidia.com", "nvidia.com/gpu")
 }
 
+// TestDeviceClassNoExtendedResource: --no-extended-resource leaves the
+// name out, for clusters with kubelets before v1.36.
+func TestDeviceClassNoExtendedResource(t *testing.T) {
+	t.Parallel()
+	out, stderr, err := run(t, "--config", "../../../examples/nvidia-dra.yaml", "--no-extended-resource")
+	if err != nil || stderr != "" {
+		t.Fatalf("err %v, stderr %q", err, stderr)
+	}
+	dcs := decodeYAML(t, out)
+	if len(dcs) != 1 || dcs[0].Spec.ExtendedResourceName != nil || strings.Contains(out, "extendedResourceName") {
+		t.Fatalf("DeviceClasses with --no-extended-resource:\n%s\nwant one without extendedResourceName", out)
+	}
+}
+
 func TestDeviceClassFronts(t *testing.T) {
 	t.Parallel()
 	cfg := filepath.Join(t.TempDir(), "dra.yaml")
