@@ -213,10 +213,10 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 			"pool", dropped.PoolName, "slice", dropped.SliceIndex, "features", dropped.DisabledFeatures())
 	case errors.Is(err, kubeletplugin.ErrRecoverable):
 		d.metrics.background.WithLabelValues("recoverable").Inc()
-		d.log.Error(msg, "err", err)
+		d.log.Error("The DRA helper reported an error", "what", msg, "err", err)
 	default:
 		d.metrics.background.WithLabelValues("fatal").Inc()
-		d.log.Error(msg, "err", err)
+		d.log.Error("The DRA helper reported an error", "what", msg, "err", err)
 		select {
 		case d.fatal <- fmt.Errorf("%s: %w", msg, err):
 		default:
