@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -713,5 +715,75 @@ func TestClaimUIDChecked(t *testing.T) {
 	}
 	if _, err := os.Stat(victim); err != nil {
 		t.Errorf("%s after an Unprepare of a crafted UID: %v", victim, err)
+	}
+}
+
+// records is a slog handler that sends every record's message and
+// attributes to a channel.
+type records chan string
+
+func (r records) Enabled(context.Context, slog.Level) bool { return true }
+func (r records) Handle(_ context.Context, rec slog.Record) error {
+	var b strings.Builder
+	b.WriteString(rec.Message)
+	rec.Attrs(func(a slog.Attr) bool {
+		b.WriteString(" " + a.String())
+		return true
+	})
+	select {
+	case r <- b.String():
+	default:
+	}
+	return nil
+}
+func (r records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r records) WithGroup(string) slog.Handler      { return r }
+
+// TestDroppedFields: an API server that drops device taints (the feature
+// off in the cluster) stores the unhealthy device without its taint; the
+// driver reports it as an error naming the feature, through the helper's
+// ResourceSlice controller.
+func TestDroppedFields(t *testing.T) {
+	root := t.TempDir()
+	p := newPlugin()
+	inv := inventory.New("example.com/dev", p, nil)
+	client := newClient()
+	strip := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if s, ok := a.(interface{ GetObject() runtime.Object }).GetObject().(*resourcev1.ResourceSlice); ok {
+			for i := range s.Spec.Devices {
+				s.Spec.Devices[i].Taints = nil
+			}
+		}
+		return false, nil, nil
+	}
+	client.PrependReactor("create", "resourceslices", strip)
+	client.PrependReactor("update", "resourceslices", strip)
+	logs := make(records, 256)
+	drv, err := draplugin.New(draplugin.Config{
+		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
+		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
+		Client: client, Logger: slog.New(logs),
+	}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = inv.Run(ctx) })
+	wg.Go(func() { _ = drv.Run(ctx) })
+	p.snaps <- []deviceplugin.Device{{ID: "dev-0", Healthy: false}}
+	for {
+		select {
+		case line := <-logs:
+			if strings.Contains(line, "dropped fields") {
+				if !strings.Contains(line, "DRADeviceTaints") {
+					t.Fatalf("dropped fields reported without the feature: %s", line)
+				}
+				return
+			}
+		case <-time.After(time.Minute): // a failure bound, not a synchronisation
+			t.Fatal("no error about the dropped taint")
+		}
 	}
 }
