@@ -65,12 +65,14 @@ func importFullImage(t *testing.T, n *controlplane.Node) {
 
 // TestRealNodeDRA deploys the generic plugin with the DRA front only from
 // deploy/overlays/generic-dra (the full image, as users do) on the real
-// node (kubelet v1.37, containerd 2.x): its ResourceSlice is published for
+// node (containerd 2.x; the kubelet of DPKIT_KUBELET_VERSION, v1.37 by
+// default): its ResourceSlice is published for
 // the node; the DeviceClass dpkit deviceclass prints is applied; a pod with
 // a ResourceClaim gets the device through the CDI spec the front wrote for
 // the claim (the device node and the env, read back from the pod's log),
 // and so does a pod asking the DeviceClass's extended resource name, which
-// the node serves only through DRA.
+// the node serves only through DRA (kubelets v1.36 and newer; an older one
+// runs the pod without its device, which the test checks too).
 func TestRealNodeDRA(t *testing.T) {
 	cp, n := realNode.Get(t)
 	ctx := testContext(t)
