@@ -24,7 +24,8 @@
 // Every command is answered {"event":"done","command":LINE} once it took
 // effect, or {"event":"error","error":...}.
 //
-// It stops on SIGINT/SIGTERM or when stdin closes.
+// It stops on SIGINT/SIGTERM. Stdin closing (a script started it with &,
+// or with </dev/null) ends the commands only: the driver keeps serving.
 package main
 
 import (
@@ -162,7 +163,7 @@ func fileClaims(dir string) kubernetes.Interface {
 }
 
 // serve reports the driver's calls on stdout and runs the commands of
-// stdin until ctx ends or stdin closes.
+// stdin until ctx ends; a closed stdin ends the commands only.
 func serve(ctx context.Context, d *fakedra.Driver, driver string) error {
 	var outMu sync.Mutex
 	enc := json.NewEncoder(os.Stdout)
@@ -204,7 +205,8 @@ func serve(ctx context.Context, d *fakedra.Driver, driver string) error {
 			return nil
 		case line, ok := <-lines:
 			if !ok {
-				return nil
+				lines = nil // no more commands; serve until a signal
+				continue
 			}
 			if err := command(d, line); err != nil {
 				emit(map[string]any{"event": "error", "error": err.Error()})

@@ -202,9 +202,7 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 func TestVerifyDRAUpstreamHelper(t *testing.T) {
 	t.Parallel()
 	fakedra := dratest.Binary(t)
-	// dpkit-fakedra stops when its stdin closes; verify gives it none.
-	rep, code := runVerifyDRA(t, []string{"--health-timeout", "2s"},
-		"sh", "-c", `tail -f /dev/null | "$0" "$@"`, fakedra,
+	rep, code := runVerifyDRA(t, []string{"--health-timeout", "2s"}, fakedra,
 		"--registry-dir", "{registry-dir}", "--kubeconfig", "{kubeconfig}", "--node-name", "{node-name}", "--resend", "500ms")
 	want := []string{verify.CheckDRACDI, verify.CheckDRASharedDevice}
 	if got := failedChecks(rep); code != 1 || !slices.Equal(got, want) {

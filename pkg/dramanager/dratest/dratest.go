@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,6 +183,7 @@ func Start(t testing.TB, root string, claims Claims, args ...string) *Driver {
 
 // Stop ends the driver as a clean shutdown (its sockets removed).
 func (d *Driver) Stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	_ = d.stdin.Close()
 	_ = d.cmd.Wait()
 	for range d.events { //nolint:revive // drain
@@ -272,6 +274,7 @@ func (d *Driver) DrainCalls() int {
 // did not return.
 func (d *Driver) NoMoreCalls(t testing.TB) {
 	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	_ = d.stdin.Close()
 	for ev := range d.events {
 		if ev["event"] == "call" {
