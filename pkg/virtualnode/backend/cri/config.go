@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,7 +28,9 @@ func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 		sc.RunAsUser = int64Value(psc.RunAsUser)
 		sc.RunAsGroup = int64Value(psc.RunAsGroup)
 		sc.SupplementalGroups = psc.SupplementalGroups
+		sc.SelinuxOptions = selinux(psc.SELinuxOptions)
 	}
+	sc.Seccomp = pr.b.seccomp(podSeccomp(pod), nil)
 	cfg := &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)},
 		LogDirectory: pr.logDir(),
@@ -56,6 +59,9 @@ func (pr *podRun) createSandbox(ctx context.Context) (string, error) {
 		return "", err
 	}
 	pr.sandbox.DnsConfig = dns
+	if err := unsupportedPodFields(pr.pod); err != nil {
+		return "", err
+	}
 	return pr.b.rt.RunPodSandbox(pr.b.logctx(ctx), pr.sandbox, "")
 }
 
@@ -126,7 +132,7 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 		Stdin:      spec.Stdin, StdinOnce: spec.StdinOnce, Tty: spec.TTY,
 		Linux: &runtimeapi.LinuxContainerConfig{
 			Resources:       resources(spec),
-			SecurityContext: securityContext(pod, spec),
+			SecurityContext: pr.b.securityContext(pod, spec),
 		},
 	}
 	if sc := cfg.Linux.SecurityContext; sc.RunAsUser == nil {
@@ -138,6 +144,9 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 			return nil, err
 		}
 		sc.RunAsUser, sc.RunAsUsername = uid, name
+	}
+	if err := verifyRunAsNonRoot(pod, spec, cfg.Linux.SecurityContext); err != nil {
+		return nil, err
 	}
 	for _, a := range spec.Command {
 		cfg.Command = append(cfg.Command, backend.Expand(a, vars))
@@ -204,15 +213,27 @@ func resources(c corev1.Container) *runtimeapi.LinuxContainerResources {
 }
 
 // securityContext is the container's security context, the pod's values
-// as defaults.
-func securityContext(pod *corev1.Pod, c corev1.Container) *runtimeapi.LinuxContainerSecurityContext {
+// as defaults: users, groups, SELinux, seccomp and AppArmor as the kubelet
+// passes them to the runtime.
+func (b *Backend) securityContext(pod *corev1.Pod, c corev1.Container) *runtimeapi.LinuxContainerSecurityContext {
 	sc := &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: namespaces(pod)}
 	if psc := pod.Spec.SecurityContext; psc != nil {
 		sc.RunAsUser = int64Value(psc.RunAsUser)
 		sc.RunAsGroup = int64Value(psc.RunAsGroup)
 		sc.SupplementalGroups = psc.SupplementalGroups
+		sc.SelinuxOptions = selinux(psc.SELinuxOptions)
 	}
 	csc := c.SecurityContext
+	var ctrSeccomp *corev1.SeccompProfile
+	var ctrAppArmor *corev1.AppArmorProfile
+	if csc != nil {
+		ctrSeccomp, ctrAppArmor = csc.SeccompProfile, csc.AppArmorProfile
+		if o := selinux(csc.SELinuxOptions); o != nil {
+			sc.SelinuxOptions = o
+		}
+	}
+	sc.Seccomp = b.seccomp(podSeccomp(pod), ctrSeccomp)
+	sc.Apparmor = apparmor(pod, ctrAppArmor)
 	var procMount *corev1.ProcMountType
 	if csc != nil {
 		procMount = csc.ProcMount
@@ -328,4 +349,126 @@ func possibleCPUs() []int {
 		}
 	}
 	return cpus
+}
+
+// DefaultSeccompDir is where Localhost seccomp profiles are read, below
+// the kubelet's root (the kubelet's <root-dir>/seccomp).
+const DefaultSeccompDir = "seccomp"
+
+func podSeccomp(pod *corev1.Pod) *corev1.SeccompProfile {
+	if psc := pod.Spec.SecurityContext; psc != nil {
+		return psc.SeccompProfile
+	}
+	return nil
+}
+
+// seccomp is the runtime's seccomp profile for a container (or, with ctr
+// nil, the sandbox), as the kubelet's getSeccompProfile: the container's
+// profile, else the pod's, else Unconfined (the kubelet's default with
+// seccompDefault off); a Localhost profile is a file below the seccomp
+// directory.
+func (b *Backend) seccomp(pod, ctr *corev1.SeccompProfile) *runtimeapi.SecurityProfile {
+	p := pod
+	if ctr != nil {
+		p = ctr
+	}
+	if p == nil {
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Unconfined}
+	}
+	switch p.Type {
+	case corev1.SeccompProfileTypeRuntimeDefault:
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_RuntimeDefault}
+	case corev1.SeccompProfileTypeLocalhost:
+		ref := ""
+		if p.LocalhostProfile != nil {
+			ref = filepath.Join(b.seccompDir(), filepath.Clean("/"+*p.LocalhostProfile))
+		}
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Localhost, LocalhostRef: ref}
+	default:
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Unconfined}
+	}
+}
+
+func (b *Backend) seccompDir() string {
+	if b.cfg.SeccompDir != "" {
+		return b.cfg.SeccompDir
+	}
+	return filepath.Join(filepath.Dir(b.cfg.PodDir), DefaultSeccompDir)
+}
+
+// apparmor is the runtime's AppArmor profile for a container: the
+// container's, else the pod's; none leaves the runtime's default (as the
+// kubelet does where no profile is asked for).
+func apparmor(pod *corev1.Pod, ctr *corev1.AppArmorProfile) *runtimeapi.SecurityProfile {
+	p := ctr
+	if p == nil && pod.Spec.SecurityContext != nil {
+		p = pod.Spec.SecurityContext.AppArmorProfile
+	}
+	if p == nil {
+		return nil
+	}
+	switch p.Type {
+	case corev1.AppArmorProfileTypeRuntimeDefault:
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_RuntimeDefault}
+	case corev1.AppArmorProfileTypeLocalhost:
+		ref := ""
+		if p.LocalhostProfile != nil {
+			ref = *p.LocalhostProfile
+		}
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Localhost, LocalhostRef: ref}
+	default:
+		return &runtimeapi.SecurityProfile{ProfileType: runtimeapi.SecurityProfile_Unconfined}
+	}
+}
+
+func selinux(o *corev1.SELinuxOptions) *runtimeapi.SELinuxOption {
+	if o == nil {
+		return nil
+	}
+	return &runtimeapi.SELinuxOption{User: o.User, Role: o.Role, Type: o.Type, Level: o.Level}
+}
+
+// unsupportedPodFields refuses what this backend cannot give a pod, so
+// that it never runs without it: another runtime handler (the kubelet
+// resolves spec.runtimeClassName through the RuntimeClass API) and user
+// namespaces (spec.hostUsers: false). The pod stays Pending with the
+// reason, as a kubelet's pod whose sandbox cannot be created.
+func unsupportedPodFields(pod *corev1.Pod) error {
+	if n := pod.Spec.RuntimeClassName; n != nil && *n != "" {
+		return fmt.Errorf("spec.runtimeClassName %q: this node runs every pod with the runtime's default handler and cannot run it with another; remove spec.runtimeClassName, or schedule the pod to a node whose kubelet has that RuntimeClass", *n)
+	}
+	if pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers {
+		return errors.New("spec.hostUsers: false asks for a user namespace, which this node does not set up; remove spec.hostUsers, or schedule the pod to a node with user namespace support")
+	}
+	return nil
+}
+
+// verifyRunAsNonRoot is the kubelet's check of runAsNonRoot against the
+// user the container will run as (kuberuntime verifyRunAsNonRoot), with
+// its messages.
+func verifyRunAsNonRoot(pod *corev1.Pod, c corev1.Container, sc *runtimeapi.LinuxContainerSecurityContext) error {
+	nonRoot := false
+	if psc := pod.Spec.SecurityContext; psc != nil && psc.RunAsNonRoot != nil {
+		nonRoot = *psc.RunAsNonRoot
+	}
+	explicit := pod.Spec.SecurityContext != nil && pod.Spec.SecurityContext.RunAsUser != nil
+	if csc := c.SecurityContext; csc != nil {
+		if csc.RunAsNonRoot != nil {
+			nonRoot = *csc.RunAsNonRoot
+		}
+		explicit = explicit || csc.RunAsUser != nil
+	}
+	if !nonRoot {
+		return nil
+	}
+	who := fmt.Sprintf("(pod: %q, container: %s)", pod.Name+"_"+pod.Namespace+"("+string(pod.UID)+")", c.Name)
+	switch {
+	case explicit && sc.RunAsUser != nil && sc.RunAsUser.Value == 0:
+		return fmt.Errorf("container's runAsUser breaks non-root policy %s", who)
+	case sc.RunAsUser != nil && sc.RunAsUser.Value == 0:
+		return fmt.Errorf("container has runAsNonRoot and image will run as root %s", who)
+	case sc.RunAsUser == nil && sc.RunAsUsername != "":
+		return fmt.Errorf("container has runAsNonRoot and image has non-numeric user (%s), cannot verify user is non-root %s", sc.RunAsUsername, who)
+	}
+	return nil
 }

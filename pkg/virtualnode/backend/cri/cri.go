@@ -99,6 +99,11 @@ type Config struct {
 	// at the same path. Empty means LogDir (the log directories are
 	// named <ns>_<name>_<uid>, so the two never meet).
 	PodDir string
+	// SeccompDir holds the Localhost seccomp profiles pods name
+	// (securityContext.seccompProfile.localhostProfile is a path below
+	// it); empty means seccomp/ beside PodDir (the kubelet's
+	// <root-dir>/seccomp).
+	SeccompDir string
 	// ClusterDNS are the cluster DNS servers of ClusterFirst pods (the
 	// kubelet's --cluster-dns); without any such pods use the node's
 	// resolver configuration, with a MissingClusterDNS event.
