@@ -2,6 +2,8 @@ package virtualnode
 
 import (
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -62,4 +64,56 @@ func checkPredicates(pod *corev1.Pod, node *corev1.Node, own []corev1.Taint, hos
 		}
 	}
 	return nil
+}
+
+// reasonAppArmor is the kubelet's reason for a pod whose AppArmor profile
+// cannot be enforced (lifecycle.AppArmorNotAdmittedReason).
+const reasonAppArmor = "AppArmor"
+
+// appArmorEnabledFile says whether the kernel enforces AppArmor.
+var appArmorEnabledFile = "/sys/module/apparmor/parameters/enabled"
+
+// checkAppArmor is the kubelet's AppArmor admission: a pod that asks for a
+// profile other than Unconfined is refused, with the kubelet's message,
+// where the host does not enforce AppArmor, and always on a backend that
+// runs containers as host processes (nothing would apply the profile); a
+// Localhost profile needs a name.
+func checkAppArmor(pod *corev1.Pod, hostProcesses bool) string {
+	required := false
+	var profiles []*corev1.AppArmorProfile
+	if psc := pod.Spec.SecurityContext; psc != nil && psc.AppArmorProfile != nil {
+		profiles = append(profiles, psc.AppArmorProfile)
+	}
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			if sc := cs[i].SecurityContext; sc != nil && sc.AppArmorProfile != nil {
+				profiles = append(profiles, sc.AppArmorProfile)
+			}
+		}
+	}
+	for _, p := range profiles {
+		if p.Type != corev1.AppArmorProfileTypeUnconfined {
+			required = true
+		}
+	}
+	if !required {
+		return ""
+	}
+	switch {
+	case hostProcesses:
+		return "Cannot enforce AppArmor: this node runs containers as host processes"
+	case !appArmorEnabled():
+		return "Cannot enforce AppArmor: AppArmor is not enabled on the host"
+	}
+	for _, p := range profiles {
+		if p.Type == corev1.AppArmorProfileTypeLocalhost && (p.LocalhostProfile == nil || strings.TrimSpace(*p.LocalhostProfile) == "") {
+			return fmt.Sprintf("Cannot enforce AppArmor: invalid empty AppArmor profile name: %q", p)
+		}
+	}
+	return ""
+}
+
+func appArmorEnabled() bool {
+	b, err := os.ReadFile(appArmorEnabledFile)
+	return err == nil && strings.HasPrefix(string(b), "Y")
 }

@@ -1,6 +1,9 @@
 package virtualnode
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -63,5 +66,43 @@ func TestCheckPredicates(t *testing.T) {
 	f := checkPredicates(pod(nil), evicting, nil, false)
 	if want := "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"; f == nil || f.message() != want {
 		t.Errorf("message %v, want %q (the kubelet's)", f, want)
+	}
+}
+
+// TestCheckAppArmor: a pod asking for an AppArmor profile is refused with
+// the kubelet's message where the host does not enforce AppArmor and on a
+// host-process node; Unconfined asks for nothing.
+func TestCheckAppArmor(t *testing.T) { //nolint:paralleltest // sets appArmorEnabledFile
+	enabled := filepath.Join(t.TempDir(), "enabled")
+	old := appArmorEnabledFile
+	appArmorEnabledFile = enabled
+	t.Cleanup(func() { appArmorEnabledFile = old })
+	withProfile := func(p corev1.AppArmorProfileType) *corev1.Pod {
+		return &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app",
+			SecurityContext: &corev1.SecurityContext{AppArmorProfile: &corev1.AppArmorProfile{Type: p}}}}}}
+	}
+	for _, tc := range []struct {
+		host    string
+		pod     *corev1.Pod
+		hostPro bool
+		want    string
+	}{
+		{"N", withProfile(corev1.AppArmorProfileTypeRuntimeDefault), false, "Cannot enforce AppArmor: AppArmor is not enabled on the host"},
+		{"", withProfile(corev1.AppArmorProfileTypeRuntimeDefault), false, "Cannot enforce AppArmor: AppArmor is not enabled on the host"},
+		{"Y", withProfile(corev1.AppArmorProfileTypeRuntimeDefault), false, ""},
+		{"Y", withProfile(corev1.AppArmorProfileTypeRuntimeDefault), true, "Cannot enforce AppArmor: this node runs containers as host processes"},
+		{"Y", withProfile(corev1.AppArmorProfileTypeLocalhost), false, "Cannot enforce AppArmor: invalid empty AppArmor profile name"},
+		{"N", withProfile(corev1.AppArmorProfileTypeUnconfined), true, ""},
+		{"N", &corev1.Pod{}, false, ""},
+	} {
+		_ = os.Remove(enabled)
+		if tc.host != "" {
+			if err := os.WriteFile(enabled, []byte(tc.host+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := checkAppArmor(tc.pod, tc.hostPro); !strings.HasPrefix(got, tc.want) || (tc.want == "" && got != "") {
+			t.Errorf("host %q, host processes %v: %q, want %q", tc.host, tc.hostPro, got, tc.want)
+		}
 	}
 }

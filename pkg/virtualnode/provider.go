@@ -302,6 +302,10 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 			return nil
 		}
 	}
+	if msg := checkAppArmor(pod, p.hostProcesses); msg != "" {
+		p.reject(pod, reasonAppArmor, msg)
+		return nil
+	}
 	if _, err := p.mgr.Admit(ctx, p.withClaimStatus(pod)); err != nil {
 		var ae *devicemanager.AdmissionError
 		if !errors.As(err, &ae) {

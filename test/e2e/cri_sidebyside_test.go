@@ -112,7 +112,9 @@ func runView(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name
 // did not create), both with the generic plugin serving /dev/zero as
 // /dev/dpkit-zero with a variable. The containers see the same
 // environment (but ignoredEnv), the same device nodes, and the same mount
-// points (/proc and /sys masked and read-only alike).
+// points (/proc and /sys masked and read-only alike). Then pods asking
+// for seccomp, AppArmor (refused where the host has none), runAsNonRoot
+// with an image that runs as root, and a subPath end the same way on both.
 func TestCRISideBySideWithKubelet(t *testing.T) {
 	cp, n := realNode.Get(t)
 	ctx := testContext(t)
@@ -182,4 +184,85 @@ spec:
 	if len(onlyKubelet) > 0 {
 		t.Errorf("mount points only the kubelet's container has: %q", onlyKubelet)
 	}
+
+	// Security fields: the same outcome on both nodes.
+	for _, sp := range securityPods() {
+		k := securityOutcome(t, ctx, c, ns, "k-"+sp.name, n.Name, res, sp.edit)
+		v := securityOutcome(t, ctx, c, ns, "v-"+sp.name, vn, res, sp.edit)
+		t.Logf("%s: kubelet %q, dpkit %q", sp.name, k, v)
+		if k != v {
+			t.Errorf("%s: the kubelet's pod %q, dpkit's %q", sp.name, k, v)
+		}
+	}
+}
+
+// securityPod is a change to the view pod that asks for a security
+// feature.
+type securityPod struct {
+	name string
+	edit func(*corev1.Pod)
+}
+
+func securityPods() []securityPod {
+	return []securityPod{
+		{"seccomp", func(p *corev1.Pod) {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+		}},
+		{"apparmor", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeRuntimeDefault}}
+		}},
+		{"nonroot", func(p *corev1.Pod) {
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr(true)}
+		}},
+		{"subpath", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/data", SubPath: "sub/dir"}}
+		}},
+	}
+}
+
+// securityOutcome runs the view pod, changed by edit, on node and returns
+// how it ended up: running (with /data listed among its mounts when it
+// has it), failed with its reason and message, or waiting with its
+// reason and message (the pod's own name cut from it).
+func securityOutcome(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name, node string, res corev1.ResourceName, edit func(*corev1.Pod)) string {
+	t.Helper()
+	p := viewPod(ns, name, node, res)
+	p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	edit(p)
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePodAndWait(t, c, ns, name) })
+	var out string
+	waitPod(t, ctx, c, ns, name, "running, failed or waiting for a reason", func(p *corev1.Pod) bool {
+		switch {
+		case p.Status.Phase == corev1.PodFailed:
+			out = "Failed " + p.Status.Reason + ": " + p.Status.Message
+			return true
+		case p.Status.Phase == corev1.PodRunning:
+			out = "Running"
+			return true
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
+				msg, _, _ := strings.Cut(w.Message, " (pod: ")
+				out = "Waiting " + w.Reason + ": " + msg
+				return true
+			}
+		}
+		return false
+	})
+	if out == "Running" {
+		var logs string
+		poll(t, ctx, "what pod "+name+" sees", func(ctx context.Context) (bool, string, error) {
+			b, err := c.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+			logs = string(b)
+			return err == nil && strings.Contains(logs, "--end"), logs, nil
+		})
+		if slices.Contains(parseView(t, logs).mounts, "/data") {
+			out += " with /data"
+		}
+	}
+	return out
 }
