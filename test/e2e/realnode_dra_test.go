@@ -388,6 +388,9 @@ spec:
   template:
     spec:
       hostNetwork: true
+      # Only the real node: the suite's virtual nodes are Nodes too.
+      nodeSelector:
+        kubernetes.io/hostname: `+n.Name+`
       containers:
       - name: plugin
         volumeMounts:
