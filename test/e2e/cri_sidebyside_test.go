@@ -236,11 +236,11 @@ func securityOutcome(t *testing.T, ctx context.Context, c kubernetes.Interface, 
 	t.Cleanup(func() { deletePodAndWait(t, c, ns, name) })
 	var out string
 	waitPod(t, ctx, c, ns, name, "running, failed or waiting for a reason", func(p *corev1.Pod) bool {
-		switch {
-		case p.Status.Phase == corev1.PodFailed:
+		switch p.Status.Phase {
+		case corev1.PodFailed:
 			out = "Failed " + p.Status.Reason + ": " + p.Status.Message
 			return true
-		case p.Status.Phase == corev1.PodRunning:
+		case corev1.PodRunning:
 			out = "Running"
 			return true
 		}
