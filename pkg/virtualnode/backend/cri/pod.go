@@ -448,11 +448,13 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	}
 	if pr.b.cfg.PreStart != nil {
 		if err := pr.b.cfg.PreStart(ctx, pr.pod, c.spec.Name); err != nil {
+			pr.removeTerminationFiles(cfg.Mounts)
 			return &waitError{"CreateContainerConfigError", "PreStartContainer: " + err.Error()}
 		}
 	}
 	id, err := pr.b.rt.CreateContainer(pr.b.logctx(ctx), pr.sandboxID, cfg, pr.sandbox)
 	if err != nil {
+		pr.removeTerminationFiles(cfg.Mounts)
 		return &waitError{"CreateContainerError", status.Convert(err).Message()}
 	}
 	if err := pr.b.rt.StartContainer(pr.b.logctx(ctx), id); err != nil {
@@ -487,7 +489,15 @@ func (c *ctr) lastTerminated() *corev1.ContainerStateTerminated {
 	return c.lastState.Terminated
 }
 
+// removeContainer removes a dead container and its termination message
+// file. The kubelet makes that file per run and leaves it until the pod
+// goes, so a crash-looping container adds one file (of any size it
+// wrote) a restart; here the file goes with its container, and a pod
+// keeps at most the current and the previous run's.
 func (pr *podRun) removeContainer(ctx context.Context, id string) {
+	if resp, err := pr.b.rt.ContainerStatus(pr.b.logctx(ctx), id, false); err == nil && resp.Status != nil {
+		pr.removeTerminationFiles(resp.Status.Mounts)
+	}
 	if err := pr.b.rt.RemoveContainer(pr.b.logctx(ctx), id); err != nil && status.Code(err) != codes.NotFound {
 		pr.b.log.Warn("Removing a container", "pod", pr.key(), "container", id, "err", err)
 	}

@@ -83,6 +83,20 @@ func (pr *podRun) terminationMessageMount(spec *corev1.Container) (*runtimeapi.M
 	return &runtimeapi.Mount{ContainerPath: spec.TerminationMessagePath, HostPath: path}, nil
 }
 
+// removeTerminationFiles removes the termination message files among
+// mounts: those the backend made under the pod's containers directory.
+func (pr *podRun) removeTerminationFiles(mounts []*runtimeapi.Mount) {
+	base := filepath.Join(pr.podDir(), "containers")
+	for _, m := range mounts {
+		if filepath.Dir(filepath.Dir(m.HostPath)) != base {
+			continue
+		}
+		if err := os.Remove(m.HostPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			pr.b.log.Warn("Removing a termination message file", "pod", pr.key(), "path", m.HostPath, "err", err)
+		}
+	}
+}
+
 // terminationMessage is what the kubelet adds to an exited container's
 // message: the file at terminationMessagePath (its last 4 KiB), or with
 // FallbackToLogsOnError, when the container failed and wrote nothing

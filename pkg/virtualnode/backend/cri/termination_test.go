@@ -1,14 +1,20 @@
 package cri
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
 // TestTerminationMessageReadsOnlyItsFile: the termination message comes
@@ -72,5 +78,47 @@ func TestTerminationMessageReadsOnlyItsFile(t *testing.T) {
 	}
 	if got := terminationMessage(spec, status(big), dir); len(got) != maxTerminationMessageLength || !strings.HasSuffix(got, "END") {
 		t.Errorf("a 10 KB file gave %d bytes ending %q, want its last %d", len(got), got[max(0, len(got)-3):], maxTerminationMessageLength)
+	}
+}
+
+// TestTerminationFilesGoWithTheirContainers: a crash-looping container
+// leaves at most two termination message files (the current run's and
+// the previous one's), not one per restart.
+func TestTerminationFilesGoWithTheirContainers(t *testing.T) {
+	t.Parallel()
+	f := newFakeRuntime(t)
+	rec := newRecorder()
+	b := newTestBackend(t, f, rec, backend.Config{}, time.Nanosecond)
+	defer b.Close()
+	pod := testPod("crash", corev1.RestartPolicyAlways, corev1.Container{
+		Name: "app", Image: "busybox:1", ImagePullPolicy: corev1.PullIfNotPresent, TerminationMessagePath: "/dev/termination-log",
+	})
+	if err := b.CreatePod(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	const restarts = 4
+	for i := range restarts {
+		rec.wait(t, pod.UID, fmt.Sprintf("running after %d restarts", i), func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].RestartCount == int32(i) && cs[0].State.Running != nil
+		})
+		f.exit(t, "app", 1)
+	}
+	rec.wait(t, pod.UID, "running again", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].RestartCount == restarts && cs[0].State.Running != nil
+	})
+	files, err := os.ReadDir(filepath.Join(b.cfg.PodDir, string(pod.UID), "containers", "app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 {
+		t.Errorf("%d termination message files after %d restarts, want 2 (the current and the previous run's)", len(files), restarts)
+	}
+	if cfg := f.running("app"); cfg == nil || !slices.ContainsFunc(cfg.Mounts, func(m *runtimeapi.Mount) bool {
+		_, err := os.Stat(m.HostPath)
+		return m.ContainerPath == "/dev/termination-log" && err == nil
+	}) {
+		t.Error("the running container's termination message file is gone")
 	}
 }
