@@ -38,11 +38,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
 	corev1informers "k8s.io/client-go/informers/core/v1"
+	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -518,7 +520,48 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		}
 		return nil
 	})
+	if oc, ok := n.be.(backend.OrphanCleaner); ok {
+		g.Go(func() error {
+			select {
+			case <-pc.Ready():
+			case <-gctx.Done():
+				return nil
+			}
+			n.cleanupOrphans(gctx, oc, podLister)
+			return nil
+		})
+	}
 	return g.Wait()
+}
+
+// orphanCleanupInterval is how often the node looks for what pods it no
+// longer knows left on it.
+const orphanCleanupInterval = time.Minute
+
+// cleanupOrphans has the backend remove what pods neither it nor the API
+// server knows left on the node (a pod deleted while the node was down,
+// whose sandbox went too), as the kubelet's housekeeping removes orphaned
+// pod directories: once the pods are listed, then every minute.
+func (n *Node) cleanupOrphans(ctx context.Context, oc backend.OrphanCleaner, pods corev1listers.PodLister) {
+	t := time.NewTicker(orphanCleanupInterval)
+	defer t.Stop()
+	for {
+		list, err := pods.List(labels.Everything())
+		if err == nil {
+			known := make(map[types.UID]bool, len(list))
+			for _, p := range list {
+				known[p.UID] = true
+			}
+			if err := oc.CleanupOrphans(ctx, func(uid types.UID) bool { return known[uid] }); err != nil {
+				n.log.Warn("Removing what deleted pods left on the node", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {

@@ -16,6 +16,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
@@ -170,6 +171,15 @@ type PortForwarder interface {
 // StatsProvider is implemented by backends that can measure their pods.
 type StatsProvider interface {
 	PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error)
+}
+
+// OrphanCleaner is implemented by backends that keep files or mounts per
+// pod on the node. CleanupOrphans removes those of pods the backend does
+// not run and known does not report (the API server's pods of the node),
+// as the kubelet's housekeeping removes orphaned pod directories and
+// their volumes.
+type OrphanCleaner interface {
+	CleanupOrphans(ctx context.Context, known func(types.UID) bool) error
 }
 
 // Now is a metav1.Time truncated to seconds, like what the API server

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -151,6 +152,9 @@ type Backend struct {
 
 	mu   sync.Mutex
 	pods map[types.UID]*podRun
+	// forgetting are the pods Forget is removing, left alone by
+	// CleanupOrphans.
+	forgetting map[types.UID]bool
 
 	cpu cpuCache // CPU samples for usage in nano cores
 }
@@ -225,7 +229,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	b := &Backend{
 		cfg: cfg, log: log, klog: logr.FromSlogHandler(log.Handler()),
-		pods: map[types.UID]*podRun{},
+		pods: map[types.UID]*podRun{}, forgetting: map[types.UID]bool{},
 	}
 	if err := b.connect(ctx, "unix://"+path); err != nil {
 		return nil, fmt.Errorf("cri backend: no CRI v1 runtime answers on %s (is containerd or CRI-O running, with its CRI plugin enabled?): %w", cfg.Endpoint, err)
@@ -394,10 +398,18 @@ func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
 	b.mu.Lock()
 	pr := b.pods[pod.UID]
 	delete(b.pods, pod.UID)
+	if pr != nil {
+		b.forgetting[pod.UID] = true
+	}
 	b.mu.Unlock()
 	if pr == nil {
 		return nil
 	}
+	defer func() {
+		b.mu.Lock()
+		delete(b.forgetting, pod.UID)
+		b.mu.Unlock()
+	}()
 	pr.stop(0)
 	select {
 	case <-pr.done:
@@ -413,6 +425,56 @@ func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("removing the pod's directory: %w", err)
 	}
 	return nil
+}
+
+// CleanupOrphans implements backend.OrphanCleaner: the directories of
+// pods the backend does not run and known does not report, under the pod
+// and log directories, are removed, their tmpfs and subPath mounts
+// unmounted first (the kubelet's cleanupOrphanedPodDirs). A pod deleted
+// while the node was down whose sandbox is gone too left them: without
+// this its Secret volumes stayed mounted on the node.
+func (b *Backend) CleanupOrphans(_ context.Context, known func(types.UID) bool) error {
+	var errs []error
+	for _, dir := range slices.Compact([]string{b.cfg.PodDir, b.cfg.LogDir}) {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			if !e.IsDir() {
+				continue
+			}
+			// <uid> is a pod's directory, <namespace>_<name>_<uid> its
+			// logs (names and namespaces have no "_").
+			name, logs := e.Name(), false
+			if parts := strings.Split(name, "_"); len(parts) == 3 {
+				name, logs = parts[2], true
+			}
+			uid := types.UID(name)
+			if b.running(uid) || known(uid) {
+				continue
+			}
+			path := filepath.Join(dir, e.Name())
+			b.log.Info("Removing what a deleted pod left", "path", path)
+			if logs {
+				err = os.RemoveAll(path)
+			} else {
+				err = removePodDir(path)
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// running reports whether the backend runs the pod, or is removing it.
+func (b *Backend) running(uid types.UID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pods[uid] != nil || b.forgetting[uid]
 }
 
 // Pods implements backend.Backend.
