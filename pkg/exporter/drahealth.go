@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,18 @@ const DRASocketName = "dra.sock"
 // default (30 s). After it the health is Unknown, as the kubelet says.
 const DefaultDRAHealthTimeout = 30 * time.Second
 
+// DefaultDRAHealthMaxDevices is how many devices of one driver a
+// DRAHealth keeps the health of when DRAHealthConfig.MaxDevicesPerDriver
+// is 0: far more than a node has, few enough that a driver (or whatever
+// serves its socket) reporting made-up device names cannot grow the
+// exporter's memory without limit.
+const DefaultDRAHealthMaxDevices = 4096
+
+// maxDRANameLen is the longest pool or device name a DRAHealth keeps;
+// longer ones (and empty ones) are skipped. The API allows pool names of
+// a few DNS subdomains and device names of one DNS label, far shorter.
+const maxDRANameLen = 1024
+
 // DRAHealthConfig configures a DRAHealth.
 type DRAHealthConfig struct {
 	// PluginsDir is the kubelet's plugins directory
@@ -39,14 +52,22 @@ type DRAHealthConfig struct {
 	Logger *slog.Logger
 	// Clock; the real clock when nil.
 	Clock clock.PassiveClock
+	// MaxDevicesPerDriver bounds the devices of one driver whose health
+	// is kept; a report of one more forgets the device reported longest
+	// ago. 0 means DefaultDRAHealthMaxDevices.
+	MaxDevicesPerDriver int
 }
 
 // Validate reports every problem of c.
 func (c *DRAHealthConfig) Validate() error {
+	var errs []error
 	if c.PluginsDir == "" {
-		return errors.New("pluginsDir: the kubelet's plugins directory is required (/var/lib/kubelet/plugins)")
+		errs = append(errs, errors.New("pluginsDir: the kubelet's plugins directory is required (/var/lib/kubelet/plugins)"))
 	}
-	return nil
+	if c.MaxDevicesPerDriver < 0 {
+		errs = append(errs, fmt.Errorf("maxDevicesPerDriver: %d is negative; set a positive bound, or 0 for the default (%d)", c.MaxDevicesPerDriver, DefaultDRAHealthMaxDevices))
+	}
+	return errors.Join(errs...)
 }
 
 // DRAHealth is a HealthSource of DRA devices read straight from their
@@ -58,7 +79,8 @@ func (c *DRAHealthConfig) Validate() error {
 // once that is older than the report's timeout (DefaultDRAHealthTimeout
 // when it sets none) or while the driver's stream is broken, and not
 // known ("") for a driver that does not report health (Unimplemented) or
-// has not reported the device.
+// has not reported the device. It keeps at most MaxDevicesPerDriver
+// devices of a driver, those reported last.
 //
 // Each stream runs the driver's health reporting once more: dpkit's DRA
 // front and drivers on the upstream kubeletplugin helper serve any number
@@ -76,15 +98,53 @@ type DRAHealth struct {
 	drivers map[string]*driverHealth
 }
 
+// driverHealth is what a driver reported: devices finds a device's
+// entry in order, which holds the entries from the one reported last
+// (front) to the one reported longest ago (back), the one a report of a
+// device beyond the bound evicts.
 type driverHealth struct {
 	conn    *grpc.ClientConn
-	devices map[string]deviceHealth // pool/device
+	devices map[string]*list.Element // pool/device -> *deviceHealth in order
+	order   *list.List
 }
 
 type deviceHealth struct {
+	key     string // pool/device
 	health  string
 	at      time.Time
 	timeout time.Duration
+}
+
+func newDriverHealth(conn *grpc.ClientConn) *driverHealth {
+	return &driverHealth{conn: conn, devices: map[string]*list.Element{}, order: list.New()}
+}
+
+// put records v as the device's latest report, evicting the entries
+// reported longest ago while there are more than maxDevices; it returns
+// how many it evicted.
+func (dh *driverHealth) put(v deviceHealth, maxDevices int) (evicted int) {
+	if e, ok := dh.devices[v.key]; ok {
+		*e.Value.(*deviceHealth) = v
+		dh.order.MoveToFront(e)
+		return 0
+	}
+	dh.devices[v.key] = dh.order.PushFront(&v)
+	for dh.order.Len() > maxDevices {
+		oldest := dh.order.Back()
+		dh.order.Remove(oldest)
+		delete(dh.devices, oldest.Value.(*deviceHealth).key)
+		evicted++
+	}
+	return evicted
+}
+
+// get returns the device's latest report.
+func (dh *driverHealth) get(key string) (deviceHealth, bool) {
+	e, ok := dh.devices[key]
+	if !ok {
+		return deviceHealth{}, false
+	}
+	return *e.Value.(*deviceHealth), true
 }
 
 // NewDRAHealth returns a DRAHealth for cfg. Close stops its watches.
@@ -97,6 +157,9 @@ func NewDRAHealth(cfg DRAHealthConfig) (*DRAHealth, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.MaxDevicesPerDriver == 0 {
+		cfg.MaxDevicesPerDriver = DefaultDRAHealthMaxDevices
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &DRAHealth{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, ctx: ctx, cancel: cancel, drivers: map[string]*driverHealth{}}, nil
@@ -140,7 +203,7 @@ func (h *DRAHealth) Health(_ context.Context, devices []Device) (map[string]stri
 				continue
 			}
 		}
-		v, ok := dh.devices[d.Pool+"/"+d.Name]
+		v, ok := dh.get(d.Pool + "/" + d.Name)
 		if !ok {
 			continue
 		}
@@ -170,7 +233,7 @@ func (h *DRAHealth) watch(driver string) (*driverHealth, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DRA driver %s socket %s: %w", driver, socket, err)
 	}
-	dh := &driverHealth{conn: conn, devices: map[string]deviceHealth{}}
+	dh := newDriverHealth(conn)
 	h.drivers[driver] = dh
 	h.wg.Go(func() { h.run(driver, socket, dh) })
 	return dh, nil
@@ -186,17 +249,18 @@ func (h *DRAHealth) run(driver, socket string, dh *driverHealth) {
 	const minDelay, maxDelay = 100 * time.Millisecond, 5 * time.Second
 	delay := minDelay
 	for {
-		got, err := h.stream(client, driver)
+		got, err := h.stream(client, driver, log)
 		if h.ctx.Err() != nil {
 			return
 		}
 		h.mu.Lock()
-		for k, v := range dh.devices {
-			v.health, v.at = Unknown, h.clock.Now()
-			dh.devices[k] = v
+		now := h.clock.Now()
+		for e := dh.order.Front(); e != nil; e = e.Next() {
+			v := e.Value.(*deviceHealth)
+			v.health, v.at = Unknown, now
 		}
 		if status.Code(err) == codes.Unimplemented {
-			dh.devices = map[string]deviceHealth{} // and none ever again
+			dh.devices, dh.order = map[string]*list.Element{}, list.New() // and none ever again
 		}
 		h.mu.Unlock()
 		if status.Code(err) == codes.Unimplemented {
@@ -219,36 +283,53 @@ func (h *DRAHealth) run(driver, socket string, dh *driverHealth) {
 }
 
 // stream reads one health stream of driver to its end; got tells whether
-// it delivered a report.
-func (h *DRAHealth) stream(client drahealthv1.DRAResourceHealthClient, driver string) (got bool, err error) {
+// it delivered a report. The first report of the stream that evicts
+// devices or has names that are skipped is logged; later ones are not, so
+// that a driver that reports too much cannot flood the log either.
+func (h *DRAHealth) stream(client drahealthv1.DRAResourceHealthClient, driver string, log *slog.Logger) (got bool, err error) {
 	s, err := client.NodeWatchResources(h.ctx, &drahealthv1.NodeWatchResourcesRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return false, err
 	}
+	warned := false
 	for {
 		resp, err := s.Recv()
 		if err != nil {
 			return got, err
 		}
 		got = true
-		h.record(driver, resp)
+		evicted, skipped := h.record(driver, resp)
+		if (evicted > 0 || skipped > 0) && !warned {
+			warned = true
+			log.Warn("The DRA driver reports more devices than the exporter keeps, or unusable names: the devices reported longest ago are forgotten and those names skipped; logged once per stream",
+				"maxDevicesPerDriver", h.cfg.MaxDevicesPerDriver, "evicted", evicted, "skipped", skipped, "maxNameBytes", maxDRANameLen)
+		}
 	}
 }
 
-func (h *DRAHealth) record(driver string, resp *drahealthv1.NodeWatchResourcesResponse) {
+// record keeps the health resp reports of driver's devices; it returns
+// how many devices it evicted to stay within the bound and how many
+// entries it skipped for their names.
+func (h *DRAHealth) record(driver string, resp *drahealthv1.NodeWatchResourcesResponse) (evicted, skipped int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	dh := h.drivers[driver]
 	now := h.clock.Now()
 	for _, d := range resp.GetDevices() {
+		pool, name := d.GetDevice().GetPoolName(), d.GetDevice().GetDeviceName()
+		if pool == "" || name == "" || len(pool) > maxDRANameLen || len(name) > maxDRANameLen {
+			skipped++
+			continue
+		}
 		timeout := time.Duration(d.GetHealthCheckTimeoutSeconds()) * time.Second
 		if timeout <= 0 {
 			timeout = DefaultDRAHealthTimeout
 		}
-		dh.devices[d.GetDevice().GetPoolName()+"/"+d.GetDevice().GetDeviceName()] = deviceHealth{
-			health: draHealthName(d.GetHealth()), at: now, timeout: timeout,
-		}
+		evicted += dh.put(deviceHealth{
+			key: pool + "/" + name, health: draHealthName(d.GetHealth()), at: now, timeout: timeout,
+		}, h.cfg.MaxDevicesPerDriver)
 	}
+	return evicted, skipped
 }
 
 func draHealthName(s drahealthv1.HealthStatus) string {

@@ -1,10 +1,14 @@
 package exporter
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -179,4 +183,145 @@ dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device=
 	if _, err := h.Health(context.Background(), []Device{{Driver: "../x", Pool: "p", Name: "d"}}); err == nil {
 		t.Error("a driver name with a path in it was read")
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger writes on one goroutine while
+// the test reads it on another.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestDRAHealthBounded keeps at most MaxDevicesPerDriver devices of a
+// driver, those reported last: a driver (or whatever serves its socket)
+// that reports ever new device names cannot grow the exporter's memory
+// without limit. Names empty or longer than 1024 bytes are skipped, and
+// the driver is named once per stream in a WARN, not once per device.
+func TestDRAHealthBounded(t *testing.T) {
+	t.Parallel()
+	const driver, bound, extra = "many.dpkit.io", 5, 7
+	dir := t.TempDir()
+	drv := &healthDriver{reports: make(chan *drahealthv1.NodeWatchResourcesResponse), opened: make(chan struct{}, 10)}
+	serveDriver(t, dir, driver, drv)
+	logs := &lockedBuffer{}
+	h, err := NewDRAHealth(DRAHealthConfig{
+		PluginsDir: dir, MaxDevicesPerDriver: bound,
+		Clock: clocktesting.NewFakeClock(time.Unix(1000, 0)), Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	dev := func(i int) Device {
+		name := fmt.Sprintf("dev-%d", i)
+		return Device{Driver: driver, Pool: "node-1", Name: name, ID: driver + "/node-1/" + name}
+	}
+	known := func(t *testing.T, i int, want string) {
+		t.Helper()
+		got, err := h.Health(t.Context(), []Device{dev(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[dev(i).ID] != want {
+			t.Errorf("%s: %q, want %q", dev(i).ID, got[dev(i).ID], want)
+		}
+	}
+	kept := func() int {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		dh := h.drivers[driver]
+		if len(dh.devices) != dh.order.Len() {
+			t.Errorf("%d devices in the map, %d in the order", len(dh.devices), dh.order.Len())
+		}
+		return len(dh.devices)
+	}
+
+	if _, err := h.Health(t.Context(), []Device{dev(0)}); err != nil {
+		t.Fatal(err)
+	}
+	<-drv.opened
+	// dev-0 to dev-(bound-1), then dev-0 again: it is now the newest.
+	for i := range bound {
+		drv.reports <- report("node-1", fmt.Sprintf("dev-%d", i), drahealthv1.HealthStatus_HEALTHY, 0)
+	}
+	drv.reports <- report("node-1", "dev-0", drahealthv1.HealthStatus_UNHEALTHY, 0)
+	healthBecomes(t, h, dev(0), Unhealthy)
+	if n := kept(); n != bound {
+		t.Fatalf("%d devices reported: %d kept", bound, n)
+	}
+	// One more: the one reported longest ago goes, dev-1, not dev-0.
+	drv.reports <- report("node-1", fmt.Sprintf("dev-%d", bound), drahealthv1.HealthStatus_HEALTHY, 0)
+	healthBecomes(t, h, dev(bound), Healthy)
+	known(t, 0, Unhealthy)
+	known(t, 1, "")
+	// extra in all, one report each: the newest bound are kept.
+	last := bound + extra - 1
+	for i := bound + 1; i <= last; i++ {
+		drv.reports <- report("node-1", fmt.Sprintf("dev-%d", i), drahealthv1.HealthStatus_HEALTHY, 0)
+	}
+	healthBecomes(t, h, dev(last), Healthy)
+	if n := kept(); n != bound {
+		t.Errorf("%d devices reported: %d kept, want %d", bound+extra, n, bound)
+	}
+	for i := 0; i <= last; i++ {
+		if i > last-bound {
+			known(t, i, Healthy)
+		} else {
+			known(t, i, "")
+		}
+	}
+
+	// Names empty or too long are skipped; the bound still holds.
+	long := strings.Repeat("x", 1025)
+	drv.reports <- &drahealthv1.NodeWatchResourcesResponse{Devices: []*drahealthv1.DeviceHealth{
+		{Device: &drahealthv1.DeviceIdentifier{PoolName: "", DeviceName: "d"}, Health: drahealthv1.HealthStatus_HEALTHY},
+		{Device: &drahealthv1.DeviceIdentifier{PoolName: "p", DeviceName: ""}, Health: drahealthv1.HealthStatus_HEALTHY},
+		{Device: &drahealthv1.DeviceIdentifier{PoolName: long, DeviceName: "d"}, Health: drahealthv1.HealthStatus_HEALTHY},
+		{Device: &drahealthv1.DeviceIdentifier{PoolName: "p", DeviceName: long}, Health: drahealthv1.HealthStatus_HEALTHY},
+	}}
+	// A report of a kept device: the WARN of the reports before it is
+	// written once it is read.
+	drv.reports <- report("node-1", fmt.Sprintf("dev-%d", last), drahealthv1.HealthStatus_UNHEALTHY, 0)
+	healthBecomes(t, h, dev(last), Unhealthy)
+	for _, d := range []Device{
+		{Driver: driver, Pool: "", Name: "d", ID: "a"}, {Driver: driver, Pool: "p", Name: "", ID: "b"},
+		{Driver: driver, Pool: long, Name: "d", ID: "c"}, {Driver: driver, Pool: "p", Name: long, ID: "d"},
+	} {
+		if got, _ := h.Health(t.Context(), []Device{d}); len(got) != 0 {
+			t.Errorf("a device named %.10q/%.10q: %v, want nothing", d.Pool, d.Name, got)
+		}
+	}
+	if n := kept(); n != bound {
+		t.Errorf("after names skipped: %d kept, want %d", n, bound)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d WARN lines, want 1 for the stream:\n%s", n, logs)
+	}
+	if l := logs.String(); !strings.Contains(l, "driver="+driver) || !strings.Contains(l, fmt.Sprintf("maxDevicesPerDriver=%d", bound)) {
+		t.Errorf("the WARN names neither the driver nor the bound:\n%s", l)
+	}
+
+	if _, err := NewDRAHealth(DRAHealthConfig{PluginsDir: dir, MaxDevicesPerDriver: -1}); err == nil || !strings.Contains(err.Error(), "maxDevicesPerDriver") {
+		t.Errorf("a negative bound: %v", err)
+	}
+	h0, err := NewDRAHealth(DRAHealthConfig{PluginsDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h0.cfg.MaxDevicesPerDriver != DefaultDRAHealthMaxDevices {
+		t.Errorf("bound 0: %d, want the default %d", h0.cfg.MaxDevicesPerDriver, DefaultDRAHealthMaxDevices)
+	}
+	_ = h0.Close()
 }
