@@ -69,6 +69,10 @@ type Options struct {
 	ClusterDNS    []string
 	ClusterDomain string
 	ResolvConf    string
+	// SyncFrequency is how often the cri backend writes the pods'
+	// ConfigMap, Secret, downward API and token volumes again, as the
+	// kubelet's --sync-frequency; 0 is the kubelet's default, 1m.
+	SyncFrequency time.Duration
 	// LogMaxSize and LogMaxFiles rotate the process backend's container
 	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
 	LogMaxSize  resource.Quantity
@@ -122,6 +126,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DRAWipingDelay < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("draWipingDelay"), o.DRAWipingDelay.String(), "must not be negative; leave it zero for the kubelet's 30s"))
+	}
+	if o.SyncFrequency < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--sync-frequency"), o.SyncFrequency.String(), "must not be negative; leave it zero for the kubelet's 1m"))
 	}
 	if o.Count < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
@@ -289,6 +296,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			return cri.New(ctx, cri.Config{
 				Config: c, Endpoint: o.CRIEndpoint, Node: name, LogDir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
 				ClusterDNS: o.ClusterDNS, ClusterDomain: o.ClusterDomain, ResolvConf: o.ResolvConf,
+				VolumeResync: o.SyncFrequency,
 			})
 		}
 	default:

@@ -91,6 +91,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.IntVar(&o.Burst, "burst", 100, "API client burst (and the review limiters')")
 	f.DurationVar(&o.SimStart, "sim-start-delay", 0, "sim backend: how long pods stay Pending before running")
 	f.DurationVar(&o.SimRun, "sim-run-duration", 0, "sim backend: how long containers run before exiting 0 (0: until deleted)")
+	f.DurationVar(&o.SyncFrequency, "sync-frequency", cri.DefaultVolumeResync, "cri backend: how often ConfigMap, Secret, downward API and token volumes are written again (the kubelet's --sync-frequency)")
 	f.DurationVar(&o.BackoffStart, "restart-backoff", process.DefaultBackoffInitial, "process and cri backends: first restart back-off (doubles up to 5m)")
 	o.LogMaxSize = *resource.NewQuantity(process.DefaultContainerLogMaxSize, resource.BinarySI)
 	f.Var(&quantityFlag{&o.LogMaxSize}, "container-log-max-size", "process backend: rotate a container's log file at this size (like the kubelet's containerLogMaxSize)")
