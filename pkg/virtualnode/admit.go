@@ -117,3 +117,148 @@ func appArmorEnabled() bool {
 	b, err := os.ReadFile(appArmorEnabledFile)
 	return err == nil && strings.HasPrefix(string(b), "Y")
 }
+
+// reasonSecurityContext is the reason of a pod refused by a node that runs
+// containers as host processes for a security field it cannot apply.
+const reasonSecurityContext = "SecurityContext"
+
+// checkHostProcessSecurity returns the first security field of pod that a
+// node running containers as host processes cannot apply, as its path, and
+// the message refusing the pod; "" when there is none. The rule of the
+// node is the kubelet's: a field is applied or the pod does not run.
+// A host process has no seccomp filter, SELinux label, runtime class, user
+// namespace, read-only root, no_new_privs bit, added capabilities or
+// masked /proc. Pod-level fields come first, then the init, app and
+// ephemeral containers in order; within each, the order of the checks
+// below, so the same pod always names the same field. AppArmor has its
+// own check with the kubelet's reason (checkAppArmor); runAsUser,
+// runAsGroup, supplementalGroups and runAsNonRoot the backend applies.
+//
+// capabilities.drop is refused too, whoever the container runs as. As
+// root, the process holds the node's capabilities. As another user, it
+// starts with none, but the backend leaves the capability bounding set as
+// the node's and no_new_privs unset: a setuid-root or file-capability
+// program on the host (ping, mount, sudo) gives the capability back. A
+// runtime drops it from the bounding set, so that no program in the
+// container can regain it; that is what the field asks for.
+func checkHostProcessSecurity(pod *corev1.Pod) (field, msg string) {
+	if f, v := podSecurityField(&pod.Spec); f != "" {
+		return f, hostProcessMessage(f, v, "")
+	}
+	var scs []*corev1.SecurityContext
+	var paths []string
+	for i := range pod.Spec.InitContainers {
+		scs = append(scs, pod.Spec.InitContainers[i].SecurityContext)
+		paths = append(paths, fmt.Sprintf("spec.initContainers[%d].securityContext", i))
+	}
+	for i := range pod.Spec.Containers {
+		scs = append(scs, pod.Spec.Containers[i].SecurityContext)
+		paths = append(paths, fmt.Sprintf("spec.containers[%d].securityContext", i))
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		scs = append(scs, pod.Spec.EphemeralContainers[i].SecurityContext)
+		paths = append(paths, fmt.Sprintf("spec.ephemeralContainers[%d].securityContext", i))
+	}
+	for i, sc := range scs {
+		if f, v, why := containerSecurityField(sc); f != "" {
+			field = paths[i] + "." + f
+			return field, hostProcessMessage(field, v, why)
+		}
+	}
+	return "", ""
+}
+
+// hostProcessMessage refuses the field at path, set to value, on a node
+// that runs containers as host processes; why says more where the reason
+// is not plain.
+func hostProcessMessage(path, value, why string) string {
+	return fmt.Sprintf("Cannot enforce %s (%s): this node runs containers as host processes%s; run the pod on a node with a container runtime (dpkit node --backend cri) or remove the field", path, value, why)
+}
+
+// podSecurityField returns the first pod-level field of spec that a host
+// process cannot have, with its value.
+func podSecurityField(spec *corev1.PodSpec) (field, value string) {
+	if psc := spec.SecurityContext; psc != nil {
+		if v := seccompValue(psc.SeccompProfile); v != "" {
+			return "spec.securityContext.seccompProfile", v
+		}
+		if v := seLinuxValue(psc.SELinuxOptions); v != "" {
+			return "spec.securityContext.seLinuxOptions", v
+		}
+	}
+	if spec.RuntimeClassName != nil && *spec.RuntimeClassName != "" {
+		return "spec.runtimeClassName", *spec.RuntimeClassName
+	}
+	if spec.HostUsers != nil && !*spec.HostUsers {
+		return "spec.hostUsers", "false"
+	}
+	return "", ""
+}
+
+// containerSecurityField returns the first field of a container's
+// securityContext that a host process cannot have, relative to it, with
+// its value and, where needed, why.
+func containerSecurityField(sc *corev1.SecurityContext) (field, value, why string) {
+	if sc == nil {
+		return "", "", ""
+	}
+	if v := seccompValue(sc.SeccompProfile); v != "" {
+		return "seccompProfile", v, ""
+	}
+	if v := seLinuxValue(sc.SELinuxOptions); v != "" {
+		return "seLinuxOptions", v, ""
+	}
+	if sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		return "readOnlyRootFilesystem", "true", ", which write to the host's filesystem"
+	}
+	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
+		return "allowPrivilegeEscalation", "false", " without no_new_privs"
+	}
+	if c := sc.Capabilities; c != nil && len(c.Add) > 0 {
+		return "capabilities.add", capabilityList(c.Add), ""
+	}
+	if c := sc.Capabilities; c != nil && len(c.Drop) > 0 {
+		return "capabilities.drop", capabilityList(c.Drop),
+			" with the node's capability bounding set, whatever user they run as: a setuid or file-capability program gives a dropped capability back"
+	}
+	if sc.ProcMount != nil && *sc.ProcMount == corev1.UnmaskedProcMount {
+		return "procMount", string(corev1.UnmaskedProcMount), ""
+	}
+	return "", "", ""
+}
+
+// seccompValue describes a profile a host process cannot have, "" for none
+// or Unconfined.
+func seccompValue(p *corev1.SeccompProfile) string {
+	switch {
+	case p == nil, p.Type == corev1.SeccompProfileTypeUnconfined:
+		return ""
+	case p.Type == corev1.SeccompProfileTypeLocalhost && p.LocalhostProfile != nil:
+		return string(p.Type) + " " + *p.LocalhostProfile
+	case p.Type == "":
+		return "no type"
+	}
+	return string(p.Type)
+}
+
+// seLinuxValue describes the options' set fields, "" when none is set.
+func seLinuxValue(o *corev1.SELinuxOptions) string {
+	if o == nil {
+		return ""
+	}
+	var set []string
+	for _, f := range []struct{ name, value string }{{"user", o.User}, {"role", o.Role}, {"type", o.Type}, {"level", o.Level}} {
+		if f.value != "" {
+			set = append(set, f.name+" "+f.value)
+		}
+	}
+	return strings.Join(set, ", ")
+}
+
+func capabilityList(cs []corev1.Capability) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = string(c)
+	}
+	return strings.Join(s, ", ")
+}

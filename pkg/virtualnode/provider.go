@@ -62,7 +62,7 @@ type provider struct {
 	node func() *corev1.Node
 	// ownTaints are the taints the node registers with, and hostProcesses
 	// says its backend runs containers as host processes: see
-	// checkPredicates.
+	// checkPredicates, checkAppArmor and checkHostProcessSecurity.
 	ownTaints     []corev1.Taint
 	hostProcesses bool
 
@@ -285,8 +285,11 @@ func (p *provider) adopt(pods []*corev1.Pod) {
 // CreatePod admits the pod's device requests, prepares its ResourceClaims
 // and hands it to the backend. A pod the device manager rejects is marked
 // Failed with the kubelet's reason and message, and a Warning event
-// records it, as the kubelet's rejectPod does. A pod whose claims cannot
-// be prepared waits, Pending (startWithClaims).
+// records it, as the kubelet's rejectPod does; so is a pod that fails the
+// kubelet's predicates or AppArmor check, or, on a node that runs
+// containers as host processes, sets a security field such a node cannot
+// apply (checkHostProcessSecurity). A pod whose claims cannot be prepared
+// waits, Pending (startWithClaims).
 func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err := p.dropReplaced(ctx, pod); err != nil {
 		return err
@@ -305,6 +308,12 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if msg := checkAppArmor(pod, p.hostProcesses); msg != "" {
 		p.reject(pod, reasonAppArmor, msg)
 		return nil
+	}
+	if p.hostProcesses {
+		if _, msg := checkHostProcessSecurity(pod); msg != "" {
+			p.reject(pod, reasonSecurityContext, msg)
+			return nil
+		}
 	}
 	if _, err := p.mgr.Admit(ctx, p.withClaimStatus(pod)); err != nil {
 		var ae *devicemanager.AdmissionError

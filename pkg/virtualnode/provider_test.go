@@ -127,6 +127,81 @@ func TestCreatePodRejected(t *testing.T) {
 	}
 }
 
+// TestCreatePodHostProcessSecurity checks a node that runs containers as
+// host processes refuses a pod asking for a security field it cannot
+// apply as it refuses any pod at admission: phase Failed, reason
+// SecurityContext, the message naming the field, a Warning event, and
+// the backend never gets the pod. The same pod runs on a node with a
+// runtime, and a pod without such a field on the host-process node.
+func TestCreatePodHostProcessSecurity(t *testing.T) {
+	ctx, _, p := startProvider(t, shortRoot(t))
+	sb := sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})
+	p.be = sb
+	rec := record.NewFakeRecorder(10)
+	p.recorder = rec
+	p.hostProcesses = true
+	newPod := func(name string, sc *corev1.SecurityContext) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name)},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyAlways, Containers: []corev1.Container{
+				{Name: "side"}, {Name: "app", SecurityContext: sc},
+			}},
+			Status: corev1.PodStatus{Phase: corev1.PodPending, QOSClass: corev1.PodQOSBestEffort},
+		}
+	}
+	seccomp := &corev1.SecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+
+	if err := p.CreatePod(ctx, newPod("restricted", seccomp)); err != nil {
+		t.Fatalf("CreatePod: %v", err)
+	}
+	const msg = "Cannot enforce spec.containers[1].securityContext.seccompProfile (RuntimeDefault): this node runs containers as host processes; run the pod on a node with a container runtime (dpkit node --backend cri) or remove the field"
+	got, err := p.GetPod(ctx, "ns", "restricted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := got.Status
+	want := corev1.PodStatus{Phase: corev1.PodFailed, Reason: reasonSecurityContext, Message: "Pod was rejected: " + msg, QOSClass: corev1.PodQOSBestEffort}
+	if st.Phase != want.Phase || st.Reason != want.Reason || st.Message != want.Message || st.QOSClass != want.QOSClass || len(st.ContainerStatuses) != 0 {
+		t.Errorf("refused pod status %+v, want %+v", st, want)
+	}
+	select {
+	case ev := <-rec.Events:
+		if ev != "Warning SecurityContext "+msg {
+			t.Errorf("event %q, want the Warning SecurityContext with the message", ev)
+		}
+	default:
+		t.Error("no event recorded for the refused pod")
+	}
+	if pods := sb.Pods(); len(pods) != 0 {
+		t.Errorf("the backend got %d pods, want none", len(pods))
+	}
+	if active := p.pods.GetActivePods(); len(active) != 0 {
+		t.Errorf("%d active pods, want none", len(active))
+	}
+
+	// Without such a field the pod runs on the host-process node.
+	if err := p.CreatePod(ctx, newPod("plain", &corev1.SecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}})); err != nil {
+		t.Fatal(err)
+	}
+	// With a runtime, the same restricted pod reaches the backend.
+	p.hostProcesses = false
+	if err := p.CreatePod(ctx, newPod("restricted-cri", seccomp)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"plain", "restricted-cri"} {
+		got, err := p.GetPod(ctx, "ns", name)
+		if err != nil {
+			t.Fatalf("pod %s: %v", name, err)
+		}
+		if got.Status.Phase != corev1.PodRunning {
+			t.Errorf("pod %s %s (%s), want it Running", name, got.Status.Phase, got.Status.Message)
+		}
+	}
+	if pods := sb.Pods(); len(pods) != 2 {
+		t.Errorf("the backend got %d pods, want the 2 admitted", len(pods))
+	}
+}
+
 // TestPodReplacedBySameName checks a pod deleted from the API server and
 // created again under the same name runs again: DeletePod for a pod the
 // API server no longer has forgets it even though it was being deleted,
