@@ -284,8 +284,9 @@ func runQuietNode(t *testing.T, ctx context.Context, o noderun.Options) *virtual
 // and the node's taint, are refused as the kubelet refuses them (phase
 // Failed, the predicate as reason, an event) and their command never
 // runs: one without the node's own NoSchedule toleration, one whose
-// nodeSelector the node does not match; and once a NoExecute taint is put
-// on the Node through the API, a pod that does not tolerate it.
+// nodeSelector the node does not match, one asking for a seccomp profile
+// a host process cannot have; and once a NoExecute taint is put on the
+// Node through the API, a pod that does not tolerate it.
 func TestVirtualNodeAdmissionPredicates(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
@@ -339,6 +340,19 @@ func TestVirtualNodeAdmissionPredicates(t *testing.T) {
 	refused("wrong-zone", "NodeAffinity")
 	bound("tolerates", func(s *corev1.PodSpec) { s.Tolerations = tolerate })
 	waitPod(t, ctx, c, ns, "tolerates", "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	// A "restricted" pod: a host process cannot apply its seccomp
+	// profile, so it is refused rather than run without one.
+	bound("restricted", func(s *corev1.PodSpec) {
+		s.Tolerations = tolerate
+		s.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+	})
+	p := waitPod(t, ctx, c, ns, "restricted", "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	if p.Status.Reason != "SecurityContext" || !strings.Contains(p.Status.Message, "spec.securityContext.seccompProfile") {
+		t.Errorf("pod restricted: reason %q message %q, want SecurityContext naming spec.securityContext.seccompProfile", p.Status.Reason, p.Status.Message)
+	}
+	if _, err := os.Stat(ran + "-restricted"); err == nil {
+		t.Error("pod restricted ran its command on the host without its seccomp profile")
+	}
 
 	node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
