@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -377,5 +378,70 @@ func TestVirtualNodeAdmissionPredicates(t *testing.T) {
 		if i == 20 {
 			t.Fatal("pods not tolerating the node's new NoExecute taint are still admitted")
 		}
+	}
+}
+
+// TestRootPreparedByAnother is the attacker's shell steps against a
+// --root in a shared directory: `dpkit.lock` planted as a link to the
+// victim's file, and a root that others may write. `dpkit kubelet` and
+// `dpkit node` refuse both, naming the fix, and the victim's file is left
+// as it was (before, the lock truncated and wrote it).
+func TestRootPreparedByAnother(t *testing.T) {
+	bin := dpkitBinary(t)
+	ctx := testContext(t)
+	dir := shortTempDir(t)
+	victim := filepath.Join(dir, "bashrc")
+	if err := os.WriteFile(victim, []byte("export PATH\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	linked := filepath.Join(dir, "linked")
+	if err := os.Mkdir(linked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(linked, "dpkit.lock")); err != nil {
+		t.Fatal(err)
+	}
+	// A kubeconfig of a server that is never reached: the root is locked
+	// before the node talks to it.
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(dir, "open")
+	if err := os.Mkdir(open, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil { //nolint:gosec // the attacker's root
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"kubelet, planted lock", []string{"kubelet", "--root", linked}, "is a symbolic link, which dpkit never makes: remove it, or choose another --root"},
+		{"node, planted lock", []string{"node", "--name", "vn", "--root", linked, "--kubeconfig", kc}, "is a symbolic link"},
+		{"kubelet, open root", []string{"kubelet", "--root", open}, "may be written by group or others (mode 0777): run chmod go-w " + open},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cctx, cancel := context.WithTimeout(ctx, waitTimeout)
+			defer cancel()
+			out, err := exec.CommandContext(cctx, bin, tc.args...).CombinedOutput()
+			if err == nil || cctx.Err() != nil {
+				t.Fatalf("dpkit %s: %v, want a refusal; output:\n%s", strings.Join(tc.args, " "), err, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Errorf("dpkit %s: output %q, want %q", strings.Join(tc.args, " "), out, tc.want)
+			}
+		})
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "export PATH\n" {
+		t.Errorf("the victim's file now reads %q (%v)", b, err)
 	}
 }
