@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,8 +30,10 @@ import (
 	"k8s.io/client-go/restmapper"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/imagespec"
 	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/pkg/discovery/devfs"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/test/controlplane"
@@ -874,4 +877,94 @@ func keys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestRealNodeShippedGenericOverlay deploys deploy/overlays/generic as the
+// docs say (its own config, only the image the locally built one): every
+// resource of its config whose device nodes the host has is allocatable
+// with one ID per device and share (the plugin's container is
+// unprivileged; its device cgroup lets it open /dev/net/tun and not
+// /dev/fuse, which must not make fuse unhealthy), and a pod asking for
+// dpkit.io/fuse gets /dev/fuse.
+func TestRealNodeShippedGenericOverlay(t *testing.T) {
+	cp, n := realNode.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	importPluginImage(t, n)
+	overlay := filepath.Join("..", "..", "deploy", "overlays", "generic")
+	cfg, err := config.LoadPluginConfig(filepath.Join(overlay, "config.yaml"), "config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[corev1.ResourceName]int{}
+	for _, p := range cfg.Plugins {
+		if p.Generic == nil {
+			continue
+		}
+		for _, g := range p.Generic.Groups {
+			devices := 0
+			for _, ps := range g.Paths {
+				m, err := devfs.Glob("/dev", ps.Path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				devices += len(m)
+			}
+			if devices > 0 && len(g.USB) == 0 && len(g.PCI) == 0 {
+				want[corev1.ResourceName(p.Generic.ResourceName(g))] = devices * max(g.Count, 1)
+			}
+		}
+	}
+	if len(want) == 0 {
+		t.Skip("the host has none of the device nodes the shipped generic config names")
+	}
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, must(filepath.Abs(overlay)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(pluginImage, ":")
+	writeFile(t, filepath.Join(dir, "kustomization.yaml"), "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- "+rel+
+		"\nimages:\n- name: "+imagespec.PluginRepository+"\n  newName: "+name+"\n  newTag: "+tag+"\n")
+	d := deploymentOf(t, render(t, "kustomize", dir), "")
+	d.apply(t, ctx, cp)
+	for res, count := range want {
+		waitAllocatable(t, ctx, c, n.Name, res, strconv.Itoa(count))
+	}
+	if _, ok := want["dpkit.io/fuse"]; !ok {
+		return
+	}
+	ns := createNamespace(t, c, "realnode-fuse")
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "fuse", Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "app", Image: controlplane.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:   []string{"sh", "-c", "ls -l /dev/fuse && head -c 0 /dev/fuse && echo opened"},
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"dpkit.io/fuse": resource.MustParse("1")}},
+			}},
+		},
+	}
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			describePod(t, c, ns, pod.Name)
+		}
+		deletePodAndWait(t, c, ns, pod.Name)
+	})
+	waitPod(t, ctx, c, ns, pod.Name, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	b, err := c.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || !strings.Contains(string(b), "10, 229") || !strings.Contains(string(b), "opened") {
+		t.Errorf("the pod's log %q (%v), want /dev/fuse (10, 229) opened", b, err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

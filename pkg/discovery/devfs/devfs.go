@@ -92,6 +92,13 @@ type Node struct {
 	Char, Block, Dir bool
 	// Major and Minor are the device numbers of a char or block node.
 	Major, Minor uint32
+	// Denied reports a device node, or regular file, that this process
+	// may not read: its file mode, or the device cgroup of the container
+	// the process runs in (an unprivileged plugin container may see
+	// /dev/fuse and not open it). Err says which. It says nothing of the
+	// device: a container the device is allocated to gets access from its
+	// runtime.
+	Denied bool
 	// Err says why the node is not accessible.
 	Err error
 }
@@ -127,13 +134,17 @@ func Stat(root, hostPath string) Node {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && (n.Char || n.Block) {
 		n.Major, n.Minor = splitDev(uint64(st.Rdev))
 	}
-	if err := syscall.Access(local, 4 /* R_OK */); err != nil {
+	if err := access(local, 4 /* R_OK */); err != nil {
 		n.Err = fmt.Errorf("%s is not readable: %w", hostPath, err)
+		n.Denied = errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES)
 		return n
 	}
 	n.Accessible = true
 	return n
 }
+
+// access is syscall.Access; tests replace it.
+var access = syscall.Access
 
 // splitDev decodes a Linux dev_t.
 func splitDev(dev uint64) (major, minor uint32) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -66,6 +67,27 @@ func TestStat(t *testing.T) {
 	// A real char device: /dev/null exists on every Linux host.
 	if n := Stat("/dev", "/dev/null"); !n.Char || n.Major != 1 || n.Minor != 3 || !n.Accessible {
 		t.Errorf("Stat(/dev/null) = %+v, want char 1:3", n)
+	}
+}
+
+// TestStatDenied: a node this process may not read (the device cgroup of
+// an unprivileged container answers EPERM, a file mode EACCES) is Denied,
+// not missing: the device may be fine. Other errors are not.
+func TestStatDenied(t *testing.T) {
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "fuse"), nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func(string, uint32) error) { access = f }(access)
+	for _, tt := range []struct {
+		err    error
+		denied bool
+	}{{syscall.EPERM, true}, {syscall.EACCES, true}, {syscall.EIO, false}} {
+		access = func(string, uint32) error { return tt.err }
+		n := Stat(root, "/dev/fuse")
+		if n.Accessible || n.Denied != tt.denied || !n.Exists || !errors.Is(n.Err, tt.err) {
+			t.Errorf("access answering %v: %+v, want denied %v", tt.err, n, tt.denied)
+		}
 	}
 }
 

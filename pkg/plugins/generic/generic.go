@@ -62,6 +62,9 @@ type Plugin struct {
 	mu      sync.Mutex
 	devices map[string]*device // base ID -> device
 	cdi     plugins.CDIWriter  // when CDI is enabled
+	// denied are the device nodes this process may not open, each said
+	// once.
+	denied sync.Map
 }
 
 // device is one physical device of the group.
@@ -177,6 +180,16 @@ func (p *Plugin) watchDirs() []string {
 	return dirs
 }
 
+// noteDenied says once per node that the plugin may not open it, and
+// that its health does not depend on that.
+func (p *Plugin) noteDenied(path string, err error) {
+	if _, said := p.denied.LoadOrStore(path, true); said {
+		return
+	}
+	p.log.Info("The plugin may not open this device node; the device is healthy while its node exists, and containers it is allocated to are given access by their runtime. Nothing to fix unless the plugin itself must open it: then run the plugin privileged or with the device in its container",
+		"path", path, "err", err)
+}
+
 // discover reads the group's devices from the host.
 func (p *Plugin) discover() map[string]*device {
 	root := p.opts.DevRoot
@@ -188,6 +201,13 @@ func (p *Plugin) discover() map[string]*device {
 		d.healthy, d.reason = true, ""
 		for _, n := range d.nodes {
 			st := devfs.Stat(root, n.hostPath)
+			if st.Denied {
+				// The device is there; the plugin's own container may
+				// not open it, which the containers it is allocated to
+				// may (their runtime grants it).
+				p.noteDenied(n.hostPath, st.Err)
+				continue
+			}
 			if !st.Accessible {
 				d.healthy = false
 				d.reason = fmt.Sprint(st.Err)
