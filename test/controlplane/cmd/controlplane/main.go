@@ -65,8 +65,8 @@ func run() error {
 		if err != nil {
 			return errors.Join(err, cp.Stop())
 		}
-		fmt.Printf("NODE=%s\nKUBELET_ROOT=%s\nCONTAINERD_ADDRESS=%s\n# images: %s, %s; import more with: ctr --address $CONTAINERD_ADDRESS -n k8s.io images import FILE\n",
-			n.Name, n.KubeletRoot, n.ContainerdSocket, controlplane.PauseImage, controlplane.BusyboxImage)
+		fmt.Printf("NODE=%s\nKUBELET_ROOT=%s\nCONTAINERD_ADDRESS=%s\nCTR=%s\n# images: %s, %s; import more with: $CTR --address $CONTAINERD_ADDRESS -n k8s.io images import FILE\n",
+			n.Name, n.KubeletRoot, n.ContainerdSocket, n.Binary("ctr"), controlplane.PauseImage, controlplane.BusyboxImage)
 	}
 	fmt.Printf("# logs in %s; Ctrl-C stops it\n", cp.Dir)
 	<-ctx.Done()
