@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane -- kube-apiserver, kube-scheduler and
-# kube-controller-manager (Kubernetes v1.37.0) and etcd (v3.7.0) -- from Go
-# modules into a cache
+# kube-controller-manager (Kubernetes v1.37.0) and etcd (v3.7.0) -- and
+# kubectl v1.37.0, which the docs' recipes use, from Go modules into a cache
 # directory, or reuses the binaries already there when their versions match.
 #
 #   hack/build-controlplane.sh            build or reuse; prints the directory
@@ -32,11 +32,12 @@ log() { echo "build-controlplane: $*" >&2; }
 
 # current reports whether every binary in $out answers with the wanted version.
 current() {
-  [[ -x "$out/kube-apiserver" && -x "$out/kube-scheduler" && -x "$out/kube-controller-manager" && -x "$out/etcd" ]] || return 1
+  [[ -x "$out/kube-apiserver" && -x "$out/kube-scheduler" && -x "$out/kube-controller-manager" && -x "$out/etcd" && -x "$out/kubectl" ]] || return 1
   "$out/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
   "$out/kube-scheduler" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
   "$out/kube-controller-manager" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
   "$out/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${ETCD_VERSION#v}" || return 1
+  "$out/kubectl" version --client 2>/dev/null | grep -qx "Client Version: ${KUBE_VERSION}" || return 1
 }
 
 lock_dir "$out"
@@ -57,8 +58,9 @@ tools_build "$tmp" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kubectl \
   ./cmd/etcd
-for b in kube-apiserver kube-scheduler kube-controller-manager etcd; do
+for b in kube-apiserver kube-scheduler kube-controller-manager kubectl etcd; do
   mv -f "$tmp/$b" "$out/$b"
 done
 if ! current; then

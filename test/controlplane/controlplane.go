@@ -119,6 +119,10 @@ type ControlPlane struct {
 	// ControllerManagerURL is kube-controller-manager's secure port, or
 	// empty without one.
 	ControllerManagerURL string
+	// Kubectl is the kubectl (v1.37.0) hack/build-controlplane.sh builds
+	// beside the control plane, empty when it is not there: the docs'
+	// recipes and their tests use it.
+	Kubectl string
 
 	client    kubernetes.Interface
 	clientCA  *authority
@@ -186,6 +190,9 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		return nil, fmt.Errorf("controlplane: create directory: %w", err)
 	}
 	cp := &ControlPlane{Dir: dir, logger: logger}
+	if k := filepath.Join(opts.binDir(), "kubectl"); isExecutable(k) {
+		cp.Kubectl = k
+	}
 	defer func() {
 		if err != nil {
 			// Keep the logs the error points at when asked to.
@@ -579,6 +586,11 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, bin string, 
 	return waitFor(ctx, kcm, func(ctx context.Context) error {
 		return httpOK(ctx, insecure, cp.ControllerManagerURL+"/healthz")
 	})
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
 }
 
 // findBinaries returns the path of each binary, or an error naming the

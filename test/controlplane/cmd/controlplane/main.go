@@ -29,8 +29,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
+	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -44,6 +46,7 @@ func main() {
 func run() error {
 	scheduler := flag.Bool("scheduler", true, "also start kube-scheduler")
 	controllers := flag.Bool("controller-manager", false, "also start kube-controller-manager (implied by --node)")
+	envFile := flag.String("env-file", "", "write the export lines to this file once everything runs (for scripts: wait for it, then source it); removed on exit")
 	node := flag.Bool("node", false, "also start a real node: kubelet, containerd and runc (needs root and hack/build-node.sh)")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -59,14 +62,26 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("export KUBECONFIG=%s\nCLIENT_CA=%s\n", cp.Kubeconfig, cp.ClientCAFile)
+	env := fmt.Sprintf("export KUBECONFIG=%s\nexport CLIENT_CA=%s\n", cp.Kubeconfig, cp.ClientCAFile)
+	if cp.Kubectl != "" {
+		env += fmt.Sprintf("export PATH=%s:$PATH  # kubectl %s\n", filepath.Dir(cp.Kubectl), controlplane.Version)
+	}
 	if *node {
 		n, err := cp.StartNode(ctx, controlplane.NodeOptions{})
 		if err != nil {
 			return errors.Join(err, cp.Stop())
 		}
-		fmt.Printf("NODE=%s\nKUBELET_ROOT=%s\nCONTAINERD_ADDRESS=%s\nCTR=%s\n# images: %s, %s; import more with: $CTR --address $CONTAINERD_ADDRESS -n k8s.io images import FILE\n",
+		env += fmt.Sprintf("export NODE=%s KUBELET_ROOT=%s CONTAINERD_ADDRESS=%s CTR=%s\n# images: %s, %s; import more with: $CTR --address $CONTAINERD_ADDRESS -n k8s.io images import FILE\n",
 			n.Name, n.KubeletRoot, n.ContainerdSocket, n.Binary("ctr"), controlplane.PauseImage, controlplane.BusyboxImage)
+	}
+	fmt.Print(env)
+	if *envFile != "" {
+		// Written once everything runs, so a script may wait for it and
+		// source it; removed when the cluster stops.
+		if err := fileutil.WriteAtomic(*envFile, []byte(env), 0o600); err != nil {
+			return errors.Join(err, cp.Stop())
+		}
+		defer os.Remove(*envFile)
 	}
 	fmt.Printf("# logs in %s; Ctrl-C stops it\n", cp.Dir)
 	<-ctx.Done()
