@@ -1,6 +1,8 @@
 package deviceplugin
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -103,7 +105,7 @@ func buildSnapshot(version uint64, devs []Device) *snapshot {
 	}
 	for _, d := range devs {
 		if _, dup := s.byID[d.ID]; dup {
-			continue // the first report of an ID wins; the later ones are dropped
+			continue // checkDevices keeps lists with duplicates from getting here
 		}
 		d.NUMANodes = slices.Clone(d.NUMANodes)
 		s.byID[d.ID] = d
@@ -125,4 +127,47 @@ func buildSnapshot(version uint64, devs []Device) *snapshot {
 	}
 	s.size = proto.Size(s.msg)
 	return s
+}
+
+// maxDuplicates bounds how many duplicate IDs checkDevices names.
+const maxDuplicates = 5
+
+// checkDevices refuses a device list that names an ID more than once. The
+// kubelet keys devices by ID: of two entries for one ID it keeps the last,
+// and puts the ID in both its healthy and unhealthy sets when their health
+// differs (devicemanager genericDeviceUpdateCallback). The error names each such ID and its entries, by index, health
+// and NUMA nodes, so that the author can tell which source produced which.
+func checkDevices(devs []Device) error {
+	first := make(map[string]int, len(devs))
+	var errs []error
+	more := 0
+	for i, d := range devs {
+		j, dup := first[d.ID]
+		if !dup {
+			first[d.ID] = i
+			continue
+		}
+		if len(errs) == maxDuplicates {
+			more++
+			continue
+		}
+		errs = append(errs, fmt.Errorf("device ID %q is listed twice: devices[%d] (%s) and devices[%d] (%s); give every device its own ID",
+			d.ID, j, describeEntry(devs[j]), i, describeEntry(d)))
+	}
+	if more > 0 {
+		errs = append(errs, fmt.Errorf("and %d more entries repeat an ID listed before them", more))
+	}
+	return errors.Join(errs...)
+}
+
+// describeEntry says what distinguishes one entry of a device list.
+func describeEntry(d Device) string {
+	health := "unhealthy"
+	if d.Healthy {
+		health = "healthy"
+	}
+	if len(d.NUMANodes) == 0 {
+		return health + ", no NUMA node"
+	}
+	return fmt.Sprintf("%s, NUMA nodes %v", health, d.NUMANodes)
 }

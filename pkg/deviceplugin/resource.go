@@ -94,6 +94,9 @@ type resource struct {
 	registeredListen int
 	lastErr          error
 	onRegister       func() // called after every registration state change
+	// refused is the error of the last device list notify refused, ""
+	// once a list is accepted.
+	refused string
 }
 
 func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *resource {
@@ -144,11 +147,35 @@ func (r *resource) options() *pluginapi.DevicePluginOptions {
 	}
 }
 
-// notify is handed to Plugin.Scan.
+// notify is handed to Plugin.Scan. A list that names a device ID twice is
+// refused as a whole and logged as an error: the devices last accepted
+// stay (none, before the first list is accepted, and the first
+// registration then waits FirstScanWait as for a Scan that has not called
+// notify). notify returns nothing, so the log and the missing devices are
+// what the author sees; an unchanged refusal is logged once.
 func (r *resource) notify(devs []Device) {
+	if err := checkDevices(devs); err != nil {
+		r.mu.Lock()
+		repeated := r.refused == err.Error()
+		r.refused = err.Error()
+		r.mu.Unlock()
+		level := slog.LevelError
+		if repeated {
+			level = slog.LevelDebug
+		}
+		r.log.Log(context.Background(), level, logDevicesRefused, "err", err, "devices", len(devs))
+		return
+	}
+	r.mu.Lock()
+	r.refused = ""
+	r.mu.Unlock()
 	r.devices.update(devs)
 	r.scanOnce.Do(func() { close(r.scanned) })
 }
+
+// logDevicesRefused is the message of the error notify logs when it
+// refuses a device list. dpkit verify looks for it in a plugin's output.
+const logDevicesRefused = "Device list refused: a device ID is listed twice; the devices last accepted stay advertised"
 
 func (r *resource) snapshotChanged(s *snapshot) {
 	r.metrics.setDevices(r.name, s.healthy, s.unhealthy)

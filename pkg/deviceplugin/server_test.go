@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -694,4 +697,99 @@ func serveUntilDone(t *testing.T, cfg deviceplugin.Config) {
 			t.Error(err)
 		}
 	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A device list that names an ID twice is refused as a whole and logged
+// as an error naming the ID and both entries, once however often Scan
+// sends it. Refused first, the resource registers with no devices after
+// FirstScanWait; refused later, the devices accepted before stay.
+func TestDuplicateDeviceIDRefused(t *testing.T) {
+	dup := []deviceplugin.Device{
+		{ID: "dongle0", Healthy: true, NUMANodes: []int64{0}},
+		{ID: "dongle1", Healthy: true, NUMANodes: []int64{0}},
+		{ID: "dongle0", Healthy: true, NUMANodes: []int64{1}},
+	}
+	const wantErr = `device ID \"dongle0\" is listed twice: devices[0] (healthy, NUMA nodes [0]) and devices[2] (healthy, NUMA nodes [1]); give every device its own ID`
+	errorLines := func(log string) []string {
+		var out []string
+		for _, l := range strings.Split(log, "\n") {
+			if strings.Contains(l, "level=ERROR") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	t.Run("first list", func(t *testing.T) {
+		k := dptest.NewKubelet(t)
+		var log syncBuffer
+		p := &testPlugin{ready: make(chan struct{}), devs: dup}
+		dptest.ServeConfig(t, k, deviceplugin.Config{Logger: slog.New(slog.NewTextHandler(&log, nil)), FirstScanWait: 100 * time.Millisecond},
+			deviceplugin.Resource{Name: res, Plugin: p})
+		k.WaitForDevices(t, res, dptest.Count(0))
+		lines := errorLines(log.String())
+		if len(lines) != 1 || !strings.Contains(lines[0], "Device list refused") || !strings.Contains(lines[0], wantErr) {
+			t.Fatalf("error log lines %q, want one refusing the list with %q", lines, wantErr)
+		}
+		<-p.ready
+		p.mu.Lock()
+		p.notify(dup) // again: not logged again as an error
+		p.notify(dup[:2])
+		p.mu.Unlock()
+		k.WaitForDevices(t, res, dptest.Healthy(2))
+		if lines := errorLines(log.String()); len(lines) != 1 {
+			t.Errorf("error log lines %q, want the refusal once", lines)
+		}
+	})
+	t.Run("later list", func(t *testing.T) {
+		k := dptest.NewKubelet(t)
+		var log syncBuffer
+		p := newTestPlugin(2)
+		dptest.ServeConfig(t, k, deviceplugin.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))}, deviceplugin.Resource{Name: res, Plugin: p})
+		k.WaitForDevices(t, res, dptest.Healthy(2))
+		<-p.ready
+		p.mu.Lock()
+		p.notify(append(slices.Clone(p.devs), deviceplugin.Device{ID: "dev-2", Healthy: true}, deviceplugin.Device{ID: "dev-2", Healthy: false}))
+		p.mu.Unlock()
+		want := `device ID \"dev-2\" is listed twice: devices[2] (healthy, no NUMA node) and devices[3] (unhealthy, no NUMA node)`
+		if lines := errorLines(log.String()); len(lines) != 1 || !strings.Contains(lines[0], want) {
+			t.Fatalf("error log lines %q, want one with %q", lines, want)
+		}
+		// The refused list never replaced the accepted one: dev-2 is unknown.
+		if _, err := k.Allocate(context.Background(), res, "dev-2"); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Allocate(dev-2) after the refused list = %v, want InvalidArgument (unknown device)", err)
+		}
+	})
+}
+
+// GetDevicePluginOptions answers with the SDK's header, so that a tool
+// such as dpkit verify can word its advice for the SDK.
+func TestSDKHeader(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	dptest.Serve(t, k, deviceplugin.Resource{Name: res, Plugin: newTestPlugin(1)})
+	k.WaitForRegistration(t, res)
+	var md metadata.MD
+	if _, err := k.Client(t, res).GetDevicePluginOptions(context.Background(), &pluginapi.Empty{}, grpc.Header(&md)); err != nil {
+		t.Fatal(err)
+	}
+	if got := md.Get(deviceplugin.SDKHeader); len(got) != 1 || got[0] != "pkg/deviceplugin" {
+		t.Errorf("header %s = %q, want [pkg/deviceplugin]", deviceplugin.SDKHeader, got)
+	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"slices"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -20,7 +22,19 @@ type service struct {
 	r *resource
 }
 
-func (s service) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+// SDKHeader is the gRPC response header with which the SDK answers
+// GetDevicePluginOptions, the call the kubelet makes on every
+// registration. It tells a tool that talks to the plugin (dpkit verify)
+// that the plugin is built on this SDK, so that its advice can name the
+// SDK's calls rather than the raw gRPC API. The kubelet ignores it.
+const SDKHeader = "dpkit-sdk"
+
+// sdkHeaderValue is SDKHeader's value: the SDK's package.
+const sdkHeaderValue = "pkg/deviceplugin"
+
+func (s service) GetDevicePluginOptions(ctx context.Context, _ *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	// Best effort: an error means the call has already ended.
+	_ = grpc.SetHeader(ctx, metadata.Pairs(SDKHeader, sdkHeaderValue))
 	return s.r.options(), nil
 }
 
