@@ -14,6 +14,7 @@ const (
 	CheckOptions        = "registration.options"
 	CheckFirstMessage   = "listandwatch.first-message"
 	CheckFullList       = "listandwatch.full-list"
+	CheckVanished       = "listandwatch.vanished-devices"
 	CheckDeviceIDs      = "listandwatch.device-ids"
 	CheckStreams        = "listandwatch.concurrent-streams"
 	CheckHealth         = "listandwatch.health-updates"
@@ -22,6 +23,7 @@ const (
 	CheckUnknown        = "allocate.unknown-device"
 	CheckUnhealthy      = "allocate.unhealthy-device"
 	CheckConcurrent     = "allocate.concurrent"
+	CheckEveryDevice    = "allocate.every-device"
 	CheckPrefSize       = "preferred.size"
 	CheckPrefMust       = "preferred.must-include"
 	CheckPrefAvailable  = "preferred.available-only"
@@ -44,6 +46,12 @@ type CheckInfo struct {
 	// Fix says how to make a plugin that fails the check pass it. It is
 	// also the *Fix* of the check's section in docs/verify.md.
 	Fix string `json:"fix"`
+	// SDKFix, when set, is the fix for a plugin built on dpkit's SDK
+	// (pkg/deviceplugin), in the SDK's terms; a report gives it instead of
+	// Fix when the plugin answers with the SDK's header
+	// (deviceplugin.SDKHeader). It is also the *Fix with the dpkit SDK*
+	// of the check's section in docs/verify.md.
+	SDKFix string `json:"sdkFix,omitempty"`
 }
 
 // DocsURL is the link to the check's section in docs/verify.md. Each
@@ -63,9 +71,38 @@ func (c CheckInfo) DocsURL() string {
 	return DocsURL + "#" + anchor
 }
 
+// sdkFix returns the fix, in the SDK's terms, of a check that a plugin
+// built on dpkit's SDK can fail in a way of its own (CheckInfo.SDKFix);
+// "" for the others.
+func sdkFix(id string) string {
+	switch id {
+	case CheckFirstMessage:
+		return "call `notify`, the function `Scan` is given, with the full device list as soon as you know the devices, before waiting for changes. The SDK registers with no devices when `Scan` has not called it within `Config.FirstScanWait` (5s), and refuses a list that names a device ID twice (its error log names both entries)."
+	case CheckFullList:
+		return "keep the full device list and pass all of it, with current health, to `notify` every time: the SDK sends each stream the list `notify` was last given."
+	case CheckVanished:
+		return "each ListAndWatch response must list every device; with the SDK, pass the whole list to `notify` (the function `Scan` is given), not the changed device."
+	case CheckEveryDevice:
+		return "make your `Allocate` method work for every device `Scan` reports, alone and together with others; pass a device that cannot be used to `notify` with `Healthy: false`, and the SDK refuses it before your `Allocate` runs."
+	}
+	return ""
+}
+
+// checkText is a check's texts as the lists of checks give them.
+type checkText struct{ ID, Description, Basis, Fix string }
+
+// infos turns texts into CheckInfos, with their SDK fixes.
+func infos(texts []checkText) []CheckInfo {
+	out := make([]CheckInfo, len(texts))
+	for i, t := range texts {
+		out[i] = CheckInfo{ID: t.ID, Description: t.Description, Basis: t.Basis, Fix: t.Fix, SDKFix: sdkFix(t.ID)}
+	}
+	return out
+}
+
 // Checks returns every check in the order they are reported.
 func Checks() []CheckInfo {
-	return []CheckInfo{
+	return infos([]checkText{
 		{CheckServing, "the plugin's socket answers GetDevicePluginOptions when Register arrives",
 			"the kubelet dials the plugin and calls GetDevicePluginOptions inside Register, and refuses the registration if that fails (devicemanager plugin/v1beta1 server.go Register -> connectClient)",
 			"listen on the socket and start the gRPC server, then register. Also after a restart: re-create the socket before calling Register again."},
@@ -84,6 +121,9 @@ func Checks() []CheckInfo {
 		{CheckFullList, "every ListAndWatch message lists every device, not only the ones that changed",
 			"the kubelet replaces the resource's whole device set with each message (PluginListAndWatchReceiver -> genericDeviceUpdateCallback): a device a message leaves out is removed from the node's capacity",
 			"keep the full device list and send all of it, with current health, in every message (the dpkit SDK does: plugins report snapshots)."},
+		{CheckVanished, "no device vanishes from one ListAndWatch update to the next while the stream stays open (a warning at most)",
+			"the kubelet replaces the resource's device set with each message: a device an update leaves out is removed from the node's capacity, as if unplugged. verify cannot tell a device really removed from one left out by mistake, so it warns",
+			"each ListAndWatch response must list every device: send the full list, with current health, in every message, and leave a device out only when it is gone from the node."},
 		{CheckDeviceIDs, "device IDs have no control characters (warns on path separators)",
 			"the kubelet takes IDs as opaque strings but writes them to its checkpoint, logs and the PodResources API, and plugins and runtimes build device paths and CDI names from them; a control character (often a newline kept from a sysfs read) corrupts every one of those",
 			"trim what you read (`strings.TrimSpace`), and replace `/` in IDs you make up."},
@@ -108,6 +148,9 @@ func Checks() []CheckInfo {
 		{CheckConcurrent, "concurrent Allocate calls all succeed",
 			"the kubelet admits pods in parallel with other RPCs on the same connection",
 			"no global \"busy\" state; protect shared state with locks instead."},
+		{CheckEveryDevice, "Allocate succeeds for every healthy device alone, in pairs and all together",
+			"the kubelet may hand any healthy device the plugin lists to a container, alone or with others, and fails the pod when Allocate fails",
+			"make Allocate work for every device you list, alone and together with others; a device that cannot be used must be reported Unhealthy in ListAndWatch, not fail Allocate."},
 		{CheckPrefSize, "GetPreferredAllocation returns allocationSize IDs",
 			"the kubelet uses the answer as the allocation when it has the requested size",
 			"start from mustInclude, add from available only, stop at the size (the dpkit SDK repairs answers that break these rules)."},
@@ -141,5 +184,5 @@ func Checks() []CheckInfo {
 		{CheckSocketRemoved, "the plugin removes its socket when it exits",
 			"a stale socket makes the kubelet or the next plugin instance dial a dead endpoint (kubernetes#121994: one socket per instance)",
 			"remove your socket on SIGTERM; leave sockets that are not yours (the path may already belong to the next instance)."},
-	}
+	})
 }

@@ -73,7 +73,7 @@ func (r *runner) viewNote(res string) string {
 	}
 	msgs, _, _ := r.emu.messages(c)
 	if leftOutAny(msgs) {
-		return fmt.Sprintf(" as the kubelet sees it: a ListAndWatch message left devices out (see %s)", CheckFullList)
+		return fmt.Sprintf(" as the kubelet sees it: a ListAndWatch message left devices out (see %s and %s)", CheckFullList, CheckVanished)
 	}
 	return ""
 }
@@ -162,13 +162,37 @@ func (r *runner) checkFirstMessage(ctx context.Context) {
 			continue
 		}
 		if len(first.Devices) == 0 {
-			o.warn(res, "the first message lists no devices: the node advertises 0 %s", res)
+			o.warn(res, "the first message lists no devices: the node advertises 0 %s%s", res, r.sdkRefusal())
 			continue
 		}
 		s := stateOf(first.Devices)
 		o.pass(res, "%d devices (%d healthy) %s after registration", len(first.Devices), len(s.healthy), first.At.Sub(r.registeredAt(res)).Round(time.Millisecond))
 	}
 	r.conclude(CheckFirstMessage, o)
+}
+
+// sdkRefusedLog starts the message of the error the dpkit SDK logs when it
+// refuses a device list (pkg/deviceplugin, logDevicesRefused).
+const sdkRefusedLog = "Device list refused"
+
+// sdkRefusal returns, for a plugin built on the SDK, the last line of its
+// output in which the SDK says it refused a device list, as a note for a
+// detail; "" when there is none.
+func (r *runner) sdkRefusal() string {
+	if r.proc == nil || !r.sdk() {
+		return ""
+	}
+	lines := strings.Split(r.proc.out.String(), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], sdkRefusedLog) {
+			line := strings.TrimSpace(lines[i])
+			if len(line) > 1000 {
+				line = line[:1000] + "..."
+			}
+			return "; the plugin's output has the SDK's refusal of its list: " + line
+		}
+	}
+	return ""
 }
 
 // registeredAt returns the time of the latest accepted registration of res.
@@ -380,20 +404,31 @@ func (r *runner) allocate(ctx context.Context, c *conn, containers ...[]string) 
 	return c.Client.Allocate(cctx, req)
 }
 
+// checkAllocate decides the allocate.* checks. allocate.every-device comes
+// first: the other checks then allocate only devices that succeeded alone,
+// so that a device whose Allocate fails is one failure, of that check.
 func (r *runner) checkAllocate(ctx context.Context) {
-	resp, unknown, unhealthy, conc := r.outcome(), r.outcome(), r.outcome(), r.outcome()
+	resp, unknown, unhealthy, conc, every := r.outcome(), r.outcome(), r.outcome(), r.outcome(), r.outcome()
+	defer r.conclude(CheckEveryDevice, every)
 	for _, res := range r.resources {
 		c := r.emu.current(res)
 		st, ok := r.state(res)
 		if c == nil || !ok {
-			for _, o := range []*outcome{resp, unknown, unhealthy, conc} {
+			for _, o := range []*outcome{resp, unknown, unhealthy, conc, every} {
 				o.skip(res, "no device list; see %s", CheckFirstMessage)
 			}
 			continue
 		}
+		failedAlone := r.everyDevice(ctx, every, res, c, st.healthy)
+		// The devices as the kubelet sees them now, but those that failed
+		// alone.
+		st, _ = r.state(res)
+		st.healthy = slices.DeleteFunc(st.healthy, func(id string) bool { return failedAlone[id] })
 		// One response per container request.
-		switch n := len(st.healthy); n {
-		case 0:
+		switch n := len(st.healthy); {
+		case n == 0 && len(failedAlone) > 0:
+			resp.skip(res, "every healthy device failed Allocate alone; see %s", CheckEveryDevice)
+		case n == 0:
 			resp.skip(res, "no healthy device to allocate%s", r.viewNote(res))
 		default:
 			containers := [][]string{{st.healthy[0]}}
@@ -426,7 +461,11 @@ func (r *runner) checkAllocate(ctx context.Context) {
 			unhealthy.pass(res, "%q refused: %s", st.unhealthy[0], statusMessage(err))
 		}
 		// Concurrent calls.
-		if len(st.healthy) == 0 {
+		switch {
+		case len(st.healthy) == 0 && len(failedAlone) > 0:
+			conc.skip(res, "every healthy device failed Allocate alone; see %s", CheckEveryDevice)
+			continue
+		case len(st.healthy) == 0:
 			conc.skip(res, "no healthy device to allocate%s", r.viewNote(res))
 			continue
 		}
@@ -831,15 +870,20 @@ func (r *runner) streams(res string) []streamLog {
 // checkMessages decides the checks that look at every ListAndWatch message
 // received during the run.
 func (r *runner) checkMessages(ctx context.Context) {
-	size, full, ids := r.outcome(), r.outcome(), r.outcome()
+	size, full, vanished, ids := r.outcome(), r.outcome(), r.outcome(), r.outcome()
 	for _, res := range r.resources {
 		streams := r.streams(res)
 		r.judgeMessageSize(size, res, streams)
-		r.judgeFullList(ctx, full, res, streams)
+		if r.judgeFullList(ctx, full, res, streams) {
+			vanished.skip(res, "updates left out devices that were not removed; see %s", CheckFullList)
+		} else {
+			r.judgeVanished(vanished, res, streams)
+		}
 		judgeDeviceIDs(ids, res, streams)
 	}
 	r.conclude(CheckMessageSize, size)
 	r.conclude(CheckFullList, full)
+	r.conclude(CheckVanished, vanished)
 	r.conclude(CheckDeviceIDs, ids)
 }
 
@@ -919,10 +963,11 @@ func findPartial(streams []streamLog) (partials []partialUpdate, updates, unconf
 	return partials, updates, unconfirmed
 }
 
-// judgeFullList checks that every update is a full list. When a message
-// left devices out that no later stream confirmed, a new stream is opened
-// now: its first message tells whether they still exist.
-func (r *runner) judgeFullList(ctx context.Context, o *outcome, res string, streams []streamLog) {
+// judgeFullList checks that every update is a full list, and reports
+// whether it failed. When a message left devices out that no later stream
+// confirmed, a new stream is opened now: its first message tells whether
+// they still exist.
+func (r *runner) judgeFullList(ctx context.Context, o *outcome, res string, streams []streamLog) (failed bool) {
 	partials, updates, unconfirmed := findPartial(streams)
 	if len(partials) == 0 && unconfirmed > 0 {
 		if m, ok := r.newStreamList(ctx, res); ok {
@@ -935,10 +980,83 @@ func (r *runner) judgeFullList(ctx context.Context, o *outcome, res string, stre
 		p := partials[0]
 		o.fail(res, "%d of %d updates left out devices that were not removed; first: message %d of %s, at %s, listed %d devices and left out %d that the message before listed and a later stream still got (%s): the kubelet removes every device a message leaves out; send the full list in every message",
 			len(partials), updates, p.index, p.stream, r.since(p.at), p.listed, len(p.leftOut), quoteSome(p.leftOut, 3))
+		return true
 	case updates == 0:
 		o.skip(res, "no stream got a second message: nothing changed during the run; make a device change health and give --health-wait")
 	default:
 		o.pass(res, "%d updates on %d streams, each a full list", updates, len(streams))
+	}
+	return false
+}
+
+// vanishing is a ListAndWatch update that left out devices the message
+// before it on the same stream listed.
+type vanishing struct {
+	stream      string
+	index       int // of the message on its stream, from 1
+	at          time.Time
+	before, now int // devices listed by the message before and by this one
+	gone        []string
+	back        int // index of a later message of the stream that lists one of them again; 0 if none
+}
+
+// findVanished returns every update in streams that left out devices the
+// message before it listed, and how many updates there were. Unlike
+// findPartial it needs no later stream to confirm that the devices still
+// exist: a plugin that sends part of its list, and also keeps only that
+// part (as the SDK does with the list notify was last given), shows
+// nothing else.
+func findVanished(streams []streamLog) (out []vanishing, updates int) {
+	for _, s := range streams {
+		for i := 1; i < len(s.msgs); i++ {
+			updates++
+			gone := leftOut(s.msgs[i-1].Devices, s.msgs[i].Devices)
+			if len(gone) == 0 {
+				continue
+			}
+			v := vanishing{stream: s.name, index: i + 1, at: s.msgs[i].At, before: len(s.msgs[i-1].Devices), now: len(s.msgs[i].Devices), gone: gone}
+			for j := i + 1; j < len(s.msgs) && v.back == 0; j++ {
+				if len(leftOut(devicesWith(gone), s.msgs[j].Devices)) < len(gone) {
+					v.back = j + 1
+				}
+			}
+			out = append(out, v)
+		}
+	}
+	return out, updates
+}
+
+// devicesWith returns devices with the given IDs.
+func devicesWith(ids []string) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, len(ids))
+	for i, id := range ids {
+		out[i] = &pluginapi.Device{ID: id}
+	}
+	return out
+}
+
+// judgeVanished warns when devices vanished from one update to the next
+// on an open stream. verify cannot tell a device unplugged from one left
+// out by mistake, so it only warns, and names the devices.
+func (r *runner) judgeVanished(o *outcome, res string, streams []streamLog) {
+	found, updates := findVanished(streams)
+	switch {
+	case updates == 0:
+		o.skip(res, "no stream got a second message: nothing changed during the run; make a device change health and give --health-wait")
+	case len(found) > 0:
+		v := found[0]
+		back := "no later message listed them again"
+		if v.back > 0 {
+			back = fmt.Sprintf("message %d listed some of them again", v.back)
+		}
+		more := ""
+		if len(found) > 1 {
+			more = fmt.Sprintf(" (%d such messages on the streams verify kept open)", len(found))
+		}
+		o.warn(res, "message %d of %s, at %s, listed %s where the message before listed %d, while the stream stayed open: %d vanished (%s) and %s%s. The kubelet removed them from the node's capacity: unless they were unplugged, the plugin sent only part of its list",
+			v.index, v.stream, r.since(v.at), plural(v.now, "device"), v.before, len(v.gone), quoteSome(v.gone, 5), back, more)
+	default:
+		o.pass(res, "%d updates on %d streams; none left out a device the message before listed", updates, len(streams))
 	}
 }
 

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"errors"
+	"fmt"
 	"os/exec"
 	"reflect"
 	"slices"
@@ -182,5 +183,92 @@ func TestSameHealth(t *testing.T) {
 		if got := sameHealth(tc.a, tc.b); got != tc.want {
 			t.Errorf("%s: sameHealth = %t, want %t", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestFindVanished(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1000, 0)
+	msg := func(s int, ids ...string) message {
+		return message{At: t0.Add(time.Duration(s) * time.Second), Devices: devs(ids...)}
+	}
+	tests := []struct {
+		name    string
+		streams []streamLog
+		want    []vanishing
+		updates int
+	}{
+		{name: "full lists", streams: []streamLog{{name: "k", msgs: []message{msg(0, "a", "b"), msg(1, "b", "a")}}}, updates: 1},
+		{name: "a device added", streams: []streamLog{{name: "k", msgs: []message{msg(0, "a"), msg(1, "a", "b")}}}, updates: 1},
+		{name: "only the changed device, kept as the list", streams: []streamLog{
+			{name: "k", msgs: []message{msg(0, "a", "b", "c", "d"), msg(1, "d")}},
+			{name: "later", msgs: []message{msg(5, "d")}},
+		}, want: []vanishing{{stream: "k", index: 2, at: t0.Add(time.Second), before: 4, now: 1, gone: []string{"a", "b", "c"}}}, updates: 1},
+		{name: "gone and back", streams: []streamLog{
+			{name: "k", msgs: []message{msg(0, "a", "b"), msg(1, "b"), msg(2, "b"), msg(3, "a", "b")}},
+		}, want: []vanishing{{stream: "k", index: 2, at: t0.Add(time.Second), before: 2, now: 1, gone: []string{"a"}, back: 4}}, updates: 3},
+		{name: "a new stream is not compared with an old one", streams: []streamLog{
+			{name: "old", msgs: []message{msg(0, "a", "b")}},
+			{name: "new", msgs: []message{msg(1, "b")}},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, updates := findVanished(tt.streams)
+			if !reflect.DeepEqual(got, tt.want) || updates != tt.updates {
+				t.Errorf("findVanished = %+v, %d updates; want %+v, %d", got, updates, tt.want, tt.updates)
+			}
+		})
+	}
+}
+
+// The every-device requests depend only on the set of healthy devices,
+// cover each sampled device alone and in a pair, and stay bounded for a
+// resource with many devices.
+func TestEveryDeviceRequests(t *testing.T) {
+	t.Parallel()
+	ids := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("dev-%05d", i)
+		}
+		return out
+	}
+	tests := []struct {
+		name      string
+		healthy   []string
+		alone     []string
+		pairs     [][]string
+		allLength int
+	}{
+		{name: "none"},
+		{name: "one", healthy: []string{"a"}, alone: []string{"a"}},
+		{name: "two", healthy: []string{"b", "a"}, alone: []string{"a", "b"}, pairs: [][]string{{"a", "b"}}},
+		{name: "three", healthy: []string{"c", "a", "b", "a"}, alone: []string{"a", "b", "c"}, pairs: [][]string{{"a", "b"}, {"c", "a"}}, allLength: 3},
+		{name: "four", healthy: []string{"d", "c", "b", "a"}, alone: []string{"a", "b", "c", "d"}, pairs: [][]string{{"a", "b"}, {"c", "d"}}, allLength: 4},
+	}
+	for _, tt := range tests {
+		alone, pairs, all := everyDeviceRequests(tt.healthy)
+		if !slices.Equal(alone, tt.alone) || !reflect.DeepEqual(pairs, tt.pairs) || len(all) != tt.allLength {
+			t.Errorf("%s: everyDeviceRequests(%q) = %q, %q, %q; want %q, %q and %d together", tt.name, tt.healthy, alone, pairs, all, tt.alone, tt.pairs, tt.allLength)
+		}
+	}
+
+	many := ids(10000)
+	alone, pairs, all := everyDeviceRequests(many)
+	if len(alone) != everyDeviceAlone || alone[0] != many[0] || alone[len(alone)-1] != many[len(many)-1] {
+		t.Errorf("10000 devices: %d alone from %q to %q, want %d from the first to the last", len(alone), alone[0], alone[len(alone)-1], everyDeviceAlone)
+	}
+	if !slices.IsSorted(alone) || len(slices.Compact(slices.Clone(alone))) != len(alone) {
+		t.Errorf("10000 devices: the sample has duplicates or is out of order")
+	}
+	if calls := len(alone) + len(pairs) + 1; len(pairs) != everyDeviceAlone/2 || len(all) != everyDeviceAlone || calls > 385 {
+		t.Errorf("10000 devices: %d pairs, %d together, %d calls; want %d, %d, at most 385", len(pairs), len(all), calls, everyDeviceAlone/2, everyDeviceAlone)
+	}
+	reversed := slices.Clone(many)
+	slices.Reverse(reversed)
+	if a2, p2, all2 := everyDeviceRequests(reversed); !slices.Equal(a2, alone) || !reflect.DeepEqual(p2, pairs) || !slices.Equal(all2, all) {
+		t.Errorf("the requests depend on the order the devices are listed in")
 	}
 }

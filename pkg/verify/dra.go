@@ -34,7 +34,7 @@ const (
 // DRAChecks returns every check of dpkit verify --dra in the order they
 // are reported.
 func DRAChecks() []CheckInfo {
-	return []CheckInfo{
+	return infos([]checkText{
 		{CheckDRARegistration, "the driver registers through plugins_registry: GetInfo type DRAPlugin, a valid name, service names as versions, an endpoint under the plugins directory",
 			"the kubelet's plugin watcher calls GetInfo on every socket in plugins_registry, hands type DRAPlugin to the DRA manager, which needs a supported service (v1.DRAPlugin) among the versions, and reports the outcome with NotifyRegistrationStatus",
 			"serve the registration socket in $DPKIT_REGISTRY_DIR (<driver>-reg.sock) and answer GetInfo with type `DRAPlugin`, your driver name, the endpoint <plugins dir>/<driver>/dra.sock and the versions `v1.DRAPlugin` (and `v1.DRAResourceHealth` if you serve health)."},
@@ -86,7 +86,7 @@ func DRAChecks() []CheckInfo {
 		{CheckDRAExit, "the driver exits soon after SIGTERM and removes its sockets",
 			"a DaemonSet pod is stopped with SIGTERM and killed after its grace period; a socket left behind is dialled by the kubelet until it is replaced",
 			"handle SIGTERM (`signal.NotifyContext`), stop the gRPC servers and remove your sockets."},
-	}
+	})
 }
 
 // Defaults of DRAConfig.

@@ -12,12 +12,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/internal/kubeletreg"
 	"github.com/dpkit/dpkit/internal/unixsock"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
@@ -98,6 +100,10 @@ type conn struct {
 	Socket   string
 	Client   pluginapi.DevicePluginClient
 	Options  *pluginapi.DevicePluginOptions
+	// SDK is the value of the dpkit SDK's header (deviceplugin.SDKHeader)
+	// in the answer to GetDevicePluginOptions: "" when the plugin is not
+	// built on the SDK.
+	SDK string
 
 	// sock is the socket file the connection was made to (nil when it
 	// could not be read), to tell a re-created socket from the same one.
@@ -320,13 +326,14 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 	client := pluginapi.NewDevicePluginClient(cc)
 	// At once: is the plugin serving right now?
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	opts, perr := client.GetDevicePluginOptions(pctx, &pluginapi.Empty{})
+	var header metadata.MD
+	opts, perr := client.GetDevicePluginOptions(pctx, &pluginapi.Empty{}, grpc.Header(&header))
 	cancel()
 	if perr != nil {
 		notServing = perr
 		// The kubelet's dial blocks for up to 10s: give the plugin as long.
 		wctx, cancel := context.WithTimeout(ctx, e.dialTimeout)
-		opts, err = client.GetDevicePluginOptions(wctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+		opts, err = client.GetDevicePluginOptions(wctx, &pluginapi.Empty{}, grpc.WaitForReady(true), grpc.Header(&header))
 		cancel()
 		if err != nil {
 			_ = cc.Close()
@@ -335,6 +342,9 @@ func (e *emulator) connect(ctx context.Context, r *registration) (c *conn, notSe
 	}
 	sctx, scancel := context.WithCancel(context.Background())
 	c = &conn{Resource: r.Resource, Socket: r.Endpoint, Client: client, Options: opts, sock: r.sock, cc: cc, cancel: scancel}
+	if v := header.Get(deviceplugin.SDKHeader); len(v) > 0 {
+		c.SDK = v[0]
+	}
 	e.mu.Lock()
 	if e.stopped {
 		e.mu.Unlock()

@@ -166,14 +166,34 @@ func (r *runner) set(id string, v Verdict, format string, args ...any) {
 }
 
 // final returns the result of check id as the report gives it: with the
-// fix and the link to the docs when it failed or warned.
+// fix and the link to the docs when it failed or warned. The fix is the
+// SDK's when the plugin is built on the SDK and the check has one.
 func (r *runner) final(id string) Result {
 	res := *r.results[id]
 	if res.Verdict == Fail || res.Verdict == Warn {
 		c := r.checks[id]
 		res.Fix, res.Docs = c.Fix, c.DocsURL()
+		if c.SDKFix != "" && r.sdk() {
+			res.Fix = c.SDKFix
+		}
 	}
 	return res
+}
+
+// sdk reports whether the plugin is built on dpkit's SDK: a connection of
+// the run got the SDK's header with GetDevicePluginOptions.
+func (r *runner) sdk() bool {
+	if r.emu == nil {
+		return false
+	}
+	r.emu.mu.Lock()
+	defer r.emu.mu.Unlock()
+	for _, c := range r.emu.history {
+		if c.SDK != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // report hands every decided check not reported yet to Config.Progress,
@@ -375,8 +395,8 @@ func (r *runner) notRegistered(ctx context.Context) {
 		detail = fmt.Sprintf("none within %s; %s", r.cfg.RegisterTimeout, r.whereServed())
 	}
 	r.checkRegistrations(detail)
-	r.skipAll(reason, CheckOptions, CheckFirstMessage, CheckFullList, CheckDeviceIDs, CheckStreams, CheckHealth, CheckMessageSize,
-		CheckResponses, CheckUnknown, CheckUnhealthy, CheckConcurrent, CheckPrefSize, CheckPrefMust, CheckPrefAvailable,
+	r.skipAll(reason, CheckOptions, CheckFirstMessage, CheckFullList, CheckVanished, CheckDeviceIDs, CheckStreams, CheckHealth, CheckMessageSize,
+		CheckResponses, CheckUnknown, CheckUnhealthy, CheckConcurrent, CheckEveryDevice, CheckPrefSize, CheckPrefMust, CheckPrefAvailable,
 		CheckPreStart, CheckKubeletRestart, CheckSocketDeleted, CheckOldEndpoint, CheckSingleReg, CheckPluginWatcher)
 	if r.exited() {
 		r.skipAll(reason, CheckExit, CheckSocketRemoved)

@@ -77,6 +77,11 @@ type Report struct {
 	PluginDir string `json:"pluginDir"`
 	// Resources are the resources that registered.
 	Resources []string `json:"resources"`
+	// SDK is set when the plugin is built on dpkit's SDK
+	// (pkg/deviceplugin): it answered GetDevicePluginOptions with the SDK's
+	// header. The fixes of failed checks are then the SDK's where a check
+	// has one (CheckInfo.SDKFix).
+	SDK bool `json:"sdk,omitempty"`
 	// Duration is how long the run took; in seconds in JSON and YAML.
 	Duration time.Duration `json:"duration"`
 	Results  []Result      `json:"results"`
@@ -290,7 +295,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer r.cleanup()
 	r.run(ctx)
 
-	rep := &Report{Command: r.command, Mode: viaKubeletSocket, PluginDir: r.pluginDir, Resources: r.resources}
+	rep := &Report{Command: r.command, Mode: viaKubeletSocket, PluginDir: r.pluginDir, Resources: r.resources, SDK: r.sdk()}
 	if cfg.PluginWatcher {
 		rep.Mode = viaRegistry
 	}

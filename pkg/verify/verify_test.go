@@ -19,9 +19,17 @@ import (
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
-// bins holds the binaries TestMain builds: the dpkit command and the
-// deliberately broken plugin.
-var bins struct{ dpkit, broken, dir string }
+// bins holds the binaries TestMain builds: the dpkit command, the
+// deliberately broken plugin, the README's plugin (examples/myplugin) and
+// its broken copies under testdata/sdkplugins, by directory name.
+var bins struct {
+	dpkit, broken, myplugin, dir string
+	sdk                          map[string]string
+}
+
+// sdkPlugins are the directories under testdata/sdkplugins: the README's
+// plugin (examples/myplugin), each with one bug.
+var sdkPlugins = []string{"allocate-fails", "partial-update", "duplicate-id", "no-notify"}
 
 func TestMain(m *testing.M) {
 	code := func() int {
@@ -34,7 +42,14 @@ func TestMain(m *testing.M) {
 		bins.dir = dir
 		bins.dpkit = filepath.Join(dir, "dpkit")
 		bins.broken = filepath.Join(dir, "broken")
-		for out, pkg := range map[string]string{bins.dpkit: "./cmd/dpkit", bins.broken: "./internal/testplugins/broken"} {
+		bins.myplugin = filepath.Join(dir, "myplugin")
+		builds := map[string]string{bins.dpkit: "./cmd/dpkit", bins.broken: "./internal/testplugins/broken", bins.myplugin: "./examples/myplugin"}
+		bins.sdk = map[string]string{}
+		for _, name := range sdkPlugins {
+			bins.sdk[name] = filepath.Join(dir, "sdk-"+name)
+			builds[bins.sdk[name]] = "./pkg/verify/testdata/sdkplugins/" + name
+		}
+		for out, pkg := range builds {
 			cmd := exec.Command("go", "build", "-o", out, pkg)
 			cmd.Dir = "../.."
 			if b, err := cmd.CombinedOutput(); err != nil {
@@ -166,6 +181,9 @@ func TestBrokenPlugins(t *testing.T) {
 		// The flip comes before the concurrent-streams check, which must
 		// not fail for the partial list the kubelet's stream then has.
 		{mode: "partial-updates", args: []string{"-flip-after", "100ms"}, fails: verify.CheckFullList},
+		// The flip comes while verify waits for a health change, after the
+		// Allocate checks.
+		{mode: "drop-on-update", args: []string{"-flip-after", "2s"}, warns: verify.CheckVanished},
 		{mode: "odd-ids", fails: verify.CheckDeviceIDs},
 		{mode: "single-stream", fails: verify.CheckStreams},
 		{mode: "health-first-stream", fails: verify.CheckHealth},
@@ -174,6 +192,8 @@ func TestBrokenPlugins(t *testing.T) {
 		{mode: "accept-unknown", fails: verify.CheckUnknown},
 		{mode: "accept-unhealthy", fails: verify.CheckUnhealthy},
 		{mode: "no-concurrent-allocate", fails: verify.CheckConcurrent},
+		{mode: "allocate-fails-one", fails: verify.CheckEveryDevice},
+		{mode: "allocate-fails-several", fails: verify.CheckEveryDevice},
 		{mode: "pref-wrong-size", fails: verify.CheckPrefSize},
 		{mode: "ignore-must-include", fails: verify.CheckPrefMust},
 		{mode: "pref-unavailable", fails: verify.CheckPrefAvailable},
@@ -218,6 +238,15 @@ func TestBrokenPlugins(t *testing.T) {
 			}
 			if rep.Failed() != (tt.fails != "") {
 				t.Errorf("Report.Failed() is %t", rep.Failed())
+			}
+			// A plugin not built on the SDK gets the fixes for the raw API.
+			if rep.SDK {
+				t.Errorf("Report.SDK is true for a plugin written without the SDK")
+			}
+			for _, c := range verify.Checks() {
+				if r := rep.Result(c.ID); (r.Verdict == verify.Fail || r.Verdict == verify.Warn) && r.Fix != c.Fix {
+					t.Errorf("%s fix %q, want %q", c.ID, r.Fix, c.Fix)
+				}
 			}
 		})
 	}
@@ -365,8 +394,9 @@ func TestConfigValidate(t *testing.T) {
 
 // Every check has a description, a basis and a fix, and a section of
 // docs/verify.md under the heading "### `<id>`" whose *Fix* is the
-// check's fix word for word (the check definitions are the one source of
-// the fixes; reflowing the docs is fine). The link a failure prints leads
+// check's fix word for word, and whose *Fix with the dpkit SDK* is the
+// check's SDK fix, when it has one (the check definitions are the one
+// source of the fixes; reflowing the docs is fine). The link a failure prints leads
 // to that section: its fragment is the one GitHub makes of the heading.
 func TestChecksCatalogue(t *testing.T) {
 	t.Parallel()
@@ -400,6 +430,11 @@ func TestChecksCatalogue(t *testing.T) {
 		fix, _, _ = strings.Cut(fix, "\n\n")
 		if !ok || words(fix) != words(c.Fix) {
 			t.Errorf("docs/verify.md, section %s: *Fix* is\n\t%q\nwant the check's fix\n\t%q", heading, words(fix), c.Fix)
+		}
+		_, sdkFix, ok := strings.Cut(body, "*Fix with the dpkit SDK*: ")
+		sdkFix, _, _ = strings.Cut(sdkFix, "\n\n")
+		if ok != (c.SDKFix != "") || words(sdkFix) != words(c.SDKFix) {
+			t.Errorf("docs/verify.md, section %s: *Fix with the dpkit SDK* is\n\t%q\nwant the check's SDK fix\n\t%q", heading, words(sdkFix), c.SDKFix)
 		}
 		if want := verify.DocsURL + "#" + githubAnchor(heading); c.DocsURL() != want {
 			t.Errorf("%s: DocsURL %s, want %s", c.ID, c.DocsURL(), want)

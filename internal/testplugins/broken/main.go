@@ -50,6 +50,7 @@ func modes() map[string]string {
 		"claims-preferred":       "claims GetPreferredAllocationAvailable without implementing it",
 		"duplicate-ids":          "lists dev-0 twice in ListAndWatch",
 		"partial-updates":        "sends only the devices that changed in ListAndWatch updates",
+		"drop-on-update":         "keeps and sends only dev-6 once it turns unhealthy: the other devices vanish",
 		"odd-ids":                "has a device ID that ends in a newline",
 		"single-stream":          "serves one ListAndWatch stream at a time",
 		"health-first-stream":    "sends health changes only to the first stream ever opened",
@@ -58,6 +59,8 @@ func modes() map[string]string {
 		"accept-unknown":         "allocates device IDs it does not have",
 		"accept-unhealthy":       "allocates unhealthy devices",
 		"no-concurrent-allocate": "refuses an Allocate while another is in flight",
+		"allocate-fails-one":     "fails every Allocate that asks for dev-3",
+		"allocate-fails-several": "fails an Allocate that asks for more than one device for a container",
 		"die-on-allocate":        "exits with status 2 on its first Allocate",
 		"pref-wrong-size":        "answers GetPreferredAllocation with one ID too few",
 		"ignore-must-include":    "ignores mustInclude in GetPreferredAllocation",
@@ -364,6 +367,9 @@ func (p *plugin) flip() {
 				p.devs = slices.Clone(p.devs)
 				p.devs[6] = &pluginapi.Device{ID: p.devs[6].ID, Health: pluginapi.Unhealthy}
 			}
+			if p.mode == "drop-on-update" {
+				p.devs = p.devs[6:7]
+			}
 			p.version++
 			p.mu.Unlock()
 			p.changed.Broadcast()
@@ -459,6 +465,9 @@ func (s service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	}
 	resp := &pluginapi.AllocateResponse{}
 	for _, creq := range req.ContainerRequests {
+		if len(creq.DevicesIds) > 1 && p.mode == "allocate-fails-several" {
+			return nil, status.Errorf(codes.InvalidArgument, "one device per container, got %d", len(creq.DevicesIds))
+		}
 		for _, id := range creq.DevicesIds {
 			d := p.device(id)
 			if d == nil && p.mode != "accept-unknown" {
@@ -466,6 +475,9 @@ func (s service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 			}
 			if d != nil && d.Health != pluginapi.Healthy && p.mode != "accept-unhealthy" {
 				return nil, status.Errorf(codes.FailedPrecondition, "device %q is unhealthy", id)
+			}
+			if id == "dev-3" && p.mode == "allocate-fails-one" {
+				return nil, status.Errorf(codes.Internal, "open /dev/%s: no such device", id)
 			}
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
