@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/utils/clock"
 
 	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/probes"
@@ -64,6 +65,9 @@ type Options struct {
 	DRA DRAFront
 	// Getenv reads the environment ($NODE_NAME, $POD_UID); nil means os.Getenv.
 	Getenv func(string) string
+	// Clock times the device plugin server (its retries, guards and
+	// resyncs); nil means the real clock. Tests pass a fake one.
+	Clock clock.WithTicker
 }
 
 // CheckFronts returns an error wrapping ErrNoDRAFront, naming the entries
@@ -135,6 +139,7 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 			Registration: deviceplugin.RegistrationMode(cfg.Registration),
 			RegistryDir:  cfg.RegistryDir,
 			Logger:       log,
+			Clock:        o.Clock,
 		}
 		if reg != nil {
 			dpCfg.Registerer = reg

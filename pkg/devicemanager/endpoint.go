@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"sync"
 
@@ -226,10 +227,19 @@ func (m *Manager) run(ctx context.Context, e *endpoint) {
 	}
 	for {
 		resp, err := stream.Recv()
-		if err != nil {
-			if ctx.Err() == nil {
-				m.log.Error("ListAndWatch ended", "resource", e.resource, "endpoint", e.socket, "err", err)
-			}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return // the manager disconnected it
+		case errors.Is(err, io.EOF):
+			// The plugin returned from ListAndWatch: it is stopping (the
+			// SDK ends its streams so on shutdown), which is no failure.
+			// A plugin that dies or drops the connection ends the stream
+			// with an error status instead.
+			m.log.Info("Device plugin ended its ListAndWatch stream", "resource", e.resource, "endpoint", e.socket)
+			return
+		default:
+			m.log.Error("ListAndWatch ended", "resource", e.resource, "endpoint", e.socket, "err", err)
 			return
 		}
 		m.applyDevices(e, resp.Devices)

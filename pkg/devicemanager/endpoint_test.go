@@ -2,9 +2,11 @@ package devicemanager
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,6 +119,57 @@ func TestPreStartWithoutPlugin(t *testing.T) {
 			m2 := startManager(t, Config{Root: dir})
 			if err := m2.PreStartContainer(context.Background(), "p1", "app"); err != nil {
 				t.Fatalf("PreStartContainer after a restart, before the plugin returns: %v, want it skipped", err)
+			}
+		})
+	}
+}
+
+// levels is a slog handler that keeps the records at WARN and above.
+type levels struct {
+	mu      sync.Mutex
+	records []string
+}
+
+func (l *levels) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelWarn }
+func (l *levels) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, r.Level.String()+" "+r.Message)
+	return nil
+}
+func (l *levels) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *levels) WithGroup(string) slog.Handler      { return l }
+
+func (l *levels) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.records, "\n")
+}
+
+// TestStreamEndLogged: a plugin that ends its ListAndWatch stream (what
+// the SDK does when it stops) is leaving, not failing: nothing is logged
+// at WARN or above. A plugin whose connection drops (it died) is an
+// error. Either way its devices are unhealthy until it returns.
+func TestStreamEndLogged(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(*stubPlugin)
+		want string
+	}{
+		{"plugin ends its stream", (*stubPlugin).endStreams, ""},
+		{"plugin dies", (*stubPlugin).stop, "ERROR ListAndWatch ended"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := shortDir(t)
+			logs := &levels{}
+			m := startManager(t, Config{Root: dir, Logger: slog.New(logs)})
+			p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("a", "b"))
+			p.register(t, m.SocketPath())
+			waitFor(t, m, "2 devices", func() bool { return allocatable(m, res) == 2 })
+			tc.end(p)
+			waitFor(t, m, "plugin disconnected", func() bool { rs := m.Resources(); return len(rs) == 1 && !rs[0].Connected && rs[0].Allocatable == 0 })
+			if got := logs.String(); got != tc.want {
+				t.Errorf("logged at WARN and above:\n%s\nwant:\n%s", got, tc.want)
 			}
 		})
 	}

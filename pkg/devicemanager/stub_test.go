@@ -30,6 +30,8 @@ type stubPlugin struct {
 	opts     *pluginapi.DevicePluginOptions
 	server   *grpc.Server
 	done     chan struct{}
+	ending   chan struct{} // closed: ListAndWatch returns, as a plugin that stops cleanly does
+	endOnce  sync.Once
 
 	mu       sync.Mutex
 	devices  []*pluginapi.Device
@@ -45,7 +47,7 @@ func newStub(t testing.TB, dir, resource, sockName string, opts *pluginapi.Devic
 	if opts == nil {
 		opts = &pluginapi.DevicePluginOptions{}
 	}
-	p := &stubPlugin{t: t, resource: resource, socket: filepath.Join(dir, sockName), opts: opts, devices: devs, updates: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &stubPlugin{t: t, resource: resource, socket: filepath.Join(dir, sockName), opts: opts, devices: devs, updates: make(chan struct{}, 1), done: make(chan struct{}), ending: make(chan struct{})}
 	ln, err := net.Listen("unix", p.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +66,10 @@ func (p *stubPlugin) stop() {
 	p.server.Stop()
 	<-p.done
 }
+
+// endStreams ends every ListAndWatch stream from the plugin's side, as
+// a plugin that stops cleanly does; the server keeps serving.
+func (p *stubPlugin) endStreams() { p.endOnce.Do(func() { close(p.ending) }) }
 
 func (p *stubPlugin) register(t testing.TB, kubeletSock string) {
 	t.Helper()
@@ -109,6 +115,8 @@ func (p *stubPlugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_L
 		select {
 		case <-p.updates:
 		case <-s.Context().Done():
+			return nil
+		case <-p.ending:
 			return nil
 		}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpkit/dpkit/internal/cli"
@@ -85,6 +86,8 @@ type options struct {
 	allocator emulator.ClaimAllocator
 	// NodeName is the node the emulated kubelet is (--node-name).
 	NodeName string
+	// clock times the plugins' device plugin server; nil: the real clock.
+	clock clock.WithTicker
 }
 
 // NewCommand returns the "up" command.
@@ -233,14 +236,17 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	// The plugins stop after the kubelet, so that the kubelet does not
-	// see them vanish (and log it as a failure) on a clean stop.
-	pctx, stopPlugins := context.WithCancel(context.WithoutCancel(gctx))
-	defer stopPlugins()
+	// On a stop the plugins stop first, then the kubelet. A plugin that
+	// stops ends its registration loop before its ListAndWatch streams,
+	// and the device manager takes a stream the plugin ends as the plugin
+	// leaving; the other way round, each plugin would see the kubelet
+	// vanish and log its failed attempt to register again. So a clean
+	// stop logs nothing above INFO (docs/dpkit-up.md).
+	kctx, stopKubelet := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopKubelet()
 	kubeletStarted := make(chan *emulator.Emulator, 1)
 	g.Go(func() error {
-		defer stopPlugins()
-		return emulator.Run(gctx, emulator.Options{
+		return emulator.Run(kctx, emulator.Options{
 			Root:           root,
 			TopologyPolicy: o.Topology.Policy,
 			TopologyScope:  o.Topology.Scope,
@@ -254,6 +260,9 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		}, func(e *emulator.Emulator) { kubeletStarted <- e })
 	})
 	g.Go(func() error {
+		// The kubelet stops once the plugins have (or at once when it
+		// never started).
+		defer stopKubelet()
 		var e *emulator.Emulator
 		select {
 		case e = <-kubeletStarted:
@@ -273,27 +282,31 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		w.printf("checkpoint          %s\n", mgr.CheckpointPath())
 		w.printf("topology            %s\n\n", describeTopology(o.Topology, e.NUMANodes()))
 
+		pg, pctx := errgroup.WithContext(gctx)
 		servers := make(chan *deviceplugin.Server, 1)
-		g.Go(func() error {
-			return pluginrun.Run(pctx, log.With("component", "plugin"), cfg, func(s *deviceplugin.Server, _ string) { servers <- s })
+		pg.Go(func() error {
+			return pluginrun.RunWith(pctx, log.With("component", "plugin"), cfg, func(s *deviceplugin.Server, _ string) { servers <- s }, pluginrun.Options{Clock: o.clock})
 		})
-		var srv *deviceplugin.Server
-		select {
-		case srv = <-servers:
-		case <-gctx.Done():
-			return nil
-		}
-		w.printf("waiting for the plugins to register (%s)...\n", srv.Mode())
-		if err := waitServed(gctx, mgr, srv); err != nil {
-			return nil // ctx ended: the group's error or the signal says why
-		}
-		resources := mgr.Resources()
-		examples, err := examplePods(root, o.WorkDir, resources)
-		if err != nil {
-			return err
-		}
-		w.printReady(root, o.Command, srv, resources, examples)
-		return w.err
+		pg.Go(func() error {
+			var srv *deviceplugin.Server
+			select {
+			case srv = <-servers:
+			case <-pctx.Done():
+				return nil
+			}
+			w.printf("waiting for the plugins to register (%s)...\n", srv.Mode())
+			if err := waitServed(pctx, mgr, srv); err != nil {
+				return nil // ctx ended: the group's error or the signal says why
+			}
+			resources := mgr.Resources()
+			examples, err := examplePods(root, o.WorkDir, resources)
+			if err != nil {
+				return err
+			}
+			w.printReady(root, o.Command, srv, resources, examples)
+			return w.err
+		})
+		return pg.Wait()
 	})
 	err = g.Wait()
 	if err == nil {

@@ -15,15 +15,18 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/topology"
 )
 
 // helperEnv, set in a process's environment, makes the test binary run
@@ -79,14 +82,31 @@ type upRun struct {
 	done   chan error
 	cancel context.CancelFunc
 	seen   []string
+	// logs is what the run logged (warnings and errors: "dpkit up" logs
+	// no lower without --log-level).
+	logs *syncBuffer
 }
 
 func startUp(t *testing.T, args ...string) *upRun {
 	t.Helper()
+	return start(t, func(ctx context.Context, env *cli.Env) error {
+		cmd := NewCommand(env)
+		cmd.SetArgs(append(args, "--numa-nodes", "0")) // exercises the pass-through; policy none ignores it
+		cmd.SetOut(env.Out)
+		cmd.SetErr(env.Out)
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		return cmd.ExecuteContext(ctx)
+	})
+}
+
+// start runs "dpkit up" through run, with an environment whose output
+// the returned upRun reads and whose logs it keeps.
+func start(t *testing.T, run func(context.Context, *cli.Env) error) *upRun {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	state := t.TempDir()
-	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel,
+	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel, logs: &syncBuffer{},
 		getenv: func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }}
 	go func() {
 		defer close(u.lines)
@@ -95,15 +115,9 @@ func startUp(t *testing.T, args ...string) *upRun {
 			u.lines <- sc.Text()
 		}
 	}()
-	var logs bytes.Buffer
-	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: &logs, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Getenv: u.getenv}
-	cmd := NewCommand(env)
-	cmd.SetArgs(append(args, "--numa-nodes", "0")) // exercises the pass-through; policy none ignores it
-	cmd.SetOut(pw)
-	cmd.SetErr(pw)
-	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	env := &cli.Env{In: strings.NewReader(""), Out: pw, Err: u.logs, Logger: slog.New(slog.NewTextHandler(u.logs, nil)), Getenv: u.getenv}
 	go func() {
-		err := cmd.ExecuteContext(ctx)
+		err := run(ctx, env)
 		_ = pw.Close()
 		u.done <- err
 	}()
@@ -112,7 +126,7 @@ func startUp(t *testing.T, args ...string) *upRun {
 		for range u.lines {
 		}
 		if t.Failed() {
-			t.Logf("output:\n%s\nlogs:\n%s", strings.Join(u.seen, "\n"), logs.String())
+			t.Logf("output:\n%s\nlogs:\n%s", strings.Join(u.seen, "\n"), u.logs.String())
 		}
 	})
 	return u
@@ -574,6 +588,56 @@ func TestExamplePods(t *testing.T) {
 				}
 				if _, err := emulator.DecodePod(data); err != nil || fits(data, tc.resources) {
 					t.Errorf("the too-many pod (%v) fits:\n%s", err, data)
+				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestUpCleanStopIsQuiet stops "dpkit up" as Ctrl-C does once its plugin
+// is registered, in both registration modes, with the plugin's clock past
+// the time it takes a kubelet's ListAndWatch stream that ends for a
+// reason to register again: nothing is logged at WARN or above, since a
+// clean stop is not a failure (docs/dpkit-up.md).
+func TestUpCleanStopIsQuiet(t *testing.T) {
+	for _, registration := range []string{"kubelet", "registry"} {
+		t.Run(registration, func(t *testing.T) {
+			// What a stop in the wrong order logs depends on which side
+			// sees the other go first: stop it a few times.
+			for range 10 {
+				clk := clocktesting.NewFakeClock(time.Now())
+				u := start(t, func(ctx context.Context, env *cli.Env) error {
+					env.Logger = slog.New(slog.NewTextHandler(env.Err, &slog.HandlerOptions{Level: slog.LevelWarn}))
+					return runUp(ctx, env, options{Registration: registration, clock: clk,
+						Topology: cli.Topology{Policy: topology.PolicyNone, Scope: topology.ScopeContainer, NUMANodes: []int{0}, SysfsRoot: cli.DefaultSysfsRoot}})
+				})
+				u.waitLine("Stop with Ctrl-C.")
+				// Long after the registration, as when a user stops it.
+				clk.Step(time.Minute)
+				rest, err := u.stop()
+				if err != nil || !strings.Contains(rest, "stopped") {
+					t.Fatalf("dpkit up returned %v after printing %q, want nil after stopped", err, rest)
+				}
+				if l := u.logs.String(); l != "" {
+					t.Fatalf("a clean stop logged:\n%s", l)
 				}
 			}
 		})
