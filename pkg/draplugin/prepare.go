@@ -82,7 +82,8 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1
 			// Devices the kubelet gave device plugin containers that have
 			// ended are free again before claims are judged.
 			if err := d.inv.Refresh(ctx); err != nil {
-				log.Warn("Could not refresh device plugin holds; judging with the holds as they are", "err", err)
+				// Refresh says when the PodResources API stops answering.
+				log.Debug("Could not refresh device plugin holds; judging with the holds as they are", "err", err)
 			}
 			refreshed = true
 		}

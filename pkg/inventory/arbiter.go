@@ -8,7 +8,9 @@ import (
 	"sort"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -187,6 +189,11 @@ func DialPodResources(socket string) (podresourcesv1.PodResourcesListerClient, i
 // recorded no container for it: the pod's admission failed). Without a
 // PodResources API it does nothing and returns nil: holds stay.
 //
+// When the API fails, holds stay as they are. Refresh logs that once, at
+// WARN, with what it means and the fix, and once at INFO when the API
+// answers again; failures in between are DEBUG. Its error is for callers
+// to act on, not to log again.
+//
 // A listed device held by a claim is left to the claim and logged: two
 // users of one device is a conflict only a person can settle.
 func (inv *Inventory) Refresh(ctx context.Context) error {
@@ -195,9 +202,13 @@ func (inv *Inventory) Refresh(ctx context.Context) error {
 	}
 	inv.refreshMu.Lock()
 	defer inv.refreshMu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, inv.opts.podResourcesCallBudget)
+	cctx, cancel := context.WithTimeout(ctx, inv.opts.podResourcesCallBudget)
 	defer cancel()
-	resp, err := inv.opts.podResources.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	resp, err := inv.opts.podResources.List(cctx, &podresourcesv1.ListPodResourcesRequest{})
+	if ctx.Err() == nil {
+		// A call cut short by its caller says nothing about the API.
+		inv.podResourcesAnswered(err)
+	}
 	if err != nil {
 		return fmt.Errorf("PodResources List: %w", err)
 	}
@@ -250,5 +261,25 @@ func (inv *Inventory) applyListed(listed map[string]bool) {
 	}
 	if changed {
 		inv.wakeLocked()
+	}
+}
+
+// podResourcesAnswered logs a change in how the PodResources API answers:
+// a failure once (again only when it fails another way), its return once.
+// refreshMu is held.
+func (inv *Inventory) podResourcesAnswered(err error) {
+	code := status.Code(err)
+	was := inv.podResourcesDown
+	inv.podResourcesDown = code
+	switch {
+	case code == was && code == codes.OK:
+	case code == was:
+		inv.log.Debug("The kubelet's PodResources API still does not answer; device plugin holds stay", "err", err)
+	case code == codes.OK:
+		inv.log.Info("The kubelet's PodResources API answers again; device plugin holds follow it")
+	default:
+		inv.log.Warn("The kubelet's PodResources API does not answer, so devices allocated through the device plugin API are not offered through DRA again until it does; said once, and again when it answers",
+			"err", err,
+			"fix", "make the kubelet's PodResources socket (in err) reachable from this process: in a pod, mount the host's /var/lib/kubelet/pod-resources; or point the plugin at the socket the kubelet serves")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"k8s.io/utils/clock"
 
 	"github.com/dpkit/dpkit/internal/backoff"
@@ -48,8 +49,14 @@ type Inventory struct {
 	holds    map[string]hold // device ID -> its hold
 	watchers map[chan struct{}]struct{}
 
-	// refreshMu makes one PodResources refresh at a time.
+	// refreshMu makes one PodResources refresh at a time, and guards
+	// podResourcesDown.
 	refreshMu sync.Mutex
+	// podResourcesDown is the gRPC code of the failure of the last
+	// PodResources List that ended (codes.OK while it answers), so that
+	// the log says when the API stops answering and when it answers
+	// again, not on every refresh (kubelet-less machines have none).
+	podResourcesDown codes.Code
 }
 
 // hold is one device's holder. For device plugin holds, acquired is when
@@ -165,9 +172,7 @@ func (inv *Inventory) refreshLoop(ctx context.Context) {
 	t := inv.opts.clock.NewTicker(inv.opts.refresh)
 	defer t.Stop()
 	for {
-		if err := inv.Refresh(ctx); err != nil && ctx.Err() == nil {
-			inv.log.Warn("Could not refresh device plugin holds from the kubelet's PodResources API; keeping them", "err", err)
-		}
+		_ = inv.Refresh(ctx) // it logs when the API stops and starts answering
 		select {
 		case <-ctx.Done():
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"path/filepath"
@@ -442,5 +443,102 @@ func TestRunRetriesScan(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// scriptedPodResources answers each List with the next error the test
+// hands it (nil: an empty list), so the test knows when each call starts.
+type scriptedPodResources chan error
+
+func (s scriptedPodResources) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesRequest, _ ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error) {
+	select {
+	case err := <-s:
+		if err != nil {
+			return nil, err
+		}
+		return &podresourcesv1.ListPodResourcesResponse{}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// logRecords keeps the level, message and attributes of every record.
+type logRecords struct {
+	mu      sync.Mutex
+	records []string
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	s := r.Level.String()
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "fix" {
+			s += " with a fix"
+		}
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, s)
+	return nil
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
+
+// TestPodResourcesDownLoggedOnce: a PodResources API that does not answer
+// (no kubelet socket) is said once, at WARN with the fix, not on every
+// refresh; its return is said once at INFO; a failure of another kind is
+// said again.
+func TestPodResourcesDownLoggedOnce(t *testing.T) {
+	t.Parallel()
+	// What the real client answers without a socket.
+	client, closer, err := DialPodResources(filepath.Join(t.TempDir(), "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, noSocket := client.List(context.Background(), &podresourcesv1.ListPodResourcesRequest{})
+	_ = closer.Close()
+	if status.Code(noSocket) != codes.Unavailable {
+		t.Fatalf("List without a socket: %v, want Unavailable", noSocket)
+	}
+	denied := status.Error(codes.PermissionDenied, "permission denied")
+
+	script := []struct {
+		answer error
+		want   string // what that refresh logs; "" nothing
+	}{
+		{noSocket, "WARN with a fix"},
+		{noSocket, "DEBUG"},
+		{noSocket, "DEBUG"},
+		{nil, "INFO"},
+		{nil, ""},
+		{noSocket, "WARN with a fix"},
+		{denied, "WARN with a fix"},
+		{denied, "DEBUG"},
+		{nil, "INFO"},
+	}
+	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
+	answers := make(scriptedPodResources)
+	logs := &logRecords{}
+	inv := New("example.com/dev", newFake(), slog.New(logs), WithClock(clk), WithPodResources(answers), WithRefreshPeriod(10*time.Second))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- inv.Run(ctx) }()
+	var want []string
+	for i, s := range script {
+		if i > 0 {
+			clk.Step(10 * time.Second) // the ticker keeps a tick until the loop takes it
+		}
+		answers <- s.answer // the refresh's List has started
+		if s.want != "" {
+			want = append(want, s.want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.records; !slices.Equal(got, want) {
+		t.Errorf("logged %q over %d refreshes, want %q", got, len(script), want)
 	}
 }
