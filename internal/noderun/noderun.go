@@ -385,7 +385,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			})
 		}
 		g.Go(func() error {
-			return virtualnode.Run(gctx, cfg, func(n *virtualnode.Node) {
+			return portHint(o, virtualnode.Run(gctx, cfg, func(n *virtualnode.Node) {
 				mu.Lock()
 				nodes = append(nodes, n)
 				all := len(nodes) == o.Count
@@ -393,8 +393,20 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				if all && started != nil {
 					started(nodes)
 				}
-			})
+			}))
 		})
 	}
 	return g.Wait()
+}
+
+// portHint adds to a node's error, when another process serves its node
+// API port, which flag chooses the port.
+func portHint(o Options, err error) error {
+	if !errors.Is(err, virtualnode.ErrPortInUse) {
+		return err
+	}
+	if o.Count > 1 {
+		return fmt.Errorf("%w; node i of --count %d serves on --port+i: pass a --port with the %d ports from it free, or --port -1 for no node API", err, o.Count, o.Count)
+	}
+	return fmt.Errorf("%w; pass --port with a free port, or --port -1 for no node API", err)
 }

@@ -1,10 +1,15 @@
 package noderun
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -184,5 +189,50 @@ func TestCheckInotify(t *testing.T) {
 	}
 	if err := checkInotify(Options{Count: 100000}, filepath.Join(dir, "missing"), proc); err != nil {
 		t.Errorf("no limit to read: %v", err)
+	}
+}
+
+// TestPortInUse runs "dpkit node" on a port another process serves: it
+// fails before it registers, naming the address, why, and the flag that
+// chooses another port; errors.Is still sees EADDRINUSE.
+func TestPortInUse(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	port := busy.Addr().(*net.TCPAddr).Port
+	dir := t.TempDir()
+	// Nothing serves this API server: the node fails before it calls it.
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {token: t}}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Kubeconfig: kubeconfig, Name: "n", Root: filepath.Join(dir, "root"), Backend: "sim", Port: port, NodeIP: "127.0.0.1",
+		Count: 1, QPS: 50, Burst: 100, CPU: "8", Memory: "32Gi", Pods: "110"}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = Run(ctx, nil, o, nil)
+	addr := busy.Addr().String()
+	want := "node API: listen tcp " + addr + ": bind: address already in use: another process serves that port (a kubelet, another dpkit node); pass --port with a free port, or --port -1 for no node API"
+	if err == nil || err.Error() != want {
+		t.Fatalf("dpkit node on a busy port: %v\nwant %s", err, want)
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("errors.Is(%v, EADDRINUSE) is false", err)
+	}
+
+	// With --count, the hint says which ports the nodes take.
+	o.Count = 3
+	want = "node i of --count 3 serves on --port+i: pass a --port with the 3 ports from it free, or --port -1 for no node API"
+	if err := portHint(o, fmt.Errorf("node API: %w", err)); !strings.HasSuffix(err.Error(), want) || !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("with --count 3: %v, want it to end %q", err, want)
+	}
+	if err := portHint(o, context.Canceled); !errors.Is(err, context.Canceled) || err.Error() != context.Canceled.Error() {
+		t.Errorf("another error changed: %v", err)
 	}
 }

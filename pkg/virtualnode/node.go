@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -188,13 +189,16 @@ func (c *Config) Validate() error {
 
 // Node is a running virtual node.
 type Node struct {
-	cfg      Config
-	log      *slog.Logger
-	mgr      *devicemanager.Manager
-	dra      *dramanager.Manager
-	watcher  *pluginwatcher.Watcher
-	prov     *provider
-	be       backend.Backend
+	cfg     Config
+	log     *slog.Logger
+	mgr     *devicemanager.Manager
+	dra     *dramanager.Manager
+	watcher *pluginwatcher.Watcher
+	prov    *provider
+	be      backend.Backend
+	// apiLn is the node API's listener (nil when it is off), taken before
+	// the node starts.
+	apiLn    net.Listener
 	apiAddr  net.Addr
 	apiReady chan struct{}
 	auth     *nodeapi.Auth
@@ -307,6 +311,18 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	}
 	log = log.With("node", cfg.Name)
 
+	// The node API's port is taken before anything starts, so that a port
+	// another process serves fails the node before it registers.
+	var apiLn net.Listener
+	if cfg.Port > 0 {
+		l, err := listenNodeAPI(net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port)))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = l.Close() }()
+		apiLn = l
+	}
+
 	reg := prometheus.NewRegistry()
 	host, err := devicehost.New(devicehost.Config{
 		Root:           cfg.Root,
@@ -324,7 +340,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{}}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiLn: apiLn, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{}}
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP
@@ -588,13 +604,9 @@ func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
 		Metrics:   promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}),
 		Config:    n.kubeletConfig(),
 	})
-	addr := net.JoinHostPort(cfg.NodeIP, strconv.Itoa(cfg.Port))
-	g.Go(func() error {
-		return serveNodeAPI(ctx, addr, tlsCfg, auth.Wrap(h), func(a net.Addr) {
-			n.apiAddr = a
-			close(n.apiReady)
-		})
-	})
+	n.apiAddr = n.apiLn.Addr()
+	close(n.apiReady)
+	g.Go(func() error { return serveNodeAPI(ctx, n.apiLn, tlsCfg, auth.Wrap(h)) })
 	return nil
 }
 
@@ -622,16 +634,25 @@ func (n *Node) kubeletConfig() nodeapi.KubeletConfig {
 	}
 }
 
-// serveNodeAPI serves h over TLS on addr until ctx is done. ready, when not nil,
-// receives the listener's address once it listens.
-func serveNodeAPI(ctx context.Context, addr string, tlsCfg *tls.Config, h http.Handler, ready func(net.Addr)) error {
+// ErrPortInUse is wrapped by the error of a node whose node API port
+// another process serves, beside the syscall's EADDRINUSE.
+var ErrPortInUse = errors.New("another process serves that port (a kubelet, another dpkit node)")
+
+// listenNodeAPI listens on addr for the node API. A port another process
+// serves is an error wrapping ErrPortInUse, which says so.
+func listenNodeAPI(addr string) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("node API: %w", err)
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return nil, fmt.Errorf("node API: %w: %w", err, ErrPortInUse)
+	case err != nil:
+		return nil, fmt.Errorf("node API: %w", err)
 	}
-	if ready != nil {
-		ready(l.Addr())
-	}
+	return l, nil
+}
+
+// serveNodeAPI serves h over TLS on l until ctx is done.
+func serveNodeAPI(ctx context.Context, l net.Listener, tlsCfg *tls.Config, h http.Handler) error {
 	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 30 * time.Second}
 	if err := httpserve.Serve(ctx, srv, tls.NewListener(l, tlsCfg)); err != nil {
 		return fmt.Errorf("node API: %w", err)

@@ -3,11 +3,13 @@ package virtualnode
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"maps"
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
 // TestDefaultNodeIP checks the default node IP is an address the node API
@@ -206,4 +209,39 @@ func TestStatusChangeBeforeCallback(t *testing.T) {
 	go n.watchDevices(ctx, devices)
 	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1", "d2")})
 	want(3)
+}
+
+// TestRunPortInUse runs a node on a port another process serves: Run
+// fails at once, before the node registers or its backend starts, naming
+// the address and why, and the error still says EADDRINUSE to errors.Is.
+func TestRunPortInUse(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	port := busy.Addr().(*net.TCPAddr).Port
+	client := fake.NewClientset()
+	backendStarted := false
+	err = Run(context.Background(), Config{
+		Name: "vn-port", Root: shortRoot(t), Client: client, NodeIP: "127.0.0.1", Port: port,
+		NewBackend: func(string, string, backend.Config) (backend.Backend, error) {
+			backendStarted = true
+			return nil, errors.New("the backend must not start")
+		},
+	}, nil)
+	want := "node API: listen tcp " + busy.Addr().String() + ": bind: address already in use: another process serves that port (a kubelet, another dpkit node)"
+	if err == nil || err.Error() != want {
+		t.Fatalf("Run on a busy port: %v, want %q", err, want)
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) || !errors.Is(err, ErrPortInUse) {
+		t.Errorf("errors.Is(%v, EADDRINUSE / ErrPortInUse) is false", err)
+	}
+	if backendStarted {
+		t.Error("the backend started before the port was taken")
+	}
+	if nodes, _ := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{}); len(nodes.Items) != 0 {
+		t.Errorf("a node whose port is busy registered: %v", nodes.Items)
+	}
 }
