@@ -179,10 +179,19 @@ func validate(cmd *cobra.Command, env *cli.Env, cfg *config.PluginConfig, format
 	if err != nil {
 		return cli.Exit(2, err)
 	}
+	// The directories the plugin would use: the flags' and the file's,
+	// else the environment's ($DPKIT_PLUGIN_DIR and $DPKIT_REGISTRY_DIR, read
+	// by the SDK; $DPKIT_DRA_PLUGINS_DIR, $DPKIT_CDI_DIR and $NODE_NAME, read
+	// by pluginrun), else the kubelet's.
 	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
 	r := report{Plugins: []pluginReport{}, PluginDir: filepath.Clean(pluginDir), RegistryDir: filepath.Clean(registryDir), Resources: cfg.Fronts()}
 	if cfg.UsesFront(config.FrontDRA) {
-		r.DRA = &cfg.DRA
+		d := cfg.DRA
+		d.PluginsDir, d.CDIDir = cfg.DRA.Dirs(env.Var)
+		if node, err := d.Node(env.Var); err == nil {
+			d.NodeName = node
+		}
+		r.DRA = &d
 	}
 	hostDevices := false
 	for _, b := range built {
@@ -267,7 +276,7 @@ func (r report) table(w *tabwriter.Writer) error {
 		}
 	}
 	if d := r.DRA; d != nil {
-		node := cmp.Or(d.NodeName, "$"+config.EnvNodeName)
+		node := cmp.Or(d.NodeName, "$"+config.EnvNodeName+" (not set here)")
 		if _, err := fmt.Fprintf(w, "dra: node %s, plugins in %s, CDI specs in %s\n", node, d.PluginsDir, d.CDIDir); err != nil {
 			return err
 		}

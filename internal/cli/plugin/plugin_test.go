@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -141,10 +142,6 @@ func TestPluginValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	example := "../../../examples/fake.yaml"
-	dra := filepath.Join(root, "dra.yaml")
-	if err := os.WriteFile(dra, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources: [{name: example.com/foo}, {name: example.com/bar}]\n  fronts: [deviceplugin, dra]\n- nvidia: {}\nhost: {sysfsRoot: /, devRoot: /, procRoot: /}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -154,13 +151,6 @@ func TestPluginValidate(t *testing.T) {
 	}{
 		{"valid", []string{"--config", example, "--plugin-dir", pluginDir}, 0,
 			"config OK: 1 plugin: fake (example.com/foo)\n  example.com/foo: deviceplugin\nregistration: kubelet, through " + filepath.Join(pluginDir, "kubelet.sock") + "\n", ""},
-		{"dra", []string{"--config", dra, "--plugin-dir", pluginDir}, 0,
-			"config OK: 2 plugins: fake (example.com/foo, example.com/bar), nvidia (nvidia.com/gpu)\n" +
-				"  example.com/foo: deviceplugin, dra (driver foo.example.com, DeviceClass foo.example.com)\n" +
-				"  example.com/bar: deviceplugin, dra (driver bar.example.com, DeviceClass bar.example.com)\n" +
-				"  nvidia.com/gpu: deviceplugin\n" +
-				"dra: node $NODE_NAME, plugins in /var/lib/kubelet/plugins, CDI specs in /var/run/cdi\n" +
-				"registration: kubelet, through " + filepath.Join(pluginDir, "kubelet.sock") + "\n", ""},
 		{"json", []string{"--config", example, "--plugin-dir", pluginDir, "--registration", "kubelet", "-o", "json"}, 0,
 			`{
   "plugins": [
@@ -228,6 +218,93 @@ func TestPluginValidateDirFromEnvironment(t *testing.T) {
 	}
 	if want := `"pluginDir": "` + dir + `"`; !strings.Contains(out.String(), want) {
 		t.Errorf("--validate printed\n%s\nwant %s", out.String(), want)
+	}
+}
+
+// TestPluginValidateEnvironment checks that --validate prints the
+// directories and the node the plugin would use, whatever sets them: the
+// environment ($DPKIT_PLUGIN_DIR, $DPKIT_REGISTRY_DIR, $DPKIT_DRA_PLUGINS_DIR,
+// $DPKIT_CDI_DIR, $NODE_NAME), the flags over it, or nothing (the kubelet's).
+func TestPluginValidateEnvironment(t *testing.T) {
+	root := t.TempDir()
+	dir := func(name string) string {
+		d := filepath.Join(root, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	envPluginDir, envRegistryDir, flagPluginDir := dir("env/device-plugins"), dir("env/registry"), dir("flag/device-plugins")
+	envDRADir, envCDIDir := filepath.Join(root, "env/plugins"), filepath.Join(root, "env/cdi")
+	cfg := filepath.Join(root, "dra.yaml")
+	if err := os.WriteFile(cfg, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources: [{name: example.com/foo}, {name: example.com/bar}]\n  fronts: [deviceplugin, dra]\n- nvidia: {}\nhost: {sysfsRoot: /, devRoot: /, procRoot: /}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// With a dra section that sets the directories, the environment's
+	// are not used (as pluginrun does).
+	own := filepath.Join(root, "own.yaml")
+	if err := os.WriteFile(own, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake: {resources: [{name: example.com/foo}]}\n  fronts: [dra]\ndra: {pluginsDir: /own/plugins, cdiDir: /own/cdi, nodeName: own}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const head = "config OK: 2 plugins: fake (example.com/foo, example.com/bar), nvidia (nvidia.com/gpu)\n" +
+		"  example.com/foo: deviceplugin, dra (driver foo.example.com, DeviceClass foo.example.com)\n" +
+		"  example.com/bar: deviceplugin, dra (driver bar.example.com, DeviceClass bar.example.com)\n" +
+		"  nvidia.com/gpu: deviceplugin\n"
+	set := map[string]string{
+		"DPKIT_PLUGIN_DIR": envPluginDir, "DPKIT_REGISTRY_DIR": envRegistryDir,
+		"DPKIT_DRA_PLUGINS_DIR": envDRADir, "DPKIT_CDI_DIR": envCDIDir, "NODE_NAME": "node-7",
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"environment", set, []string{"--config", cfg},
+			head + "dra: node node-7, plugins in " + envDRADir + ", CDI specs in " + envCDIDir + "\n" +
+				"registration: registry, in " + envRegistryDir + "\n"},
+		{"flags over the environment", set, []string{"--config", cfg, "--plugin-dir", flagPluginDir, "--registration", "kubelet"},
+			head + "dra: node node-7, plugins in " + envDRADir + ", CDI specs in " + envCDIDir + "\n" +
+				"registration: kubelet, through " + filepath.Join(flagPluginDir, "kubelet.sock") + "\n"},
+		{"the file over the environment", set, []string{"--config", own, "--registration", "kubelet"},
+			"config OK: 1 plugin: fake (example.com/foo)\n  example.com/foo: dra (driver foo.example.com, DeviceClass foo.example.com)\n" +
+				"dra: node own, plugins in /own/plugins, CDI specs in /own/cdi\n" +
+				"registration: kubelet, through " + filepath.Join(envPluginDir, "kubelet.sock") + "\n"},
+		{"nothing set", nil, []string{"--config", cfg, "--plugin-dir", flagPluginDir, "--registration", "kubelet"},
+			head + "dra: node $NODE_NAME (not set here), plugins in /var/lib/kubelet/plugins, CDI specs in /var/run/cdi\n" +
+				"registration: kubelet, through " + filepath.Join(flagPluginDir, "kubelet.sock") + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k := range set {
+				t.Setenv(k, tc.env[k])
+			}
+			var out bytes.Buffer
+			if err := app.Run(context.Background(), append([]string{"plugin", "--validate"}, tc.args...), nil, &out, io.Discard); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != tc.want {
+				t.Errorf("printed\n%s\nwant\n%s", out.String(), tc.want)
+			}
+		})
+	}
+
+	// And in JSON, the dra section as used.
+	for k, v := range set {
+		t.Setenv(k, v)
+	}
+	var out bytes.Buffer
+	if err := app.Run(context.Background(), []string{"plugin", "--validate", "--config", cfg, "-o", "json"}, nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		PluginDir, RegistryDir string
+		DRA                    struct{ PluginsDir, CDIDir, NodeName string }
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.PluginDir != envPluginDir || got.RegistryDir != envRegistryDir || got.DRA.PluginsDir != envDRADir || got.DRA.CDIDir != envCDIDir || got.DRA.NodeName != "node-7" {
+		t.Errorf("--validate -o json printed\n%s\nwant the environment's directories and node", out.String())
 	}
 }
 
