@@ -14,8 +14,8 @@ LEAN_TAGS := dpkit_lean grpcnotrace
 
 all: build
 
-build: ## bin/dpkit and bin/dpkit-cluster (node, advertise, get --kubeconfig; dpkit runs it for those)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dpkit ./cmd/dpkit-cluster
+build: ## bin/dpkit, bin/dpkit-cluster (node, advertise, get --kubeconfig; dpkit runs it for those) and bin/dpkit-fakedra (the fake DRA driver)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/dpkit ./cmd/dpkit-cluster ./cmd/dpkit-fakedra
 
 build-lean: ## dpkit with "plugin" and "version" only, for device plugin DaemonSets
 	CGO_ENABLED=0 $(GO) build -tags '$(LEAN_TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dpkit-plugin ./cmd/dpkit

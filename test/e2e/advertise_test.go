@@ -574,8 +574,9 @@ var (
 )
 
 // dpkitBinary builds cmd/dpkit once per test run, with cmd/dpkit-cluster
-// next to it: dpkit runs dpkit-cluster for node, advertise and get
-// --kubeconfig, as it does when installed.
+// next to it (dpkit runs dpkit-cluster for node, advertise and get
+// --kubeconfig, as it does when installed) and cmd/dpkit-fakedra, as `make
+// build` does.
 func dpkitBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -584,10 +585,10 @@ func dpkitBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "dpkit")
-		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "./cmd/dpkit", "./cmd/dpkit-cluster")
+		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "./cmd/dpkit", "./cmd/dpkit-cluster", "./cmd/dpkit-fakedra")
 		cmd.Dir = filepath.Join("..", "..")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build ./cmd/dpkit ./cmd/dpkit-cluster: %w\n%s", err, out)
+			binErr = fmt.Errorf("go build ./cmd/dpkit ./cmd/dpkit-cluster ./cmd/dpkit-fakedra: %w\n%s", err, out)
 		}
 	})
 	if binErr != nil {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,14 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
-	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
@@ -398,72 +393,6 @@ func TestVirtualNodeDRADeleteWaitsForUnprepare(t *testing.T) {
 		}
 		return false, fmt.Sprintf("phase %s", p.Status.Phase), nil
 	})
-}
-
-// TestVirtualNodeDRAExample runs docs/dra-example.yaml as docs/dra.md
-// says: dpkit node named dra-node, the fake driver with three devices in
-// pool dra-node, then the example's DeviceClass, claim and pod, whose log
-// shows two CDI device IDs.
-func TestVirtualNodeDRAExample(t *testing.T) {
-	cp := cluster.Get(t)
-	ctx := testContext(t)
-	c := cp.Client()
-	root := shortTempDir(t)
-	const node = "dra-node"
-	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, node, root, nil)
-	startDRADriver(t, ctx, c, cp.Kubeconfig, node, root, "dev-0", "dev-1", "dev-2")
-
-	f, err := os.Open(repopath.Find("docs/dra-example.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	var pod *corev1.Pod
-	for {
-		var raw runtime.RawExtension
-		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(raw.Raw, nil, nil)
-		if err != nil {
-			t.Fatalf("docs/dra-example.yaml: %v", err)
-		}
-		switch o := obj.(type) {
-		case *resourcev1.DeviceClass:
-			_, err = c.ResourceV1().DeviceClasses().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() {
-				_ = c.ResourceV1().DeviceClasses().Delete(context.Background(), o.Name, metav1.DeleteOptions{})
-			})
-		case *resourcev1.ResourceClaim:
-			_, err = c.ResourceV1().ResourceClaims(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() {
-				_ = c.ResourceV1().ResourceClaims(o.Namespace).Delete(context.Background(), o.Name, metav1.DeleteOptions{})
-			})
-		case *corev1.Pod:
-			pod = o
-			_, err = c.CoreV1().Pods(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { _ = c.CoreV1().Pods(o.Namespace).Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
-		default:
-			t.Fatalf("docs/dra-example.yaml: unexpected %T", obj)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if pod == nil {
-		t.Fatal("docs/dra-example.yaml has no pod")
-	}
-	waitPod(t, ctx, c, pod.Namespace, pod.Name, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
-	b, err := c.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !regexp.MustCompile(`^DPKIT_CDI_DEVICES=fake\.dpkit\.io/device=dev-\d,fake\.dpkit\.io/device=dev-\d\n$`).Match(b) {
-		t.Fatalf("example pod's log %q, want DPKIT_CDI_DEVICES with two CDI device IDs", b)
-	}
 }
 
 // TestVirtualNodeDRADriverKilled: the driver of a running pod's claim

@@ -1,22 +1,21 @@
-// Command controlplane starts the test control plane (etcd, kube-apiserver
-// and kube-scheduler, built by hack/build-controlplane.sh) and keeps it
-// running until interrupted, so dpkit node and dpkit advertise can be tried
-// without a cluster:
+// Command controlplane starts the test control plane (etcd, kube-apiserver,
+// kube-scheduler and kube-controller-manager, built by
+// hack/build-controlplane.sh) and keeps it running until interrupted, so
+// dpkit node, dpkit advertise and DRA drivers can be tried without a
+// cluster. hack/cluster.sh builds what is missing and runs it:
 //
-//	bash hack/build-controlplane.sh
-//	go run ./test/controlplane/cmd/controlplane
+//	bash hack/cluster.sh
 //
-// With --node it also starts kube-controller-manager and a real node (a
-// kubelet on containerd and runc, built by hack/build-node.sh; root only),
-// on which DaemonSets run:
+// With --node it also starts a real node (a kubelet on containerd and
+// runc, built by hack/build-node.sh; root only), on which DaemonSets run:
 //
-//	bash hack/build-controlplane.sh && bash hack/build-node.sh
-//	sudo go run ./test/controlplane/cmd/controlplane --node
+//	sudo bash hack/cluster.sh --node
 //
-// It prints, as shell assignments, the administrator's kubeconfig and the
-// CA that signs the API server's kubelet client certificate (the
-// --client-ca-file of a node), and with --node the node's name, kubelet
-// root and containerd socket. Ctrl-C stops everything, restores the host
+// It prints, as shell exports, the administrator's kubeconfig, the CA that
+// signs the API server's kubelet client certificate (the --client-ca-file
+// of a node), the directory of kubectl v1.37.0, and with --node the node's
+// name, kubelet root, containerd socket and ctr; --env-file writes them to
+// a file once everything runs. Ctrl-C stops everything, restores the host
 // settings the node changed, and removes the directory, logs included,
 // unless DPKIT_CONTROLPLANE_KEEP is set.
 package main
@@ -45,7 +44,7 @@ func main() {
 
 func run() error {
 	scheduler := flag.Bool("scheduler", true, "also start kube-scheduler")
-	controllers := flag.Bool("controller-manager", false, "also start kube-controller-manager (implied by --node)")
+	controllers := flag.Bool("controller-manager", true, "also start kube-controller-manager: the controllers of a cluster (ResourceClaims released, namespaces emptied, DaemonSets rolled); always with --node")
 	envFile := flag.String("env-file", "", "write the export lines to this file once everything runs (for scripts: wait for it, then source it); removed on exit")
 	node := flag.Bool("node", false, "also start a real node: kubelet, containerd and runc (needs root and hack/build-node.sh)")
 	flag.Parse()

@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dpkit/dpkit/internal/repopath"
+	"github.com/dpkit/dpkit/test/controlplane"
+)
+
+// A recipe is a sh block of the README or a page of docs/ that a newcomer
+// pastes: the block right after a line `<!-- recipe: NAME -->`. The test
+// runs it as a script, as it is written: bash -euo pipefail, from the
+// repository root, on the test control plane (the exports hack/cluster.sh
+// prints: $KUBECONFIG, $CLIENT_CA, kubectl v1.37.0 on $PATH), dpkit and
+// dpkit-cluster built and on $PATH as `make build` and the README's
+// install step put them. A line that ends in `# => TEXT` promises that its
+// output contains TEXT. Background jobs are stopped when the recipe ends,
+// whatever it did.
+type recipe struct {
+	page, name string
+	line       int
+	body       []string
+}
+
+const recipeMarker = "<!-- recipe: "
+
+// docRecipes reads every recipe of README.md and docs/*.md.
+func docRecipes(t *testing.T) []recipe {
+	t.Helper()
+	root := filepath.Dir(repopath.Find("go.mod"))
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append([]string{filepath.Join(root, "README.md")}, pages...)
+	var out []recipe
+	for _, p := range pages {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(data), "\n")
+		for i := 0; i < len(lines); i++ {
+			name, ok := strings.CutPrefix(strings.TrimSpace(lines[i]), recipeMarker)
+			if !ok {
+				continue
+			}
+			r := recipe{page: filepath.Base(p), name: strings.TrimSuffix(name, " -->"), line: i + 1}
+			if i+1 >= len(lines) || !strings.HasPrefix(lines[i+1], "```sh") {
+				t.Fatalf("%s:%d: recipe %q: the next line must open a ```sh block", r.page, r.line, r.name)
+			}
+			for i += 2; i < len(lines) && !strings.HasPrefix(lines[i], "```"); i++ {
+				r.body = append(r.body, lines[i])
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// script is the recipe as bash runs it: each `# => TEXT` promise checked.
+func (r recipe) script() string {
+	var b strings.Builder
+	b.WriteString("set -euo pipefail\n")
+	var cont string
+	for n, line := range r.body {
+		if rest, ok := strings.CutSuffix(line, `\`); ok {
+			cont += rest + " "
+			continue
+		}
+		line, cont = cont+line, ""
+		cmd, want, ok := strings.Cut(line, "# => ")
+		if !ok {
+			b.WriteString(line + "\n")
+			continue
+		}
+		want = strings.TrimSpace(want)
+		fmt.Fprintf(&b, "out=$(%s 2>&1) || { echo \"$out\"; echo 'recipe line %d failed: %s' >&2; exit 1; }\necho \"$out\"\n",
+			strings.TrimSpace(cmd), n+1, shellQuoteLess(strings.TrimSpace(cmd)))
+		fmt.Fprintf(&b, "case \"$out\" in *%s*) ;; *) echo 'recipe line %d: the output does not contain %s' >&2; exit 1 ;; esac\n",
+			shellQuote(want), n+1, shellQuoteLess(want))
+	}
+	return b.String()
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// shellQuoteLess makes s safe inside a single-quoted message.
+func shellQuoteLess(s string) string { return strings.ReplaceAll(s, "'", `"`) }
+
+// TestDocRecipes runs every recipe of the docs on the test control plane,
+// one after another, each failing its subtest when its page drifts from
+// what dpkit does (a command, a file it names, an output it promises).
+func TestDocRecipes(t *testing.T) {
+	recipes := docRecipes(t)
+	if len(recipes) == 0 {
+		t.Fatal("no recipes in README.md and docs/")
+	}
+	// As hack/cluster.sh starts it: kube-controller-manager releases the
+	// claims and empties the namespaces the recipes delete.
+	cp := controlplane.StartForTest(t, controlplane.Options{Scheduler: true, ControllerManager: true})
+	if cp.Kubectl == "" {
+		t.Fatalf("no kubectl beside the control plane: run bash hack/build-controlplane.sh")
+	}
+	bin := filepath.Dir(dpkitBinary(t))
+	root := filepath.Dir(repopath.Find("go.mod"))
+	for _, r := range recipes {
+		t.Run(strings.TrimSuffix(r.page, ".md")+"/"+r.name, func(t *testing.T) {
+			ctx := testContext(t)
+			tmp := shortTempDir(t)
+			env := append(os.Environ(),
+				"KUBECONFIG="+cp.Kubeconfig, "CLIENT_CA="+cp.ClientCAFile,
+				"PATH="+bin+string(os.PathListSeparator)+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"),
+				"TMPDIR="+tmp)
+			out, err := runRecipe(ctx, r.script(), root, env)
+			if err != nil {
+				t.Errorf("%s:%d recipe %q: %v\n%s", r.page, r.line, r.name, err, out)
+			}
+		})
+	}
+}
+
+// runRecipe runs script with bash in a process group of its own, stdin
+// closed as in a script, and stops what it left running: SIGTERM to the
+// group, SIGKILL to what is still there 10 s later.
+func runRecipe(ctx context.Context, script, dir string, env []string) (string, error) {
+	// A file, not a pipe: the jobs the recipe leaves running hold their
+	// output open, and Wait would wait for them.
+	out, err := os.CreateTemp("", "recipe-*.log")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir, cmd.Env = dir, env
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		err = errors.Join(ctx.Err(), <-done)
+	}
+	if stopErr := stopGroup(pgid); stopErr != nil {
+		err = errors.Join(err, stopErr)
+	}
+	b, readErr := os.ReadFile(out.Name())
+	return string(b), errors.Join(err, readErr)
+}
+
+// stopGroup ends the processes of group pgid: SIGTERM, then SIGKILL after
+// 10 s, and waits until none is left.
+func stopGroup(pgid int) error {
+	if syscall.Kill(-pgid, syscall.SIGTERM) != nil {
+		return nil // none left
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	killed := false
+	for syscall.Kill(-pgid, 0) == nil {
+		if !killed && time.Now().After(deadline) {
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			killed = true
+		}
+		time.Sleep(50 * time.Millisecond) // polling for other processes' exit: nothing to wait on
+	}
+	if killed {
+		return fmt.Errorf("processes of the recipe still ran 10 s after SIGTERM")
+	}
+	return nil
+}
+
+// TestDocRecipesParsed: the recipe reader finds the recipes the pages
+// mark, and a promise is checked.
+func TestDocRecipesParsed(t *testing.T) {
+	t.Parallel()
+	recipes := docRecipes(t)
+	seen := map[string]bool{}
+	for _, r := range recipes {
+		seen[r.page] = true
+	}
+	for _, page := range []string{"README.md", "dpkit-up.md", "virtual-node.md", "dra.md", "dra-plugins.md", "exporter.md", "verify.md"} {
+		if !seen[page] {
+			t.Errorf("%s has no recipe (<!-- recipe: NAME --> before a ```sh block)", page)
+		}
+	}
+	r := recipe{body: []string{"echo hello \\", "  world   # => lo wo"}}
+	if script := r.script(); !strings.Contains(script, "*'lo wo'*") || !strings.Contains(script, "echo hello    world") {
+		t.Errorf("script %q does not join the lines and check the promise", script)
+	}
+}
