@@ -121,12 +121,36 @@ func TestDocRecipes(t *testing.T) {
 				"KUBECONFIG="+cp.Kubeconfig, "CLIENT_CA="+cp.ClientCAFile,
 				"PATH="+bin+string(os.PathListSeparator)+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"),
 				"TMPDIR="+tmp)
+			before := topEntries(t, root)
 			out, err := runRecipe(ctx, r.script(), root, env)
 			if err != nil {
 				t.Errorf("%s:%d recipe %q: %v\n%s", r.page, r.line, r.name, err, out)
 			}
+			// What the recipe built in the checkout (README's ./myplugin)
+			// goes, as the user's own clean-up would.
+			for name := range topEntries(t, root) {
+				if !before[name] {
+					if err := os.RemoveAll(filepath.Join(root, name)); err != nil {
+						t.Error(err)
+					}
+				}
+			}
 		})
 	}
+}
+
+// topEntries are the names in dir.
+func topEntries(t *testing.T, dir string) map[string]bool {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, e := range entries {
+		out[e.Name()] = true
+	}
+	return out
 }
 
 // runRecipe runs script with bash in a process group of its own, stdin
