@@ -33,9 +33,9 @@ mkdir -p "$TMPDIR"
 step() {
   local name=$1
   shift
-  /usr/bin/time -f "%e %U %S" -o "$work/time" "$@" > "$work/$name.log" 2>&1 || {
+  /usr/bin/time -f "%e %U %S" -o "$work/time" "$@" > "$work/${name//\//_}.log" 2>&1 || {
     echo "step $name failed; its output:" >&2
-    tail -40 "$work/$name.log" >&2
+    tail -40 "$work/${name//\//_}.log" >&2
     exit 1
   }
   read -r wall user sys < "$work/time"
