@@ -146,7 +146,11 @@ type DRAConfig struct {
 	TermTimeout time.Duration
 	// CallTimeout bounds waits for the API server and the other RPCs.
 	CallTimeout time.Duration
-	// Logger receives debug logs of the run. Default: discard.
+	// Logger receives debug logs of the run, the emulated kubelet's among
+	// them (at DEBUG, whatever their level: they are no findings), and a
+	// warning for each object the run created on the API server that it
+	// could not remove, with the command that removes it. Default:
+	// discard.
 	Logger *slog.Logger
 	// Progress, when set, is called with each check's result as soon as
 	// it is final, from the goroutine that called Run.

@@ -8,12 +8,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/verify"
+	"github.com/dpkit/dpkit/test/controlplane"
 )
 
 // fakeDRAConfig is a fake plugin served through the DRA front only; the
@@ -33,12 +40,20 @@ plugins:
 // and returns the report and the exit status.
 func runVerifyDRA(t *testing.T, extra []string, command ...string) (*verify.Report, int) {
 	t.Helper()
-	cp := cluster.Get(t)
 	level := "info"
 	if testing.Verbose() {
 		level = "debug"
 	}
-	args := append([]string{"--log-level", level, "verify", "--dra", "--kubeconfig", cp.Kubeconfig, "-o", "json"}, extra...)
+	rep, code, _ := verifyDRA(t, cluster.Get(t).Kubeconfig, []string{"--log-level", level}, extra, command...)
+	return rep, code
+}
+
+// verifyDRA runs dpkit GLOBAL verify --dra -o json EXTRA -- COMMAND with
+// the API server of kubeconfig and returns the report, the exit status and
+// what it wrote on stderr.
+func verifyDRA(t *testing.T, kubeconfig string, global, extra []string, command ...string) (*verify.Report, int, string) {
+	t.Helper()
+	args := append(append(slices.Clone(global), "verify", "--dra", "--kubeconfig", kubeconfig, "-o", "json"), extra...)
 	args = append(append(args, "--"), command...)
 	cmd := exec.Command(dpkitBinary(t), args...)
 	var stdout, stderr bytes.Buffer
@@ -57,7 +72,7 @@ func runVerifyDRA(t *testing.T, extra []string, command ...string) (*verify.Repo
 	var b bytes.Buffer
 	_ = rep.WriteTable(&b)
 	t.Logf("dpkit verify --dra (exit %d):\n%s\nstderr:\n%s", code, b.String(), stderr.String())
-	return &rep, code
+	return &rep, code, stderr.String()
 }
 
 // TestVerifyDRAFakePlugin checks that dpkit plugin with the fake plugin
@@ -213,4 +228,126 @@ func TestVerifyDRAUpstreamHelper(t *testing.T) {
 			t.Errorf("%s skipped: %s", r.ID, r.Detail)
 		}
 	}
+}
+
+// TestVerifyDRACleansUp runs dpkit verify --dra at the default log level
+// on a driver that passes, on a control plane with kube-controller-manager
+// and on one without (the suite's): stderr has no log line but, without
+// the namespace controller, the one that names the namespace left
+// Terminating and how to remove it, a command that works; the claims, the
+// ResourceSlices and the Node are gone either way, the claims released
+// first (none is left reserved for verify's pod, which never existed).
+func TestVerifyDRACleansUp(t *testing.T) {
+	t.Parallel()
+	config := filepath.Join(t.TempDir(), "fake-dra.yaml")
+	if err := os.WriteFile(config, []byte(fakeDRAConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		kcm  bool
+	}{{"with kube-controller-manager", true}, {"without kube-controller-manager", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var cp *controlplane.ControlPlane
+			if tc.kcm {
+				cp = controlplane.StartForTest(t, controlplane.Options{ControllerManager: true})
+			} else {
+				cp = cluster.Get(t)
+			}
+			before := verifyNamespaces(t, cp)
+			rep, code, stderr := verifyDRA(t, cp.Kubeconfig, nil, nil, dpkitBinary(t), "plugin", "--config", config)
+			if code != 0 || rep.Failed() {
+				t.Fatalf("exit %d, failed checks %v; want none", code, failedChecks(rep))
+			}
+			client := cp.Client()
+			ctx := t.Context()
+			var ns []string
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			if tc.kcm {
+				// This control plane is the test's own: what is new is
+				// the run's.
+				for _, n := range verifyNamespaces(t, cp) {
+					if !slices.Contains(before, n) {
+						ns = append(ns, n)
+					}
+				}
+				if stderr != "" || len(ns) != 0 {
+					t.Errorf("namespaces left %v; stderr at the default log level:\n%s\nwant none and nothing: the report is stdout's", ns, stderr)
+				}
+				nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+				if err != nil || len(nodes.Items) != 0 {
+					t.Errorf("Nodes left: %v (%v)", nodes, err)
+				}
+				sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+				if err != nil || len(sl.Items) != 0 {
+					t.Errorf("ResourceSlices left: %v (%v)", sl, err)
+				}
+			} else {
+				m := regexp.MustCompile(`level=WARN .*object="Namespace (dpkit-verify-[a-z0-9]+)"`).FindStringSubmatch(lines[0])
+				if len(lines) != 1 || m == nil {
+					t.Fatalf("stderr at the default log level:\n%s\nwant one warning naming the namespace left", stderr)
+				}
+				ns = []string{m[1]}
+				n, err := client.CoreV1().Namespaces().Get(ctx, ns[0], metav1.GetOptions{})
+				if err != nil || n.DeletionTimestamp == nil {
+					t.Fatalf("namespace %s: %v, %v; want it Terminating", ns[0], n, err)
+				}
+			}
+			for _, n := range ns {
+				claims, err := client.ResourceV1().ResourceClaims(n).List(ctx, metav1.ListOptions{})
+				if err != nil || len(claims.Items) != 0 {
+					t.Errorf("claims left in %s: %v (%v)", n, claims, err)
+				}
+				node := n // the run's node and namespace have one name
+				if _, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					t.Errorf("Node %s: %v, want it gone", node, err)
+				}
+				sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+				if err != nil || len(sl.Items) != 0 {
+					t.Errorf("ResourceSlices of %s left: %v (%v)", node, sl, err)
+				}
+			}
+			if tc.kcm {
+				return
+			}
+			// The command the warning gives removes the namespace.
+			m := regexp.MustCompile(`remove=("(?:[^"\\]|\\.)*")`).FindStringSubmatch(lines[0])
+			if m == nil {
+				t.Fatalf("no remove= in %q", lines[0])
+			}
+			remove, err := strconv.Unquote(m[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, command, ok := strings.Cut(remove, "or: ")
+			if !ok || cp.Kubectl == "" {
+				t.Fatalf("remove=%q: want a kubectl command after \"or: \" (kubectl %q)", remove, cp.Kubectl)
+			}
+			sh := exec.CommandContext(ctx, "sh", "-c", command)
+			sh.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig, "PATH="+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
+			if out, err := sh.CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", command, err, out)
+			}
+			if _, err := client.CoreV1().Namespaces().Get(ctx, ns[0], metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("namespace %s after the command the warning gives: %v, want it gone", ns[0], err)
+			}
+		})
+	}
+}
+
+// verifyNamespaces lists the namespaces dpkit verify --dra creates.
+func verifyNamespaces(t *testing.T, cp *controlplane.ControlPlane) []string {
+	t.Helper()
+	l, err := cp.Client().CoreV1().Namespaces().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, n := range l.Items {
+		if strings.HasPrefix(n.Name, "dpkit-verify-") {
+			out = append(out, n.Name)
+		}
+	}
+	return out
 }

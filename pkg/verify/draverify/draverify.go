@@ -142,6 +142,10 @@ type run struct {
 	reported map[string]bool
 
 	client kubernetes.Interface
+	// nodeCreated, nsCreated and created say what the run wrote on the
+	// API server (created: the claims' names), for cleanup.
+	nodeCreated, nsCreated bool
+	created                []string
 	kubeconfig,
 	root, registryDir, pluginsDir, cdiDir, stateDir string
 	node, ns string
@@ -219,9 +223,11 @@ func (r *run) setup(ctx context.Context) error {
 	if _, err := r.client.CoreV1().Nodes().Create(cctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: r.node, Labels: map[string]string{"dpkit.io/verify": "true"}}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Node %s on the API server: %w", r.node, err)
 	}
+	r.nodeCreated = true
 	if _, err := r.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Namespace %s on the API server: %w", r.ns, err)
 	}
+	r.nsCreated = true
 	if err := r.watchSlices(ctx); err != nil {
 		r.log.Debug("Cannot watch ResourceSlices", "err", err)
 	}
@@ -255,7 +261,8 @@ func kubeconfigLoading(path string) *clientcmd.ClientConfigLoadingRules {
 // directory (its checkpoint survives restarts) and a plugin watcher on
 // plugins_registry.
 func (r *run) startKubelet() error {
-	mgr, err := dramanager.New(dramanager.Config{Root: r.stateDir, Logger: r.log, CallTimeout: r.cfg.PrepareTimeout, HealthTimeout: r.cfg.HealthTimeout})
+	log := kubeletLogger(r.log)
+	mgr, err := dramanager.New(dramanager.Config{Root: r.stateDir, Logger: log, CallTimeout: r.cfg.PrepareTimeout, HealthTimeout: r.cfg.HealthTimeout})
 	if err != nil {
 		return fmt.Errorf("DRA manager: %w", err)
 	}
@@ -267,7 +274,7 @@ func (r *run) startKubelet() error {
 	w, err := pluginwatcher.New(pluginwatcher.Config{
 		Dir:      r.registryDir,
 		Handlers: map[string]pluginwatcher.Handler{pluginwatcher.DRAPlugin: recorder{next: mgr.PluginHandler(), ch: r.regs}},
-		Logger:   r.log,
+		Logger:   log,
 		// The kubelet reconciles every second; verify does so at once,
 		// so that a registration's time is the driver's, not the
 		// watcher's.
@@ -313,12 +320,11 @@ func (r *run) cleanup() {
 	}
 	r.stopKubelet()
 	if r.client != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CallTimeout)
-		defer cancel()
-		bg := metav1.DeletePropagationBackground
-		_ = r.client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: resourcev1.ResourceSliceSelectorNodeName + "=" + r.node})
-		_ = r.client.CoreV1().Namespaces().Delete(ctx, r.ns, metav1.DeleteOptions{PropagationPolicy: &bg})
-		_ = r.client.CoreV1().Nodes().Delete(ctx, r.node, metav1.DeleteOptions{})
+		// Not a finding about the driver, but what the user has to
+		// remove by hand.
+		for _, l := range r.cleanupAPI() {
+			r.log.Warn("Cannot remove an object verify --dra created on the API server", "object", l.object, "why", l.why, "remove", l.remove)
+		}
 	}
 	if r.root != "" {
 		_ = os.RemoveAll(r.root)

@@ -43,6 +43,7 @@ func (r *run) newClaim(ctx context.Context, role, device string) (*resourcev1.Re
 	if err != nil {
 		return nil, fmt.Errorf("create ResourceClaim %s/%s: %w", r.ns, role, err)
 	}
+	r.created = append(r.created, c.Name)
 	c.Status = resourcev1.ResourceClaimStatus{
 		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{{
 			Request: "req", Driver: r.driver, Pool: r.pool, Device: device,
