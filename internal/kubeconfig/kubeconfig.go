@@ -22,6 +22,10 @@ const (
 	EnvVar = "KUBECONFIG"
 )
 
+// TryHint says where a cluster to try dpkit on comes from, for the errors
+// of commands that need one.
+const TryHint = "for a cluster to try dpkit on, run bash hack/cluster.sh in a dpkit checkout and paste the exports it prints (docs/getting-started.md)"
+
 // ErrNotFound is returned when no configuration is found anywhere.
 var ErrNotFound = errors.New("no cluster configuration found")
 
@@ -76,7 +80,7 @@ func notFound(env, home string) error {
 		looked = append(looked, home+" does not exist")
 	}
 	looked = append(looked, "no in-cluster service account (not running in a pod)")
-	return fmt.Errorf("%w: give %s FILE or set $%s (%s)", ErrNotFound, Flag, EnvVar, strings.Join(looked, "; "))
+	return fmt.Errorf("%w: give %s FILE or set $%s (%s); %s", ErrNotFound, Flag, EnvVar, strings.Join(looked, "; "), TryHint)
 }
 
 // homeFile is ~/.kube/config, read from $HOME when this is called (client-go
