@@ -131,15 +131,39 @@ func (p *PluginSpec) fronts() []ResourceFront {
 // dra.pluginsDir and dra.cdiDir, or, where they are at their defaults,
 // $DPKIT_DRA_PLUGINS_DIR and $DPKIT_CDI_DIR when set (getenv).
 func (d DRAConfig) Dirs(getenv func(string) string) (pluginsDir, cdiDir string) {
-	pluginsDir, cdiDir = d.PluginsDir, d.CDIDir
-	if v := getenv(EnvDRAPluginsDir); v != "" && pluginsDir == DefaultDRAPluginsDir {
-		pluginsDir = v
-	}
-	if v := getenv(EnvCDIDir); v != "" && cdiDir == DefaultCDIDir {
-		cdiDir = v
-	}
-	return pluginsDir, cdiDir
+	r := d.Resolve(getenv, "")
+	return r.PluginsDir, r.CDIDir
 }
+
+// Resolve returns d with the directories the DRA front uses: each field
+// set in the file; else, for the plugins and CDI directories,
+// $DPKIT_DRA_PLUGINS_DIR and $DPKIT_CDI_DIR (getenv); else, when the device
+// plugin directory pluginDir is another than the kubelet's (a dpkit node's
+// or dpkit up's root), the plugins directory and PodResources socket
+// beside it, as the registry directory is; else the kubelet's.
+func (d DRAConfig) Resolve(getenv func(string) string, pluginDir string) DRAConfig {
+	root := ""
+	if pluginDir != "" && filepath.Clean(pluginDir) != filepath.Clean(kubeletPluginDir) {
+		root = filepath.Dir(filepath.Clean(pluginDir))
+	}
+	if d.PluginsDir == DefaultDRAPluginsDir {
+		if v := getenv(EnvDRAPluginsDir); v != "" {
+			d.PluginsDir = v
+		} else if root != "" {
+			d.PluginsDir = filepath.Join(root, filepath.Base(DefaultDRAPluginsDir))
+		}
+	}
+	if v := getenv(EnvCDIDir); v != "" && d.CDIDir == DefaultCDIDir {
+		d.CDIDir = v
+	}
+	if d.PodResourcesSocket == DefaultPodResourcesSocket && root != "" {
+		d.PodResourcesSocket = filepath.Join(root, "pod-resources", filepath.Base(DefaultPodResourcesSocket))
+	}
+	return d
+}
+
+// kubeletPluginDir is the kubelet's device plugin directory.
+const kubeletPluginDir = "/var/lib/kubelet/device-plugins"
 
 // Node returns the node the DRA front publishes for: dra.nodeName, else
 // $NODE_NAME (getenv), else an error that says how to set it.

@@ -166,3 +166,33 @@ func TestDRANode(t *testing.T) {
 		t.Errorf("neither: %v", err)
 	}
 }
+
+// TestDRAResolve: the DRA front's directories come from the file, then
+// the environment, then beside a device plugin directory that is not the
+// kubelet's (a dpkit node's root), then the kubelet's.
+func TestDRAResolve(t *testing.T) {
+	t.Parallel()
+	defaults := DRAConfig{PluginsDir: DefaultDRAPluginsDir, CDIDir: DefaultCDIDir, PodResourcesSocket: DefaultPodResourcesSocket}
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	for _, tc := range []struct {
+		name      string
+		d         DRAConfig
+		env       map[string]string
+		pluginDir string
+		want      DRAConfig
+	}{
+		{"kubelet", defaults, nil, "/var/lib/kubelet/device-plugins/", defaults},
+		{"no plugin dir", defaults, nil, "", defaults},
+		{"beside a node's root", defaults, nil, "/tmp/r/device-plugins",
+			DRAConfig{PluginsDir: "/tmp/r/plugins", CDIDir: DefaultCDIDir, PodResourcesSocket: "/tmp/r/pod-resources/kubelet.sock"}},
+		{"environment first", defaults, map[string]string{EnvDRAPluginsDir: "/e/plugins", EnvCDIDir: "/e/cdi"}, "/tmp/r/device-plugins",
+			DRAConfig{PluginsDir: "/e/plugins", CDIDir: "/e/cdi", PodResourcesSocket: "/tmp/r/pod-resources/kubelet.sock"}},
+		{"the file first", DRAConfig{PluginsDir: "/f/plugins", CDIDir: "/f/cdi", PodResourcesSocket: "/f/pr.sock"},
+			map[string]string{EnvDRAPluginsDir: "/e/plugins", EnvCDIDir: "/e/cdi"}, "/tmp/r/device-plugins",
+			DRAConfig{PluginsDir: "/f/plugins", CDIDir: "/f/cdi", PodResourcesSocket: "/f/pr.sock"}},
+	} {
+		if got := tc.d.Resolve(env(tc.env), tc.pluginDir); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -200,14 +200,16 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	}
 	// The kubelet's PodResources API says which devices containers still
 	// hold through the device plugin front.
-	lister, conn, err := inventory.DialPodResources(cfg.DRA.PodResourcesSocket)
+	// The DRA fronts register where the device plugins do, and find the
+	// kubelet's other directories beside theirs.
+	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
+	dra := cfg.DRA.Resolve(getenv, pluginDir)
+	pluginsDir, cdiDir := dra.PluginsDir, dra.CDIDir
+	lister, conn, err := inventory.DialPodResources(dra.PodResourcesSocket)
 	if err != nil {
 		return nil, nil, nil, closeAll, err
 	}
 	closeAll = func() { _ = conn.Close() }
-	// The DRA fronts register where the device plugins do.
-	_, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
-	pluginsDir, cdiDir := cfg.DRA.Dirs(getenv)
 	var registerer prometheus.Registerer
 	if reg != nil {
 		registerer = reg

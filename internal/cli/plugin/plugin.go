@@ -186,8 +186,7 @@ func validate(cmd *cobra.Command, env *cli.Env, cfg *config.PluginConfig, format
 	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
 	r := report{Plugins: []pluginReport{}, PluginDir: filepath.Clean(pluginDir), RegistryDir: filepath.Clean(registryDir), Resources: cfg.Fronts()}
 	if cfg.UsesFront(config.FrontDRA) {
-		d := cfg.DRA
-		d.PluginsDir, d.CDIDir = cfg.DRA.Dirs(env.Var)
+		d := cfg.DRA.Resolve(env.Var, pluginDir)
 		if node, err := d.Node(env.Var); err == nil {
 			d.NodeName = node
 		}

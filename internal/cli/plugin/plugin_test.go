@@ -271,7 +271,9 @@ func TestPluginValidateEnvironment(t *testing.T) {
 				"dra: node own, plugins in /own/plugins, CDI specs in /own/cdi\n" +
 				"registration: kubelet, through " + filepath.Join(envPluginDir, "kubelet.sock") + "\n"},
 		{"nothing set", nil, []string{"--config", cfg, "--plugin-dir", flagPluginDir, "--registration", "kubelet"},
-			head + "dra: node $NODE_NAME (not set here), plugins in /var/lib/kubelet/plugins, CDI specs in /var/run/cdi\n" +
+			// The plugins directory beside the device plugin directory
+			// given, as the registry directory.
+			head + "dra: node $NODE_NAME (not set here), plugins in " + filepath.Join(filepath.Dir(flagPluginDir), "plugins") + ", CDI specs in /var/run/cdi\n" +
 				"registration: kubelet, through " + filepath.Join(flagPluginDir, "kubelet.sock") + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
