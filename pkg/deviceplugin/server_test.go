@@ -24,6 +24,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/dpkit/dpkit/internal/syncbuf"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 )
@@ -699,24 +700,6 @@ func serveUntilDone(t *testing.T, cfg deviceplugin.Config) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A device list that names an ID twice is refused as a whole and logged
 // as an error naming the ID and both entries, once however often Scan
 // sends it. Refused first, the resource registers with no devices after
@@ -739,7 +722,7 @@ func TestDuplicateDeviceIDRefused(t *testing.T) {
 	}
 	t.Run("first list", func(t *testing.T) {
 		k := dptest.NewKubelet(t)
-		var log syncBuffer
+		var log syncbuf.Buffer
 		p := &testPlugin{ready: make(chan struct{}), devs: dup}
 		dptest.ServeConfig(t, k, deviceplugin.Config{Logger: slog.New(slog.NewTextHandler(&log, nil)), FirstScanWait: 100 * time.Millisecond},
 			deviceplugin.Resource{Name: res, Plugin: p})
@@ -760,7 +743,7 @@ func TestDuplicateDeviceIDRefused(t *testing.T) {
 	})
 	t.Run("later list", func(t *testing.T) {
 		k := dptest.NewKubelet(t)
-		var log syncBuffer
+		var log syncbuf.Buffer
 		p := newTestPlugin(2)
 		dptest.ServeConfig(t, k, deviceplugin.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))}, deviceplugin.Resource{Name: res, Plugin: p})
 		k.WaitForDevices(t, res, dptest.Healthy(2))

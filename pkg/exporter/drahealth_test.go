@@ -1,14 +1,12 @@
 package exporter
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dpkit/dpkit/internal/syncbuf"
 )
 
 // healthDriver serves DRAResourceHealth on a DRA driver's socket: each
@@ -185,25 +185,6 @@ dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device=
 	}
 }
 
-// lockedBuffer is a bytes.Buffer a logger writes on one goroutine while
-// the test reads it on another.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestDRAHealthBounded keeps at most MaxDevicesPerDriver devices of a
 // driver, those reported last: a driver (or whatever serves its socket)
 // that reports ever new device names cannot grow the exporter's memory
@@ -215,7 +196,7 @@ func TestDRAHealthBounded(t *testing.T) {
 	dir := t.TempDir()
 	drv := &healthDriver{reports: make(chan *drahealthv1.NodeWatchResourcesResponse), opened: make(chan struct{}, 10)}
 	serveDriver(t, dir, driver, drv)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	h, err := NewDRAHealth(DRAHealthConfig{
 		PluginsDir: dir, MaxDevicesPerDriver: bound,
 		Clock: clocktesting.NewFakeClock(time.Unix(1000, 0)), Logger: slog.New(slog.NewTextHandler(logs, nil)),

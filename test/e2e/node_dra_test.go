@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/syncbuf"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
@@ -519,24 +519,6 @@ func TestVirtualNodeDRASlicesWiped(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestVirtualNodeDRAPrefersDevicePlugin: on a node where a device plugin
 // and a DeviceClass (extendedResourceName) both give one extended
 // resource, which a node must not do, the node logs a warning naming the
@@ -553,7 +535,7 @@ func TestVirtualNodeDRAPrefersDevicePlugin(t *testing.T) {
 	res := corev1.ResourceName("example.com/" + unique("both"))
 	class := deviceClass(t, ctx, c, string(res))
 
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	nctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/syncbuf"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
@@ -84,7 +84,7 @@ type upRun struct {
 	seen   []string
 	// logs is what the run logged (warnings and errors: "dpkit up" logs
 	// no lower without --log-level).
-	logs *syncBuffer
+	logs *syncbuf.Buffer
 }
 
 func startUp(t *testing.T, args ...string) *upRun {
@@ -106,7 +106,7 @@ func start(t *testing.T, run func(context.Context, *cli.Env) error) *upRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	state := t.TempDir()
-	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel, logs: &syncBuffer{},
+	u := &upRun{t: t, lines: make(chan string, 100), done: make(chan error, 1), cancel: cancel, logs: &syncbuf.Buffer{},
 		getenv: func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }}
 	go func() {
 		defer close(u.lines)
@@ -592,24 +592,6 @@ func TestExamplePods(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestUpCleanStopIsQuiet stops "dpkit up" as Ctrl-C does once its plugin

@@ -1,13 +1,11 @@
 package cri
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/dpkit/dpkit/internal/syncbuf"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -68,31 +67,13 @@ func TestNoCRIRuntime(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestClientLogsToBackendLogger: the CRI client's own logs (a failed
 // pull) go to the backend's logger, not to klog's global one.
 func TestClientLogsToBackendLogger(t *testing.T) {
 	t.Parallel()
 	f := newFakeRuntime(t)
 	rec := newRecorder()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	b := newTestBackend(t, f, rec, backend.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, time.Hour)
 	defer b.Close()
 	pod := testPod("pull", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "absent:1"})
