@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A cluster to try dpkit against, on this machine, from Go modules only:
 # kube-apiserver, etcd, kube-scheduler and kube-controller-manager v1.37.0
-# (and kubectl v1.37.0), built on first use (about 10 minutes cold on 2
+# (and kubectl v1.37.0), built on first use (about 6 minutes cold on 2
 # cores, then seconds). It prints the lines to paste into your shell:
 #
 #   export KUBECONFIG=...   export CLIENT_CA=...   export PATH=...:$PATH (kubectl)

@@ -26,6 +26,9 @@
 //
 // It stops on SIGINT/SIGTERM. Stdin closing (a script started it with &,
 // or with </dev/null) ends the commands only: the driver keeps serving.
+// So does a terminal it cannot read: started with & from an interactive
+// shell, its read of the terminal fails (SIGTTIN is ignored), where it
+// would otherwise stop the whole driver until brought to the foreground.
 package main
 
 import (
@@ -116,6 +119,10 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A background job that reads its terminal is stopped (SIGTTIN), the
+	// driver's gRPC servers with it; ignored, the read fails instead and
+	// only the commands end.
+	signal.Ignore(syscall.SIGTTIN)
 	var opts []kubeletplugin.Option
 	if *v1beta1 {
 		opts = append(opts, kubeletplugin.NodeV1(false))

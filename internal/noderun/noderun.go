@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/informers"
+	"k8s.io/utils/clock"
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/config"
@@ -39,6 +40,9 @@ import (
 
 // Options are the flags of "dpkit node".
 type Options struct {
+	// PluginClock times the in-process plugins of PluginConfig (tests);
+	// nil is the real clock.
+	PluginClock clock.WithTicker
 	// Kubeconfig is --kubeconfig; empty means $KUBECONFIG, ~/.kube/config,
 	// then the in-cluster configuration (internal/kubeconfig).
 	Kubeconfig   string
@@ -339,6 +343,17 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		nodes []*virtualnode.Node
 	)
 	g, gctx := errgroup.WithContext(ctx)
+	// The nodes stop once the in-process plugins have, as dpkit up stops
+	// its plugins first: a plugin whose node's registration socket went
+	// first would log a failed registration on every clean stop.
+	var plugins sync.WaitGroup
+	nctx, ncancel := context.WithCancel(context.WithoutCancel(gctx))
+	defer ncancel()
+	go func() {
+		<-gctx.Done()
+		plugins.Wait()
+		ncancel()
+	}()
 	for i := range o.Count {
 		cfg := virtualnode.Config{
 			Name:       o.Name,
@@ -371,21 +386,33 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				cfg.Port = o.Port + i
 			}
 		}
+		nodeUp := make(chan struct{})
 		if pluginCfg != nil {
 			pc, err := pluginCfg(cfg.Root)
 			if err != nil {
 				return err
 			}
 			plog := log.With("node", cfg.Name, "component", "plugin")
+			plugins.Add(1)
 			g.Go(func() error {
-				if err := pluginrun.Run(gctx, plog, pc, nil); err != nil && gctx.Err() == nil {
+				defer plugins.Done()
+				// Once the node serves its registration socket, as a
+				// plugin DaemonSet starts on a running kubelet: started
+				// before, it logs a failed registration first.
+				select {
+				case <-nodeUp:
+				case <-gctx.Done():
+					return nil
+				}
+				if err := pluginrun.RunWith(gctx, plog, pc, nil, pluginrun.Options{Clock: o.PluginClock}); err != nil && gctx.Err() == nil {
 					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
 				}
 				return nil
 			})
 		}
 		g.Go(func() error {
-			return portHint(o, virtualnode.Run(gctx, cfg, func(n *virtualnode.Node) {
+			return portHint(o, virtualnode.Run(nctx, cfg, func(n *virtualnode.Node) {
+				close(nodeUp)
 				mu.Lock()
 				nodes = append(nodes, n)
 				all := len(nodes) == o.Count

@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -100,10 +103,16 @@ func shellQuoteLess(s string) string { return strings.ReplaceAll(s, "'", `"`) }
 // TestDocRecipes runs every recipe of the docs on the test control plane,
 // one after another, each failing its subtest when its page drifts from
 // what dpkit does (a command, a file it names, an output it promises).
+// Each runs twice: as a script (bash, stdin closed) and as typed in an
+// interactive shell (bash -i on a terminal: job control, background jobs
+// in process groups of their own, which stop on reading the terminal).
 func TestDocRecipes(t *testing.T) {
 	recipes := docRecipes(t)
 	if len(recipes) == 0 {
 		t.Fatal("no recipes in README.md and docs/")
+	}
+	if _, err := exec.LookPath("script"); err != nil {
+		t.Fatalf("script (util-linux) runs the recipes on a terminal: %v", err)
 	}
 	// As hack/cluster.sh starts it: kube-controller-manager releases the
 	// claims and empties the namespaces the recipes delete.
@@ -114,28 +123,31 @@ func TestDocRecipes(t *testing.T) {
 	bin := filepath.Dir(dpkitBinary(t))
 	root := filepath.Dir(repopath.Find("go.mod"))
 	for _, r := range recipes {
-		t.Run(strings.TrimSuffix(r.page, ".md")+"/"+r.name, func(t *testing.T) {
-			ctx := testContext(t)
-			tmp := shortTempDir(t)
-			env := append(os.Environ(),
-				"KUBECONFIG="+cp.Kubeconfig, "CLIENT_CA="+cp.ClientCAFile,
-				"PATH="+bin+string(os.PathListSeparator)+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"),
-				"TMPDIR="+tmp)
-			before := topEntries(t, root)
-			out, err := runRecipe(ctx, r.script(), root, env)
-			if err != nil {
-				t.Errorf("%s:%d recipe %q: %v\n%s", r.page, r.line, r.name, err, out)
-			}
-			// What the recipe built in the checkout (README's ./myplugin)
-			// goes, as the user's own clean-up would.
-			for name := range topEntries(t, root) {
-				if !before[name] {
-					if err := os.RemoveAll(filepath.Join(root, name)); err != nil {
-						t.Error(err)
+		for _, interactive := range []bool{false, true} {
+			shell := map[bool]string{false: "script", true: "interactive"}[interactive]
+			t.Run(strings.TrimSuffix(r.page, ".md")+"/"+r.name+"/"+shell, func(t *testing.T) {
+				ctx := testContext(t)
+				tmp := shortTempDir(t)
+				env := append(os.Environ(),
+					"KUBECONFIG="+cp.Kubeconfig, "CLIENT_CA="+cp.ClientCAFile,
+					"PATH="+bin+string(os.PathListSeparator)+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"),
+					"TMPDIR="+tmp)
+				before := topEntries(t, root)
+				out, err := runRecipe(ctx, t.TempDir(), r.script(), root, env, interactive)
+				if err != nil {
+					t.Errorf("%s:%d recipe %q (%s): %v\n%s", r.page, r.line, r.name, shell, err, out)
+				}
+				// What the recipe built in the checkout (README's
+				// ./myplugin) goes, as the user's own clean-up would.
+				for name := range topEntries(t, root) {
+					if !before[name] {
+						if err := os.RemoveAll(filepath.Join(root, name)); err != nil {
+							t.Error(err)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -153,60 +165,126 @@ func topEntries(t *testing.T, dir string) map[string]bool {
 	return out
 }
 
-// runRecipe runs script with bash in a process group of its own, stdin
-// closed as in a script, and stops what it left running: SIGTERM to the
-// group, SIGKILL to what is still there 10 s later.
-func runRecipe(ctx context.Context, script, dir string, env []string) (string, error) {
+// runRecipe runs script from a file in work, with bash, in a session of
+// its own: stdin closed, or typed into an interactive shell on a terminal
+// (script -c "bash -i", the file as its input). Then it stops what the recipe left running, in
+// whatever process group: SIGTERM to every process of the sessions, SIGKILL
+// to what is still there 10 s later.
+func runRecipe(ctx context.Context, work, script, dir string, env []string, interactive bool) (string, error) {
+	file, sidFile := filepath.Join(work, "recipe.sh"), filepath.Join(work, "session")
+	// The shell records its session: an interactive one runs in the
+	// terminal's session, not in the one made for script.
+	prelude := `read -r -a _dpkit_stat < /proc/$$/stat && echo "${_dpkit_stat[5]}" > ` + shellQuote(sidFile) + "\n"
+	if err := os.WriteFile(file, []byte(prelude+script), 0o600); err != nil {
+		return "", err
+	}
 	// A file, not a pipe: the jobs the recipe leaves running hold their
 	// output open, and Wait would wait for them.
-	out, err := os.CreateTemp("", "recipe-*.log")
+	out, err := os.Create(filepath.Join(work, "output"))
 	if err != nil {
 		return "", err
 	}
-	defer os.Remove(out.Name())
 	defer out.Close()
-	cmd := exec.Command("bash", "-c", script)
+	cmd := exec.Command("bash", file)
+	if interactive {
+		// Typed, line by line, into an interactive shell on a terminal:
+		// a job a line starts with & is numbered as the user sees it
+		// (bash -i FILE would number every command), and a job that
+		// reads the terminal is stopped, as it would be.
+		if err := os.WriteFile(file, []byte(prelude+script+"exit 0\n"), 0o600); err != nil {
+			return "", err
+		}
+		in, err := os.Open(file)
+		if err != nil {
+			return "", err
+		}
+		defer in.Close()
+		cmd = exec.Command("script", "-qec", "bash --noprofile --norc -i", "/dev/null")
+		cmd.Stdin = in
+	}
 	cmd.Dir, cmd.Env = dir, env
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return "", err
 	}
-	pgid := cmd.Process.Pid
+	sessions := []int{cmd.Process.Pid}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		err = errors.Join(ctx.Err(), <-done)
+		err = ctx.Err()
 	}
-	if stopErr := stopGroup(pgid); stopErr != nil {
+	if b, readErr := os.ReadFile(sidFile); readErr == nil {
+		var sid int
+		if _, scanErr := fmt.Sscan(string(b), &sid); scanErr == nil && sid > 1 {
+			sessions = append(sessions, sid)
+		}
+	}
+	if stopErr := stopSessions(sessions); stopErr != nil {
 		err = errors.Join(err, stopErr)
+	}
+	if ctx.Err() != nil {
+		<-done
 	}
 	b, readErr := os.ReadFile(out.Name())
 	return string(b), errors.Join(err, readErr)
 }
 
-// stopGroup ends the processes of group pgid: SIGTERM, then SIGKILL after
-// 10 s, and waits until none is left.
-func stopGroup(pgid int) error {
-	if syscall.Kill(-pgid, syscall.SIGTERM) != nil {
-		return nil // none left
-	}
+// stopSessions ends every process of the sessions: SIGTERM, then SIGKILL
+// after 10 s, and waits until none is left.
+func stopSessions(sids []int) error {
 	deadline := time.Now().Add(10 * time.Second)
-	killed := false
-	for syscall.Kill(-pgid, 0) == nil {
-		if !killed && time.Now().After(deadline) {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			killed = true
+	signalled, killed := false, false
+	for {
+		pids := sessionProcesses(sids)
+		if len(pids) == 0 {
+			break
 		}
-		time.Sleep(50 * time.Millisecond) // polling for other processes' exit: nothing to wait on
+		switch {
+		case !signalled:
+			signalled = true
+			for _, p := range pids {
+				_ = syscall.Kill(p, syscall.SIGTERM)
+			}
+		case !killed && time.Now().After(deadline):
+			killed = true
+			for _, p := range pids {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // other processes' exit: nothing to wait on
 	}
 	if killed {
 		return fmt.Errorf("processes of the recipe still ran 10 s after SIGTERM")
 	}
 	return nil
+}
+
+// sessionProcesses lists the live processes (not zombies) of the sessions.
+func sessionProcesses(sids []int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp session ...: after the last ")".
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 4 || f[0] == "Z" {
+			continue
+		}
+		if sid, err := strconv.Atoi(f[3]); err == nil && slices.Contains(sids, sid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // TestDocRecipesParsed: the recipe reader finds the recipes the pages

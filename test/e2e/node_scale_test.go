@@ -25,9 +25,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/repopath"
+	"github.com/dpkit/dpkit/internal/syncbuf"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 	"github.com/dpkit/dpkit/test/upstream"
@@ -560,4 +562,56 @@ func liftNotReadyTaints(ctx context.Context, c kubernetes.Interface, prefix stri
 	f.StartWithContext(ctx)
 	<-ctx.Done()
 	f.Shutdown()
+}
+
+// TestVirtualNodeInProcessPluginsQuietStop starts `dpkit node --count 2
+// --plugin-config` and stops it as Ctrl-C does, long after the plugins
+// registered (their clock moved past the guard after a registration):
+// nothing is logged at WARN or above. Each plugin starts once its node
+// serves its registration socket (started with the node, it logged a
+// failed registration every time), and the nodes stop after their
+// plugins, as dpkit up's do.
+func TestVirtualNodeInProcessPluginsQuietStop(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	// What a stop in the wrong order logs depends on which side sees the
+	// other go first: stop it a few times.
+	for i := range 3 {
+		prefix := unique("quiet")
+		root := shortTempDir(t)
+		cfg := filepath.Join(root, "plugin.yaml")
+		res := corev1.ResourceName("e2e.dpkit.io/" + prefix)
+		writeFile(t, cfg, fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: 2\n", res))
+		clk := clocktesting.NewFakeClock(time.Now())
+		o := noderun.Options{
+			Kubeconfig: cp.Kubeconfig, Name: prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",
+			Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, CPU: "1", Memory: "1Gi", Pods: "10",
+			Count: 2, QPS: 50, Burst: 100, PluginConfig: cfg, PluginClock: clk,
+		}
+		var logs syncbuf.Buffer
+		log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		ready := watchNodesReady(ctx, c, prefix+"-", 2, res, 2)
+		nctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- noderun.Run(nctx, log, o, nil) }()
+		select {
+		case <-ready.done:
+		case err := <-done:
+			cancel()
+			t.Fatalf("dpkit node exited: %v", err)
+		case <-ctx.Done():
+			cancel()
+			t.Fatalf("%d of 2 nodes Ready with their devices: %v", ready.count(), ctx.Err())
+		}
+		ready.stop()
+		clk.Step(time.Minute)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("stop %d: dpkit node returned %v", i, err)
+		}
+		if l := logs.String(); l != "" {
+			t.Fatalf("stop %d: a clean stop logged:\n%s", i, l)
+		}
+	}
 }
