@@ -67,6 +67,9 @@ func (s Stat) PPID() int { return s.int(1) }
 // PGRP is the process group (field 5).
 func (s Stat) PGRP() int { return s.int(2) }
 
+// Session is the session ID (field 6).
+func (s Stat) Session() int { return s.int(3) }
+
 // StartTicks is the start time in clock ticks since boot (field 22): it
 // tells a process from a later one that reuses its PID.
 func (s Stat) StartTicks() uint64 { return s.uint(19) }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,12 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -264,23 +263,9 @@ func stopSessions(sids []int) error {
 
 // sessionProcesses lists the live processes (not zombies) of the sessions.
 func sessionProcesses(sids []int) []int {
-	entries, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp session ...: after the last ")".
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) < 4 || f[0] == "Z" {
-			continue
-		}
-		if sid, err := strconv.Atoi(f[3]); err == nil && slices.Contains(sids, sid) {
+	for _, pid := range procfs.PIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && !st.Exited() && slices.Contains(sids, st.Session()) {
 			out = append(out, pid)
 		}
 	}

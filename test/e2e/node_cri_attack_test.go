@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -205,14 +206,14 @@ func waitLog(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, pod,
 // mountsUnder lists the mount points at or below dir.
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := procfs.Mounts()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			out = append(out, f[4])
+	for _, m := range mounts {
+		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
+			out = append(out, m.Point)
 		}
 	}
 	return out

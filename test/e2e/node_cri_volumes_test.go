@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -222,16 +221,7 @@ echo "all done" > /dev/termination-log`
 		if err != nil {
 			return false, "", err
 		}
-		mounts, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			return false, "", err
-		}
-		var under []string
-		for line := range strings.SplitSeq(string(mounts), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
-				under = append(under, f[4])
-			}
-		}
+		under := mountsUnder(t, root)
 		dirs, _ := filepath.Glob(filepath.Join(root, "pods", string(created.UID)))
 		return len(pods.Items) == 0 && len(under) == 0 && len(dirs) == 0, fmt.Sprintf("pods %d, mounts %v, pod directories %v", len(pods.Items), under, dirs), nil
 	})
