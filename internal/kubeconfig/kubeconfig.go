@@ -24,7 +24,7 @@ const (
 
 // TryHint says where a cluster to try dpkit on comes from, for the errors
 // of commands that need one.
-const TryHint = "for a cluster to try dpkit on, run bash hack/cluster.sh in a dpkit checkout and paste the exports it prints (docs/getting-started.md)"
+const TryHint = "for a cluster to try dpkit on, run bash hack/cluster.sh in a dpkit checkout (its first run builds Kubernetes from Go modules: about 6 minutes on 2 cores) and paste the exports it prints (docs/getting-started.md)"
 
 // ErrNotFound is returned when no configuration is found anywhere.
 var ErrNotFound = errors.New("no cluster configuration found")
