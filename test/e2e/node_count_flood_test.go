@@ -136,22 +136,26 @@ func nodeReady(n *corev1.Node) bool {
 // procStatusKiB reads a kB field of /proc/PID/status (VmRSS:, VmHWM:).
 func procStatusKiB(t *testing.T, pid int, field string) uint64 {
 	t.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	kb, err := statusKiB(pid, field)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return kb
+}
+
+// statusKiB reads a kB field of /proc/PID/status.
+func statusKiB(pid int, field string) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb
+			return strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 		}
 	}
-	t.Fatalf("/proc/%d/status has no %s", pid, field)
-	return 0
+	return 0, fmt.Errorf("/proc/%d/status has no %s", pid, field)
 }
 
 // afterNodeStopsAt unmounts, once the test's node process has stopped,

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -268,18 +266,8 @@ func memoryInUse() (heap, rss uint64) {
 
 // processRSS reads VmRSS from /proc/PID/status; 0 when it cannot.
 func processRSS(pid int) uint64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
+	kb, _ := statusKiB(pid, "VmRSS:")
+	return kb * 1024
 }
 
 // apiRequests is the API server's apiserver_request_total, summed.
