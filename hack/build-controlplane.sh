@@ -37,7 +37,9 @@ current() {
   "$out/kube-scheduler" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
   "$out/kube-controller-manager" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_VERSION}" || return 1
   "$out/etcd" --version 2>/dev/null | grep -qx "etcd Version: ${ETCD_VERSION#v}" || return 1
-  "$out/kubectl" version --client 2>/dev/null | grep -qx "Client Version: ${KUBE_VERSION}" || return 1
+  # Read whole: kubectl prints two lines, and grep -q quitting after the
+  # first would fail it with SIGPIPE under pipefail.
+  [[ "$("$out/kubectl" version --client 2>/dev/null)" == *"Client Version: ${KUBE_VERSION}"* ]] || return 1
 }
 
 lock_dir "$out"
