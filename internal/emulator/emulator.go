@@ -113,6 +113,10 @@ func (e *Emulator) NUMANodes() []int { return slices.Clone(e.opts.NUMANodes) }
 // Manager returns the emulator's device manager.
 func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
 
+// NodeName returns the node this kubelet is (Options.NodeName, or the
+// host's name).
+func (e *Emulator) NodeName() string { return e.nodeName }
+
 // Run runs an emulated kubelet until ctx is done. started, when not nil,
 // is called once the device manager, the plugin watcher, the PodResources
 // API and the admin API are listening. Run returns nil when ctx ends, after

@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Bounds of allocate.every-device, so that a plugin with ten thousand
@@ -55,6 +58,15 @@ func everyDeviceRequests(healthy []string) (alone []string, pairs [][]string, al
 type allocFailure struct {
 	ids []string
 	msg string
+	// code is the call's gRPC status code (Unknown when it had none).
+	code codes.Code
+}
+
+// refusal reports whether f is a request the plugin declined on purpose:
+// InvalidArgument for a request of several devices, such as NVIDIA's
+// failRequestsGreaterThanOne on time-sliced GPUs.
+func (f allocFailure) refusal() bool {
+	return len(f.ids) > 1 && f.code == codes.InvalidArgument
 }
 
 func (f allocFailure) String() string {
@@ -86,7 +98,7 @@ func (r *runner) everyDevice(ctx context.Context, o *outcome, res string, c *con
 		out, err := r.allocate(ctx, c, ids)
 		switch {
 		case err != nil:
-			return &allocFailure{ids: ids, msg: statusMessage(err)}
+			return &allocFailure{ids: ids, msg: statusMessage(err), code: status.Code(err)}
 		case len(out.ContainerResponses) != 1:
 			return &allocFailure{ids: ids, msg: fmt.Sprintf("%d responses to 1 container request", len(out.ContainerResponses))}
 		}
@@ -155,6 +167,12 @@ func (r *runner) everyDevice(ctx context.Context, o *outcome, res string, c *con
 	if len(notes) > 0 {
 		tried += " (" + strings.Join(notes, "; ") + ")"
 	}
+	// Requests of several devices declined on purpose (InvalidArgument,
+	// every device having succeeded alone) are the plugin's policy, not a
+	// bug: the kubelet fails such a pod's admission all the same, so they
+	// warn.
+	refused := slices.DeleteFunc(slices.Clone(groupFails), func(f allocFailure) bool { return !f.refusal() })
+	groupFails = slices.DeleteFunc(groupFails, allocFailure.refusal)
 	var problems []string
 	if len(aloneFails) > 0 {
 		problems = append(problems, fmt.Sprintf("Allocate failed for %d of the %d devices asked for alone: %s", len(aloneFails), triedAlone, someFailures(aloneFails)))
@@ -164,6 +182,10 @@ func (r *runner) everyDevice(ctx context.Context, o *outcome, res string, c *con
 	}
 	if len(problems) > 0 {
 		o.fail(res, "%s; the kubelet fails the admission of a pod given these devices. Tried %s", strings.Join(problems, "; "), tried)
+		return failedAlone
+	}
+	if len(refused) > 0 {
+		o.warn(res, "Allocate refused %s of several devices with InvalidArgument, each device having succeeded alone: %s; a policy (one device per container, as with time-sliced replicas), but the kubelet fails the admission of a pod that asks for more: say so in the plugin's documentation. Tried %s", plural(len(refused), "request"), someFailures(refused), tried)
 		return failedAlone
 	}
 	o.pass(res, "%s: every call succeeded with one response", tried)

@@ -194,6 +194,7 @@ func TestBrokenPlugins(t *testing.T) {
 		{mode: "no-concurrent-allocate", fails: verify.CheckConcurrent},
 		{mode: "allocate-fails-one", fails: verify.CheckEveryDevice},
 		{mode: "allocate-fails-several", fails: verify.CheckEveryDevice},
+		{mode: "one-device-per-container", warns: verify.CheckEveryDevice},
 		{mode: "pref-wrong-size", fails: verify.CheckPrefSize},
 		{mode: "ignore-must-include", fails: verify.CheckPrefMust},
 		{mode: "pref-unavailable", fails: verify.CheckPrefAvailable},

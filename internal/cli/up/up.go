@@ -86,6 +86,9 @@ type options struct {
 	allocator emulator.ClaimAllocator
 	// NodeName is the node the emulated kubelet is (--node-name).
 	NodeName string
+	// draFront serves the config's DRA fronts (from Env.Cluster, with
+	// Kubeconfig); nil: a config with a DRA front is refused.
+	draFront pluginrun.DRAFront
 	// clock times the plugins' device plugin server; nil: the real clock.
 	clock clock.WithTicker
 }
@@ -145,6 +148,7 @@ sockets.`,
 					return err
 				}
 				o.claims, o.allocator = claims, alloc
+				o.draFront = env.Cluster.DRAFront()
 			}
 			log := env.Logger
 			if f := cmd.Flags().Lookup("log-level"); log != nil && (f == nil || !f.Changed) {
@@ -184,6 +188,12 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 	}
 	if err := setHostRoot(cfg, o.HostRoot); err != nil {
 		return cli.Exit(2, err)
+	}
+	if cfg.DRA.Kubeconfig == "" {
+		cfg.DRA.Kubeconfig = o.Kubeconfig
+	}
+	if cfg.UsesFront(config.FrontDRA) && o.draFront == nil {
+		return cli.Exit(2, fmt.Errorf("%s: a DRA front publishes ResourceSlices on an API server: add --kubeconfig FILE (pods' claims are then allocated and prepared too), or remove dra from the plugins' fronts", frontsField(cfg)))
 	}
 	if o.Command == "" {
 		o.Command = "dpkit"
@@ -285,7 +295,11 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		pg, pctx := errgroup.WithContext(gctx)
 		servers := make(chan *deviceplugin.Server, 1)
 		pg.Go(func() error {
-			return pluginrun.RunWith(pctx, log.With("component", "plugin"), cfg, func(s *deviceplugin.Server, _ string) { servers <- s }, pluginrun.Options{Clock: o.clock})
+			return pluginrun.RunWith(pctx, log.With("component", "plugin"), cfg, func(s *deviceplugin.Server, _ string) { servers <- s }, pluginrun.Options{
+				Clock:  o.clock,
+				DRA:    o.draFront,
+				Getenv: draEnv(env.Var, root, e.NodeName()),
+			})
 		})
 		pg.Go(func() error {
 			var srv *deviceplugin.Server
@@ -652,4 +666,35 @@ func claimsFrom(env *cli.Env, kubeconfig string) (dramanager.ClaimGetter, emulat
 		return nil, nil, cli.Exit(2, fmt.Errorf("--kubeconfig: %w", err))
 	}
 	return emulator.ClaimsFromJSON(r.ClaimJSON), emulator.AllocatorFromJSON(r.Allocate, r.Release), nil
+}
+
+// frontsField names the fronts field of the first plugin with a DRA front.
+func frontsField(cfg *config.PluginConfig) string {
+	for i := range cfg.Plugins {
+		if slices.Contains(cfg.Plugins[i].Fronts, config.FrontDRA) {
+			return fmt.Sprintf("plugins[%d].fronts", i)
+		}
+	}
+	return "fronts"
+}
+
+// draEnv is the environment the plugins' DRA fronts read: the emulated
+// kubelet's node name for $NODE_NAME, and the CDI specs under the root
+// (root/cdi) unless $DPKIT_CDI_DIR says where: the runtime's /var/run/cdi
+// is the host's, and no container runtime reads them here. The plugins
+// and PodResources directories are found beside the root's device-plugins
+// directory.
+func draEnv(getenv func(string) string, root, node string) func(string) string {
+	return func(name string) string {
+		switch name {
+		case config.EnvNodeName:
+			return node
+		case config.EnvCDIDir:
+			if v := getenv(name); v != "" {
+				return v
+			}
+			return filepath.Join(root, "cdi")
+		}
+		return getenv(name)
+	}
 }

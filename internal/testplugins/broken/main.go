@@ -43,36 +43,37 @@ import (
 // check, with their descriptions.
 func modes() map[string]string {
 	return map[string]string{
-		"":                       "no bug",
-		"register-before-serve":  "calls Register before its socket serves",
-		"bad-version":            "first registers with API version v1alpha1",
-		"bad-name":               "first registers with resource name \"broken\" (no domain)",
-		"claims-preferred":       "claims GetPreferredAllocationAvailable without implementing it",
-		"duplicate-ids":          "lists dev-0 twice in ListAndWatch",
-		"partial-updates":        "sends only the devices that changed in ListAndWatch updates",
-		"drop-on-update":         "keeps and sends only dev-6 once it turns unhealthy: the other devices vanish",
-		"odd-ids":                "has a device ID that ends in a newline",
-		"single-stream":          "serves one ListAndWatch stream at a time",
-		"health-first-stream":    "sends health changes only to the first stream ever opened",
-		"oversize":               "lists 50000 devices with long IDs (over 4 MiB)",
-		"one-response":           "answers Allocate with one response whatever the number of containers",
-		"accept-unknown":         "allocates device IDs it does not have",
-		"accept-unhealthy":       "allocates unhealthy devices",
-		"no-concurrent-allocate": "refuses an Allocate while another is in flight",
-		"allocate-fails-one":     "fails every Allocate that asks for dev-3",
-		"allocate-fails-several": "fails an Allocate that asks for more than one device for a container",
-		"die-on-allocate":        "exits with status 2 on its first Allocate",
-		"pref-wrong-size":        "answers GetPreferredAllocation with one ID too few",
-		"ignore-must-include":    "ignores mustInclude in GetPreferredAllocation",
-		"pref-unavailable":       "answers GetPreferredAllocation with a device that is not available",
-		"prestart-fails":         "requires PreStartContainer and fails it",
-		"slow-reregister":        "registers again only -delay after a kubelet restart",
-		"ignore-socket-delete":   "does not notice that its socket was deleted",
-		"reuse-socket":           "re-creates its socket at the same path when it is deleted, leaving the kubelet's old connection open, and registers again once",
-		"storm":                  "registers twice every time",
-		"bad-getinfo":            "answers the plugin watcher's GetInfo with type CSIPlugin",
-		"ignore-sigterm":         "ignores SIGTERM",
-		"leave-socket":           "leaves its socket behind on SIGTERM",
+		"":                         "no bug",
+		"register-before-serve":    "calls Register before its socket serves",
+		"bad-version":              "first registers with API version v1alpha1",
+		"bad-name":                 "first registers with resource name \"broken\" (no domain)",
+		"claims-preferred":         "claims GetPreferredAllocationAvailable without implementing it",
+		"duplicate-ids":            "lists dev-0 twice in ListAndWatch",
+		"partial-updates":          "sends only the devices that changed in ListAndWatch updates",
+		"drop-on-update":           "keeps and sends only dev-6 once it turns unhealthy: the other devices vanish",
+		"odd-ids":                  "has a device ID that ends in a newline",
+		"single-stream":            "serves one ListAndWatch stream at a time",
+		"health-first-stream":      "sends health changes only to the first stream ever opened",
+		"oversize":                 "lists 50000 devices with long IDs (over 4 MiB)",
+		"one-response":             "answers Allocate with one response whatever the number of containers",
+		"accept-unknown":           "allocates device IDs it does not have",
+		"accept-unhealthy":         "allocates unhealthy devices",
+		"no-concurrent-allocate":   "refuses an Allocate while another is in flight",
+		"allocate-fails-one":       "fails every Allocate that asks for dev-3",
+		"allocate-fails-several":   "fails an Allocate that asks for more than one device for a container",
+		"one-device-per-container": "refuses (InvalidArgument) an Allocate that asks for more than one device for a container, a policy",
+		"die-on-allocate":          "exits with status 2 on its first Allocate",
+		"pref-wrong-size":          "answers GetPreferredAllocation with one ID too few",
+		"ignore-must-include":      "ignores mustInclude in GetPreferredAllocation",
+		"pref-unavailable":         "answers GetPreferredAllocation with a device that is not available",
+		"prestart-fails":           "requires PreStartContainer and fails it",
+		"slow-reregister":          "registers again only -delay after a kubelet restart",
+		"ignore-socket-delete":     "does not notice that its socket was deleted",
+		"reuse-socket":             "re-creates its socket at the same path when it is deleted, leaving the kubelet's old connection open, and registers again once",
+		"storm":                    "registers twice every time",
+		"bad-getinfo":              "answers the plugin watcher's GetInfo with type CSIPlugin",
+		"ignore-sigterm":           "ignores SIGTERM",
+		"leave-socket":             "leaves its socket behind on SIGTERM",
 	}
 }
 
@@ -466,6 +467,12 @@ func (s service) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 	resp := &pluginapi.AllocateResponse{}
 	for _, creq := range req.ContainerRequests {
 		if len(creq.DevicesIds) > 1 && p.mode == "allocate-fails-several" {
+			// A bug: the plugin meant to serve several devices.
+			return nil, status.Errorf(codes.Internal, "index out of range [1] with length 1 (%d devices)", len(creq.DevicesIds))
+		}
+		if len(creq.DevicesIds) > 1 && p.mode == "one-device-per-container" {
+			// A policy, said the way the NVIDIA plugin's
+			// failRequestsGreaterThanOne says it.
 			return nil, status.Errorf(codes.InvalidArgument, "one device per container, got %d", len(creq.DevicesIds))
 		}
 		for _, id := range creq.DevicesIds {
