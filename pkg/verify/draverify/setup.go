@@ -16,6 +16,7 @@ import (
 	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
+
 // The run's setup (the temporary root, what it creates on the API server,
 // the driver's process) and its clean-up.
 
@@ -121,4 +122,3 @@ func (r *run) cleanup() {
 		_ = os.RemoveAll(r.root)
 	}
 }
-
