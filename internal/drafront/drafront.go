@@ -5,11 +5,15 @@
 package drafront
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -58,6 +62,46 @@ func New() pluginrun.DRAFront {
 		if err != nil {
 			return pluginrun.DRADriver{}, err
 		}
-		return pluginrun.DRADriver{Run: d.Run, Ready: d.Ready}, nil
+		run := func(ctx context.Context) error {
+			if !waitNode(ctx, client, o.NodeName, log) {
+				return nil // stopped while waiting
+			}
+			return d.Run(ctx)
+		}
+		return pluginrun.DRADriver{Run: run, Ready: d.Ready}, nil
+	}
+}
+
+// nodePoll is how often waitNode asks for a Node that is not there yet.
+const nodePoll = time.Second
+
+// waitNode returns once the API server has the Node the front publishes
+// for (its ResourceSlices are owned by it, and the upstream helper fails
+// to publish until it exists), or at once when the Node cannot be read
+// for another reason (the helper then says why). A kubelet registers its
+// Node before its plugins run; "dpkit up" and scripts may not, so the
+// wait is said once, with the fix. It returns false when ctx ended first.
+func waitNode(ctx context.Context, c kubernetes.Interface, node string, log *slog.Logger) bool {
+	warned := false
+	tick := time.NewTicker(nodePoll)
+	defer tick.Stop()
+	for {
+		_, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			if warned && err == nil {
+				log.Info("The node is on the API server; serving the DRA front", "node", node)
+			}
+			return true
+		}
+		if !warned {
+			log.Warn("Waiting for the node to be on the API server before serving the DRA front: its ResourceSlices are owned by the Node", "node", node,
+				"fix", "create the Node, or name one that exists (dra.nodeName, $NODE_NAME, or dpkit up --node-name)")
+			warned = true
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false
+		}
 	}
 }

@@ -22,9 +22,23 @@ import (
 	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
-// Started is told the server and the probe address (empty when off) once
-// both are set up, before registration.
-type Started func(srv *deviceplugin.Server, metricsAddr string)
+// Served is what RunWith started, handed to its Started callback.
+type Served struct {
+	// Server serves the device plugin fronts; nil when no resource has
+	// one.
+	Server *deviceplugin.Server
+	// MetricsAddr is where metrics and probes listen; empty without.
+	MetricsAddr string
+	// DRADrivers names the DRA drivers started, one per resource with
+	// the dra front.
+	DRADrivers []string
+	// Ready returns nil once every device plugin resource and every DRA
+	// driver is registered with the kubelet: the readiness probe's answer.
+	Ready func() error
+}
+
+// Started is called once RunWith has started everything.
+type Started func(Served)
 
 // ErrNoDRAFront is CheckFronts' error: this build serves resources only
 // through the device plugin API.
@@ -122,7 +136,7 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	served, runners, draReady, closeFronts, err := fronts(cfg, resources, o, log, reg)
+	served, runners, draReady, drivers, closeFronts, err := fronts(cfg, resources, o, log, reg)
 	if err != nil {
 		return err
 	}
@@ -169,8 +183,8 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 		log.Info("Serving metrics and probes", "address", addr)
 		g.Go(func() error { return ps.Serve(ctx) })
 	}
-	if started != nil && srv != nil {
-		started(srv, addr)
+	if started != nil {
+		started(Served{Server: srv, MetricsAddr: addr, DRADrivers: drivers, Ready: ready})
 	}
 	if srv != nil {
 		g.Go(func() error { return srv.Run(ctx) })
@@ -181,14 +195,14 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 // fronts returns the resources the device plugin server serves and the
 // runners of the inventories and DRA fronts of the resources that have the
 // dra front.
-func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Options, log *slog.Logger, reg *prometheus.Registry) (served []deviceplugin.Resource, runners []func(context.Context) error, ready []func() error, closeAll func(), err error) {
+func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Options, log *slog.Logger, reg *prometheus.Registry) (served []deviceplugin.Resource, runners []func(context.Context) error, ready []func() error, drivers []string, closeAll func(), err error) {
 	closeAll = func() {}
 	byName := map[string]config.ResourceFront{}
 	for _, f := range cfg.Fronts() {
 		byName[f.Resource] = f
 	}
 	if !cfg.UsesFront(config.FrontDRA) {
-		return resources, nil, nil, closeAll, nil
+		return resources, nil, nil, nil, closeAll, nil
 	}
 	getenv := o.Getenv
 	if getenv == nil {
@@ -196,7 +210,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	}
 	node, err := cfg.DRA.Node(getenv)
 	if err != nil {
-		return nil, nil, nil, closeAll, err
+		return nil, nil, nil, nil, closeAll, err
 	}
 	// The kubelet's PodResources API says which devices containers still
 	// hold through the device plugin front.
@@ -207,7 +221,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	pluginsDir, cdiDir := dra.PluginsDir, dra.CDIDir
 	lister, conn, err := inventory.DialPodResources(dra.PodResourcesSocket)
 	if err != nil {
-		return nil, nil, nil, closeAll, err
+		return nil, nil, nil, nil, closeAll, err
 	}
 	closeAll = func() { _ = conn.Close() }
 	var registerer prometheus.Registerer
@@ -238,11 +252,12 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		}, rlog, registerer)
 		if err != nil {
 			closeAll()
-			return nil, nil, nil, func() {}, fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err)
+			return nil, nil, nil, nil, func() {}, fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err)
 		}
 		runners = append(runners, drv.Run)
 		ready = append(ready, drv.Ready)
+		drivers = append(drivers, f.DriverName)
 		rlog.Info("Serving through DRA", "driver", f.DriverName, "node", node, "deviceplugin", f.Has(config.FrontDevicePlugin))
 	}
-	return served, runners, ready, closeAll, nil
+	return served, runners, ready, drivers, closeAll, nil
 }

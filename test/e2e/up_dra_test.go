@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
 // startUp runs the built dpkit binary as "dpkit up" with args and returns
@@ -232,4 +233,128 @@ spec:
 		t.Fatalf("driver call %s %v, want NodeUnprepareResources [%s]", m, uids, claim.UID)
 	}
 	drv.NoMoreCalls(t)
+}
+
+// TestUpDRAFront: "dpkit up --config" of a plugin whose fronts include
+// dra, with --kubeconfig, serves the DRA front in the same process as the
+// emulated kubelet: the driver registers with it, publishes a
+// ResourceSlice for --node-name, and "dpkit admit" of a pod whose claim
+// asks the driver's class gets the claim allocated from that slice and
+// prepared into a CDI spec under the root, while a pod asking the
+// resource by name gets a device through the device plugin front, never
+// the claim's. Without --kubeconfig the config is refused, naming the
+// field and the flag.
+func TestUpDRAFront(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	dir := t.TempDir()
+	config := filepath.Join(dir, "both.yaml")
+	resource := unique("front") + ".example.com/dev"
+	driver := resourcename.DriverName(resource)
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resources:
+    - name: %s
+      count: 2
+  fronts: [deviceplugin, dra]
+`, resource)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	_, errOut, code := dpkitRun(t, ctx, "", "up", "--config", config)
+	if code != 2 || !strings.Contains(errOut, "plugins[0].fronts") || !strings.Contains(errOut, "--kubeconfig") {
+		t.Errorf("dpkit up of a DRA front without --kubeconfig: exit %d\n%s\nwant exit 2 naming plugins[0].fronts and --kubeconfig", code, errOut)
+	}
+
+	root := shortTempDir(t)
+	node := unique("up-front")
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	startUp(t, ctx, "--config", config, "--root", root, "--kubeconfig", cp.Kubeconfig, "--node-name", node)
+	poll(t, ctx, "the DRA front's ResourceSlice", func(ctx context.Context) (bool, string, error) {
+		sl, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourcev1.ResourceSliceSelectorNodeName + "=" + node})
+		if err != nil {
+			return false, "", err
+		}
+		return len(sl.Items) == 1 && sl.Items[0].Spec.Driver == driver && len(sl.Items[0].Spec.Devices) == 2, fmt.Sprint(sl.Items), nil
+	})
+	class := unique("up-front")
+	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driver)},
+		}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.ResourceV1().DeviceClasses().Delete(context.Background(), class, metav1.DeleteOptions{}) })
+	ns := createNamespace(t, c, "up-front")
+	if _, err := c.ResourceV1().ResourceClaims(ns).Create(ctx, claimFor(ns, "one", class, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	manifest := fmt.Sprintf(`metadata: {name: claimed, namespace: %s, uid: uid-claimed}
+spec:
+  resourceClaims: [{name: devices, resourceClaimName: one}]
+  containers: [{name: app, resources: {claims: [{name: devices}]}}]
+`, ns)
+	out, errOut, code := dpkitRun(t, ctx, manifest, "admit", "--root", root, "-f", "-")
+	if code != 0 || !strings.Contains(out, "claim one: "+driver+"/"+node+"/") || !strings.Contains(out, "cdi "+driver+"/claim=") {
+		t.Fatalf("dpkit admit of a pod with a claim: exit %d\n%s%s\nwant the claim allocated from %s's slice and a CDI device", code, out, errOut, driver)
+	}
+	specs, err := filepath.Glob(filepath.Join(root, "cdi", "*"))
+	if err != nil || len(specs) == 0 {
+		t.Errorf("CDI specs under %s/cdi: %v (%v); want the claim's", root, specs, err)
+	}
+	claim, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, "one", metav1.GetOptions{})
+	if err != nil || claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim one: %v %+v; want allocated", err, claim)
+	}
+	held := claim.Status.Allocation.Devices.Results[0].Device
+
+	// The other device goes through the device plugin front; the one the
+	// claim holds is withdrawn from it.
+	dp := fmt.Sprintf(`metadata: {name: counted, namespace: %s, uid: uid-counted}
+spec:
+  containers: [{name: app, resources: {limits: {%s: 1}}}]
+`, ns, resource)
+	out, errOut, code = dpkitRun(t, ctx, dp, "admit", "--root", root, "-f", "-")
+	if code != 0 || !strings.Contains(out, resource+": ") {
+		t.Fatalf("dpkit admit of a pod asking %s: exit %d\n%s%s", resource, code, out, errOut)
+	}
+	if strings.Contains(out, held) {
+		t.Errorf("the device plugin front gave %s, which claim one holds:\n%s", held, out)
+	}
+
+	// A DRA front alone: ready once the driver registered with the
+	// emulated kubelet (there is no device plugin to wait for).
+	only := filepath.Join(dir, "dra-only.yaml")
+	if err := os.WriteFile(only, []byte(strings.Replace(fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resources:
+    - name: %s
+      count: 2
+  fronts: [dra]
+`, resource), "count: 2", "count: 1", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	node2 := unique("up-front-only")
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node2}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node2, metav1.DeleteOptions{}) })
+	startUp(t, ctx, "--config", only, "--root", shortTempDir(t), "--kubeconfig", cp.Kubeconfig, "--node-name", node2)
+	poll(t, ctx, "the DRA-only front's ResourceSlice", func(ctx context.Context) (bool, string, error) {
+		sl, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourcev1.ResourceSliceSelectorNodeName + "=" + node2})
+		if err != nil {
+			return false, "", err
+		}
+		return len(sl.Items) == 1 && len(sl.Items[0].Spec.Devices) == 1, fmt.Sprint(sl.Items), nil
+	})
 }

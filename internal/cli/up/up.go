@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -293,31 +294,39 @@ func runUp(ctx context.Context, env *cli.Env, o options) (err error) {
 		w.printf("topology            %s\n\n", describeTopology(o.Topology, e.NUMANodes()))
 
 		pg, pctx := errgroup.WithContext(gctx)
-		servers := make(chan *deviceplugin.Server, 1)
+		started := make(chan pluginrun.Served, 1)
 		pg.Go(func() error {
-			return pluginrun.RunWith(pctx, log.With("component", "plugin"), cfg, func(s *deviceplugin.Server, _ string) { servers <- s }, pluginrun.Options{
+			return pluginrun.RunWith(pctx, log.With("component", "plugin"), cfg, func(s pluginrun.Served) { started <- s }, pluginrun.Options{
 				Clock:  o.clock,
 				DRA:    o.draFront,
 				Getenv: draEnv(env.Var, root, e.NodeName()),
 			})
 		})
 		pg.Go(func() error {
-			var srv *deviceplugin.Server
+			var s pluginrun.Served
 			select {
-			case srv = <-servers:
+			case s = <-started:
 			case <-pctx.Done():
 				return nil
 			}
-			w.printf("waiting for the plugins to register (%s)...\n", srv.Mode())
-			if err := waitServed(pctx, mgr, srv); err != nil {
-				return nil // ctx ended: the group's error or the signal says why
+			if s.Server != nil {
+				w.printf("waiting for the plugins to register (%s)...\n", s.Server.Mode())
+				if err := waitServed(pctx, mgr, s.Server); err != nil {
+					return nil // ctx ended: the group's error or the signal says why
+				}
+			}
+			if len(s.DRADrivers) > 0 {
+				w.printf("waiting for the DRA drivers to register (plugins_registry)...\n")
+				if err := waitDRA(pctx, s.Ready); err != nil {
+					return nil
+				}
 			}
 			resources := mgr.Resources()
 			examples, err := examplePods(root, o.WorkDir, resources)
 			if err != nil {
 				return err
 			}
-			w.printReady(root, o.Command, srv, resources, examples)
+			w.printReady(root, o.Command, s, resources, examples, e.NodeName(), o.Kubeconfig)
 			return w.err
 		})
 		return pg.Wait()
@@ -411,6 +420,22 @@ func describeTopology(t cli.Topology, nodes []int) string {
 		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (from " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir) + ")"
 	}
 	return s + ", no NUMA nodes found in " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir)
+}
+
+// waitDRA waits until ready (every DRA driver registered with the
+// emulated kubelet) returns nil. Registration is the plugin watcher's,
+// which says nothing when it happens: ready is asked every 50ms.
+func waitDRA(ctx context.Context, ready func() error) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for ready() != nil {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // waitServed waits until every resource of srv is registered and the
@@ -558,13 +583,19 @@ func (p *printer) printf(format string, args ...any) {
 	}
 }
 
-func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resources []devicemanager.ResourceStatus, ex examples) {
+func (p *printer) printReady(root, self string, s pluginrun.Served, resources []devicemanager.ResourceStatus, ex examples, node, kubeconfig string) {
+	srv := s.Server
 	how := "Register on kubelet.sock"
-	if srv.Mode() == deviceplugin.RegistrationRegistry {
+	registry := srv != nil && srv.Mode() == deviceplugin.RegistrationRegistry
+	if registry {
 		how = "a socket in plugins_registry"
 	}
 	var counts []string
-	for _, st := range srv.Status() {
+	var status []deviceplugin.ResourceStatus
+	if srv != nil {
+		status = srv.Status()
+	}
+	for _, st := range status {
 		var n int64
 		for _, r := range resources {
 			if r.Name == st.Name {
@@ -575,18 +606,32 @@ func (p *printer) printReady(root, self string, srv *deviceplugin.Server, resour
 			st.Name, st.Healthy+st.Unhealthy, st.Healthy, how, st.Socket)
 		counts = append(counts, fmt.Sprintf("%s=%d", st.Name, n))
 	}
-	p.printf("\n%s %s allocatable\n\n", readyPrefix, strings.Join(counts, " "))
+	for _, d := range s.DRADrivers {
+		p.printf("DRA driver %s: registered through plugins_registry, publishing the ResourceSlices of node %s\n", d, node)
+	}
+	switch {
+	case len(counts) > 0 && len(s.DRADrivers) > 0:
+		p.printf("\n%s %s allocatable; DRA drivers %s registered\n\n", readyPrefix, strings.Join(counts, " "), strings.Join(s.DRADrivers, ", "))
+	case len(s.DRADrivers) > 0:
+		p.printf("\n%s DRA drivers %s registered\n\n", readyPrefix, strings.Join(s.DRADrivers, ", "))
+	default:
+		p.printf("\n%s %s allocatable\n\n", readyPrefix, strings.Join(counts, " "))
+	}
 	r := quote(root)
 	p.printf("Try, in another terminal:\n")
 	p.printf("  %s get resources --root %s\n", self, r)
-	if srv.Mode() == deviceplugin.RegistrationRegistry {
+	if len(s.DRADrivers) > 0 {
+		p.printf("  %s get slices --kubeconfig %s\n", self, quote(kubeconfig))
+	}
+	if registry || len(s.DRADrivers) > 0 {
 		// The watcher lists what it found in plugins_registry; plugins
 		// that called Register on kubelet.sock are not listed there.
 		p.printf("  %s get plugins --root %s\n", self, r)
 	}
-	if ex.Pod == "" {
+	switch {
+	case ex.Pod == "" && len(s.DRADrivers) == 0:
 		p.printf("  (no resource has an allocatable device: nothing to admit a pod for)\n")
-	} else {
+	case ex.Pod != "":
 		p.printf("  %s admit --root %s -f %s\n", self, r, quote(ex.Pod))
 	}
 	p.printf("  %s get pods --root %s\n", self, r)
