@@ -252,17 +252,7 @@ func TestUpDRAFront(t *testing.T) {
 	config := filepath.Join(dir, "both.yaml")
 	resource := unique("front") + ".example.com/dev"
 	driver := resourcename.DriverName(resource)
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
-kind: PluginConfig
-plugins:
-- fake:
-    resources:
-    - name: %s
-      count: 2
-  fronts: [deviceplugin, dra]
-`, resource)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFakeConfig(t, config, resource, 2, "deviceplugin, dra")
 
 	_, errOut, code := dpkitRun(t, ctx, "", "up", "--config", config)
 	if code != 2 || !strings.Contains(errOut, "plugins[0].fronts") || !strings.Contains(errOut, "--kubeconfig") {
@@ -333,17 +323,7 @@ spec:
 	// A DRA front alone: ready once the driver registered with the
 	// emulated kubelet (there is no device plugin to wait for).
 	only := filepath.Join(dir, "dra-only.yaml")
-	if err := os.WriteFile(only, []byte(strings.Replace(fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
-kind: PluginConfig
-plugins:
-- fake:
-    resources:
-    - name: %s
-      count: 2
-  fronts: [dra]
-`, resource), "count: 2", "count: 1", 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFakeConfig(t, only, resource, 1, "dra")
 	node2 := unique("up-front-only")
 	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node2}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -357,4 +337,22 @@ plugins:
 		}
 		return len(sl.Items) == 1 && len(sl.Items[0].Spec.Devices) == 1, fmt.Sprint(sl.Items), nil
 	})
+}
+
+// writeFakeConfig writes a PluginConfig of the fake plugin serving count
+// devices of resource through fronts (e.g. "deviceplugin, dra").
+func writeFakeConfig(t *testing.T, path, resource string, count int, fronts string) {
+	t.Helper()
+	config := fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resources:
+    - name: %s
+      count: %d
+  fronts: [%s]
+`, resource, count, fronts)
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
