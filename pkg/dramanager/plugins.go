@@ -278,38 +278,26 @@ func (p *plugin) HandleConn(_ context.Context, s grpcstats.ConnStats) {
 	p.m.log.Debug("DRA plugin connection changed", "driver", p.Driver, "endpoint", p.Endpoint, "connected", up)
 }
 
+// client calls p in the negotiated services.
+func (p *plugin) client() Client { return NewClient(p.conn, p.Service, p.HealthService) }
+
 // prepare calls NodePrepareResources in the negotiated version.
 func (p *plugin) prepare(ctx context.Context, req *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.m.cfg.CallTimeout)
 	defer cancel()
-	switch p.Service {
-	case drav1beta1.DRAPluginService:
-		return drav1beta1.V1Beta1ClientWrapper{DRAPluginClient: drav1beta1.NewDRAPluginClient(p.conn)}.NodePrepareResources(ctx, req)
-	default:
-		return drav1.NewDRAPluginClient(p.conn).NodePrepareResources(ctx, req)
-	}
+	return p.client().NodePrepareResources(ctx, req)
 }
 
 // unprepare calls NodeUnprepareResources in the negotiated version.
 func (p *plugin) unprepare(ctx context.Context, req *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.m.cfg.CallTimeout)
 	defer cancel()
-	switch p.Service {
-	case drav1beta1.DRAPluginService:
-		return drav1beta1.V1Beta1ClientWrapper{DRAPluginClient: drav1beta1.NewDRAPluginClient(p.conn)}.NodeUnprepareResources(ctx, req)
-	default:
-		return drav1.NewDRAPluginClient(p.conn).NodeUnprepareResources(ctx, req)
-	}
+	return p.client().NodeUnprepareResources(ctx, req)
 }
 
 // watchResources opens the health stream in the negotiated version.
 func (p *plugin) watchResources(ctx context.Context) (drahealthv1.DRAResourceHealth_NodeWatchResourcesClient, error) {
-	switch p.HealthService {
-	case drahealthv1alpha1.DRAResourceHealthService:
-		return drahealthv1.V1Alpha1ClientWrapper{Client: drahealthv1alpha1.NewDRAResourceHealthClient(p.conn)}.NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
-	default:
-		return drahealthv1.NewDRAResourceHealthClient(p.conn).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
-	}
+	return p.client().NodeWatchResources(ctx)
 }
 
 // unimplemented tells whether err says the driver does not serve health.

@@ -29,63 +29,128 @@ const (
 	CheckDRATimeout        = "dra.prepare.timeout"
 	CheckDRAHealth         = "dra.health"
 	CheckDRAExit           = "dra.shutdown.exit"
+	CheckDRARBAC           = "dra.rbac"
+)
+
+// DRA check IDs of the driver's life: a rolling update, an older kubelet,
+// claims unprepared after a restart or a deletion, batched, concurrent and
+// misplaced calls.
+const (
+	CheckDRARollingUpdate    = "dra.registration.rolling-update"
+	CheckDRAVersionSkew      = "dra.registration.version-skew"
+	CheckDRAUnprepareRestart = "dra.unprepare.after-restart"
+	CheckDRADeletedClaim     = "dra.unprepare.deleted-claim"
+	CheckDRABatch            = "dra.prepare.batch"
+	CheckDRAConcurrent       = "dra.prepare.concurrent"
+	CheckDRAOtherNode        = "dra.prepare.other-node"
 )
 
 // DRAChecks returns every check of dpkit verify --dra in the order they
-// are reported.
+// are reported. Each check's Basis ends with what it rests on ("Rests
+// on: "): the kubelet's code path (Kubernetes v1.37, paths in
+// k8s.io/kubernetes unless a module is named) or the API field it reads.
 func DRAChecks() []CheckInfo {
 	return infos([]checkText{
 		{CheckDRARegistration, "the driver registers through plugins_registry: GetInfo type DRAPlugin, a valid name, service names as versions, an endpoint under the plugins directory",
-			"the kubelet's plugin watcher calls GetInfo on every socket in plugins_registry, hands type DRAPlugin to the DRA manager, which needs a supported service (v1.DRAPlugin) among the versions, and reports the outcome with NotifyRegistrationStatus",
+			"the kubelet's plugin watcher calls GetInfo on every socket in plugins_registry and hands type DRAPlugin to the DRA manager, which calls the first DRAPlugin service of the versions that it speaks (v1.DRAPlugin, else v1beta1.DRAPlugin; verify calls the driver in the same one) and reports the outcome with NotifyRegistrationStatus. " +
+				"Rests on: pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go GenerateRegisterPluginFunc; pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go validateSupportedServices, RegisterPlugin.",
 			"serve the registration socket in $DPKIT_REGISTRY_DIR (<driver>-reg.sock) and answer GetInfo with type `DRAPlugin`, your driver name, the endpoint <plugins dir>/<driver>/dra.sock and the versions `v1.DRAPlugin` (and `v1.DRAResourceHealth` if you serve health)."},
 		{CheckDRAKubeletRestart, "after a kubelet restart the driver is registered again within the threshold (warns above --reregister-warn)",
-			"a restarting kubelet's plugin watcher finds the registration socket again and calls GetInfo and NotifyRegistrationStatus; a driver that answers only once stays unregistered and its claims cannot be prepared",
+			"a restarting kubelet's plugin watcher finds the registration socket again and calls GetInfo and NotifyRegistrationStatus; a driver that answers only once stays unregistered and its claims cannot be prepared. " +
+				"Rests on: pkg/kubelet/pluginmanager/reconciler/reconciler.go reconcile (every socket of plugins_registry is registered again by a started kubelet).",
 			"keep the registration server running for the life of the driver and answer GetInfo every time it is asked."},
 		{CheckDRADriverRestart, "a driver killed without cleaning up (stale sockets left) starts again and registers within the threshold (warns above --reregister-warn)",
-			"a DaemonSet pod is restarted after a crash or an update; the sockets of the old instance stay behind, and only a new registration brings the driver back to the kubelet",
+			"a DaemonSet pod is restarted after a crash or an update; the sockets of the old instance stay behind, and only a new registration brings the driver back to the kubelet. " +
+				"Rests on: pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go RegisterPlugin, DeRegisterPlugin.",
 			"remove a stale socket file before listening on its path (the kubeletplugin helper does, and so pkg/draplugin), and register as soon as the gRPC servers run."},
-		{CheckDRASlices, "the ResourceSlices are valid: spec.nodeName and the Node as owner, at most 128 devices per slice, one pool generation, resourceSliceCount slices",
-			"the scheduler allocates only from complete pools of the newest generation, and the kubelet (and the Node's deletion) remove the slices of a node by spec.nodeName and the owner reference",
-			"publish with spec.nodeName set to $NODE_NAME and an owner reference to the Node, split the devices into slices of at most 128, and give every slice of the pool the same generation and resourceSliceCount."},
-		{CheckDRASlicesRestart, "after the driver's restart its ResourceSlices list the same devices, with a pool generation not below the old one",
-			"the scheduler drops pools whose generation goes backwards or whose slices are incomplete",
-			"on start, read the existing slices of your pool and update them in place; when they change, increase the pool generation."},
-		{CheckDRAGeneration, "whenever the devices a ResourceSlice lists change, the pool's generation goes up",
-			"the scheduler and the kubelet tell an updated pool from a stale one by its generation; slices of one generation with different devices make a pool inconsistent, and the scheduler may allocate a device that is gone or changed",
-			"bump the pool's generation in every slice of the pool on each change of any of its devices (attributes, capacity, taints included)."},
-		{CheckDRASlicesRemoved, "after the driver exits its ResourceSlices are removed, by the driver or (reported) left to the kubelet",
-			"the kubelet deletes a driver's ResourceSlices on its node when the driver stays unregistered; until then the scheduler may place pods on devices no driver serves",
-			"nothing to do: the kubelet removes the slices of an unregistered driver; a driver that is uninstalled may delete its slices itself."},
+		{CheckDRASlices, "the ResourceSlices for the node are valid: selected by spec.nodeName (and owned by the Node), spec.nodeSelector, spec.allNodes or spec.perDeviceNodeSelection; at most 128 devices per slice; per pool one generation, resourceSliceCount slices and no device twice",
+			"the scheduler allocates from the slices that select the node, only from complete pools of their newest generation whose device names are unique; the kubelet removes a driver's slices by spec.nodeName, and the Node's deletion removes the slices it owns. " +
+				"Rests on: k8s.io/dynamic-resource-allocation/structured GatherPools and NodeMatches (spec.nodeName, spec.nodeSelector, spec.allNodes, spec.perDeviceNodeSelection, spec.pool); pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go wipeResourceSlices; metadata.ownerReferences.",
+			"publish for $NODE_NAME: spec.nodeName with an owner reference to the Node (as the kubeletplugin helper does), or a node selector that matches the Node; split the devices into slices of at most 128, and give every slice of the pool the same generation and resourceSliceCount."},
+		{CheckDRASlicesRestart, "after the driver's restart, once it is done publishing, its ResourceSlices for the node list the same devices",
+			"the scheduler allocates only the devices that the slices list; a restarted driver that publishes fewer, or none, takes its devices from the node until it does. " +
+				"Rests on: k8s.io/dynamic-resource-allocation/structured GatherPools (spec.devices of complete pools).",
+			"on start, publish the same devices again; the kubeletplugin helper's ResourceSlice controller finds the existing slices and keeps them."},
+		{CheckDRAGeneration, "every write of the driver's slices is one the upstream ResourceSlice controller makes: the pool generation never goes backwards, and a change that adds a slice to a complete generation or alters more than one of its slices comes with a new generation (one slice updated in place is fine)",
+			"the scheduler uses only the newest generation of a pool, and only when it is complete; a generation that goes backwards hides the pool's newer slices, and slices of one complete generation changed one after the other mix old and new (a device in two slices, counts that disagree). The upstream controller keeps the generation only for one update of one existing slice. " +
+				"Rests on: spec.pool.generation and spec.pool.resourceSliceCount; k8s.io/dynamic-resource-allocation/resourceslice Controller.syncPool; k8s.io/dynamic-resource-allocation/structured GatherPools.",
+			"publish through the kubeletplugin helper's ResourceSlice controller, or do what it does: keep the generation only when the change is one update of one existing slice, otherwise write every slice of the pool with a higher generation; never lower it."},
+		{CheckDRASlicesRemoved, "after the driver exits its ResourceSlices are removed, by the driver or (reported) left to the kubelet or to the driver's next start",
+			"the kubelet deletes a driver's spec.nodeName ResourceSlices on its node when the driver stays unregistered; slices that select the node otherwise stay until the driver, or the Node's deletion when it owns them, removes them. " +
+				"Rests on: pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go wipeResourceSlices (field selector spec.nodeName).",
+			"nothing to do: the kubelet removes the spec.nodeName slices of an unregistered driver; a driver that is uninstalled may delete its slices itself."},
 		{CheckDRAPrepare, "NodePrepareResources answers one result per claim, with the allocated devices",
-			"the kubelet looks each claim's result up by UID and fails the pod when one is missing (\"NodePrepareResources left out %d claims\")",
+			"the kubelet looks each claim's result up by UID, and fails the pod on a result for a claim it did not send, on a per-claim error and when a result is missing (\"NodePrepareResources skipped %d ResourceClaims\"). " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go prepareResources.",
 			"return a NodePrepareResourceResponse for every claim of the request, keyed by its UID."},
 		{CheckDRAIdempotent, "preparing a prepared claim again succeeds with the same devices",
-			"the kubelet calls NodePrepareResources again for a claim it has prepared (container restarts, a second pod sharing the claim, a kubelet restart) and expects the same answer",
+			"the kubelet sends a claim again whenever its checkpoint does not mark it prepared: after another claim or driver of the pod failed, or when the kubelet stopped between the call and its checkpoint; it replaces the claim's devices with the last answer. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go prepareResources (claimInfo.isPrepared, resetDevices).",
 			"keep what you prepared (a checkpoint) and answer a repeated Prepare from it."},
 		{CheckDRAPerClaimError, "a claim that cannot be prepared gets a per-claim error and the others of the request still succeed",
-			"the kubelet batches the claims of a pod into one call; an error for the whole call fails every claim in it",
+			"the kubelet batches the claims it prepares with a driver into one call and fails all of them on an error for the whole call. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go prepareResources (\"NodePrepareResources: %w\"); NodePrepareResourceResponse.error (pkg/apis/dra/v1/api.proto).",
 			"return a per-claim `error` in its result, never a gRPC error, for a problem with one claim."},
 		{CheckDRAUnknownClaim, "NodeUnprepareResources of a claim the driver never prepared succeeds",
-			"the kubelet unprepares claims again after its restart and after a failed Prepare; an error makes it retry forever and keeps the pod from being removed",
+			"the kubelet unprepares the claims of its checkpoint that no pod uses, also after its restart and after a failed Prepare, and retries while a result has an error, which keeps the pod from being removed. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go unprepareResources (\"NodeUnprepareResources failed for ResourceClaim\").",
 			"treat unpreparing an unknown claim as done."},
 		{CheckDRACDI, "every CDI device ID a Prepare returns is defined in a CDI spec file in $DPKIT_CDI_DIR that parses",
-			"the kubelet passes the CDI IDs to the container runtime, which fails the container when a device is not in its CDI specs",
+			"the kubelet passes the CDI IDs of each result to the container runtime, which fails the container when a device is not in its CDI specs. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go GetResources (ContainerInfo.CDIDevices); Device.cdi_device_ids (pkg/apis/dra/v1/api.proto).",
 			"write the spec (tags.cncf.io/container-device-interface) to the CDI directory before answering Prepare, and return IDs of the form vendor/class=device naming its devices."},
 		{CheckDRAReboot, "after a reboot (CDI directory wiped, driver restarted) Prepare of a checkpointed claim writes its CDI spec again",
-			"/var/run/cdi is a tmpfs emptied by a reboot while the kubelet's and the driver's checkpoints survive; the kubelet prepares the claim again and the runtime needs the spec (kubernetes#141433)",
+			"/var/run/cdi is a tmpfs emptied by a reboot while the kubelet's and the driver's checkpoints survive; the kubelet prepares the claim again and the runtime needs the spec (kubernetes#141433). " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go prepareResources and GetResources; Device.cdi_device_ids (pkg/apis/dra/v1/api.proto).",
 			"when answering Prepare from your checkpoint, check that the CDI spec file exists and write it again if not."},
-		{CheckDRASharedDevice, "a device prepared for one claim is refused for another (no admin access, no allowMultipleAllocations)",
-			"the scheduler gives a device to one claim at a time unless the device allows multiple allocations or the request has admin access; a second claim for it is a stale or broken allocation",
-			"keep which claim holds each device and return a per-claim error for a second claim of a held device, unless the device allows multiple allocations or the request has admin access."},
+		{CheckDRASharedDevice, "a device prepared for one claim is prepared for a second claim whose allocation has adminAccess; one without admin access is reported (refused, or allowed by allowMultipleAllocations: pass; prepared otherwise: a warning)",
+			"the scheduler gives a device held by a claim to another only when the result has admin access (it leaves such results out of the devices in use) or the device allows multiple allocations; the kubelet prepares every allocated claim and does not compare devices, so a driver that refuses an admin-access claim fails its pod, and one that prepares any second claim has no last line of defense against a broken allocation. " +
+				"Rests on: status.allocation.devices.results[].adminAccess, spec.devices[].allowMultipleAllocations; pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go; pkg/kubelet/cm/dra/manager.go prepareResources; k8s.io/dynamic-resource-allocation/kubeletplugin DRAPlugin.PrepareResourceClaims (a driver should refuse devices in use).",
+			"prepare a claim whose allocation result has `adminAccess: true` whatever other claim holds the device, without taking the device from it; refuse, with a per-claim error, a second claim without admin access on a device that does not allow multiple allocations."},
 		{CheckDRATimeout, "every NodePrepareResources and NodeUnprepareResources call is answered within --prepare-timeout (45s)",
-			"the kubelet gives each call to a driver 45s and fails the pod's start when it runs out",
+			"the kubelet gives each call to a driver 45s and fails the pod's start when it runs out. " +
+				"Rests on: pkg/kubelet/cm/dra/plugin/dra_plugin.go defaultClientCallTimeout.",
 			"do slow device set-up in the background or in advance; answer Prepare from what is ready."},
-		{CheckDRAHealth, "when the driver serves DRAResourceHealth, the stream opens, reports the published devices, and reports them again before --health-timeout",
-			"the kubelet marks a device's health Unknown when no report for it arrived within the health timeout (30s), and shows it in pods' status",
-			"send the health of every published device when a stream opens and again at least every half of the health timeout."},
-		{CheckDRAExit, "the driver exits soon after SIGTERM and removes its sockets",
-			"a DaemonSet pod is stopped with SIGTERM and killed after its grace period; a socket left behind is dialled by the kubelet until it is replaced",
+		{CheckDRAHealth, "when the driver reports health, the stream reports every published device and again within its health timeout (the driver's health_check_timeout_seconds, else --health-timeout; warns when later, fails when not within twice that); a driver that declines (Unimplemented) is skipped",
+			"the kubelet watches the negotiated DRAResourceHealth service (v1, else v1alpha1), holds each report for the device's health_check_timeout_seconds (30s when not above 0) and shows the device Unknown after that in pods' status; it stops watching a driver whose stream answers Unimplemented. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go buildDeviceHealth, HandleWatchResourcesStream; pkg/kubelet/cm/dra/healthinfo.go getHealthInfo; pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go add (codes.Unimplemented).",
+			"send the health of every published device when a stream opens and again within each device's health timeout (every half of it leaves room), or answer the stream with Unimplemented (the kubeletplugin helper's ErrHealthNotSupported) when you report no health."},
+		{CheckDRAExit, "once the driver is done starting, it exits within --term-timeout after SIGTERM (warns up to twice that) and removes its sockets",
+			"a DaemonSet pod is stopped with SIGTERM and killed after its grace period; a registration socket left behind keeps the driver registered, and the kubelet dials its endpoint until it is replaced. " +
+				"Rests on: the pod's spec.terminationGracePeriodSeconds; pkg/kubelet/pluginmanager/reconciler/reconciler.go reconcile (a plugin is unregistered when its socket is gone).",
 			"handle SIGTERM (`signal.NotifyContext`), stop the gRPC servers and remove your sockets."},
+		{CheckDRARBAC, "the driver needs no more of the API server than its RBAC (--rbac, default dpkit's deploy/components/dra/rbac.yaml): none of its requests is forbidden",
+			"in a cluster the driver runs as a ServiceAccount bound to the RBAC its manifests ship; a request outside it is forbidden there, so the driver fails only once it is installed. " +
+				"Rests on: plugin/pkg/auth/authorizer/rbac/rbac.go Authorize, which checks every request against the rules[].apiGroups, rules[].resources and rules[].verbs of the ClusterRoles and Roles bound to the ServiceAccount.",
+			"grant what the detail names (the verb, the resource and its API group) in the RBAC you ship with the driver and give that file to verify with --rbac, or do without the request."},
+		{CheckDRABatch, "one NodePrepareResources call with several claims prepares each (one result per UID, with its device), and one NodeUnprepareResources call with them unprepares each (no error, their CDI specs removed)",
+			"the kubelet prepares all the claims of a pod that one driver serves in one call, and unprepares them in one call; it fails the pod when a claim's result is missing or has an error, and retries an Unprepare until every result is clean. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go prepareResources and unprepareResources (one batch per driver; \"NodePrepareResources skipped %d ResourceClaims\", \"NodeUnprepareResources skipped %d ResourceClaims\").",
+			"loop over every claim of the request, prepare or unprepare each on its own, and return a result for each, keyed by its UID."},
+		{CheckDRAConcurrent, "NodePrepareResources and NodeUnprepareResources calls for different claims, made at once, all succeed with the right devices",
+			"the kubelet's pod workers run in parallel and each prepares and unprepares its own pod's claims, without a lock across pods held around the call, so a driver gets calls for different pods at once; an error such as \"busy\" fails that pod's start until its next sync. " +
+				"Rests on: pkg/kubelet/pod_workers.go (a goroutine per pod); pkg/kubelet/cm/dra/manager.go prepareResources, unprepareResources (the claim cache lock is released before the call).",
+			"serialize the calls inside the driver (a mutex, or a file lock across instances: the kubeletplugin helper serializes by default) instead of refusing the ones that overlap, or prepare different claims concurrently."},
+		{CheckDRAOtherNode, "a claim whose allocation names a pool the driver does not publish for the node (another node's) is refused with a per-claim error, not prepared",
+			"the kubelet prepares what a claim reserved for its pod says was allocated, without comparing the pool with the node's ResourceSlices; a claim allocated on another node (a broken scheduler or controller, a claim written by hand) would give a container a device of the same name on this node, or none. " +
+				"Rests on: status.allocation.devices.results[].pool; pkg/kubelet/cm/dra/manager.go prepareResources (IsReservedForPod, no pool check).",
+			"prepare only devices of the pools you publish for this node, by pool and device name, and answer any other with a per-claim error."},
+		{CheckDRADeletedClaim, "NodeUnprepareResources of a prepared claim whose ResourceClaim is gone from the API server succeeds and removes its CDI spec",
+			"the kubelet unprepares from its own checkpoint and sends only the claim's namespace, name and UID; by then the ResourceClaim is often deleted (a pod's generated claim goes with the pod), and an Unprepare that reads it fails every retry, which keeps the pod from being removed. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go unprepareResources (the drapb.Claim built from claimInfo); NodeUnprepareResourcesRequest.claims (pkg/apis/dra/v1/api.proto).",
+			"unprepare from what you recorded at Prepare (your checkpoint), by the claim's UID; never read the ResourceClaim in Unprepare."},
+		{CheckDRAUnprepareRestart, "NodeUnprepareResources of a claim prepared before the driver was killed and started again succeeds and removes its CDI spec; unpreparing it a second time succeeds",
+			"the kubelet unprepares a claim once its last pod is gone, whenever that is, often after the driver restarted (a crash, an update), from its checkpoint, which outlives the driver; it sends the claim again when it restarted before recording the outcome. A driver that keeps what it prepared in memory only leaves the claim's CDI spec and devices behind. " +
+				"Rests on: pkg/kubelet/cm/dra/manager.go unprepareResources; pkg/kubelet/cm/dra/state/checkpoint.go.",
+			"keep what you prepared in a checkpoint on disk and undo a claim from it in Unprepare, whether this process prepared it or an earlier one; treat a claim already undone as done."},
+		{CheckDRARollingUpdate, "a second instance of the driver, started with another $POD_UID while the first serves, registers beside it; both answer Prepare during the overlap, and once the first has stopped the second is still registered and answers for the claim the first prepared (skipped, with the reason, for a driver that does not run two instances)",
+			"a DaemonSet updated with maxSurge starts the new pod beside the old one; the kubelet keeps one plugin per endpoint of a driver, refuses a second registration of an endpoint, calls the newest connected plugin and unregisters a plugin whose registration socket is removed or replaced, so the new instance needs sockets of its own, both instances must answer for the same claims, and the old one's exit must leave the new one's sockets in place. " +
+				"Rests on: pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go add (\"endpoint %s already registered\"), get, remove; pkg/kubelet/pluginmanager/reconciler/reconciler.go reconcile; k8s.io/dynamic-resource-allocation/kubeletplugin RollingUpdate, RollingUpdateRegistrarSocketFile.",
+			"take the pod's UID from $POD_UID (the downward API's metadata.uid) and put it in the names of both sockets, as the kubeletplugin helper's `RollingUpdate(uid)` does; keep what is prepared where both instances read it (a checkpoint, with Prepare and Unprepare serialized through a file lock, as the helper does); remove only your own sockets on exit. A driver that cannot must be deployed with maxSurge 0."},
+		{CheckDRAVersionSkew, "registered by a kubelet v1.34–v1.36 (DRAPlugin v1 or v1beta1, health only in v1alpha1), the driver is prepared in the service that kubelet picks and, if it reports health to a v1.37 kubelet, reports it in v1alpha1 too",
+			"a v1.37 control plane serves kubelets down to v1.34. Those before v1.37 pick v1.DRAPlugin or v1beta1.DRAPlugin from the driver's list as v1.37 does, but watch health only in v1alpha1.DRAResourceHealth, whatever the driver lists (v1.36 by default, v1.34 and v1.35 with ResourceHealthStatus on); a driver that serves health only in v1 reports none to them, and their pods show its devices' health Unknown. " +
+				"Rests on: pkg/kubelet/cm/dra/plugin/dra_plugin.go servicesSupportedByKubelet and NodeWatchResources (v1.34.4 to v1.36.3: drahealthv1alpha1 only); pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go add and pickHealthService (v1.37); pkg/kubelet/cm/dra/healthinfo.go getHealthInfo (Unknown without a report).",
+			"serve DRAResourceHealth in v1 and v1alpha1 and list both in GetInfo, as the kubeletplugin helper does by default (k8s.io/kubelet's drahealthv1.V1ServerWrapper serves a v1 server as v1alpha1)."},
 	})
 }
 
@@ -110,6 +175,10 @@ const (
 	EnvNodeName = "NODE_NAME"
 	// EnvKubeconfig names the API server's client configuration.
 	EnvKubeconfig = "KUBECONFIG"
+	// EnvPodUID names the UID of the pod the driver runs in (the
+	// downward API's metadata.uid): each instance of a rolling update
+	// has its own.
+	EnvPodUID = "POD_UID"
 )
 
 // Placeholders replaced in a DRA driver command's arguments.
@@ -118,17 +187,23 @@ const (
 	PlaceholderCDIDir     = "{cdi-dir}"
 	PlaceholderNodeName   = "{node-name}"
 	PlaceholderKubeconfig = "{kubeconfig}"
+	PlaceholderPodUID     = "{pod-uid}"
 )
 
 // DRAConfig configures a run of dpkit verify --dra.
 type DRAConfig struct {
 	// Command is the driver command and its arguments; the placeholders
-	// {registry-dir}, {plugins-dir}, {cdi-dir}, {node-name} and
-	// {kubeconfig} are replaced. Required.
+	// {registry-dir}, {plugins-dir}, {cdi-dir}, {node-name},
+	// {kubeconfig} and {pod-uid} are replaced. Required.
 	Command []string
 	// Kubeconfig is the API server's client configuration file; empty:
-	// $KUBECONFIG, ~/.kube/config, in-cluster.
+	// $KUBECONFIG, ~/.kube/config, in-cluster. The driver never gets it:
+	// it gets a kubeconfig of its own ServiceAccount, granted RBAC.
 	Kubeconfig string
+	// RBAC is a file of ClusterRole and Role objects: what the driver is
+	// granted (Roles in the run's namespace). Empty: the ClusterRole
+	// dpkit-dra of dpkit's deploy/components/dra/rbac.yaml.
+	RBAC string
 	// Env is the driver's base environment. Default os.Environ().
 	Env []string
 	// RegisterTimeout bounds the wait for the first registration.
@@ -279,3 +354,69 @@ func ExpandDRAArgs(args []string, vals map[string]string) []string {
 	}
 	return out
 }
+
+// DRACleanupConfig configures dpkit verify --dra --cleanup, which removes
+// what runs of dpkit verify --dra that no longer run left behind.
+type DRACleanupConfig struct {
+	// Kubeconfig is the API server's client configuration file, as
+	// DRAConfig.Kubeconfig.
+	Kubeconfig string
+	// TempDir is where the runs' temporary roots are (dpvd*). Default
+	// os.TempDir(), where a run makes its root.
+	TempDir string
+	// CallTimeout bounds each call to the API server and the waits for
+	// what is deleted to go.
+	CallTimeout time.Duration
+	// Logger receives debug logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// What dpkit verify --dra --cleanup did with a thing it found
+// (DRALeftover.Action).
+const (
+	// LeftoverRemoved: an object or directory of a run that has ended,
+	// removed.
+	LeftoverRemoved = "removed"
+	// LeftoverKilled: a driver process of a run that has ended, killed.
+	LeftoverKilled = "killed"
+	// LeftoverKept: not removed since its run may still go on (it runs,
+	// or on another host).
+	LeftoverKept = "kept"
+	// LeftoverFailed: of a run that has ended, but it could not be
+	// removed; the detail says why and how to remove it.
+	LeftoverFailed = "failed"
+)
+
+// DRALeftover is one thing of a run of dpkit verify --dra that
+// --cleanup found.
+type DRALeftover struct {
+	// Run is the run's ID, the value of its objects' label
+	// dpkit.io/verify-run.
+	Run string `json:"run"`
+	// Object names the thing: "Node dpkit-verify-x7k2qp", "directory
+	// /tmp/dpvd123", "process 4242 (my-driver)".
+	Object string `json:"object"`
+	// Action is LeftoverRemoved, LeftoverKilled, LeftoverKept or
+	// LeftoverFailed.
+	Action string `json:"action"`
+	// Detail says why it was kept or could not be removed.
+	Detail string `json:"detail,omitempty"`
+}
+
+// DRACleanupReport is what dpkit verify --dra --cleanup found and did.
+type DRACleanupReport struct {
+	Leftovers []DRALeftover `json:"leftovers"`
+}
+
+// Failed reports whether anything of a run that has ended is left.
+func (r *DRACleanupReport) Failed() bool {
+	for _, l := range r.Leftovers {
+		if l.Action == LeftoverFailed {
+			return true
+		}
+	}
+	return false
+}
+
+// PID is the process's ID, also its process group's.
+func (p *Process) PID() int { return p.p.cmd.Process.Pid }

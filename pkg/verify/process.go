@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,15 +95,35 @@ func startProcess(command []string, env []string, pluginDir string, privateMount
 	out := &outputTail{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, so that the whole plugin can be signalled.
+	// On Linux the kernel kills it when verify dies, even of SIGKILL
+	// (parentDeathSignal).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	parentDeathSignal(cmd.SysProcAttr)
 	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
-	var err error
-	if privateMount {
-		err = startInPrivateMount(cmd, pluginDir, pluginapi.DevicePluginPath)
-	} else {
-		err = cmd.Start()
-	}
-	if err != nil {
+	started := make(chan error, 1)
+	go func() {
+		// The parent-death signal comes when the thread that started
+		// the process ends, not verify (prctl(2) PR_SET_PDEATHSIG;
+		// golang/go#27505): the thread is this goroutine's until the
+		// process has exited. With privateMount it never is anyone
+		// else's: its mount namespace is the plugin's, and it ends
+		// with this goroutine.
+		runtime.LockOSThread()
+		var err error
+		if privateMount {
+			err = startInPrivateMount(cmd, pluginDir, pluginapi.DevicePluginPath)
+		} else {
+			err = cmd.Start()
+		}
+		started <- err
+		if err == nil {
+			<-p.done
+		}
+		if !privateMount {
+			runtime.UnlockOSThread()
+		}
+	}()
+	if err := <-started; err != nil {
 		return nil, fmt.Errorf("start %s: %w", command[0], err)
 	}
 	go func() {

@@ -5,44 +5,44 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 )
 
+// parentDeathSignal has the kernel kill the process with SIGKILL when
+// verify dies, even of SIGKILL, so that no plugin or driver outlives its
+// run. It reaches the process verify starts, not the processes that one
+// forks: those get no signal of their parent's death (dpkit verify --dra
+// --cleanup finds them by the run in their environment).
+func parentDeathSignal(attr *syscall.SysProcAttr) { attr.Pdeathsig = syscall.SIGKILL }
+
 // startInPrivateMount starts cmd in a new mount namespace in which dst is
-// a bind mount of src. The mounts are made on a locked OS thread that
-// first unshares its own mount namespace, so the verifier's namespace is
-// never touched; the thread is discarded afterwards (the goroutine exits
-// while locked). The child gets a copy of that namespace (CLONE_NEWNS).
+// a bind mount of src. It must be called on a locked OS thread that is
+// never unlocked (the thread is discarded when its goroutine ends): the
+// thread unshares its own mount namespace and makes the mounts there, so
+// the verifier's namespace is never touched, and the child gets a copy of
+// that namespace (CLONE_NEWNS).
 func startInPrivateMount(cmd *exec.Cmd, src, dst string) error {
 	if os.Geteuid() != 0 {
 		return ErrNotRoot
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		errc <- func() error {
-			if err := syscall.Unshare(syscall.CLONE_NEWNS); err != nil {
-				return fmt.Errorf("unshare mount namespace: %w", err)
-			}
-			// Keep the mounts below out of the host's namespace.
-			if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
-				return fmt.Errorf("make mounts private: %w", err)
-			}
-			if err := os.MkdirAll(dst, 0o750); err != nil {
-				return fmt.Errorf("create %s: %w", dst, err)
-			}
-			if err := syscall.Mount(src, dst, "", syscall.MS_BIND, ""); err != nil {
-				return fmt.Errorf("bind-mount %s on %s: %w", src, dst, err)
-			}
-			cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNS
-			return cmd.Start()
-		}()
-	}()
-	return <-errc
+	if err := syscall.Unshare(syscall.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	// Keep the mounts below out of the host's namespace.
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := os.MkdirAll(dst, 0o750); err != nil {
+		return fmt.Errorf("create %s: %w", dst, err)
+	}
+	if err := syscall.Mount(src, dst, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount %s on %s: %w", src, dst, err)
+	}
+	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNS
+	return cmd.Start()
 }
 
 // listeningSockets returns the paths of the unix sockets that the

@@ -5,7 +5,12 @@ package verify
 import (
 	"errors"
 	"os/exec"
+	"syscall"
 )
+
+// parentDeathSignal: only Linux has the kernel signal a process when its
+// parent dies.
+func parentDeathSignal(*syscall.SysProcAttr) {}
 
 func startInPrivateMount(*exec.Cmd, string, string) error {
 	return errors.New("--private-mount needs Linux mount namespaces")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -440,8 +441,25 @@ func TestChecksCatalogue(t *testing.T) {
 		if want := verify.DocsURL + "#" + githubAnchor(heading); c.DocsURL() != want {
 			t.Errorf("%s: DocsURL %s, want %s", c.ID, c.DocsURL(), want)
 		}
+		if !strings.HasPrefix(c.ID, "dra.") {
+			continue
+		}
+		// A DRA check says what it rests on, in the catalogue and in its
+		// section's *Why*.
+		if _, on, ok := strings.Cut(c.Basis, "Rests on: "); !ok || !restsOn.MatchString(on) {
+			t.Errorf("%s: the basis %q ends with no \"Rests on: \" naming a code path (a .go file, an api.proto) or an API field (spec., status., metadata.)", c.ID, c.Basis)
+		}
+		_, why, ok := strings.Cut(body, "*Why*: ")
+		why, _, _ = strings.Cut(why, "\n*")
+		if !ok || !strings.EqualFold(words(why), words(c.Basis)) {
+			t.Errorf("docs/verify.md, section %s: *Why* is\n\t%q\nwant the check's basis\n\t%q", heading, words(why), c.Basis)
+		}
 	}
 }
+
+// restsOn matches what a DRA check's basis rests on: a kubelet or
+// library source file, the gRPC API's proto, or an API field.
+var restsOn = regexp.MustCompile(`\.go\b|api\.proto|\b(spec|status|metadata|rules)(\.|\[\])[a-zA-Z]`)
 
 // githubAnchor is the fragment GitHub gives a heading: lower case, spaces
 // as '-', every other character but letters, digits, '-' and '_' dropped.

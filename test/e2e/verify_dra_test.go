@@ -10,13 +10,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/verify"
@@ -132,19 +132,30 @@ var brokenDRAFlags = []string{
 }
 
 // TestVerifyDRABrokenDriver runs dpkit verify --dra against every mode of
-// the broken DRA driver: the mode without a bug passes every check, and
-// each other mode gets its check's verdict (a failure, or a warning for a
-// slow re-registration) and no failure of any other check.
+// the broken DRA driver: the mode without a bug, and the modes and flags
+// marked "(no bug)" that do something another way verify must accept,
+// pass every check (with the detail given, when one is); each other mode
+// gets its check's verdict (a failure, or a warning for a time or for
+// what the kubelet does not rely on) and no failure of any other check.
 func TestVerifyDRABrokenDriver(t *testing.T) {
 	t.Parallel()
 	driver := brokenDRADriver(t)
 	cases := []struct {
+		name    string // default: the mode
 		mode    string
 		args    []string
 		check   string
-		verdict verify.Verdict
+		verdict verify.Verdict // default Fail; Pass for a case of no bug with a detail to see
+		detail  string         // in the check's detail
 	}{
-		{mode: ""},
+		{name: "no-bug"},
+		// Correct drivers that do things another way.
+		{mode: "in-place-update", check: verify.CheckDRAGeneration, verdict: verify.Pass, detail: "changed its devices in place in generation 1"},
+		{mode: "node-selector", check: verify.CheckDRASlices, verdict: verify.Pass, detail: "by spec.nodeSelector"},
+		{mode: "per-device-node", check: verify.CheckDRASlices, verdict: verify.Pass, detail: "by spec.perDeviceNodeSelection"},
+		{name: "own-health-timeout", args: []string{"-health-check-timeout", "5s", "-health-interval", "3s"},
+			check: verify.CheckDRAHealth, verdict: verify.Pass, detail: "timeout 5s (the driver's health_check_timeout_seconds)"},
+		// Bugs.
 		{mode: "exit-before-serve", check: verify.CheckDRARegistration},
 		{mode: "bad-registration", check: verify.CheckDRARegistration},
 		{mode: "register-once", check: verify.CheckDRAKubeletRestart},
@@ -152,7 +163,8 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 		{mode: "stale-socket", check: verify.CheckDRADriverRestart},
 		{mode: "bad-slices", check: verify.CheckDRASlices},
 		{mode: "no-republish", check: verify.CheckDRASlicesRestart},
-		{mode: "same-generation", check: verify.CheckDRAGeneration},
+		{mode: "same-generation", check: verify.CheckDRAGeneration, detail: "lists device dev-1 in both"},
+		{mode: "generation-backwards", check: verify.CheckDRAGeneration, detail: "generation 1, below generation 2"},
 		{mode: "drop-result", check: verify.CheckDRAPrepare},
 		{mode: "fresh-cdi-ids", check: verify.CheckDRAIdempotent},
 		{mode: "whole-call-error", check: verify.CheckDRAPerClaimError},
@@ -160,16 +172,20 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 		{mode: "no-cdi-spec", check: verify.CheckDRACDI},
 		{mode: "bad-cdi-spec", check: verify.CheckDRACDI},
 		{mode: "no-cdi-rewrite", check: verify.CheckDRAReboot},
-		{mode: "share-device", check: verify.CheckDRASharedDevice},
+		{mode: "share-device", check: verify.CheckDRASharedDevice, verdict: verify.Warn, detail: "claim-shared, without admin access, was prepared"},
+		{mode: "refuse-admin", check: verify.CheckDRASharedDevice, detail: "claim-admin, allocated device dev-0 with adminAccess while claim-a holds it, was refused: device dev-0 is prepared for claim"},
 		{mode: "slow-prepare", args: []string{"-delay", "3s"}, check: verify.CheckDRATimeout},
 		{mode: "health-once", check: verify.CheckDRAHealth},
+		{name: "late-health", args: []string{"-health-check-timeout", "1s", "-health-interval", "1500ms"},
+			check: verify.CheckDRAHealth, verdict: verify.Warn, detail: "(timeout 1s)"},
 		{mode: "ignore-sigterm", check: verify.CheckDRAExit},
+		{mode: "slow-exit", args: []string{"-delay", "3s"}, check: verify.CheckDRAExit, verdict: verify.Warn, detail: "over --term-timeout 2s"},
 		{mode: "leave-sockets", check: verify.CheckDRAExit},
 	}
 	for _, tc := range cases {
-		name := tc.mode
+		name := tc.name
 		if name == "" {
-			name = "no-bug"
+			name = tc.mode
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -178,13 +194,21 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 			if len(rep.Results) != len(verify.DRAChecks()) {
 				t.Errorf("%d results, want one per check (%d)", len(rep.Results), len(verify.DRAChecks()))
 			}
-			if tc.mode == "" {
+			for _, r := range rep.Results {
+				if r.ID == tc.check && !strings.Contains(r.Detail, tc.detail) {
+					t.Errorf("%s: %s (%s), want %q in the detail", r.ID, r.Verdict, r.Detail, tc.detail)
+				}
+			}
+			if tc.check == "" || tc.verdict == verify.Pass {
 				if code != 0 || rep.Failed() {
 					t.Errorf("exit %d, failed checks %v; want none", code, failedChecks(rep))
 				}
 				for _, r := range rep.Results {
-					if r.Verdict == verify.Skip {
+					switch {
+					case r.Verdict == verify.Skip:
 						t.Errorf("%s skipped: %s", r.ID, r.Detail)
+					case r.ID == tc.check && r.Verdict != verify.Pass:
+						t.Errorf("%s: %s (%s), want PASS", r.ID, r.Verdict, r.Detail)
 					}
 				}
 				return
@@ -210,33 +234,74 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 
 // TestVerifyDRAUpstreamHelper runs dpkit verify --dra against the fake
 // DRA driver built on the upstream kubeletplugin helper
-// (cmd/dpkit-fakedra): what the helper does (registration,
-// stale sockets, ResourceSlices, per-claim errors, health, shutdown)
-// passes; the fake driver on top writes no CDI specs and does not keep
-// which claim holds a device, and fails exactly those two checks.
+// (cmd/dpkit-fakedra), as it is, serving only v1beta1.DRAPlugin
+// (--v1beta1-only: verify calls it in v1beta1, as the kubelet does), and
+// declining health (--no-health: the helper answers the stream with
+// Unimplemented, and dra.health is skipped). What the helper does
+// (registration, stale sockets, ResourceSlices and their generation,
+// per-claim errors, admin access, health, shutdown) passes. The one
+// failure, dra.prepare.cdi, is a bug of the fake driver on top:
+// PrepareResourceClaims (internal/fakedra/fakedra.go:258)
+// returns CDI device IDs that no CDI spec defines, since it writes none.
+// dra.prepare.shared-device warns: the fake prepares whatever the
+// allocation names (internal/fakedra/fakedra.go:248-260) and does not keep
+// which claim holds a device, a defense the helper leaves to the driver.
 func TestVerifyDRAUpstreamHelper(t *testing.T) {
 	t.Parallel()
 	fakedra := dratest.Binary(t)
-	rep, code := runVerifyDRA(t, []string{"--health-timeout", "2s"}, fakedra,
-		"--registry-dir", "{registry-dir}", "--kubeconfig", "{kubeconfig}", "--node-name", "{node-name}", "--resend", "500ms")
-	want := []string{verify.CheckDRACDI, verify.CheckDRASharedDevice}
-	if got := failedChecks(rep); code != 1 || !slices.Equal(got, want) {
-		t.Errorf("exit %d, failed checks %v; want exit 1 and %v", code, got, want)
-	}
-	for _, r := range rep.Results {
-		if r.Verdict == verify.Skip && r.ID != verify.CheckDRAReboot && r.ID != verify.CheckDRAGeneration {
-			t.Errorf("%s skipped: %s", r.ID, r.Detail)
-		}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, r verify.Result)
+	}{
+		{name: "default"},
+		{name: "v1beta1-only", args: []string{"--v1beta1-only"}, check: func(t *testing.T, r verify.Result) {
+			if r.ID == verify.CheckDRARegistration && !strings.Contains(r.Detail, "called in "+drav1beta1.DRAPluginService) {
+				t.Errorf("%s: %s (%s), want it called in %s", r.ID, r.Verdict, r.Detail, drav1beta1.DRAPluginService)
+			}
+		}},
+		{name: "no-health", args: []string{"--no-health"}, check: func(t *testing.T, r verify.Result) {
+			if r.ID == verify.CheckDRAHealth && (r.Verdict != verify.Skip || !strings.Contains(r.Detail, "Unimplemented")) {
+				t.Errorf("%s: %s (%s), want SKIP: the driver answers Unimplemented", r.ID, r.Verdict, r.Detail)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			command := append([]string{fakedra, "--registry-dir", "{registry-dir}", "--kubeconfig", "{kubeconfig}", "--node-name", "{node-name}", "--resend", "500ms"}, tc.args...)
+			rep, code := runVerifyDRA(t, []string{"--health-timeout", "2s"}, command...)
+			want := []string{verify.CheckDRACDI}
+			if got := failedChecks(rep); code != 1 || !slices.Equal(got, want) {
+				t.Errorf("exit %d, failed checks %v; want exit 1 and %v", code, got, want)
+			}
+			for _, r := range rep.Results {
+				switch {
+				case r.ID == verify.CheckDRASharedDevice && r.Verdict != verify.Warn:
+					t.Errorf("%s: %s (%s), want WARN: the fake prepares a second claim without admin access", r.ID, r.Verdict, r.Detail)
+				case r.Verdict == verify.Skip && !slices.Contains([]string{verify.CheckDRAReboot, verify.CheckDRAGeneration, verify.CheckDRAHealth}, r.ID):
+					t.Errorf("%s skipped: %s", r.ID, r.Detail)
+				case r.ID == verify.CheckDRAHealth && tc.name != "no-health" && r.Verdict != verify.Pass:
+					t.Errorf("%s: %s (%s), want PASS", r.ID, r.Verdict, r.Detail)
+				}
+				if tc.check != nil {
+					tc.check(t, r)
+				}
+			}
+		})
 	}
 }
 
-// TestVerifyDRACleansUp runs dpkit verify --dra at the default log level
-// on a driver that passes, on a control plane with kube-controller-manager
-// and on one without (the suite's): stderr has no log line but, without
-// the namespace controller, the one that names the namespace left
-// Terminating and how to remove it, a command that works; the claims, the
-// ResourceSlices and the Node are gone either way, the claims released
-// first (none is left reserved for verify's pod, which never existed).
+// TestVerifyDRACleansUp runs dpkit verify --dra on a driver that passes,
+// granted dpkit's own RBAC, on a control plane with
+// kube-controller-manager and on one without (the suite's): stderr has
+// nothing above DEBUG (the debug log tells the run's ID), and the claims (released first: none is left reserved for
+// verify's pod, which never existed), the ResourceSlices, the Node, the
+// namespace (removed by the namespace controller, or by verify when none
+// has removed it within 15s) and the driver's ServiceAccount and RBAC are
+// gone either way. How long the namespace controller takes (about 5s
+// here, up to its minute of back-off when it retries) does not decide the
+// outcome: verify finalizes the emptied namespace itself when the
+// controller has not removed it in time.
 func TestVerifyDRACleansUp(t *testing.T) {
 	t.Parallel()
 	config := filepath.Join(t.TempDir(), "fake-dra.yaml")
@@ -244,9 +309,13 @@ func TestVerifyDRACleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name string
-		kcm  bool
-	}{{"with kube-controller-manager", true}, {"without kube-controller-manager", false}} {
+		name  string
+		kcm   bool
+		extra []string
+	}{
+		{"with kube-controller-manager", true, nil},
+		{"without kube-controller-manager", false, nil},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var cp *controlplane.ControlPlane
@@ -255,99 +324,47 @@ func TestVerifyDRACleansUp(t *testing.T) {
 			} else {
 				cp = cluster.Get(t)
 			}
-			before := verifyNamespaces(t, cp)
-			rep, code, stderr := verifyDRA(t, cp.Kubeconfig, nil, nil, dpkitBinary(t), "plugin", "--config", config)
+			rep, code, stderr := verifyDRA(t, cp.Kubeconfig, []string{"--log-level", "debug"}, tc.extra, dpkitBinary(t), "plugin", "--config", config)
 			if code != 0 || rep.Failed() {
 				t.Fatalf("exit %d, failed checks %v; want none", code, failedChecks(rep))
 			}
+			if r := result(t, rep, verify.CheckDRARBAC); r.Verdict != verify.Pass {
+				t.Errorf("%s: %s (%s), want a pass: dpkit plugin needs no more than deploy/components/dra/rbac.yaml", r.ID, r.Verdict, r.Detail)
+			}
+			// At the default level: the debug lines are verify's own.
+			var above []string
+			for _, l := range strings.Split(strings.TrimSpace(stderr), "\n") {
+				if l != "" && !strings.Contains(l, "level=DEBUG") {
+					above = append(above, l)
+				}
+			}
+			if len(above) > 0 {
+				t.Errorf("stderr above DEBUG:\n%s\nwant nothing: the report is stdout's", strings.Join(above, "\n"))
+			}
+			m := regexp.MustCompile(`msg="Verify run set up" run=([a-z0-9]+) `).FindStringSubmatch(stderr)
+			if m == nil {
+				t.Fatalf("no run set up in verify's log")
+			}
+			id := m[1]
+			if gone := regexp.MustCompile(`msg="The run's namespace is gone" .* by=("[^"]*"|\S+)`).FindStringSubmatch(stderr); gone != nil {
+				t.Logf("the run's namespace was removed by %s", gone[1])
+			}
 			client := cp.Client()
 			ctx := t.Context()
-			var ns []string
-			lines := strings.Split(strings.TrimSpace(stderr), "\n")
-			if tc.kcm {
-				// This control plane is the test's own: what is new is
-				// the run's.
-				for _, n := range verifyNamespaces(t, cp) {
-					if !slices.Contains(before, n) {
-						ns = append(ns, n)
-					}
-				}
-				if stderr != "" || len(ns) != 0 {
-					t.Errorf("namespaces left %v; stderr at the default log level:\n%s\nwant none and nothing: the report is stdout's", ns, stderr)
-				}
-				nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-				if err != nil || len(nodes.Items) != 0 {
-					t.Errorf("Nodes left: %v (%v)", nodes, err)
-				}
-				sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-				if err != nil || len(sl.Items) != 0 {
-					t.Errorf("ResourceSlices left: %v (%v)", sl, err)
-				}
-			} else {
-				m := regexp.MustCompile(`level=WARN .*object="Namespace (dpkit-verify-[a-z0-9]+)"`).FindStringSubmatch(lines[0])
-				if len(lines) != 1 || m == nil {
-					t.Fatalf("stderr at the default log level:\n%s\nwant one warning naming the namespace left", stderr)
-				}
-				ns = []string{m[1]}
-				n, err := client.CoreV1().Namespaces().Get(ctx, ns[0], metav1.GetOptions{})
-				if err != nil || n.DeletionTimestamp == nil {
-					t.Fatalf("namespace %s: %v, %v; want it Terminating", ns[0], n, err)
-				}
+			if left := labelled(t, client, id); len(left) > 0 {
+				t.Errorf("objects of the run left: %v", left)
 			}
-			for _, n := range ns {
-				claims, err := client.ResourceV1().ResourceClaims(n).List(ctx, metav1.ListOptions{})
-				if err != nil || len(claims.Items) != 0 {
-					t.Errorf("claims left in %s: %v (%v)", n, claims, err)
-				}
-				node := n // the run's node and namespace have one name
-				if _, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-					t.Errorf("Node %s: %v, want it gone", node, err)
-				}
-				sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-				if err != nil || len(sl.Items) != 0 {
-					t.Errorf("ResourceSlices of %s left: %v (%v)", node, sl, err)
-				}
+			name := "dpkit-verify-" + id // the run's node and namespace
+			if _, err := client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("Namespace %s: %v, want it gone", name, err)
 			}
-			if tc.kcm {
-				return
+			if _, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("Node %s: %v, want it gone", name, err)
 			}
-			// The command the warning gives removes the namespace.
-			m := regexp.MustCompile(`remove=("(?:[^"\\]|\\.)*")`).FindStringSubmatch(lines[0])
-			if m == nil {
-				t.Fatalf("no remove= in %q", lines[0])
-			}
-			remove, err := strconv.Unquote(m[1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, command, ok := strings.Cut(remove, "or: ")
-			if !ok || cp.Kubectl == "" {
-				t.Fatalf("remove=%q: want a kubectl command after \"or: \" (kubectl %q)", remove, cp.Kubectl)
-			}
-			sh := exec.CommandContext(ctx, "sh", "-c", command)
-			sh.Env = append(os.Environ(), "KUBECONFIG="+cp.Kubeconfig, "PATH="+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
-			if out, err := sh.CombinedOutput(); err != nil {
-				t.Fatalf("%s: %v\n%s", command, err, out)
-			}
-			if _, err := client.CoreV1().Namespaces().Get(ctx, ns[0], metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("namespace %s after the command the warning gives: %v, want it gone", ns[0], err)
+			sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+			if err != nil || len(sl.Items) != 0 {
+				t.Errorf("ResourceSlices of %s left: %v (%v)", name, sl, err)
 			}
 		})
 	}
-}
-
-// verifyNamespaces lists the namespaces dpkit verify --dra creates.
-func verifyNamespaces(t *testing.T, cp *controlplane.ControlPlane) []string {
-	t.Helper()
-	l, err := cp.Client().CoreV1().Namespaces().List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, n := range l.Items {
-		if strings.HasPrefix(n.Name, "dpkit-verify-") {
-			out = append(out, n.Name)
-		}
-	}
-	return out
 }

@@ -39,7 +39,7 @@ func TestPluginCommandServesExample(t *testing.T) {
 	done := make(chan error, 1)
 	env := &cli.Env{Out: io.Discard, Err: io.Discard, Logger: slog.New(slog.DiscardHandler)}
 	go func() {
-		done <- pluginrun.Run(ctx, env.Logger, cfg, func(srv *deviceplugin.Server, addr string) { startc <- started{srv, addr} })
+		done <- pluginrun.Run(ctx, env.Logger, cfg, func(s pluginrun.Served) { startc <- started{s.Server, s.MetricsAddr} })
 	}()
 	st := <-startc
 	k.WaitForDevices(t, "example.com/foo", dptest.Healthy(8))

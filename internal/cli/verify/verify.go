@@ -24,6 +24,7 @@ func NewCommand(env *cli.Env) *cobra.Command {
 		cfg     verify.Config
 		dra     verify.DRAConfig
 		draMode bool
+		cleanup bool
 		format  string
 		junit   string
 	)
@@ -50,12 +51,26 @@ directory (--plugin-watcher; also $DPKIT_REGISTRY_DIR).
 With --dra, verify checks a DRA driver instead, against dpkit's DRA manager
 and an API server (--kubeconfig): registration, ResourceSlices,
 NodePrepareResources and NodeUnprepareResources, CDI specs, kubelet and driver
-restarts, health and SIGTERM. The driver is told $DPKIT_REGISTRY_DIR,
+restarts, health, SIGTERM, and that the driver needs no more of the API server
+than its RBAC (dra.rbac). The driver is told $DPKIT_REGISTRY_DIR,
 $DPKIT_DRA_PLUGINS_DIR, $DPKIT_CDI_DIR, $NODE_NAME and $KUBECONFIG (also
 {registry-dir}, {plugins-dir}, {cdi-dir}, {node-name} and {kubeconfig} in
 ARGS); dpkit plugin's DRA front uses them when its config leaves those
-settings at their defaults.`,
+settings at their defaults. The driver never gets verify's kubeconfig: its
+$KUBECONFIG holds the token of a ServiceAccount made for the run, bound to the
+ClusterRoles and Roles of --rbac FILE (default: those of dpkit's
+deploy/components/dra/rbac.yaml), and reaches the API server through a proxy
+in verify that records every request the API server forbids it.
+
+Everything a run creates on the API server carries the label
+dpkit.io/verify-run=<run> and is deleted by that label at the end; the driver
+is killed with verify, even by SIGKILL. What a run that was killed left
+(objects, its temporary root in $TMPDIR/dpvd*, processes the driver forked)
+is removed by "dpkit verify --dra --cleanup", which leaves runs that go on
+alone.`,
 		Example: `  dpkit verify --dra --kubeconfig k.conf -- dpkit plugin --config examples/fake-dra.yaml
+  dpkit verify --dra --rbac deploy/rbac.yaml -- ./my-driver --kubeconfig {kubeconfig} --node-name {node-name}
+  dpkit verify --dra --cleanup                            # remove what killed runs left
   dpkit verify -- ./myplugin                             # a plugin written with the dpkit SDK
   dpkit verify -- dpkit plugin --config examples/fake.yaml --plugin-dir {plugin-dir}
   dpkit verify --private-mount -- ./my-plugin            # plugin knows only /var/lib/kubelet/device-plugins
@@ -65,6 +80,9 @@ settings at their defaults.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() < 0 && len(args) > 0 {
 				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin"))
+			}
+			if draMode && cleanup {
+				return runCleanup(cmd, env, verify.DRACleanupConfig{Kubeconfig: dra.Kubeconfig, CallTimeout: cfg.CallTimeout}, format, args)
 			}
 			if draMode {
 				return runDRA(cmd, env, draFlags(cmd, cfg, dra, args), format, junit)
@@ -113,6 +131,8 @@ settings at their defaults.`,
 	fl.StringVar(&dra.Kubeconfig, "kubeconfig", "", "with --dra: the API server's kubeconfig (default $KUBECONFIG, ~/.kube/config)")
 	fl.DurationVar(&dra.PrepareTimeout, "prepare-timeout", verify.DefaultPrepareTimeout, "with --dra: the longest a NodePrepareResources or NodeUnprepareResources call may take")
 	fl.DurationVar(&dra.HealthTimeout, "health-timeout", verify.DefaultDRAHealthTimeout, "with --dra: how long a device health report holds")
+	fl.StringVar(&dra.RBAC, "rbac", "", "with --dra: a YAML file of the ClusterRoles and Roles the driver is deployed with, all it is granted (default: dpkit's deploy/components/dra/rbac.yaml)")
+	fl.BoolVar(&cleanup, "cleanup", false, "with --dra: run no driver; remove what runs killed before their clean-up left (objects labelled dpkit.io/verify-run, $TMPDIR/dpvd* roots, driver processes)")
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -59,6 +60,11 @@ func TestUsageErrors(t *testing.T) {
 		{"a device plugin flag with --dra", []string{"--dra", "--restarts", "2"}, "--restarts: applies to device plugins only; leave it out with --dra"},
 		{"a DRA flag without --dra", []string{"--prepare-timeout", "1s"}, "--prepare-timeout: applies with --dra only; add --dra to verify a DRA driver"},
 		{"--dra with no prepare time", []string{"--dra", "--prepare-timeout", "0s"}, "--prepare-timeout: 0s: must be above 0 (default 45s, the kubelet's)"},
+		{"--rbac without --dra", []string{"--rbac", "rbac.yaml"}, "--rbac: applies with --dra only; add --dra to verify a DRA driver"},
+		{"--cleanup without --dra", []string{"--cleanup"}, "--cleanup: applies with --dra only; add --dra to verify a DRA driver"},
+		{"--cleanup with a command", []string{"--dra", "--cleanup"}, "COMMAND: --cleanup runs no driver; leave out touch"},
+		{"--cleanup with a run's flag", []string{"--dra", "--cleanup", "--rbac", "rbac.yaml", "--restarts", "2"},
+			"3 problem(s):\n  - --restarts: applies to a run; leave it out with --cleanup\n  - --rbac: applies to a run; leave it out with --cleanup"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -279,5 +285,69 @@ func TestInterrupted(t *testing.T) {
 		if c.Failure != nil || c.Skipped == nil || c.Skipped.Message != "interrupted" {
 			t.Errorf("JUnit case %s: failure %v, skipped %v; want skipped as interrupted", c.Name, c.Failure, c.Skipped)
 		}
+	}
+}
+
+// fakeCluster answers dpkit verify --dra --cleanup with a report.
+type fakeCluster struct {
+	cli.Cluster
+	rep *verify.DRACleanupReport
+	cfg verify.DRACleanupConfig
+}
+
+func (f *fakeCluster) VerifyDRA(context.Context, verify.DRAConfig) (*verify.Report, error) {
+	return nil, errors.New("not this")
+}
+
+func (f *fakeCluster) CleanupDRA(_ context.Context, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
+	f.cfg = cfg
+	return f.rep, nil
+}
+
+// TestCleanupOutput: dpkit verify --dra --cleanup lists what it found and
+// did, and exits 1 when something of a run that ended is left.
+func TestCleanupOutput(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		rep  verify.DRACleanupReport
+		args []string
+		want []string
+		code int
+	}{
+		{"nothing", verify.DRACleanupReport{}, nil, []string{"Nothing to clean up"}, 0},
+		{"removed and kept", verify.DRACleanupReport{Leftovers: []verify.DRALeftover{
+			{Run: "x7k2qp", Object: "Node dpkit-verify-x7k2qp", Action: verify.LeftoverRemoved},
+			{Run: "b4c5dd", Object: "directory /tmp/dpvd1", Action: verify.LeftoverKept, Detail: "its run goes on (pid 42 on h)"},
+		}}, []string{"--kubeconfig", "k.conf", "--call-timeout", "3s"}, []string{
+			"RUN     OBJECT                    ACTION   DETAIL",
+			"x7k2qp  Node dpkit-verify-x7k2qp  removed",
+			"b4c5dd  directory /tmp/dpvd1      kept     its run goes on (pid 42 on h)",
+		}, 0},
+		{"failed", verify.DRACleanupReport{Leftovers: []verify.DRALeftover{
+			{Run: "x7k2qp", Object: "Namespace dpkit-verify-x7k2qp", Action: verify.LeftoverFailed, Detail: "forbidden"},
+		}}, []string{"-o", "json"}, []string{`"action": "failed"`}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var out bytes.Buffer
+			fc := &fakeCluster{rep: &tc.rep}
+			env := &cli.Env{Out: &out, Err: io.Discard, Logger: slog.New(slog.DiscardHandler), Cluster: fc}
+			cmd := verifycmd.NewCommand(env)
+			cmd.SetArgs(append([]string{"--dra", "--cleanup"}, tc.args...))
+			cmd.SilenceUsage, cmd.SilenceErrors = true, true
+			err := cmd.ExecuteContext(context.Background())
+			if code := cli.ExitCode(err); code != tc.code {
+				t.Errorf("exit %d (%v), want %d", code, err, tc.code)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output:\n%s\nwant it to contain %q", out.String(), w)
+				}
+			}
+			if tc.name == "removed and kept" && (fc.cfg.Kubeconfig != "k.conf" || fc.cfg.CallTimeout != 3*time.Second) {
+				t.Errorf("cleanup configuration %+v, want --kubeconfig and --call-timeout", fc.cfg)
+			}
+		})
 	}
 }

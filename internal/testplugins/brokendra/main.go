@@ -3,7 +3,10 @@
 // dra-health/v1) directly and publishes its ResourceSlices with client-go,
 // written without pkg/draplugin so that it can misbehave: -mode picks one
 // deliberate bug, each aimed at one check, and an empty mode is a driver
-// that does everything right.
+// that does everything right. A few modes, marked "(no bug)", are correct
+// drivers that do something another way (slices for the node by
+// spec.nodeSelector, a generation kept as the upstream ResourceSlice
+// controller keeps it), which verify must pass.
 //
 // It serves driver broken.dpkit.io with devices dev-0 ... dev-3 in a pool
 // named after the node. It takes its directories, node and API server from
@@ -35,6 +38,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -44,6 +48,7 @@ import (
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/internal/unixsock"
@@ -53,27 +58,33 @@ import (
 // dpkit verify --dra, with their descriptions.
 func modes() map[string]string {
 	return map[string]string{
-		"":                  "no bug",
-		"bad-registration":  "lists the version \"1.0.0\" (not a gRPC service name) beside v1.DRAPlugin in GetInfo",
-		"register-once":     "answers GetInfo only until it is registered once: a restarted kubelet cannot register it again",
-		"slow-reregister":   "answers GetInfo with Unavailable for -delay after it was registered once",
-		"stale-socket":      "does not remove a stale socket before listening: started again after a crash, it exits",
-		"bad-slices":        "publishes its ResourceSlice without the Node as owner",
-		"same-generation":   "started again, publishes its devices with a changed attribute and the old pool generation",
-		"no-republish":      "started again (its checkpoint exists), deletes its ResourceSlice and publishes none",
-		"drop-result":       "leaves the last claim out of a NodePrepareResources answer with more than one",
-		"fresh-cdi-ids":     "gives a claim prepared again a new CDI device ID",
-		"unprepare-unknown": "answers NodeUnprepareResources of a claim it never prepared with an error",
-		"whole-call-error":  "fails the whole NodePrepareResources call when one claim cannot be prepared",
-		"no-cdi-spec":       "writes no CDI spec",
-		"bad-cdi-spec":      "writes a CDI spec without cdiVersion",
-		"no-cdi-rewrite":    "answers Prepare from its checkpoint without writing a CDI spec that is gone",
-		"share-device":      "prepares a device held by one claim for another claim too",
-		"slow-prepare":      "takes -delay to answer NodePrepareResources",
-		"health-once":       "reports health once when the stream opens and never again",
-		"ignore-sigterm":    "ignores SIGTERM",
-		"leave-sockets":     "exits on SIGTERM without removing its sockets",
-		"exit-before-serve": "exits with status 3 before registering",
+		"":                     "no bug",
+		"bad-registration":     "lists the version \"1.0.0\" (not a gRPC service name) beside v1.DRAPlugin in GetInfo",
+		"register-once":        "answers GetInfo only until it is registered once: a restarted kubelet cannot register it again",
+		"slow-reregister":      "answers GetInfo with Unavailable for -delay after it was registered once",
+		"stale-socket":         "does not remove a stale socket before listening: started again after a crash, it exits",
+		"bad-slices":           "publishes its ResourceSlice without the Node as owner",
+		"same-generation":      "publishes two slices; started again, moves a device from the first to the second in place, the second written first, keeping the generation",
+		"generation-backwards": "publishes generation 2; started again, writes its slice with generation 1",
+		"in-place-update":      "(no bug) started again, changes its devices' attribute in place and keeps the generation, as the upstream ResourceSlice controller does for one slice",
+		"node-selector":        "(no bug) publishes with spec.nodeSelector (metadata.name of the node) instead of spec.nodeName, and deletes its slice on SIGTERM",
+		"per-device-node":      "(no bug) publishes with spec.perDeviceNodeSelection, each device's nodeName the node, and deletes its slice on SIGTERM",
+		"no-republish":         "started again (its checkpoint exists), deletes its ResourceSlice and publishes none",
+		"drop-result":          "leaves the last claim out of a NodePrepareResources answer with more than one",
+		"fresh-cdi-ids":        "gives a claim prepared again a new CDI device ID",
+		"unprepare-unknown":    "answers NodeUnprepareResources of a claim it never prepared with an error",
+		"whole-call-error":     "fails the whole NodePrepareResources call when one claim cannot be prepared",
+		"no-cdi-spec":          "writes no CDI spec",
+		"bad-cdi-spec":         "writes a CDI spec without cdiVersion",
+		"no-cdi-rewrite":       "answers Prepare from its checkpoint without writing a CDI spec that is gone",
+		"share-device":         "prepares a device held by one claim for another claim without admin access too",
+		"refuse-admin":         "refuses a claim whose allocation has adminAccess on a device another claim holds",
+		"slow-prepare":         "takes -delay to answer NodePrepareResources",
+		"health-once":          "reports health once when the stream opens and never again",
+		"ignore-sigterm":       "ignores SIGTERM",
+		"slow-exit":            "takes -delay to exit after SIGTERM",
+		"leave-sockets":        "exits on SIGTERM without removing its sockets",
+		"exit-before-serve":    "exits with status 3 before registering",
 	}
 }
 
@@ -87,8 +98,9 @@ var devices = []string{"dev-0", "dev-1", "dev-2", "dev-3"}
 func main() {
 	mode := flag.String("mode", "", "the bug to have; see -list")
 	list := flag.Bool("list", false, "list the modes and exit")
-	delay := flag.Duration("delay", 3*time.Second, "slow-reregister, slow-prepare: how long")
+	delay := flag.Duration("delay", 3*time.Second, "slow-reregister, slow-prepare, slow-exit: how long")
 	healthInterval := flag.Duration("health-interval", 15*time.Second, "how often health is reported")
+	healthTimeout := flag.Duration("health-check-timeout", 0, "the health_check_timeout_seconds sent with each device's health (whole seconds; 0: none, the kubelet's default)")
 	flag.Parse()
 	if *list {
 		names := slices.Sorted(maps.Keys(modes()))
@@ -101,7 +113,7 @@ func main() {
 		log.Fatalf("-mode %q: unknown; see -list", *mode)
 	}
 	d := &driver{
-		mode: *mode, delay: *delay, healthInterval: *healthInterval,
+		mode: *mode, delay: *delay, healthInterval: *healthInterval, healthTimeout: *healthTimeout,
 		registryDir: os.Getenv("DPKIT_REGISTRY_DIR"), pluginsDir: os.Getenv("DPKIT_DRA_PLUGINS_DIR"),
 		cdiDir: os.Getenv("DPKIT_CDI_DIR"), node: os.Getenv("NODE_NAME"),
 	}
@@ -129,12 +141,16 @@ func main() {
 type prepared struct {
 	UID     string          `json:"uid"`
 	Devices []*drav1.Device `json:"devices"`
+	// Admin are the devices the claim has with admin access: it does not
+	// hold them.
+	Admin []string `json:"admin,omitempty"`
 }
 
 type driver struct {
 	mode           string
 	delay          time.Duration
 	healthInterval time.Duration
+	healthTimeout  time.Duration
 	registryDir    string
 	pluginsDir     string
 	cdiDir         string
@@ -180,7 +196,7 @@ func (d *driver) run(ctx context.Context) error {
 	}
 	if d.mode == "no-republish" && restarted {
 		// Before registering, so that verify never sees the old slice.
-		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(), metav1.DeleteOptions{})
+		err = d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(0), metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete the ResourceSlice: %w", err)
 		}
@@ -216,6 +232,9 @@ func (d *driver) run(ctx context.Context) error {
 	}
 
 	<-ctx.Done()
+	if d.mode == "slow-exit" {
+		time.Sleep(d.delay)
+	}
 	if d.mode == "leave-sockets" {
 		os.Exit(0) // the listeners' sockets stay
 	}
@@ -223,15 +242,49 @@ func (d *driver) run(ctx context.Context) error {
 	draSrv.Stop()
 	_ = os.Remove(d.regSocket())
 	_ = os.Remove(d.endpoint())
+	d.unpublish()
 	return nil
 }
 
-func (d *driver) sliceName() string { return d.node + "-broken" }
+func (d *driver) sliceName(i int) string {
+	if i == 0 {
+		return d.node + "-broken"
+	}
+	return fmt.Sprintf("%s-broken-%d", d.node, i)
+}
 
-// publish writes the driver's ResourceSlice: the same devices keep the
-// generation, other devices bump it. The devices' attribute
-// dpkit.io/started says whether the driver was started again, so that a
-// restart changes the devices and verify sees the generation go up.
+// layout is how the devices are split into slices: one slice, but in
+// same-generation two, and started again with dev-1 moved from the
+// first to the second.
+func (d *driver) layout(restarted bool) [][]string {
+	switch {
+	case d.mode != "same-generation":
+		return [][]string{devices}
+	case restarted:
+		return [][]string{devices[:1], devices[1:]}
+	}
+	return [][]string{devices[:2], devices[2:]}
+}
+
+// writeOrder is the order the slices are written in: same-generation
+// writes the slice that gains a device first, so that for a moment the
+// device is in both.
+func (d *driver) writeOrder(n int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	if d.mode == "same-generation" {
+		slices.Reverse(order)
+	}
+	return order
+}
+
+// publish writes the driver's ResourceSlices: the same devices keep the
+// generation, other devices bump it in every slice (the modes aside).
+// The devices' attribute dpkit.io/started says whether the driver was
+// started again, so that a restart changes the devices and verify sees
+// the generation go up.
 func (d *driver) publish(ctx context.Context, restarted bool) error {
 	node, err := d.client.CoreV1().Nodes().Get(ctx, d.node, metav1.GetOptions{})
 	if err != nil {
@@ -241,40 +294,97 @@ func (d *driver) publish(ctx context.Context, restarted bool) error {
 	if restarted {
 		started = "again"
 	}
-	var devs []resourcev1.Device
-	for _, name := range devices {
-		devs = append(devs, resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
-			"dpkit.io/started": {StringValue: &started},
-		}})
+	layout := d.layout(restarted)
+	client := d.client.ResourceV1().ResourceSlices()
+	wants := make([]*resourcev1.ResourceSlice, len(layout))
+	olds := make([]*resourcev1.ResourceSlice, len(layout))
+	gen, changed := int64(0), false
+	for i, names := range layout {
+		var devs []resourcev1.Device
+		for _, name := range names {
+			dev := resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+				"dpkit.io/started": {StringValue: &started},
+			}}
+			if d.mode == "per-device-node" {
+				dev.NodeName = &d.node
+			}
+			devs = append(devs, dev)
+		}
+		want := &resourcev1.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: d.sliceName(i)},
+			Spec: resourcev1.ResourceSliceSpec{
+				Driver:  driverName,
+				Pool:    resourcev1.ResourcePool{Name: d.node, ResourceSliceCount: int64(len(layout))},
+				Devices: devs,
+			},
+		}
+		switch d.mode {
+		case "node-selector":
+			want.Spec.NodeSelector = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{d.node}}},
+			}}}
+		case "per-device-node":
+			want.Spec.PerDeviceNodeSelection = ptr.To(true)
+		default:
+			want.Spec.NodeName = &d.node
+		}
+		if d.mode != "bad-slices" {
+			want.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
+		}
+		old, err := client.Get(ctx, want.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			changed = true
+		case err != nil:
+			return err
+		default:
+			olds[i] = old
+			gen = max(gen, old.Spec.Pool.Generation)
+			changed = changed || !apiequality.Semantic.DeepEqual(old.Spec.Devices, devs)
+		}
+		wants[i] = want
 	}
-	want := &resourcev1.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: d.sliceName()},
-		Spec: resourcev1.ResourceSliceSpec{
-			Driver:   driverName,
-			Pool:     resourcev1.ResourcePool{Name: d.node, Generation: 1, ResourceSliceCount: 1},
-			NodeName: &d.node,
-			Devices:  devs,
-		},
-	}
-	if d.mode != "bad-slices" {
-		want.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
-	}
-	slices := d.client.ResourceV1().ResourceSlices()
-	old, err := slices.Get(ctx, want.Name, metav1.GetOptions{})
 	switch {
-	case apierrors.IsNotFound(err):
-		_, err = slices.Create(ctx, want, metav1.CreateOptions{})
-		return err
-	case err != nil:
-		return err
+	case d.mode == "generation-backwards" && restarted:
+		gen = 1
+	case d.mode == "generation-backwards":
+		gen = 2
+	case gen == 0:
+		gen = 1
+	case changed && d.mode != "same-generation" && d.mode != "in-place-update":
+		gen++
 	}
-	want.Spec.Pool.Generation = old.Spec.Pool.Generation
-	if !apiequality.Semantic.DeepEqual(old.Spec.Devices, devs) && d.mode != "same-generation" {
-		want.Spec.Pool.Generation++
+	for _, i := range d.writeOrder(len(layout)) {
+		want := wants[i]
+		want.Spec.Pool.Generation = gen
+		if olds[i] == nil {
+			if _, err := client.Create(ctx, want, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			continue
+		}
+		old := olds[i]
+		old.Spec, old.OwnerReferences = want.Spec, want.OwnerReferences
+		if _, err := client.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
 	}
-	old.Spec, old.OwnerReferences = want.Spec, want.OwnerReferences
-	_, err = slices.Update(ctx, old, metav1.UpdateOptions{})
-	return err
+	return nil
+}
+
+// unpublish deletes the slices that the kubelet would not: those without
+// spec.nodeName.
+func (d *driver) unpublish() {
+	if d.mode != "node-selector" && d.mode != "per-device-node" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range d.layout(true) {
+		if err := d.client.ResourceV1().ResourceSlices().Delete(ctx, d.sliceName(i), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			log.Printf("Delete the ResourceSlice: %v", err)
+		}
+	}
 }
 
 // registration is the driver's pluginregistration/v1 server.
@@ -396,12 +506,20 @@ func (d *driver) prepare(ctx context.Context, c *drav1.Claim) ([]*drav1.Device, 
 		if res.Pool != d.node || !slices.Contains(devices, res.Device) {
 			return nil, fmt.Errorf("device %s/%s: not one of this driver's devices", res.Pool, res.Device)
 		}
-		if d.mode != "share-device" {
+		// A result with admin access neither holds its device nor is
+		// refused one another claim holds.
+		admin := res.AdminAccess != nil && *res.AdminAccess
+		if (!admin && d.mode != "share-device") || (admin && d.mode == "refuse-admin") {
 			for uid, other := range d.claims {
-				if slices.ContainsFunc(other.Devices, func(x *drav1.Device) bool { return x.DeviceName == res.Device }) {
+				if slices.ContainsFunc(other.Devices, func(x *drav1.Device) bool {
+					return x.DeviceName == res.Device && !slices.Contains(other.Admin, x.DeviceName)
+				}) {
 					return nil, fmt.Errorf("device %s is prepared for claim %s", res.Device, uid)
 				}
 			}
+		}
+		if admin {
+			p.Admin = append(p.Admin, res.Device)
 		}
 		p.Devices = append(p.Devices, &drav1.Device{
 			RequestNames: []string{res.Request}, PoolName: res.Pool, DeviceName: res.Device,
@@ -476,6 +594,7 @@ func (d *driver) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, st
 			msg.Devices = append(msg.Devices, &drahealthv1.DeviceHealth{
 				Device: &drahealthv1.DeviceIdentifier{PoolName: d.node, DeviceName: name},
 				Health: drahealthv1.HealthStatus_HEALTHY, LastUpdatedTime: time.Now().Unix(),
+				HealthCheckTimeoutSeconds: int64(d.healthTimeout / time.Second),
 			})
 		}
 		if err := stream.Send(msg); err != nil {

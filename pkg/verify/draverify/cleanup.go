@@ -1,12 +1,10 @@
 package draverify
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -14,6 +12,8 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -52,193 +52,337 @@ func (h debugHandler) WithGroup(name string) slog.Handler {
 	return debugHandler{h.next.WithGroup(name)}
 }
 
-// leftover is an object of the run that cleanup could not remove.
+// leftover is an object of a run that clean-up could not remove, with
+// why and the command that removes it.
 type leftover struct {
 	object, why, remove string
 }
 
-// cleanupAPI removes what the run wrote on the API server, in the order a
-// cluster would, and returns what it could not remove. verify creates no
-// pod: its claims are reserved for a pod that never exists, so nothing
-// else would drop the reservation (kube-controller-manager's resourceclaim
-// controller drops those of pods that are gone, and its namespace
-// controller deletes what a deleted namespace holds; a control plane
-// without it keeps both for ever). So first each claim's reservation and
-// allocation are cleared, as that controller does once the pod is gone,
-// and the claims deleted and waited for; then the ResourceSlices, the
-// Namespace (waited for) and the Node.
-func (r *run) cleanupAPI() []leftover {
-	var left []leftover
-	if r.nsCreated {
-		left = append(left, r.deleteClaims()...)
+// sweeper removes the objects of runs from the API server. It finds them
+// by RunLabel only and deletes each with a precondition on its UID, so an
+// object of the same name that someone else made, before or while it
+// works, stays. It removes them in the order a cluster would: verify
+// creates no pod, its claims are reserved for a pod that never exists, so
+// nothing else would drop the reservation (kube-controller-manager's
+// resourceclaim controller drops those of pods that are gone); so first
+// each claim's reservation and allocation are cleared, as that controller
+// does once the pod is gone, and the claims deleted and waited for; then
+// the ResourceSlices of the run's Node, the driver's RBAC and
+// ServiceAccount, the Namespace (namespace.go) and the Node.
+type sweeper struct {
+	client  kubernetes.Interface
+	content namespaceContent
+	log     *slog.Logger
+	// timeout bounds each call, and each wait for what was deleted;
+	// controllerWait the wait for a namespace controller (0: timeout).
+	timeout, controllerWait time.Duration
+	// removed, when set, is told of each object removed.
+	removed func(object string)
+}
+
+// call is a context for one call or wait.
+func (s *sweeper) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.timeout)
+}
+
+func (s *sweeper) done(object string) {
+	s.log.Debug("Removed an object of a verify run", "object", object)
+	if s.removed != nil {
+		s.removed(object)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CallTimeout)
-	defer cancel()
-	if r.nodeCreated {
-		selector := resourcev1.ResourceSliceSelectorNodeName + "=" + r.node
-		err := r.client.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: selector})
-		if err != nil && !apierrors.IsNotFound(err) {
-			left = append(left, leftover{"the ResourceSlices of node " + r.node, err.Error(),
-				"kubectl delete resourceslices --field-selector " + selector})
+}
+
+// selector selects the objects of run id.
+func selector(id string) string { return RunLabel + "=" + id }
+
+// uidPrecondition deletes the object only if it is still the one of that
+// UID.
+func uidPrecondition(uid types.UID) metav1.DeleteOptions {
+	return metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(uid))}
+}
+
+// gone tells whether a delete's error means the object is not there (or
+// no longer the one listed: a precondition's conflict).
+func gone(err error) bool {
+	return apierrors.IsNotFound(err) || apierrors.IsConflict(err)
+}
+
+// sweep removes every object of run id and returns what it could not.
+// nodeUIDs are the UIDs the run's Nodes had (the run record's): the
+// driver's ResourceSlices name them as owner also once a Node is gone.
+func (s *sweeper) sweep(id string, nodeUIDs ...types.UID) []leftover {
+	left := s.deleteClaims(id)
+	ctx, cancel := s.call()
+	nodes, err := s.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: selector(id)})
+	cancel()
+	if err != nil {
+		return append(left, leftover{"the Nodes of run " + id, err.Error(), "kubectl delete nodes -l " + selector(id)})
+	}
+	left = append(left, s.deleteSlices(nodes.Items, nodeUIDs)...)
+	for _, k := range s.accessKinds() {
+		left = append(left, s.deleteKind(id, k)...)
+	}
+	ctx, cancel = s.call()
+	nss, err := s.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: selector(id)})
+	cancel()
+	if err != nil {
+		left = append(left, leftover{"the Namespaces of run " + id, err.Error(), "kubectl delete namespaces -l " + selector(id)})
+	} else {
+		for _, ns := range nss.Items {
+			if l := s.deleteNamespace(id, &ns); l != nil {
+				left = append(left, *l)
+			}
 		}
 	}
-	if r.nsCreated {
-		if l := r.deleteNamespace(); l != nil {
-			left = append(left, *l)
-		}
-	}
-	if r.nodeCreated {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CallTimeout)
-		defer cancel()
-		if err := r.client.CoreV1().Nodes().Delete(ctx, r.node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			left = append(left, leftover{"Node " + r.node, err.Error(), "kubectl delete node " + r.node})
+	for _, n := range nodes.Items {
+		ctx, cancel := s.call()
+		err := s.client.CoreV1().Nodes().Delete(ctx, n.Name, uidPrecondition(n.UID))
+		cancel()
+		switch {
+		case err == nil:
+			s.done("Node " + n.Name)
+		case !gone(err):
+			left = append(left, leftover{"Node " + n.Name, err.Error(), "kubectl delete node " + n.Name})
 		}
 	}
 	return left
 }
 
-// deleteClaims releases and deletes the claims the run created, and waits
-// until they are gone.
-func (r *run) deleteClaims() []leftover {
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CallTimeout)
+// kind is a kind of object a run creates, listed and deleted through the
+// typed client.
+type kind struct {
+	name, resource string
+	namespaced     bool
+	list           func(context.Context, metav1.ListOptions) ([]metav1.Object, error)
+	delete         func(ctx context.Context, namespace, name string, o metav1.DeleteOptions) error
+}
+
+// objects are items as metav1.Objects.
+func objects[T any, PT interface {
+	*T
+	metav1.Object
+}](items []T) []metav1.Object {
+	out := make([]metav1.Object, len(items))
+	for i := range items {
+		out[i] = PT(&items[i])
+	}
+	return out
+}
+
+// accessKinds are the kinds of the driver's access: its RBAC and
+// ServiceAccount, bindings first.
+func (s *sweeper) accessKinds() []kind {
+	rbac, core := s.client.RbacV1(), s.client.CoreV1()
+	return []kind{
+		{"ClusterRoleBinding", "clusterrolebindings", false,
+			func(ctx context.Context, o metav1.ListOptions) ([]metav1.Object, error) {
+				l, err := rbac.ClusterRoleBindings().List(ctx, o)
+				if err != nil {
+					return nil, err
+				}
+				return objects(l.Items), nil
+			},
+			func(ctx context.Context, _, name string, o metav1.DeleteOptions) error {
+				return rbac.ClusterRoleBindings().Delete(ctx, name, o)
+			}},
+		{"RoleBinding", "rolebindings", true,
+			func(ctx context.Context, o metav1.ListOptions) ([]metav1.Object, error) {
+				l, err := rbac.RoleBindings("").List(ctx, o)
+				if err != nil {
+					return nil, err
+				}
+				return objects(l.Items), nil
+			},
+			func(ctx context.Context, ns, name string, o metav1.DeleteOptions) error {
+				return rbac.RoleBindings(ns).Delete(ctx, name, o)
+			}},
+		{"ClusterRole", "clusterroles", false,
+			func(ctx context.Context, o metav1.ListOptions) ([]metav1.Object, error) {
+				l, err := rbac.ClusterRoles().List(ctx, o)
+				if err != nil {
+					return nil, err
+				}
+				return objects(l.Items), nil
+			},
+			func(ctx context.Context, _, name string, o metav1.DeleteOptions) error {
+				return rbac.ClusterRoles().Delete(ctx, name, o)
+			}},
+		{"Role", "roles", true,
+			func(ctx context.Context, o metav1.ListOptions) ([]metav1.Object, error) {
+				l, err := rbac.Roles("").List(ctx, o)
+				if err != nil {
+					return nil, err
+				}
+				return objects(l.Items), nil
+			},
+			func(ctx context.Context, ns, name string, o metav1.DeleteOptions) error {
+				return rbac.Roles(ns).Delete(ctx, name, o)
+			}},
+		{"ServiceAccount", "serviceaccounts", true,
+			func(ctx context.Context, o metav1.ListOptions) ([]metav1.Object, error) {
+				l, err := core.ServiceAccounts("").List(ctx, o)
+				if err != nil {
+					return nil, err
+				}
+				return objects(l.Items), nil
+			},
+			func(ctx context.Context, ns, name string, o metav1.DeleteOptions) error {
+				return core.ServiceAccounts(ns).Delete(ctx, name, o)
+			}},
+	}
+}
+
+// deleteKind deletes the objects of kind k of run id.
+func (s *sweeper) deleteKind(id string, k kind) []leftover {
+	ctx, cancel := s.call()
 	defer cancel()
-	claims := r.client.ResourceV1().ResourceClaims(r.ns)
+	all := ""
+	if k.namespaced {
+		all = " -A"
+	}
+	objs, err := k.list(ctx, metav1.ListOptions{LabelSelector: selector(id)})
+	if err != nil {
+		return []leftover{{"the " + k.name + "s of run " + id, err.Error(), "kubectl delete " + k.resource + all + " -l " + selector(id)}}
+	}
 	var left []leftover
-	var deleted []string
-	for _, name := range r.created {
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			c, err := claims.Get(ctx, name, metav1.GetOptions{})
-			if err != nil || (len(c.Status.ReservedFor) == 0 && c.Status.Allocation == nil) {
-				return err
+	for _, o := range objs {
+		name := o.GetName()
+		if o.GetNamespace() != "" {
+			name = o.GetNamespace() + "/" + name
+		}
+		err := k.delete(ctx, o.GetNamespace(), o.GetName(), uidPrecondition(o.GetUID()))
+		switch {
+		case err == nil:
+			s.done(k.name + " " + name)
+		case !gone(err):
+			ns := ""
+			if o.GetNamespace() != "" {
+				ns = " -n " + o.GetNamespace()
 			}
-			c.Status.ReservedFor, c.Status.Allocation = nil, nil
-			_, err = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{})
+			left = append(left, leftover{k.name + " " + name, err.Error(), "kubectl delete" + ns + " " + strings.ToLower(k.name) + " " + o.GetName()})
+		}
+	}
+	return left
+}
+
+// deleteSlices deletes the ResourceSlices of the run's Nodes: those with
+// the spec.nodeName of one of nodes, and those a Node of the run owns
+// (nodeUIDs: also of a Node that is gone).
+func (s *sweeper) deleteSlices(nodes []corev1.Node, nodeUIDs []types.UID) []leftover {
+	ctx, cancel := s.call()
+	defer cancel()
+	owners := map[types.UID]bool{}
+	names := map[string]bool{}
+	var queries []string
+	for _, n := range nodes {
+		owners[n.UID], names[n.Name] = true, true
+		queries = append(queries, resourcev1.ResourceSliceSelectorNodeName+"="+n.Name)
+	}
+	for _, u := range nodeUIDs {
+		if !owners[u] {
+			// A Node of the run is gone: only the owner reference
+			// names its slices.
+			owners[u] = true
+			queries = []string{""}
+		}
+	}
+	var found []resourcev1.ResourceSlice
+	seen := map[types.UID]bool{}
+	for _, q := range queries {
+		l, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: q})
+		if err != nil {
+			return []leftover{{"the ResourceSlices of the run's Node", err.Error(), "kubectl delete resourceslices --field-selector " + q}}
+		}
+		for _, sl := range l.Items {
+			mine := sl.Spec.NodeName != nil && names[*sl.Spec.NodeName]
+			mine = mine || slices.ContainsFunc(sl.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Kind == "Node" && owners[o.UID] })
+			if mine && !seen[sl.UID] {
+				seen[sl.UID] = true
+				found = append(found, sl)
+			}
+		}
+	}
+	var left []leftover
+	for _, sl := range found {
+		err := s.client.ResourceV1().ResourceSlices().Delete(ctx, sl.Name, uidPrecondition(sl.UID))
+		switch {
+		case err == nil:
+			s.done("ResourceSlice " + sl.Name)
+		case !gone(err):
+			left = append(left, leftover{"ResourceSlice " + sl.Name, err.Error(), "kubectl delete resourceslice " + sl.Name})
+		}
+	}
+	return left
+}
+
+// deleteClaims releases and deletes the claims of run id, and waits until
+// they are gone.
+func (s *sweeper) deleteClaims(id string) []leftover {
+	ctx, cancel := s.call()
+	defer cancel()
+	all := s.client.ResourceV1().ResourceClaims("")
+	l, err := all.List(ctx, metav1.ListOptions{LabelSelector: selector(id)})
+	if err != nil {
+		return []leftover{{"the ResourceClaims of run " + id, err.Error(), "kubectl delete resourceclaims -A -l " + selector(id)}}
+	}
+	var left []leftover
+	var deleted []resourcev1.ResourceClaim
+	for _, c := range l.Items {
+		claims := s.client.ResourceV1().ResourceClaims(c.Namespace)
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := claims.Get(ctx, c.Name, metav1.GetOptions{})
+			switch {
+			case err != nil:
+				return err
+			case cur.UID != c.UID:
+				return apierrors.NewNotFound(resourcev1.Resource("resourceclaims"), c.Name)
+			case len(cur.Status.ReservedFor) == 0 && cur.Status.Allocation == nil:
+				return nil
+			}
+			cur.Status.ReservedFor, cur.Status.Allocation = nil, nil
+			_, err = claims.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 			return err
 		})
 		if err == nil {
-			err = claims.Delete(ctx, name, metav1.DeleteOptions{})
+			err = claims.Delete(ctx, c.Name, uidPrecondition(c.UID))
 		}
 		switch {
-		case apierrors.IsNotFound(err):
+		case gone(err):
 		case err != nil:
-			left = append(left, r.claimLeftover(name, err.Error()))
+			left = append(left, claimLeftover(&c, err.Error()))
 		default:
-			deleted = append(deleted, name)
+			deleted = append(deleted, c)
 		}
 	}
 	// A claim with a finalizer (someone else's) stays until it goes.
 	for len(deleted) > 0 {
-		l, err := claims.List(ctx, metav1.ListOptions{})
+		l, err := all.List(ctx, metav1.ListOptions{LabelSelector: selector(id)})
 		if err == nil {
-			deleted = slices.DeleteFunc(deleted, func(name string) bool {
-				return !slices.ContainsFunc(l.Items, func(c resourcev1.ResourceClaim) bool { return c.Name == name })
+			deleted = slices.DeleteFunc(deleted, func(c resourcev1.ResourceClaim) bool {
+				if !slices.ContainsFunc(l.Items, func(o resourcev1.ResourceClaim) bool { return o.UID == c.UID }) {
+					s.done("ResourceClaim " + c.Namespace + "/" + c.Name)
+					return true
+				}
+				return false
 			})
 		}
 		if len(deleted) == 0 || !sleep(ctx, 100*time.Millisecond) {
 			break
 		}
 	}
-	for _, name := range deleted {
+	for _, c := range deleted {
 		why := "still there after it was deleted"
-		if c, err := claims.Get(context.Background(), name, metav1.GetOptions{}); err == nil && len(c.Finalizers) > 0 {
-			why += "; its finalizers: " + strings.Join(c.Finalizers, ", ")
+		if cur, err := s.client.ResourceV1().ResourceClaims(c.Namespace).Get(context.Background(), c.Name, metav1.GetOptions{}); err == nil && len(cur.Finalizers) > 0 {
+			why += "; its finalizers: " + strings.Join(cur.Finalizers, ", ")
 		}
-		left = append(left, r.claimLeftover(name, why))
+		left = append(left, claimLeftover(&c, why))
 	}
 	return left
 }
 
-func (r *run) claimLeftover(name, why string) leftover {
-	return leftover{"ResourceClaim " + r.ns + "/" + name, why,
-		fmt.Sprintf(`kubectl -n %s patch resourceclaim %s --type merge -p '{"metadata":{"finalizers":null}}'; kubectl -n %s delete resourceclaim %s`, r.ns, name, r.ns, name)}
-}
-
-// namespaceWait bounds the wait for a namespace controller to delete the
-// run's namespace once verify has emptied it.
-const namespaceWait = 30 * time.Second
-
-// deleteNamespace deletes the run's namespace and waits until it is gone.
-// Only a namespace controller removes a deleted namespace (after its
-// content); a control plane without kube-controller-manager keeps it
-// Terminating for ever. So it waits while a namespace controller works
-// (conditions on the namespace, or controllerManagerRuns), up to
-// namespaceWait, and reports the namespace left when none does or it
-// cannot finish.
-func (r *run) deleteNamespace() *leftover {
-	// Looked for before the namespace goes: what kube-controller-manager
-	// puts in every namespace.
-	controller := r.controllerManagerRuns()
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CallTimeout)
-	defer cancel()
-	namespaces := r.client.CoreV1().Namespaces()
-	err := namespaces.Delete(ctx, r.ns, metav1.DeleteOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil
-	case err != nil:
-		return &leftover{"Namespace " + r.ns, err.Error(), "kubectl delete namespace " + r.ns}
-	}
-	start := time.Now()
-	wait := r.cfg.CallTimeout
-	for {
-		ns, err := namespaces.Get(context.Background(), r.ns, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			r.log.Debug("The run's namespace is gone", "namespace", r.ns, "after", time.Since(start))
-			return nil
-		case err == nil && len(ns.Status.Conditions) > 0:
-			controller = true
-		}
-		if time.Since(start) < wait {
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		if controller && wait < namespaceWait {
-			wait = namespaceWait
-			continue
-		}
-		switch {
-		case err != nil:
-			return &leftover{"Namespace " + r.ns, "deleted, but verify cannot tell whether it is gone: " + err.Error(), "kubectl delete namespace " + r.ns}
-		case !controller:
-			// Everything verify created in it is deleted: only the
-			// namespace controller's finalizer holds it.
-			return &leftover{"Namespace " + r.ns,
-				"Terminating: no namespace controller runs to finish deleting it (no kube-controller-manager: nothing put its ServiceAccount default or ConfigMap kube-root-ca.crt in the namespace, and none holds its leader Lease); verify removed what it created in it",
-				fmt.Sprintf(`run kube-controller-manager, or: echo '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"%s"},"spec":{"finalizers":[]}}' | kubectl replace --raw /api/v1/namespaces/%s/finalize -f -`, r.ns, r.ns)}
-		}
-		var why []string
-		for _, c := range ns.Status.Conditions {
-			if c.Status == corev1.ConditionTrue {
-				why = append(why, c.Message)
-			}
-		}
-		sort.Strings(why)
-		return &leftover{"Namespace " + r.ns, fmt.Sprintf("still Terminating %s after it was deleted: %s", namespaceWait, cmp.Or(strings.Join(why, "; "), "the namespace controller has not finished")),
-			"kubectl get namespace " + r.ns + " -o yaml (its conditions say what holds it); kubectl api-resources --verbs=list --namespaced -o name | xargs -n 1 kubectl get --show-kind --ignore-not-found -n " + r.ns}
-	}
-}
-
-// controllerManagerRuns reports whether a kube-controller-manager runs,
-// whose namespace controller deletes namespaces: its serviceaccount and
-// root-ca-cert-publisher controllers put the ServiceAccount "default" and
-// the ConfigMap "kube-root-ca.crt" in the run's namespace, or it holds its
-// leader Lease.
-func (r *run) controllerManagerRuns() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.CallTimeout)
-	defer cancel()
-	if _, err := r.client.CoreV1().ServiceAccounts(r.ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-		return true
-	}
-	if _, err := r.client.CoreV1().ConfigMaps(r.ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err == nil {
-		return true
-	}
-	l, err := r.client.CoordinationV1().Leases(metav1.NamespaceSystem).Get(ctx, "kube-controller-manager", metav1.GetOptions{})
-	if err != nil || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return false
-	}
-	// Twice the duration: the clocks of verify and the leader may differ.
-	return time.Since(l.Spec.RenewTime.Time) < 2*time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
+func claimLeftover(c *resourcev1.ResourceClaim, why string) leftover {
+	return leftover{"ResourceClaim " + c.Namespace + "/" + c.Name, why,
+		fmt.Sprintf(`kubectl -n %s patch resourceclaim %s --type merge -p '{"metadata":{"finalizers":null}}'; kubectl -n %s delete resourceclaim %s`, c.Namespace, c.Name, c.Namespace, c.Name)}
 }
 
 // sleep waits d, or until ctx ends (false).

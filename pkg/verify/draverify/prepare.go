@@ -9,15 +9,14 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
-	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -29,14 +28,19 @@ import (
 const noSuchDevice = "dpkit-verify-no-such-device"
 
 // newClaim creates a claim allocated to device of the driver's pool and
-// reserved for verify's pod.
-func (r *run) newClaim(ctx context.Context, role, device string) (*resourcev1.ResourceClaim, error) {
+// reserved for verify's pod; with admin, its request and allocation
+// result have adminAccess, as the scheduler writes them.
+func (r *run) newClaim(ctx context.Context, role, device string, admin bool) (*resourcev1.ResourceClaim, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
+	var adminAccess *bool
+	if admin {
+		adminAccess = ptr.To(true)
+	}
 	c := &resourcev1.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: r.ns},
+		ObjectMeta: r.sb.meta(role, r.ns),
 		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
-			Name: "req", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "dpkit-verify"},
+			Name: "req", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "dpkit-verify", AdminAccess: adminAccess},
 		}}}},
 	}
 	c, err := r.client.ResourceV1().ResourceClaims(r.ns).Create(ctx, c, metav1.CreateOptions{})
@@ -46,7 +50,7 @@ func (r *run) newClaim(ctx context.Context, role, device string) (*resourcev1.Re
 	r.created = append(r.created, c.Name)
 	c.Status = resourcev1.ResourceClaimStatus{
 		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{{
-			Request: "req", Driver: r.driver, Pool: r.pool, Device: device,
+			Request: "req", Driver: r.driver, Pool: r.pool, Device: device, AdminAccess: adminAccess,
 		}}}},
 		ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: "dpkit-verify", UID: r.podUID}},
 	}
@@ -55,6 +59,20 @@ func (r *run) newClaim(ctx context.Context, role, device string) (*resourcev1.Re
 		return nil, fmt.Errorf("allocate ResourceClaim %s/%s: %w", r.ns, role, err)
 	}
 	return c, nil
+}
+
+// allowAdminAccess labels the run's namespace so that the API server
+// accepts claims with admin access in it (resource.k8s.io/v1
+// DRAAdminNamespaceLabelKey: the registry refuses adminAccess in a
+// claim's spec or allocation otherwise).
+func (r *run) allowAdminAccess(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:"true"}}}`, resourcev1.DRAAdminNamespaceLabelKey)
+	if _, err := r.client.CoreV1().Namespaces().Patch(ctx, r.ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label Namespace %s %s=true for a claim with admin access: %w", r.ns, resourcev1.DRAAdminNamespaceLabelKey, err)
+	}
+	return nil
 }
 
 func ref(c *resourcev1.ResourceClaim) *drav1.Claim {
@@ -91,7 +109,7 @@ func (r *run) prepare(ctx context.Context, claims ...*resourcev1.ResourceClaim) 
 	}
 	var resp *drav1.NodePrepareResourcesResponse
 	err := r.timed(ctx, "NodePrepareResources("+strings.Join(names, ",")+")", func(ctx context.Context) (err error) {
-		resp, err = drav1.NewDRAPluginClient(r.conn).NodePrepareResources(ctx, req)
+		resp, err = r.plugin.NodePrepareResources(ctx, req)
 		return err
 	})
 	return resp, err
@@ -100,7 +118,7 @@ func (r *run) prepare(ctx context.Context, claims ...*resourcev1.ResourceClaim) 
 func (r *run) unprepare(ctx context.Context, claims ...*drav1.Claim) (*drav1.NodeUnprepareResourcesResponse, error) {
 	var resp *drav1.NodeUnprepareResourcesResponse
 	err := r.timed(ctx, "NodeUnprepareResources", func(ctx context.Context) (err error) {
-		resp, err = drav1.NewDRAPluginClient(r.conn).NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
+		resp, err = r.plugin.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: claims})
 		return err
 	})
 	return resp, err
@@ -119,13 +137,27 @@ func deviceKey(res *drav1.NodePrepareResourceResponse) string {
 }
 
 func (r *run) checkPrepare(ctx context.Context) bool {
-	roles := []struct{ role, device string }{
-		{"claim-a", r.devices[0]}, {"claim-b", r.devices[len(r.devices)-1]},
-		{"claim-missing", noSuchDevice}, {"claim-shared", r.devices[0]},
+	roles := []struct {
+		role, device string
+		admin        bool
+	}{
+		{"claim-a", r.devices[0], false}, {"claim-b", r.devices[len(r.devices)-1], false},
+		{"claim-missing", noSuchDevice, false}, {"claim-shared", r.devices[0], false},
+		{"claim-admin", r.devices[0], true},
 	}
 	r.claims = map[string]*resourcev1.ResourceClaim{}
 	for _, c := range roles {
-		claim, err := r.newClaim(ctx, c.role, c.device)
+		if c.admin {
+			if err := r.allowAdminAccess(ctx); err != nil {
+				r.set(verify.CheckDRASharedDevice, verify.Skip, "%v", err)
+				continue
+			}
+		}
+		claim, err := r.newClaim(ctx, c.role, c.device, c.admin)
+		if c.admin && err != nil {
+			r.set(verify.CheckDRASharedDevice, verify.Skip, "%v", err)
+			continue
+		}
 		if err != nil {
 			r.stopped = "the claims could not be written: " + err.Error()
 			r.skipRest(r.stopped)
@@ -214,26 +246,52 @@ func (r *run) checkPerClaimError(ctx context.Context) {
 	}
 }
 
-// checkShared asks for a device already prepared for claim-a, for another
-// claim.
+// checkShared prepares claim-a's device, while claim-a holds it, for two
+// claims more. claim-admin's allocation result has adminAccess: the
+// scheduler allocates a held device so (it leaves admin-access results
+// out of the devices in use) and the kubelet prepares such a claim like
+// any other, so a driver must prepare it. claim-shared has no admin
+// access: the scheduler never allocates a held device so unless the
+// device allows multiple allocations; the kubelet does not look, so a
+// driver that prepares it is told, not failed.
 func (r *run) checkShared(ctx context.Context) {
-	if r.prepared != nil && !r.decided(verify.CheckDRASharedDevice) {
-		shared := r.claims["claim-shared"]
-		resp, err := r.prepare(ctx, shared)
-		switch {
-		case err != nil && errors.Is(err, errTimedOut):
-			r.set(verify.CheckDRASharedDevice, verify.Skip, "%v", err)
-		case err != nil:
-			r.set(verify.CheckDRASharedDevice, verify.Pass, "refused for the whole call: %v", err)
-		case resp.Claims[string(shared.UID)] != nil && resp.Claims[string(shared.UID)].Error != "":
-			r.set(verify.CheckDRASharedDevice, verify.Pass, "refused: %s", resp.Claims[string(shared.UID)].Error)
-		case r.sharable(ctx, r.devices[0]):
-			r.set(verify.CheckDRASharedDevice, verify.Skip, "device %s allows multiple allocations", r.devices[0])
-		default:
-			r.set(verify.CheckDRASharedDevice, verify.Fail, "device %s, prepared for claim-a, was prepared for claim-shared too", r.devices[0])
-		}
-		_, _ = r.unprepare(ctx, ref(shared))
+	if r.prepared == nil || r.decided(verify.CheckDRASharedDevice) {
+		return
 	}
+	dev := r.devices[0]
+	admin, shared := r.claims["claim-admin"], r.claims["claim-shared"]
+	resp, err := r.prepare(ctx, admin)
+	res := resp.GetClaims()[string(admin.UID)]
+	switch {
+	case err != nil && errors.Is(err, errTimedOut):
+		r.set(verify.CheckDRASharedDevice, verify.Skip, "%v", err)
+	case err != nil:
+		r.set(verify.CheckDRASharedDevice, verify.Fail, "claim-admin, allocated device %s with adminAccess while claim-a holds it, failed the whole call: %v", dev, err)
+	case res == nil:
+		r.set(verify.CheckDRASharedDevice, verify.Fail, "no result for claim-admin (allocated device %s with adminAccess while claim-a holds it)", dev)
+	case res.Error != "":
+		r.set(verify.CheckDRASharedDevice, verify.Fail, "claim-admin, allocated device %s with adminAccess while claim-a holds it, was refused: %s", dev, res.Error)
+	}
+	_, _ = r.unprepare(ctx, ref(admin))
+	if r.decided(verify.CheckDRASharedDevice) {
+		return
+	}
+	resp, err = r.prepare(ctx, shared)
+	res = resp.GetClaims()[string(shared.UID)]
+	const adminOK = "claim-admin (adminAccess) prepared on device %s beside claim-a; "
+	switch {
+	case err != nil && errors.Is(err, errTimedOut):
+		r.set(verify.CheckDRASharedDevice, verify.Skip, "%v", err)
+	case err != nil:
+		r.set(verify.CheckDRASharedDevice, verify.Pass, adminOK+"claim-shared (no admin access) refused for the whole call: %v", dev, err)
+	case res != nil && res.Error != "":
+		r.set(verify.CheckDRASharedDevice, verify.Pass, adminOK+"claim-shared (no admin access) refused: %s", dev, res.Error)
+	case r.sharable(ctx, dev):
+		r.set(verify.CheckDRASharedDevice, verify.Pass, adminOK+"claim-shared (no admin access) prepared too: the device allows multiple allocations", dev)
+	default:
+		r.set(verify.CheckDRASharedDevice, verify.Warn, adminOK+"claim-shared, without admin access, was prepared on it too: the scheduler never allocates that, and a driver is the last line of defense against it (kubeletplugin's PrepareResourceClaims contract)", dev)
+	}
+	_, _ = r.unprepare(ctx, ref(shared))
 }
 
 // checkUnknownClaim unprepares a claim never prepared.
@@ -351,162 +409,6 @@ func (r *run) checkReboot(ctx context.Context) {
 			res.Detail = "after the CDI directory was emptied and the driver restarted: " + res.Detail
 		}
 	}
-}
-
-// healthWatch reads one health stream and records when each device was
-// reported.
-type healthWatch struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	mu     sync.Mutex
-	seen   map[string][]time.Time // pool/device -> report times
-	err    error
-	opened time.Time
-}
-
-func (h *healthWatch) stop() {
-	h.cancel()
-	<-h.done
-}
-
-func (r *run) watchHealth() *healthWatch {
-	ctx, cancel := context.WithCancel(context.Background())
-	h := &healthWatch{cancel: cancel, done: make(chan struct{}), seen: map[string][]time.Time{}, opened: time.Now()}
-	go func() {
-		defer close(h.done)
-		stream, err := drahealthv1.NewDRAResourceHealthClient(r.conn).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
-		for err == nil {
-			var msg *drahealthv1.NodeWatchResourcesResponse
-			if msg, err = stream.Recv(); err == nil {
-				now := time.Now()
-				h.mu.Lock()
-				for _, d := range msg.Devices {
-					k := d.GetDevice().GetPoolName() + "/" + d.GetDevice().GetDeviceName()
-					h.seen[k] = append(h.seen[k], now)
-				}
-				h.mu.Unlock()
-			}
-		}
-		h.mu.Lock()
-		h.err = err
-		h.mu.Unlock()
-	}()
-	return h
-}
-
-// healthService is the health service the kubelet side negotiated, or "".
-func (r *run) healthService() string {
-	for _, p := range r.mgr.Plugins() {
-		if p.Driver == r.driver {
-			return p.HealthService
-		}
-	}
-	return ""
-}
-
-func (r *run) checkHealth(ctx context.Context) bool {
-	if r.healthService() == "" {
-		r.set(verify.CheckDRAHealth, verify.Skip, "the driver does not serve DRAResourceHealth")
-		return true
-	}
-	h := r.watchHealth()
-	r.health = h
-	// Every device reported twice, the second time before the timeout.
-	deadline := h.opened.Add(r.cfg.HealthTimeout)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for time.Now().Before(deadline) {
-		if r.allReportedTwice(h) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-h.done:
-			deadline = time.Now()
-		case <-tick.C:
-		}
-	}
-	h.stop()
-	r.health = nil
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var never, once []string
-	var gap time.Duration
-	for _, d := range r.devices {
-		times := h.seen[r.pool+"/"+d]
-		switch len(times) {
-		case 0:
-			never = append(never, d)
-		case 1:
-			once = append(once, d)
-		default:
-			gap = max(gap, times[1].Sub(times[0]))
-		}
-	}
-	switch {
-	case len(never) == len(r.devices) && h.err != nil && !errors.Is(h.err, context.Canceled):
-		r.set(verify.CheckDRAHealth, verify.Fail, "the health stream ended: %v", h.err)
-	case len(never) > 0:
-		r.set(verify.CheckDRAHealth, verify.Fail, "device(s) %s never reported on the health stream within %s", strings.Join(never, ", "), r.cfg.HealthTimeout)
-	case len(once) > 0:
-		r.set(verify.CheckDRAHealth, verify.Fail, "device(s) %s reported once and not again within the health timeout %s: the kubelet marks them Unknown", strings.Join(once, ", "), r.cfg.HealthTimeout)
-	default:
-		r.set(verify.CheckDRAHealth, verify.Pass, "%d device(s) reported, again within %s (timeout %s)", len(r.devices), gap.Round(time.Millisecond), r.cfg.HealthTimeout)
-	}
-	return true
-}
-
-func (r *run) allReportedTwice(h *healthWatch) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, d := range r.devices {
-		if len(h.seen[r.pool+"/"+d]) < 2 {
-			return false
-		}
-	}
-	return true
-}
-
-func (r *run) checkShutdown(ctx context.Context) bool {
-	switch {
-	case r.slowest > r.cfg.PrepareTimeout:
-		r.set(verify.CheckDRATimeout, verify.Fail, "%s took over %s", r.slowestCall, r.cfg.PrepareTimeout)
-	case r.slowest >= r.cfg.PrepareTimeout:
-		r.set(verify.CheckDRATimeout, verify.Fail, "%s ran out of the %s the kubelet gives it", r.slowestCall, r.cfg.PrepareTimeout)
-	default:
-		r.set(verify.CheckDRATimeout, verify.Pass, "slowest call %s: %s (limit %s)", r.slowestCall, r.slowest.Round(time.Millisecond), r.cfg.PrepareTimeout)
-	}
-	if r.proc.Exit() != "" {
-		return true // steps reports it
-	}
-	socks := r.sockets()
-	took, err := r.signalWait(syscall.SIGTERM, r.cfg.TermTimeout)
-	var left []string
-	for _, s := range socks {
-		if _, err := os.Lstat(s); err == nil {
-			left = append(left, s)
-		}
-	}
-	switch {
-	case err != nil:
-		r.set(verify.CheckDRAExit, verify.Fail, "still running %s after SIGTERM; killed", r.cfg.TermTimeout)
-	case len(left) > 0:
-		r.set(verify.CheckDRAExit, verify.Fail, "%s %s after SIGTERM but left its sockets: %s", r.proc.Exit(), took.Round(time.Millisecond), r.rel(left))
-	default:
-		r.set(verify.CheckDRAExit, verify.Pass, "%s %s after SIGTERM; sockets removed", r.proc.Exit(), took.Round(time.Millisecond))
-	}
-	r.checkGeneration()
-	sl, err := r.slicesNow(ctx)
-	switch {
-	case err != nil:
-		r.set(verify.CheckDRASlicesRemoved, verify.Skip, "listing the ResourceSlices: %v", err)
-	case len(sl) == 0:
-		r.set(verify.CheckDRASlicesRemoved, verify.Pass, "the driver removed its ResourceSlices")
-	default:
-		r.set(verify.CheckDRASlicesRemoved, verify.Pass, "%d ResourceSlice(s) left to the kubelet, which deletes them when the driver stays unregistered", len(sl))
-	}
-	return true
 }
 
 // readSpec reads a CDI spec file the way a container runtime does: strict

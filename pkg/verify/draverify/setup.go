@@ -5,24 +5,30 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/rest"
 
 	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
-// The run's setup (the temporary root, what it creates on the API server,
-// the driver's process) and its clean-up.
+// The run's setup (the temporary root and its run record, what it
+// creates on the API server, the driver's access, the driver's process)
+// and its clean-up.
 
 func (r *run) setup(ctx context.Context) error {
-	kc := r.cfg.Kubeconfig
-	rc, err := kubeconfigpkg.Load(kc)
+	g, err := loadGrant(r.cfg.RBAC)
+	if err != nil {
+		return err
+	}
+	rc, err := loadConfig(r.cfg.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: verify --dra needs an API server: %w", err)
 	}
@@ -30,11 +36,26 @@ func (r *run) setup(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
+	content, err := newAPIContent(rc)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	id := rand.String(6)
+	r.sb = &sandbox{id: id, owner: self(), ctx: ctx, grant: g, upstream: rc, content: content}
+	r.node = "dpkit-verify-" + id
+	r.ns = "dpkit-verify-" + id
+	r.podUID = types.UID("dpkit-verify-pod-" + id)
+
 	root, err := os.MkdirTemp("", "dpvd")
 	if err != nil {
 		return fmt.Errorf("create the temporary kubelet root: %w", err)
 	}
 	r.root = root
+	// First of all, what tells --cleanup whether the run goes on.
+	r.sb.record = runRecord{Run: id, Owner: r.sb.owner, Started: time.Now().UTC(), Node: r.node, Namespace: r.ns}
+	if err := writeRecord(root, r.sb.record); err != nil {
+		return fmt.Errorf("write the run record: %w", err)
+	}
 	r.registryDir = filepath.Join(root, "plugins_registry")
 	r.pluginsDir = filepath.Join(root, "plugins")
 	r.cdiDir = filepath.Join(root, "cdi")
@@ -44,57 +65,86 @@ func (r *run) setup(ctx context.Context) error {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	// The driver reaches the API server the way verify does: the same
-	// configuration, written as a file.
-	raw, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(kubeconfigLoading(kc), nil).RawConfig()
-	if err == nil && len(raw.Contexts) > 0 {
-		r.kubeconfig = filepath.Join(root, "kubeconfig")
-		if err := clientcmd.WriteToFile(raw, r.kubeconfig); err != nil {
-			return fmt.Errorf("write the driver's kubeconfig: %w", err)
-		}
-	}
-	suffix := rand.String(6)
-	r.node = "dpkit-verify-" + suffix
-	r.ns = "dpkit-verify-" + suffix
-	r.podUID = types.UID("dpkit-verify-pod-" + suffix)
+	r.log.Debug("Verify run set up", "run", id, "node", r.node, "namespace", r.ns, "root", root)
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
 	// The slices' owner: the driver looks the Node up.
-	if _, err := r.client.CoreV1().Nodes().Create(cctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: r.node, Labels: map[string]string{"dpkit.io/verify": "true"}}}, metav1.CreateOptions{}); err != nil {
+	nodeMeta := r.sb.ownerMeta(r.node)
+	nodeMeta.Labels["dpkit.io/verify"] = "true"
+	node, err := r.client.CoreV1().Nodes().Create(cctx, &corev1.Node{ObjectMeta: nodeMeta}, metav1.CreateOptions{})
+	if err != nil {
 		return fmt.Errorf("create Node %s on the API server: %w", r.node, err)
 	}
-	r.nodeCreated = true
-	if _, err := r.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}, metav1.CreateOptions{}); err != nil {
+	r.sb.record.NodeUID = node.UID
+	if err := writeRecord(root, r.sb.record); err != nil {
+		return fmt.Errorf("write the run record: %w", err)
+	}
+	if _, err := r.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: r.sb.ownerMeta(r.ns)}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Namespace %s on the API server: %w", r.ns, err)
 	}
-	r.nsCreated = true
+	if err := r.giveAccess(ctx); err != nil {
+		return err
+	}
 	if err := r.watchSlices(ctx); err != nil {
 		r.log.Debug("Cannot watch ResourceSlices", "err", err)
 	}
 	if err := r.startKubelet(); err != nil {
 		return err
 	}
-	vals := map[string]string{
-		verify.PlaceholderRegistryDir: r.registryDir, verify.PlaceholderPluginsDir: r.pluginsDir,
-		verify.PlaceholderCDIDir: r.cdiDir, verify.PlaceholderNodeName: r.node, verify.PlaceholderKubeconfig: r.kubeconfig,
-	}
-	r.command = verify.ExpandDRAArgs(r.cfg.Command, vals)
-	r.env = append(append([]string(nil), r.cfg.Env...),
-		verify.EnvRegistryDir+"="+r.registryDir, verify.EnvDRAPluginsDir+"="+r.pluginsDir,
-		verify.EnvCDIDir+"="+r.cdiDir, verify.EnvNodeName+"="+r.node)
-	if r.kubeconfig != "" {
-		r.env = append(r.env, verify.EnvKubeconfig+"="+r.kubeconfig)
-	}
+	r.driverPod = uuid.NewUUID()
+	r.command, r.env = r.driverCommand(r.driverPod)
 	r.proc, err = verify.StartProcess(r.command, r.env)
 	return err
 }
 
-func kubeconfigLoading(path string) *clientcmd.ClientConfigLoadingRules {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if path != "" {
-		rules.ExplicitPath = path
+// driverCommand is the driver's command and environment for an instance
+// in the pod pod: a restart keeps its pod, the second instance of a
+// rolling update has another.
+func (r *run) driverCommand(pod types.UID) (command, env []string) {
+	vals := map[string]string{
+		verify.PlaceholderRegistryDir: r.registryDir, verify.PlaceholderPluginsDir: r.pluginsDir,
+		verify.PlaceholderCDIDir: r.cdiDir, verify.PlaceholderNodeName: r.node, verify.PlaceholderKubeconfig: r.kubeconfig,
+		verify.PlaceholderPodUID: string(pod),
 	}
-	return rules
+	command = verify.ExpandDRAArgs(r.cfg.Command, vals)
+	env = append(r.driverEnv(r.cfg.Env),
+		verify.EnvRegistryDir+"="+r.registryDir, verify.EnvDRAPluginsDir+"="+r.pluginsDir,
+		verify.EnvCDIDir+"="+r.cdiDir, verify.EnvNodeName+"="+r.node, verify.EnvPodUID+"="+string(pod))
+	return command, env
+}
+
+// loadConfig loads verify's client configuration.
+func loadConfig(kubeconfig string) (*rest.Config, error) {
+	rc, err := kubeconfigpkg.Load(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if rc.QPS == 0 && rc.RateLimiter == nil {
+		// client-go's default, 5 a second, makes clean-up wait
+		// seconds for its dozens of calls.
+		rc.QPS, rc.Burst = 50, 100
+	}
+	return rc, nil
+}
+
+// giveAccess makes the driver's ServiceAccount and RBAC, its token, the
+// proxy and the driver's kubeconfig.
+func (r *run) giveAccess(ctx context.Context) error {
+	if err := r.grantDriver(ctx); err != nil {
+		return err
+	}
+	token, err := r.driverToken(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.waitGranted(ctx, token); err != nil {
+		return err
+	}
+	r.sb.proxy, err = startProxy(r.sb.upstream, r.tokenLifetime(), r.log)
+	if err != nil {
+		return fmt.Errorf("start the driver's proxy to the API server: %w", err)
+	}
+	return r.writeDriverKubeconfig(token)
 }
 
 func (r *run) cleanup() {
@@ -111,14 +161,59 @@ func (r *run) cleanup() {
 		_ = r.conn.Close()
 	}
 	r.stopKubelet()
+	if r.sb == nil {
+		return
+	}
+	if r.sb.proxy != nil {
+		// The driver is gone: what the proxy saw is all.
+		r.judgeRBAC()
+		r.sb.proxy.stop()
+	}
 	if r.client != nil {
+		s := &sweeper{client: r.client, content: r.sb.content, log: r.log, timeout: r.cfg.CallTimeout, controllerWait: namespaceControllerWait}
 		// Not a finding about the driver, but what the user has to
 		// remove by hand.
-		for _, l := range r.cleanupAPI() {
+		for _, l := range s.sweep(r.sb.id, r.sb.record.NodeUID) {
 			r.log.Warn("Cannot remove an object verify --dra created on the API server", "object", l.object, "why", l.why, "remove", l.remove)
 		}
 	}
 	if r.root != "" {
 		_ = os.RemoveAll(r.root)
+	}
+}
+
+// judgeRBAC decides dra.rbac once the driver is gone: a fail naming what
+// the API server forbade it, a pass when it forbade nothing.
+func (r *run) judgeRBAC() {
+	res := r.results[verify.CheckDRARBAC]
+	if res == nil {
+		return
+	}
+	pass, detail, err := r.sb.proxy.rbacVerdict(r.sb.grant.source)
+	switch {
+	case err == nil && pass:
+		if r.sb.ctx.Err() != nil {
+			return // interrupted: not judged
+		}
+		res.Verdict, res.Detail = verify.Pass, detail
+	case err == nil:
+		res.Verdict, res.Detail = verify.Fail, detail
+	case r.sb.ctx.Err() == nil:
+		res.Verdict, res.Detail = verify.Skip, "the driver made no request to the API server"
+	}
+	r.log.Debug("Check done", "check", verify.CheckDRARBAC, "verdict", res.Verdict, "detail", res.Detail)
+}
+
+// oneCause keeps dra.rbac for judgeRBAC, and, once the API server has
+// forbidden the driver a request, makes another check's failure a skip
+// that points to dra.rbac: one cause, one failure (a driver that cannot
+// read a claim fails to prepare it).
+func (r *run) oneCause(id string, res *verify.Result) {
+	switch {
+	case r.sb == nil:
+	case id == verify.CheckDRARBAC:
+		*res = verify.Result{}
+	case res.Verdict == verify.Fail && r.sb.proxy != nil && r.sb.proxy.anyDenied():
+		res.Verdict, res.Detail = verify.Skip, "see "+verify.CheckDRARBAC+" ("+res.Detail+")"
 	}
 }

@@ -28,6 +28,11 @@ func (kubeClients) VerifyDRA(ctx context.Context, cfg verify.DRAConfig) (*verify
 	return draverify.Run(ctx, cfg)
 }
 
+// CleanupDRA runs dpkit verify --dra --cleanup (pkg/verify/draverify).
+func (kubeClients) CleanupDRA(ctx context.Context, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
+	return draverify.Cleanup(ctx, cfg)
+}
+
 func (kubeClients) PodHealth(kubeconfig string) (cli.PodHealthGetter, error) {
 	rc, err := kubeconfigpkg.Load(kubeconfig)
 	if err != nil {
