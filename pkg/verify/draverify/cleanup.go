@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 )
 
 // kubeletLogger is the logger of the emulated kubelet side (the DRA
@@ -278,6 +279,11 @@ func (s *sweeper) deleteSlices(nodes []corev1.Node, nodeUIDs []types.UID) []left
 		owners[n.UID], names[n.Name] = true, true
 		queries = append(queries, resourcev1.ResourceSliceSelectorNodeName+"="+n.Name)
 	}
+	if len(nodes) > 0 {
+		// Slices that select the run's Node by name (spec.nodeSelector,
+		// spec.perDeviceNodeSelection) have no field to select them by.
+		queries = []string{""}
+	}
 	for _, u := range nodeUIDs {
 		if !owners[u] {
 			// A Node of the run is gone: only the owner reference
@@ -295,6 +301,7 @@ func (s *sweeper) deleteSlices(nodes []corev1.Node, nodeUIDs []types.UID) []left
 		}
 		for _, sl := range l.Items {
 			mine := sl.Spec.NodeName != nil && names[*sl.Spec.NodeName]
+			mine = mine || selectsOnly(&sl, names)
 			mine = mine || slices.ContainsFunc(sl.OwnerReferences, func(o metav1.OwnerReference) bool { return o.Kind == "Node" && owners[o.UID] })
 			if mine && !seen[sl.UID] {
 				seen[sl.UID] = true
@@ -313,6 +320,45 @@ func (s *sweeper) deleteSlices(nodes []corev1.Node, nodeUIDs []types.UID) []left
 		}
 	}
 	return left
+}
+
+// selectsOnly tells whether s offers its devices to nodes of names alone,
+// naming them (metadata.name in every node selector term, or each
+// device's nodeName): a slice a driver published for a run's Node by node
+// selector. A slice that selects by labels, or for all nodes, may be
+// anyone's and is left alone.
+func selectsOnly(s *resourcev1.ResourceSlice, names map[string]bool) bool {
+	byName := func(sel *corev1.NodeSelector) bool {
+		if sel == nil || len(sel.NodeSelectorTerms) == 0 {
+			return false
+		}
+		for _, t := range sel.NodeSelectorTerms {
+			ok := false
+			for _, f := range t.MatchFields {
+				if f.Key == "metadata.name" && f.Operator == corev1.NodeSelectorOpIn && len(f.Values) > 0 &&
+					!slices.ContainsFunc(f.Values, func(v string) bool { return !names[v] }) {
+					ok = true
+				}
+			}
+			if !ok {
+				return false
+			}
+		}
+		return true
+	}
+	if s.Spec.NodeSelector != nil {
+		return byName(s.Spec.NodeSelector)
+	}
+	if !ptr.Deref(s.Spec.PerDeviceNodeSelection, false) || len(s.Spec.Devices) == 0 {
+		return false
+	}
+	for i := range s.Spec.Devices {
+		d := &s.Spec.Devices[i]
+		if !names[ptr.Deref(d.NodeName, "")] && !byName(d.NodeSelector) {
+			return false
+		}
+	}
+	return true
 }
 
 // deleteClaims releases and deletes the claims of run id, and waits until

@@ -438,3 +438,37 @@ func goneAfter(c *fake.Clientset, ns string, d time.Duration) {
 		return false, nil, nil
 	})
 }
+
+// A slice a driver published for the run's Node by node selector is the
+// run's only when it names that Node alone; one selecting by labels, for
+// all nodes, or naming another node too is left alone.
+func TestSelectsOnly(t *testing.T) {
+	names := map[string]bool{"dpkit-verify-abc": true}
+	byName := func(values ...string) *corev1.NodeSelector {
+		return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: values}}}}}
+	}
+	byLabel := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{"dpkit-verify-abc"}}}}}}
+	tests := []struct {
+		name string
+		spec resourcev1.ResourceSliceSpec
+		want bool
+	}{
+		{"selector naming the run's Node", resourcev1.ResourceSliceSpec{NodeSelector: byName("dpkit-verify-abc")}, true},
+		{"selector naming another node too", resourcev1.ResourceSliceSpec{NodeSelector: byName("dpkit-verify-abc", "worker-1")}, false},
+		{"selector by labels", resourcev1.ResourceSliceSpec{NodeSelector: byLabel}, false},
+		{"all nodes", resourcev1.ResourceSliceSpec{AllNodes: ptr.To(true)}, false},
+		{"per device, each naming the run's Node", resourcev1.ResourceSliceSpec{PerDeviceNodeSelection: ptr.To(true), Devices: []resourcev1.Device{
+			{Name: "a", NodeName: ptr.To("dpkit-verify-abc")}, {Name: "b", NodeSelector: byName("dpkit-verify-abc")}}}, true},
+		{"per device, one for all nodes", resourcev1.ResourceSliceSpec{PerDeviceNodeSelection: ptr.To(true), Devices: []resourcev1.Device{
+			{Name: "a", NodeName: ptr.To("dpkit-verify-abc")}, {Name: "b", AllNodes: ptr.To(true)}}}, false},
+		{"per device, no devices", resourcev1.ResourceSliceSpec{PerDeviceNodeSelection: ptr.To(true)}, false},
+	}
+	for _, tt := range tests {
+		s := &resourcev1.ResourceSlice{Spec: tt.spec}
+		if got := selectsOnly(s, names); got != tt.want {
+			t.Errorf("%s: selectsOnly = %t, want %t", tt.name, got, tt.want)
+		}
+	}
+}
