@@ -787,3 +787,32 @@ func TestDroppedFields(t *testing.T) {
 		}
 	}
 }
+
+// TestHealthReportsPublishedDevices: a device the device plugin front gave
+// a container is in no ResourceSlice, and the health stream leaves it out
+// too (the kubelet drops a report of a device no claim has), until it is
+// free again.
+func TestHealthReportsPublishedDevices(t *testing.T) {
+	n := newNode(t)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.waitRegistered(t)
+	ctx := context.Background()
+	if _, err := d.inv.DevicePluginFront().Allocate(ctx, []string{"dev-1"}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := drahealthv1.NewDRAResourceHealthClient(dial(t, d.drv.Endpoint())).NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, dev := range msg.Devices {
+		names = append(names, dev.GetDevice().GetDeviceName())
+	}
+	if !slices.Equal(names, []string{"dev-0"}) {
+		t.Fatalf("health reported %q with dev-1 held through the device plugin front, want only the published dev-0", names)
+	}
+}

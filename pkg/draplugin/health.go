@@ -5,10 +5,13 @@ import (
 	"time"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
-// WatchHealthStatus reports the health of every device (held or not) on
-// each change of the inventory's health, and again at least every
+// WatchHealthStatus reports the health of every device the driver
+// publishes (held by a claim or not) on each change of the inventory's
+// health or of the devices published, and again at least every
 // HealthTimeout/2 so that the kubelet never times a report out while the
 // driver runs. The helper serves it as DRAResourceHealth v1 and v1alpha1.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
@@ -36,12 +39,17 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 				if next, _ := d.healthReport(); last == nil || !sameHealth(*last, next) {
 					break wait
 				}
-				// A change of holds only: nothing new to say.
+				// A change of claims' holds only: nothing new to say.
 			}
 		}
 	}
 }
 
+// healthReport is the health of the devices sliceDevices publishes: one
+// the device plugin front gave a container is in no ResourceSlice, so no
+// claim has it, and the kubelet drops a report of it (it matches reports
+// to claims' devices by pool and name; dpkit verify --dra,
+// dra.health.published-devices).
 func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, bool) {
 	devs, known := d.inv.Devices()
 	names := nameDevices(devs, d.log)
@@ -50,6 +58,9 @@ func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, bool) {
 	for _, dev := range devs {
 		name, ok := names.byID[dev.ID]
 		if !ok {
+			continue
+		}
+		if h, held := d.inv.HeldBy(dev.ID); held && h.Front == inventory.FrontDevicePlugin {
 			continue
 		}
 		dh := kubeletplugin.DeviceHealth{

@@ -91,8 +91,10 @@ func TestVerifyDRAFakePlugin(t *testing.T) {
 		t.Errorf("%d results, want one per check (%d)", len(rep.Results), len(verify.DRAChecks()))
 	}
 	for _, r := range rep.Results {
-		// The fake plugin's devices do not change during the run.
-		if r.Verdict == verify.Skip && !slices.Contains([]string{verify.CheckDRAHealth, verify.CheckDRAGeneration}, r.ID) {
+		// The fake plugin's devices do not change during the run, and
+		// the DRA front publishes no partitionable devices or
+		// consumable capacity and writes no claim status.
+		if r.Verdict == verify.Skip && !slices.Contains(append([]string{verify.CheckDRAHealth, verify.CheckDRAGeneration}, optionalFeatureChecks...), r.ID) {
 			t.Errorf("%s skipped: %s", r.ID, r.Detail)
 		}
 	}
@@ -129,7 +131,15 @@ func brokenDRADriver(t *testing.T) string {
 var brokenDRAFlags = []string{
 	"--prepare-timeout", "1s", "--health-timeout", "2s", "--term-timeout", "2s", "--call-timeout", "2s",
 	"--reregister-warn", "1s", "--reregister-threshold", "4s",
+	// It writes claims' status.devices, which dpkit's RBAC does not grant.
+	"--rbac", filepath.Join("..", "..", "internal", "testplugins", "brokendra", "rbac.yaml"),
 }
+
+// optionalFeatureChecks are the checks of features a driver may leave
+// out, skipped when it does: partitionable devices, consumable capacity,
+// the status of claims' devices. brokendra has them all; dpkit's DRA
+// front and the upstream helper's fake driver none.
+var optionalFeatureChecks = []string{verify.CheckDRAPartitionable, verify.CheckDRAConsumableCapacity, verify.CheckDRAClaimStatus}
 
 // TestVerifyDRABrokenDriver runs dpkit verify --dra against every mode of
 // the broken DRA driver: the mode without a bug, and the modes and flags
@@ -181,6 +191,23 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 		{mode: "ignore-sigterm", check: verify.CheckDRAExit},
 		{mode: "slow-exit", args: []string{"-delay", "3s"}, check: verify.CheckDRAExit, verdict: verify.Warn, detail: "over --term-timeout 2s"},
 		{mode: "leave-sockets", check: verify.CheckDRAExit},
+		// What breaks drivers across their life.
+		{mode: "unprepare-first-only", check: verify.CheckDRABatch, detail: "their CDI specs still define"},
+		{mode: "busy", check: verify.CheckDRAConcurrent, detail: "busy: another NodePrepareResources call is in progress"},
+		{mode: "ignore-pool", check: verify.CheckDRAOtherNode, detail: "was prepared"},
+		{mode: "unprepare-reads-claim", check: verify.CheckDRADeletedClaim, detail: "read the claim"},
+		{mode: "forget-after-restart", check: verify.CheckDRAUnprepareRestart, detail: "its CDI spec still defines"},
+		{mode: "shared-registration", check: verify.CheckDRARollingUpdate, detail: "the same name as the first's"},
+		{mode: "v1-health-only", check: verify.CheckDRAVersionSkew, detail: "which watches v1alpha1.DRAResourceHealth"},
+		{mode: "old-cdi-version", check: verify.CheckDRACDIValid, detail: "the spec version must be at least v0.6.0"},
+		{mode: "cdi-device-names", check: verify.CheckDRACDIUnique, detail: "with claim-admin"},
+		{mode: "keep-subrequest", check: verify.CheckDRAPrioritizedList, detail: `request names ["req/small"]`},
+		{mode: "bad-device-status", check: verify.CheckDRAClaimStatus, detail: "the API server refused"},
+		{mode: "bad-counters", check: verify.CheckDRAPartitionable, detail: "counter set chip-9"},
+		{mode: "bad-request-policy", check: verify.CheckDRAConsumableCapacity, detail: "default 20Gi is above"},
+		{mode: "refuse-shares", check: verify.CheckDRAConsumableCapacity, detail: "claim-share-2"},
+		{mode: "no-share-id", check: verify.CheckDRAConsumableCapacity, verdict: verify.Warn, detail: "without share_id"},
+		{mode: "health-extra-device", check: verify.CheckDRAHealthDevices, detail: "/dev-9"},
 	}
 	for _, tc := range cases {
 		name := tc.name
@@ -246,6 +273,12 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 // dra.prepare.shared-device warns: the fake prepares whatever the
 // allocation names (internal/fakedra/fakedra.go:248-260) and does not keep
 // which claim holds a device, a defense the helper leaves to the driver.
+// The fake runs with --rolling-update {pod-uid} (the helper's
+// RollingUpdate, sockets named with the pod's UID, calls serialized
+// through a file lock), and dra.registration.rolling-update passes;
+// dra.unprepare.after-restart and dra.unprepare.deleted-claim are skipped,
+// pointing to dra.prepare.cdi: with no spec written there is none whose
+// removal to judge (their Unprepares succeed).
 func TestVerifyDRAUpstreamHelper(t *testing.T) {
 	t.Parallel()
 	fakedra := dratest.Binary(t)
@@ -268,7 +301,8 @@ func TestVerifyDRAUpstreamHelper(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			command := append([]string{fakedra, "--registry-dir", "{registry-dir}", "--kubeconfig", "{kubeconfig}", "--node-name", "{node-name}", "--resend", "500ms"}, tc.args...)
+			command := append([]string{fakedra, "--registry-dir", "{registry-dir}", "--kubeconfig", "{kubeconfig}", "--node-name", "{node-name}", "--resend", "500ms",
+				"--rolling-update", "{pod-uid}"}, tc.args...)
 			rep, code := runVerifyDRA(t, []string{"--health-timeout", "2s"}, command...)
 			want := []string{verify.CheckDRACDI}
 			if got := failedChecks(rep); code != 1 || !slices.Equal(got, want) {
@@ -278,10 +312,16 @@ func TestVerifyDRAUpstreamHelper(t *testing.T) {
 				switch {
 				case r.ID == verify.CheckDRASharedDevice && r.Verdict != verify.Warn:
 					t.Errorf("%s: %s (%s), want WARN: the fake prepares a second claim without admin access", r.ID, r.Verdict, r.Detail)
-				case r.Verdict == verify.Skip && !slices.Contains([]string{verify.CheckDRAReboot, verify.CheckDRAGeneration, verify.CheckDRAHealth}, r.ID):
+				// The CDI checks past dra.prepare.cdi point to it; the
+				// published devices of health are skipped with no health.
+				case r.Verdict == verify.Skip && !slices.Contains(append([]string{verify.CheckDRAReboot, verify.CheckDRAGeneration, verify.CheckDRAHealth,
+					verify.CheckDRACDIValid, verify.CheckDRACDIUnique, verify.CheckDRAHealthDevices,
+					verify.CheckDRAUnprepareRestart, verify.CheckDRADeletedClaim}, optionalFeatureChecks...), r.ID):
 					t.Errorf("%s skipped: %s", r.ID, r.Detail)
 				case r.ID == verify.CheckDRAHealth && tc.name != "no-health" && r.Verdict != verify.Pass:
 					t.Errorf("%s: %s (%s), want PASS", r.ID, r.Verdict, r.Detail)
+				case r.ID == verify.CheckDRAHealthDevices && tc.name != "no-health" && r.Verdict != verify.Pass:
+					t.Errorf("%s: %s (%s), want PASS: the helper reports health under the published names", r.ID, r.Verdict, r.Detail)
 				}
 				if tc.check != nil {
 					tc.check(t, r)

@@ -53,9 +53,10 @@ and an API server (--kubeconfig): registration, ResourceSlices,
 NodePrepareResources and NodeUnprepareResources, CDI specs, kubelet and driver
 restarts, health, SIGTERM, and that the driver needs no more of the API server
 than its RBAC (dra.rbac). The driver is told $DPKIT_REGISTRY_DIR,
-$DPKIT_DRA_PLUGINS_DIR, $DPKIT_CDI_DIR, $NODE_NAME and $KUBECONFIG (also
-{registry-dir}, {plugins-dir}, {cdi-dir}, {node-name} and {kubeconfig} in
-ARGS); dpkit plugin's DRA front uses them when its config leaves those
+$DPKIT_DRA_PLUGINS_DIR, $DPKIT_CDI_DIR, $NODE_NAME, $KUBECONFIG and $POD_UID
+(also {registry-dir}, {plugins-dir}, {cdi-dir}, {node-name}, {kubeconfig}
+and {pod-uid} in ARGS; $POD_UID differs per instance, for the rolling-update
+check); dpkit plugin's DRA front uses them when its config leaves those
 settings at their defaults. The driver never gets verify's kubeconfig: its
 $KUBECONFIG holds the token of a ServiceAccount made for the run, bound to the
 ClusterRoles and Roles of --rbac FILE (default: those of dpkit's

@@ -9,11 +9,16 @@
 // controller keeps it), which verify must pass.
 //
 // It serves driver broken.dpkit.io with devices dev-0 ... dev-3 in a pool
-// named after the node. It takes its directories, node and API server from
+// named after the node, and a second pool of partitions and a shared
+// device for the checks of optional features (content.go). It takes its directories, node and API server from
 // what verify sets: $DPKIT_REGISTRY_DIR, $DPKIT_DRA_PLUGINS_DIR,
 // $DPKIT_CDI_DIR, $NODE_NAME and $KUBECONFIG. Its checkpoint
 // (<plugins dir>/broken.dpkit.io/checkpoint.json) lists the claims it
-// prepared and survives a restart.
+// prepared and survives a restart. With $POD_UID set it supports rolling
+// updates: its sockets have the pod's UID in their names, and every
+// Prepare and Unprepare reads the checkpoint again under a file lock, so
+// that two instances answer for the same claims. It serves health in
+// v1 and v1alpha1, for kubelets v1.34 to v1.37.
 package main
 
 import (
@@ -32,6 +37,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +52,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/utils/ptr"
@@ -85,6 +92,24 @@ func modes() map[string]string {
 		"slow-exit":            "takes -delay to exit after SIGTERM",
 		"leave-sockets":        "exits on SIGTERM without removing its sockets",
 		"exit-before-serve":    "exits with status 3 before registering",
+		"old-cdi-version":      "writes CDI specs with annotations (a field of CDI 0.6.0) that declare cdiVersion 0.5.0",
+		"cdi-device-names":     "names CDI devices after the device, not the claim: two claims of one device define it in two spec files",
+		"keep-subrequest":      "answers a device allocated through a subrequest of firstAvailable under request name <request>/<subrequest>",
+		"bad-device-status":    "writes networkData.ips without the prefix length in claims' status.devices, which the API server refuses",
+		"bad-counters":         "publishes partition part-0b consuming counter set chip-9, which its pool does not define",
+		"bad-request-policy":   "publishes shared-0 with a bandwidth requestPolicy default (20Gi) above the capacity (10Gi)",
+		"refuse-shares":        "refuses a second claim given a share of shared-0, which allows multiple allocations",
+		"no-share-id":          "answers a share of shared-0 without its share_id",
+		"health-extra-device":  "reports the health of dev-9, a device it does not publish, beside its devices",
+
+		// What breaks a driver across its life.
+		"shared-registration":   "with $POD_UID, serves an endpoint of its own but registers through <driver>-reg.sock, which the first instance of a rolling update removes when it stops",
+		"v1-health-only":        "serves and lists health only in v1.DRAResourceHealth, which kubelets v1.34 to v1.36 do not call",
+		"forget-after-restart":  "keeps which CDI spec files to remove in memory: after a restart, Unprepare of a claim prepared before leaves its spec",
+		"unprepare-reads-claim": "reads the ResourceClaim of a claim it prepared to unprepare it, and fails when it is gone",
+		"unprepare-first-only":  "undoes only the first claim of a NodeUnprepareResources call, and reports them all done",
+		"busy":                  "answers a NodePrepareResources call that comes while another is in progress with Unavailable \"busy\" (each takes 200ms)",
+		"ignore-pool":           "prepares a device by its name, whatever pool the allocation names",
 	}
 }
 
@@ -115,7 +140,8 @@ func main() {
 	d := &driver{
 		mode: *mode, delay: *delay, healthInterval: *healthInterval, healthTimeout: *healthTimeout,
 		registryDir: os.Getenv("DPKIT_REGISTRY_DIR"), pluginsDir: os.Getenv("DPKIT_DRA_PLUGINS_DIR"),
-		cdiDir: os.Getenv("DPKIT_CDI_DIR"), node: os.Getenv("NODE_NAME"),
+		cdiDir: os.Getenv("DPKIT_CDI_DIR"), node: os.Getenv("NODE_NAME"), podUID: os.Getenv("POD_UID"),
+		mine: map[string]bool{},
 	}
 	for env, v := range map[string]string{"DPKIT_REGISTRY_DIR": d.registryDir, "DPKIT_DRA_PLUGINS_DIR": d.pluginsDir, "DPKIT_CDI_DIR": d.cdiDir, "NODE_NAME": d.node} {
 		if v == "" {
@@ -155,28 +181,90 @@ type driver struct {
 	pluginsDir     string
 	cdiDir         string
 	node           string
+	podUID         string
 	client         kubernetes.Interface
+
+	// busy: a NodePrepareResources call is in progress (mode busy).
+	busy atomic.Bool
 
 	mu         sync.Mutex
 	registered bool      // the kubelet said registered once
 	refusing   time.Time // slow-reregister: when GetInfo started refusing
 	claims     map[string]*prepared
 	cdiSerial  int
+	// mine are the claims whose CDI spec this process wrote
+	// (forget-after-restart removes only those).
+	mine map[string]bool
 
 	drav1.UnimplementedDRAPluginServer
 	drahealthv1.UnimplementedDRAResourceHealthServer
 }
 
 func (d *driver) dir() string            { return filepath.Join(d.pluginsDir, driverName) }
-func (d *driver) endpoint() string       { return filepath.Join(d.dir(), "dra.sock") }
-func (d *driver) regSocket() string      { return filepath.Join(d.registryDir, driverName+"-reg.sock") }
 func (d *driver) checkpointPath() string { return filepath.Join(d.dir(), "checkpoint.json") }
+
+// endpoint and regSocket are the sockets: with the pod's UID in their
+// names in a rolling update, as the kubeletplugin helper names them (the
+// registration socket not in shared-registration).
+func (d *driver) endpoint() string {
+	if d.podUID != "" {
+		return filepath.Join(d.dir(), "dra-"+d.podUID+".sock")
+	}
+	return filepath.Join(d.dir(), "dra.sock")
+}
+
+func (d *driver) regSocket() string {
+	if d.podUID != "" && d.mode != "shared-registration" {
+		return filepath.Join(d.registryDir, driverName+"-"+d.podUID+"-reg.sock")
+	}
+	return filepath.Join(d.registryDir, driverName+"-reg.sock")
+}
+
+// lock takes d.mu and, in a rolling update, the file lock that orders
+// the calls of both instances, and reads the checkpoint again: the other
+// instance may have prepared or unprepared claims.
+func (d *driver) lock() (unlock func(), err error) {
+	d.mu.Lock()
+	if d.podUID == "" {
+		return d.mu.Unlock, nil
+	}
+	f, err := os.OpenFile(filepath.Join(d.dir(), "checkpoint.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+	}
+	unlock = func() {
+		if f != nil {
+			_ = f.Close() // releases the lock
+		}
+		d.mu.Unlock()
+	}
+	if err != nil {
+		unlock()
+		return nil, fmt.Errorf("lock the checkpoint: %w", err)
+	}
+	data, err := os.ReadFile(d.checkpointPath())
+	if err == nil {
+		claims := map[string]*prepared{}
+		if err = json.Unmarshal(data, &claims); err == nil {
+			d.claims = claims
+		}
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		unlock()
+		return nil, fmt.Errorf("checkpoint %s: %w", d.checkpointPath(), err)
+	}
+	return unlock, nil
+}
 
 func (d *driver) run(ctx context.Context) error {
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
 	if err != nil {
 		return fmt.Errorf("$KUBECONFIG: %w", err)
 	}
+	// client-go's default, 5 requests a second, would make calls for
+	// claims prepared at once wait for each other's reads and status
+	// writes.
+	rc.QPS, rc.Burst = 50, 100
 	if d.client, err = kubernetes.NewForConfig(rc); err != nil {
 		return err
 	}
@@ -191,7 +279,13 @@ func (d *driver) run(ctx context.Context) error {
 	if err := os.MkdirAll(d.dir(), 0o750); err != nil {
 		return err
 	}
-	if err := d.saveLocked(); err != nil {
+	unlock, err := d.lock()
+	if err != nil {
+		return err
+	}
+	err = d.saveLocked()
+	unlock()
+	if err != nil {
 		return err
 	}
 	if d.mode == "no-republish" && restarted {
@@ -212,6 +306,9 @@ func (d *driver) run(ctx context.Context) error {
 	draSrv := grpc.NewServer()
 	drav1.RegisterDRAPluginServer(draSrv, d)
 	drahealthv1.RegisterDRAResourceHealthServer(draSrv, d)
+	if d.mode != "v1-health-only" {
+		drahealthv1alpha1.RegisterDRAResourceHealthServer(draSrv, drahealthv1.V1ServerWrapper{Server: d})
+	}
 	go func() { _ = draSrv.Serve(draLis) }()
 
 	regLis, err := listen(d.regSocket())
@@ -369,7 +466,7 @@ func (d *driver) publish(ctx context.Context, restarted bool) error {
 			return err
 		}
 	}
-	return nil
+	return d.publishParts(ctx, node)
 }
 
 // unpublish deletes the slices that the kubelet would not: those without
@@ -410,7 +507,10 @@ func (r registration) GetInfo(context.Context, *registerapi.InfoRequest) (*regis
 			}
 		}
 	}
-	versions := []string{drav1.DRAPluginService, drahealthv1.DRAResourceHealthService}
+	versions := []string{drav1.DRAPluginService, drahealthv1.DRAResourceHealthService, drahealthv1alpha1.DRAResourceHealthService}
+	if d.mode == "v1-health-only" {
+		versions = versions[:2]
+	}
 	if d.mode == "bad-registration" {
 		versions = append(versions, "1.0.0")
 	}
@@ -447,9 +547,49 @@ func (d *driver) NodePrepareResources(ctx context.Context, req *drav1.NodePrepar
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 	}
+	if d.mode == "busy" {
+		if !d.busy.CompareAndSwap(false, true) {
+			return nil, status.Error(codes.Unavailable, "busy: another NodePrepareResources call is in progress")
+		}
+		defer d.busy.Store(false)
+		t := time.NewTimer(200 * time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	// The claims not prepared yet are read before the lock is taken: the
+	// API server is the slow part, and calls for other claims need not
+	// wait for it (one the other instance prepared meanwhile is read
+	// under the lock).
+	d.mu.Lock()
+	var unknown []*drav1.Claim
+	for _, c := range req.Claims {
+		if _, ok := d.claims[c.Uid]; !ok {
+			unknown = append(unknown, c)
+		}
+	}
+	d.mu.Unlock()
+	fetched := map[string]fetchedClaim{}
+	for _, c := range unknown {
+		claim, err := d.client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+		fetched[c.Uid] = fetchedClaim{claim, err}
+	}
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
 	resp := &drav1.NodePrepareResourcesResponse{Claims: map[string]*drav1.NodePrepareResourceResponse{}}
 	for _, c := range req.Claims {
-		devs, err := d.prepare(ctx, c)
+		devs, err := d.prepare(ctx, c, fetched[c.Uid])
 		if err != nil {
 			if d.mode == "whole-call-error" {
 				return nil, status.Errorf(codes.FailedPrecondition, "claim %s/%s: %v", c.Namespace, c.Name, err)
@@ -459,18 +599,33 @@ func (d *driver) NodePrepareResources(ctx context.Context, req *drav1.NodePrepar
 		}
 		resp.Claims[c.Uid] = &drav1.NodePrepareResourceResponse{Devices: devs}
 	}
+	unlock()
+	locked = false
+	// The status of the claims prepared now is written once the lock is
+	// released: the API server is the slow part.
+	for _, c := range req.Claims {
+		if f := fetched[c.Uid]; f.claim != nil && resp.Claims[c.Uid].GetError() == "" {
+			d.writeStatus(ctx, f.claim)
+		}
+	}
 	if d.mode == "drop-result" && len(req.Claims) > 1 {
 		delete(resp.Claims, req.Claims[len(req.Claims)-1].Uid)
 	}
 	return resp, nil
 }
 
-// prepare prepares one claim, from the checkpoint when it was prepared.
-func (d *driver) prepare(ctx context.Context, c *drav1.Claim) ([]*drav1.Device, error) {
-	d.mu.Lock()
+// fetchedClaim is a claim of a NodePrepareResources call as the API
+// server gave it.
+type fetchedClaim struct {
+	claim *resourcev1.ResourceClaim
+	err   error
+}
+
+// prepare prepares one claim, from the checkpoint when it was prepared,
+// else from the claim fetched; the lock is held.
+func (d *driver) prepare(ctx context.Context, c *drav1.Claim, fetched fetchedClaim) ([]*drav1.Device, error) {
 	p, ok := d.claims[c.Uid]
 	if ok {
-		defer d.mu.Unlock()
 		switch d.mode {
 		case "fresh-cdi-ids":
 			d.cdiSerial++
@@ -485,8 +640,10 @@ func (d *driver) prepare(ctx context.Context, c *drav1.Claim) ([]*drav1.Device, 
 		}
 		return p.Devices, d.writeSpec(p)
 	}
-	d.mu.Unlock()
-	claim, err := d.client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+	claim, err := fetched.claim, fetched.err
+	if claim == nil && err == nil {
+		claim, err = d.client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read the claim: %w", err)
 	}
@@ -497,19 +654,17 @@ func (d *driver) prepare(ctx context.Context, c *drav1.Claim) ([]*drav1.Device, 
 		return nil, errors.New("the claim is not allocated")
 	}
 	p = &prepared{UID: c.Uid}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	for _, res := range claim.Status.Allocation.Devices.Results {
 		if res.Driver != driverName {
 			continue
 		}
-		if res.Pool != d.node || !slices.Contains(devices, res.Device) {
+		if !d.known(res.Pool, res.Device) && (d.mode != "ignore-pool" || !slices.Contains(devices, res.Device)) {
 			return nil, fmt.Errorf("device %s/%s: not one of this driver's devices", res.Pool, res.Device)
 		}
 		// A result with admin access neither holds its device nor is
 		// refused one another claim holds.
 		admin := res.AdminAccess != nil && *res.AdminAccess
-		if (!admin && d.mode != "share-device") || (admin && d.mode == "refuse-admin") {
+		if !d.sharable(res) && ((!admin && d.mode != "share-device") || (admin && d.mode == "refuse-admin")) {
 			for uid, other := range d.claims {
 				if slices.ContainsFunc(other.Devices, func(x *drav1.Device) bool {
 					return x.DeviceName == res.Device && !slices.Contains(other.Admin, x.DeviceName)
@@ -521,10 +676,7 @@ func (d *driver) prepare(ctx context.Context, c *drav1.Claim) ([]*drav1.Device, 
 		if admin {
 			p.Admin = append(p.Admin, res.Device)
 		}
-		p.Devices = append(p.Devices, &drav1.Device{
-			RequestNames: []string{res.Request}, PoolName: res.Pool, DeviceName: res.Device,
-			CdiDeviceIds: []string{cdiKind + "=" + c.Uid + "-" + res.Device},
-		})
+		p.Devices = append(p.Devices, d.answer(c.Uid, res))
 	}
 	if err := d.writeSpec(p); err != nil {
 		return nil, err
@@ -543,20 +695,18 @@ func (d *driver) writeSpec(p *prepared) error {
 		return nil
 	}
 	type device struct {
-		Name           string         `json:"name"`
-		ContainerEdits map[string]any `json:"containerEdits"`
+		Name           string            `json:"name"`
+		Annotations    map[string]string `json:"annotations,omitempty"`
+		ContainerEdits map[string]any    `json:"containerEdits"`
 	}
 	spec := struct {
 		Version string   `json:"cdiVersion,omitempty"`
 		Kind    string   `json:"kind"`
 		Devices []device `json:"devices"`
-	}{Version: "0.6.0", Kind: cdiKind}
-	if d.mode == "bad-cdi-spec" {
-		spec.Version = ""
-	}
+	}{Version: d.cdiVersion(), Kind: cdiKind}
 	for _, dev := range p.Devices {
 		for _, id := range dev.CdiDeviceIds {
-			spec.Devices = append(spec.Devices, device{Name: strings.TrimPrefix(id, cdiKind+"="),
+			spec.Devices = append(spec.Devices, device{Name: strings.TrimPrefix(id, cdiKind+"="), Annotations: cdiAnnotations(p.UID),
 				ContainerEdits: map[string]any{"env": []string{"BROKENDRA_DEVICE=" + dev.DeviceName}}})
 		}
 	}
@@ -564,21 +714,37 @@ func (d *driver) writeSpec(p *prepared) error {
 	if err != nil {
 		return err
 	}
+	d.mine[p.UID] = true
 	return fileutil.WriteAtomic(d.specPath(p.UID), data, 0o644)
 }
 
-func (d *driver) NodeUnprepareResources(_ context.Context, req *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+func (d *driver) NodeUnprepareResources(ctx context.Context, req *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	defer unlock()
 	resp := &drav1.NodeUnprepareResourcesResponse{Claims: map[string]*drav1.NodeUnprepareResourceResponse{}}
-	for _, c := range req.Claims {
-		if _, ok := d.claims[c.Uid]; !ok && d.mode == "unprepare-unknown" {
-			resp.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{Error: "claim " + c.Uid + " is not prepared"}
+	for i, c := range req.Claims {
+		resp.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{}
+		_, known := d.claims[c.Uid]
+		switch {
+		case d.mode == "unprepare-first-only" && i > 0:
 			continue
+		case !known && d.mode == "unprepare-unknown":
+			resp.Claims[c.Uid].Error = "claim " + c.Uid + " is not prepared"
+			continue
+		case known && d.mode == "unprepare-reads-claim":
+			if _, err := d.client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{}); err != nil {
+				resp.Claims[c.Uid].Error = "read the claim: " + err.Error()
+				continue
+			}
 		}
 		delete(d.claims, c.Uid)
-		_ = os.Remove(d.specPath(c.Uid))
-		resp.Claims[c.Uid] = &drav1.NodeUnprepareResourceResponse{}
+		if d.mode != "forget-after-restart" || d.mine[c.Uid] {
+			_ = os.Remove(d.specPath(c.Uid))
+		}
+		delete(d.mine, c.Uid)
 	}
 	return resp, d.saveLocked()
 }
@@ -588,7 +754,7 @@ func (d *driver) NodeWatchResources(_ *drahealthv1.NodeWatchResourcesRequest, st
 	defer tick.Stop()
 	for {
 		msg := &drahealthv1.NodeWatchResourcesResponse{}
-		names := slices.Clone(devices)
+		names := append(slices.Clone(devices), d.healthExtra()...)
 		sort.Strings(names)
 		for _, name := range names {
 			msg.Devices = append(msg.Devices, &drahealthv1.DeviceHealth{

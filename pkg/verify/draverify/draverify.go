@@ -147,12 +147,13 @@ type run struct {
 	root, registryDir, pluginsDir, cdiDir, stateDir string
 	node, ns string
 	podUID   types.UID
-	// driverPod is the UID of the pod the running instance of the driver
-	// is in ($POD_UID, {pod-uid}).
-	driverPod types.UID
 	command  []string
 	env      []string
 	proc     *verify.Process
+
+	// driverPod is the UID of the pod the running instance of the driver
+	// is in ($POD_UID, {pod-uid}).
+	driverPod types.UID
 
 	// The kubelet side: the DRA manager and the plugin watcher.
 	mgr      *dramanager.Manager
@@ -185,6 +186,10 @@ type run struct {
 	// driver exited (before registering, or when started again), so
 	// that the exit is not blamed on dra.shutdown.exit as well.
 	exitJudged bool
+
+	// lastHealth is what the health checks' stream saw, for
+	// dra.health.published-devices (healthdevices.go).
+	lastHealth *healthWatch
 }
 
 // startKubelet starts the kubelet side: a DRA manager on the state
@@ -276,9 +281,15 @@ func (r *run) steps(ctx context.Context) {
 		{"registration", r.checkRegistration},
 		{"the ResourceSlice checks", r.checkSlices},
 		{"the Prepare checks", r.checkPrepare},
+		{"what the driver publishes and prepares", r.checkContent},
 		{"the kubelet restart", r.checkKubeletRestart},
 		{"the driver's restart", r.checkDriverRestart},
+		{"the batched and concurrent calls", r.checkCalls},
+		{"the claims' lifecycle", r.checkLifecycle},
+		{"the rolling update", r.checkRollingUpdate},
+		{"the version skew", r.checkVersionSkew},
 		{"the health checks", r.checkHealth},
+		{"the devices of the health reports", r.checkHealthDevices},
 		{"shutdown", r.checkShutdown},
 	}
 	for _, s := range steps {

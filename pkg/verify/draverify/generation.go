@@ -230,6 +230,10 @@ func (r *run) settle(ctx context.Context, since time.Time) {
 	if r.slices == nil {
 		return
 	}
+	// A watch that has not seen the driver's writes yet would call it
+	// quiet: a driver that writes a second pool a moment after the first
+	// was judged with half of it.
+	r.catchUp(ctx)
 	deadline := time.Now().Add(2 * r.cfg.CallTimeout)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()

@@ -127,6 +127,7 @@ wait:
 	}
 	h.stop()
 	r.health = nil
+	r.lastHealth = h // for dra.health.published-devices (healthdevices.go)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var never, once, late []string

@@ -31,6 +31,12 @@ const noSuchDevice = "dpkit-verify-no-such-device"
 // reserved for verify's pod; with admin, its request and allocation
 // result have adminAccess, as the scheduler writes them.
 func (r *run) newClaim(ctx context.Context, role, device string, admin bool) (*resourcev1.ResourceClaim, error) {
+	return r.newClaimIn(ctx, role, r.pool, device, admin)
+}
+
+// newClaimIn is newClaim with the device in pool (an allocation cannot
+// be changed once written).
+func (r *run) newClaimIn(ctx context.Context, role, pool, device string, admin bool) (*resourcev1.ResourceClaim, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
 	var adminAccess *bool
@@ -50,7 +56,7 @@ func (r *run) newClaim(ctx context.Context, role, device string, admin bool) (*r
 	r.created = append(r.created, c.Name)
 	c.Status = resourcev1.ResourceClaimStatus{
 		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{{
-			Request: "req", Driver: r.driver, Pool: r.pool, Device: device, AdminAccess: adminAccess,
+			Request: "req", Driver: r.driver, Pool: pool, Device: device, AdminAccess: adminAccess,
 		}}}},
 		ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: "dpkit-verify", UID: r.podUID}},
 	}

@@ -51,6 +51,8 @@ type apiProxy struct {
 	requests atomic.Int64
 	mu       sync.Mutex
 	denied   map[string]*denial // by what was denied
+	// refused: writes of claims' status refused as invalid (claimstatus.go).
+	refused statusRefusals
 }
 
 // denial is one kind of request the API server forbade the driver.
@@ -136,6 +138,7 @@ func (p *apiProxy) stop() {
 // record notes a response that forbids the driver a request before the
 // driver has it, so that what the driver does then is judged knowing it.
 func (p *apiProxy) record(resp *http.Response) error {
+	p.noteRefused(resp) // dra.claim.status-devices
 	if resp.StatusCode != http.StatusForbidden {
 		return nil
 	}
