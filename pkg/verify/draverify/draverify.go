@@ -271,6 +271,24 @@ func (r *run) skipRest(reason string) {
 	}
 }
 
+// stop records why the run cannot go on, skips the checks not decided
+// yet with that reason, and returns false (a step's "stop here").
+func (r *run) stop(reason string) bool {
+	r.stopped = reason
+	r.skipRest(reason)
+	return false
+}
+
+// reconnect takes reg's endpoint as the driver's and dials it; on error
+// the run stops.
+func (r *run) reconnect(reg registration) bool {
+	r.endpoint = reg.endpoint
+	if err := r.connect(reg); err != nil {
+		return r.stop(err.Error())
+	}
+	return true
+}
+
 // steps runs the checks in order; each step returns false when the run
 // cannot go on.
 func (r *run) steps(ctx context.Context) {
@@ -372,9 +390,7 @@ func (r *run) checkRegistration(ctx context.Context) bool {
 			why = fmt.Sprintf("no registration within %s; %s", r.cfg.RegisterTimeout, r.registryState())
 		}
 		r.set(verify.CheckDRARegistration, verify.Fail, "%s", why)
-		r.stopped = "see " + verify.CheckDRARegistration
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + verify.CheckDRARegistration)
 	}
 	r.driver, r.endpoint = reg.name, reg.endpoint
 	var problems []string
@@ -398,9 +414,7 @@ func (r *run) checkRegistration(ctx context.Context) bool {
 			reg.name, reg.endpoint, strings.Join(reg.versions, ","), r.negotiated(), reg.at.Sub(start).Round(time.Millisecond))
 	}
 	if err != nil {
-		r.stopped = err.Error()
-		r.skipRest(r.stopped)
-		return false
+		return r.stop(err.Error())
 	}
 	return true
 }
@@ -522,15 +536,11 @@ func (r *run) checkSlices(ctx context.Context) bool {
 	}
 	if err != nil {
 		r.set(verify.CheckDRASlices, verify.Fail, "listing the ResourceSlices: %v", err)
-		r.stopped = "no devices: see " + verify.CheckDRASlices
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("no devices: see " + verify.CheckDRASlices)
 	}
 	if len(sl) == 0 {
 		r.set(verify.CheckDRASlices, verify.Fail, "no ResourceSlice of driver %s for node %s (by spec.nodeName, spec.nodeSelector, spec.allNodes or spec.perDeviceNodeSelection) within %s%s", r.driver, r.node, wait, r.elsewhere(ctx))
-		r.stopped = "no devices: see " + verify.CheckDRASlices
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("no devices: see " + verify.CheckDRASlices)
 	}
 	node := r.nodeObject(ctx)
 	var problems, how []string
@@ -579,9 +589,7 @@ func (r *run) checkSlices(ctx context.Context) bool {
 	}
 	r.devices = slices.Compact(r.devices)
 	if len(r.devices) == 0 {
-		r.stopped = "no devices: see " + verify.CheckDRASlices
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("no devices: see " + verify.CheckDRASlices)
 	}
 	return true
 }
@@ -726,9 +734,7 @@ func (r *run) checkDriverRestart(ctx context.Context) bool {
 	proc, err := verify.StartProcess(r.command, r.env)
 	if err != nil {
 		r.set(verify.CheckDRADriverRestart, verify.Fail, "could not start the driver again: %v", err)
-		r.stopped = "see " + verify.CheckDRADriverRestart
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + verify.CheckDRADriverRestart)
 	}
 	r.proc = proc
 	reg, ok := r.waitRegistration(ctx, r.cfg.ReregisterThreshold)
@@ -739,20 +745,13 @@ func (r *run) checkDriverRestart(ctx context.Context) bool {
 	if !ok && r.proc.Exit() != "" {
 		r.set(verify.CheckDRADriverRestart, verify.Fail, "the driver %s after it was started again%s", r.proc.Exit(), strings.TrimPrefix(what, "the driver was killed and started again"))
 		r.exitJudged = true
-		r.stopped = "see " + verify.CheckDRADriverRestart
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + verify.CheckDRADriverRestart)
 	}
 	r.judgeRestart(verify.CheckDRADriverRestart, reg.at.Sub(start), ok, what)
 	if !ok {
-		r.stopped = "see " + verify.CheckDRADriverRestart
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + verify.CheckDRADriverRestart)
 	}
-	r.endpoint = reg.endpoint
-	if err := r.connect(reg); err != nil {
-		r.stopped = err.Error()
-		r.skipRest(r.stopped)
+	if !r.reconnect(reg) {
 		return false
 	}
 	// The slices: the same devices, once the driver is done publishing

@@ -143,9 +143,7 @@ func (r *run) restartDriver(ctx context.Context, id string) bool {
 	proc, err := verify.StartProcess(r.command, r.env)
 	if err != nil {
 		r.set(id, verify.Fail, "could not start the driver again: %v", err)
-		r.stopped = "see " + id
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + id)
 	}
 	r.proc = proc
 	reg, ok := r.waitRegistration(ctx, r.cfg.ReregisterThreshold)
@@ -159,17 +157,9 @@ func (r *run) restartDriver(ctx context.Context, id string) bool {
 			r.exitJudged = true
 		}
 		r.set(id, verify.Fail, "%s", why)
-		r.stopped = "see " + id
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + id)
 	}
-	r.endpoint = reg.endpoint
-	if err := r.connect(reg); err != nil {
-		r.stopped = err.Error()
-		r.skipRest(r.stopped)
-		return false
-	}
-	return true
+	return r.reconnect(reg)
 }
 
 // checkUnprepareAfterRestart prepares a claim, kills the driver and

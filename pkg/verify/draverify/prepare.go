@@ -165,9 +165,7 @@ func (r *run) checkPrepare(ctx context.Context) bool {
 			continue
 		}
 		if err != nil {
-			r.stopped = "the claims could not be written: " + err.Error()
-			r.skipRest(r.stopped)
-			return false
+			return r.stop("the claims could not be written: " + err.Error())
 		}
 		r.claims[c.role] = claim
 	}

@@ -348,9 +348,7 @@ func devicesOf(res *drav1.NodePrepareResourceResponse) string {
 func (r *run) adopt(second *instance, reg registration) bool {
 	r.proc, r.driverPod, r.command, r.env, r.endpoint = second.proc, second.pod, second.command, second.env, second.endpoint
 	if err := r.connect(reg); err != nil {
-		r.stopped = err.Error()
-		r.skipRest(r.stopped)
-		return false
+		return r.stop(err.Error())
 	}
 	return true
 }

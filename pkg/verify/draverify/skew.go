@@ -233,9 +233,7 @@ func (r *run) olderKubelet(ctx context.Context, claim *resourcev1.ResourceClaim,
 func (r *run) backToNewest(ctx context.Context, id string) bool {
 	r.drainRegistrations()
 	if err := r.startKubelet(); err != nil {
-		r.stopped = "the kubelet side did not start again: " + err.Error()
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("the kubelet side did not start again: " + err.Error())
 	}
 	reg, ok := r.waitRegistration(ctx, r.cfg.ReregisterThreshold)
 	if !ok {
@@ -243,15 +241,7 @@ func (r *run) backToNewest(ctx context.Context, id string) bool {
 			return false
 		}
 		r.set(id, verify.Fail, "not registered again within %s when the kubelet side went back to v1.37", r.cfg.ReregisterThreshold)
-		r.stopped = "see " + id
-		r.skipRest(r.stopped)
-		return false
+		return r.stop("see " + id)
 	}
-	r.endpoint = reg.endpoint
-	if err := r.connect(reg); err != nil {
-		r.stopped = err.Error()
-		r.skipRest(r.stopped)
-		return false
-	}
-	return true
+	return r.reconnect(reg)
 }
