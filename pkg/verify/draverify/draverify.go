@@ -192,6 +192,15 @@ type run struct {
 	lastHealth *healthWatch
 }
 
+// watcherBackoff is how long verify's plugin watcher waits before it dials
+// a registration socket again after a failure (a restarted driver's socket
+// that does not answer yet, a stale one). Not the kubelet's growing
+// back-off: that could put up to a second of the watcher's own between a
+// driver's registration and its judging, and turn a prompt
+// re-registration into a WARN in one run of ten
+// (hack/verify-dra-stability.sh).
+const watcherBackoff = 100 * time.Millisecond
+
 // startKubelet starts the kubelet side: a DRA manager on the state
 // directory (its checkpoint survives restarts) and a plugin watcher on
 // plugins_registry.
@@ -214,8 +223,8 @@ func (r *run) startKubelet() error {
 		// so that a registration's time is the driver's, not the
 		// watcher's.
 		ReconcilePeriod: 50 * time.Millisecond,
-		InitialBackoff:  100 * time.Millisecond,
-		MaxBackoff:      time.Second,
+		InitialBackoff:  watcherBackoff,
+		MaxBackoff:      watcherBackoff,
 	})
 	if err != nil {
 		cancel()

@@ -82,8 +82,8 @@ func (r *run) startOlderKubelet() (stop func(), err error) {
 		Handlers:        map[string]pluginwatcher.Handler{pluginwatcher.DRAPlugin: recorder{next: olderHandler{}, ch: r.regs}},
 		Logger:          kubeletLogger(r.log),
 		ReconcilePeriod: 50 * time.Millisecond,
-		InitialBackoff:  100 * time.Millisecond,
-		MaxBackoff:      time.Second,
+		InitialBackoff:  watcherBackoff,
+		MaxBackoff:      watcherBackoff,
 	})
 	if err != nil {
 		return nil, err
