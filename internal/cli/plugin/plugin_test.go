@@ -50,10 +50,16 @@ func TestPluginCommandServesExample(t *testing.T) {
 	if got := resp.Envs[fake.EnvDevices]; got != "dev-0,dev-5" {
 		t.Errorf("%s = %q", fake.EnvDevices, got)
 	}
-	k.Restart(t)
-	k.WaitForRegistrations(t, "example.com/foo", 2)
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
+	// The kubelet serves the plugin before its Register call returns; a
+	// restart before the plugin has the answer ends that call, and the
+	// plugin's retry of it (no re-registration) is what the kubelet sees.
+	if err := st.srv.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	k.Restart(t)
+	k.WaitForRegistrations(t, "example.com/foo", 2)
 	if err := st.srv.WaitReady(wctx); err != nil {
 		t.Fatal(err)
 	}
