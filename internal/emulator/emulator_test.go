@@ -20,6 +20,7 @@ import (
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -217,7 +218,7 @@ func TestEmulator(t *testing.T) {
 	}
 
 	// The PodResources API reports the same.
-	prc, conn, err := podresources.Dial(ctx, podresources.SocketPath(root))
+	prc, conn, err := prclient.Dial(ctx, podresources.SocketPath(root))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/dpkit/dpkit/internal/probes"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/inventory"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 // Served is what RunWith started, handed to its Started callback.
@@ -219,7 +220,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
 	dra := cfg.DRA.Resolve(getenv, pluginDir)
 	pluginsDir, cdiDir := dra.PluginsDir, dra.CDIDir
-	lister, conn, err := inventory.DialPodResources(dra.PodResourcesSocket)
+	lister, conn, err := prclient.New(dra.PodResourcesSocket)
 	if err != nil {
 		return nil, nil, nil, nil, closeAll, err
 	}

@@ -1,7 +1,8 @@
-// Package unixsock listens on unix sockets the way every dpkit server
-// does: the socket's directory is created (0750), a stale socket left at
-// the path by an earlier process is replaced, and any other file there is
-// refused rather than deleted.
+// Package unixsock is how every dpkit server listens on a unix socket and
+// every client dials one. Listen creates the socket's directory (0750),
+// replaces a stale socket left at the path by an earlier process, and
+// refuses any other file there rather than deleting it; NewGRPCClient and
+// WaitReady dial a kubelet or plugin socket without transport security.
 package unixsock
 
 import (

@@ -16,7 +16,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
-	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -59,7 +59,7 @@ func TestHostServesPluginsAndPodResources(t *testing.T) {
 					t.Fatalf("example.com/foo never reached 8 allocatable: %v", host.Manager.Resources())
 				}
 			}
-			client, closer, err := podresources.Dial(ctx, host.PodResourcesSocket())
+			client, closer, err := prclient.Dial(ctx, host.PodResourcesSocket())
 			if err != nil {
 				t.Fatal(err)
 			}

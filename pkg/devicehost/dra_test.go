@@ -11,7 +11,7 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
-	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 // TestHostRunsDRADriver: a DRA driver registers through the host's plugin
@@ -53,7 +53,7 @@ func TestHostRunsDRADriver(t *testing.T) {
 	}
 	host.Pods.Add(pod)
 
-	client, closer, err := podresources.Dial(ctx, host.PodResourcesSocket())
+	client, closer, err := prclient.Dial(ctx, host.PodResourcesSocket())
 	if err != nil {
 		t.Fatal(err)
 	}

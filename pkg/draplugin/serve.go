@@ -10,6 +10,7 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/inventory"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 // DefaultPodResourcesSocket is the kubelet's PodResources socket, which
@@ -37,7 +38,7 @@ func Serve(ctx context.Context, dpCfg deviceplugin.Config, cfg Config, resource 
 	if len(podResources) > 0 {
 		socket = podResources[0]
 	}
-	lister, conn, err := inventory.DialPodResources(socket)
+	lister, conn, err := prclient.New(socket)
 	if err != nil {
 		return err
 	}

@@ -6,18 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	"k8s.io/utils/clock"
+
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // DRASocketName is the socket a DRA driver serves the kubelet on, in its
@@ -221,17 +220,9 @@ func (h *DRAHealth) watch(driver string) (*driverHealth, error) {
 		return nil, fmt.Errorf("DRA driver %q: not a directory name under %s", driver, h.cfg.PluginsDir)
 	}
 	socket := filepath.Join(h.cfg.PluginsDir, driver, DRASocketName)
-	conn, err := grpc.NewClient("passthrough:///"+socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second,
-		}, MinConnectTimeout: DefaultTimeout}),
-	)
+	conn, err := unixsock.NewGRPCClient(socket, unixsock.QuickReconnect(DefaultTimeout))
 	if err != nil {
-		return nil, fmt.Errorf("DRA driver %s socket %s: %w", driver, socket, err)
+		return nil, fmt.Errorf("DRA driver %s: %w", driver, err)
 	}
 	dh := newDriverHealth(conn)
 	h.drivers[driver] = dh

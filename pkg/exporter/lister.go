@@ -3,21 +3,17 @@ package exporter
 import (
 	"context"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
-)
 
-// maxMsgSize is the largest answer accepted, as the kubelet's own client
-// helper (16 MiB).
-const maxMsgSize = 16 * 1024 * 1024
+	"github.com/dpkit/dpkit/internal/unixsock"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
+)
 
 // lister reads the PodResources API over one connection, which gRPC
 // re-establishes when the socket is served again.
@@ -28,22 +24,13 @@ type lister struct {
 }
 
 func newLister(socket string, timeout time.Duration) (*lister, error) {
-	conn, err := grpc.NewClient("passthrough:///"+socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsgSize)),
-		// A restarted kubelet serves its socket again within seconds:
-		// do not wait gRPC's default two minutes to try it.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second,
-		}, MinConnectTimeout: timeout}),
-	)
+	// A restarted kubelet serves its socket again within seconds: do not
+	// wait gRPC's default two minutes to try it.
+	client, conn, err := prclient.New(socket, unixsock.QuickReconnect(timeout))
 	if err != nil {
-		return nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
+		return nil, err
 	}
-	return &lister{conn: conn, client: podresourcesv1.NewPodResourcesListerClient(conn), timeout: timeout}, nil
+	return &lister{conn: conn, client: client, timeout: timeout}, nil
 }
 
 func (l *lister) close() error { return l.conn.Close() }

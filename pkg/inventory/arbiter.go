@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sort"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
@@ -161,24 +159,6 @@ func (inv *Inventory) Held(front Front) []string {
 // inventory reads it; a podresourcesv1.PodResourcesListerClient is one.
 type PodResourcesLister interface {
 	List(ctx context.Context, in *podresourcesv1.ListPodResourcesRequest, opts ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error)
-}
-
-// DialPodResources returns a client of the kubelet's PodResources API on
-// the unix socket (the kubelet's is
-// /var/lib/kubelet/pod-resources/kubelet.sock). It connects on first use
-// and again after failures; close the Closer when done.
-func DialPodResources(socket string) (podresourcesv1.PodResourcesListerClient, interface{ Close() error }, error) {
-	conn, err := grpc.NewClient("passthrough:///"+socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-	)
-	if err != nil {
-		return nil, nil, fmt.Errorf("PodResources socket %s: %w", socket, err)
-	}
-	return podresourcesv1.NewPodResourcesListerClient(conn), conn, nil
 }
 
 // Refresh brings the device plugin holds in line with what the kubelet

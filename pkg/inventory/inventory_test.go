@@ -24,6 +24,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -340,7 +341,7 @@ func servePodResources(t *testing.T) (*podResources, PodResourcesLister) {
 	podresourcesv1.RegisterPodResourcesListerServer(srv, pr)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
-	client, closer, err := DialPodResources(sock)
+	client, closer, err := prclient.New(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,7 +493,7 @@ func (l *logRecords) WithGroup(string) slog.Handler      { return l }
 func TestPodResourcesDownLoggedOnce(t *testing.T) {
 	t.Parallel()
 	// What the real client answers without a socket.
-	client, closer, err := DialPodResources(filepath.Join(t.TempDir(), "kubelet.sock"))
+	client, closer, err := prclient.New(filepath.Join(t.TempDir(), "kubelet.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}

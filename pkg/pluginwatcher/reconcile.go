@@ -9,11 +9,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/dpkit/dpkit/internal/backoff"
+	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
 // Timeouts of the calls to a plugin, as in the kubelet.
@@ -387,26 +386,15 @@ func (w *Watcher) notify(ctx context.Context, client registerapi.RegistrationCli
 // dial connects to the unix socket at path and waits until the
 // connection is ready or timeout expires.
 func dial(ctx context.Context, path string, timeout time.Duration) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient("passthrough:///"+path,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
-		}),
-	)
+	conn, err := unixsock.NewGRPCClient(path)
 	if err != nil {
 		return nil, fmt.Errorf("failed to dial socket %s, err: %w", path, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn.Connect()
-	for {
-		s := conn.GetState()
-		if s == connectivity.Ready {
-			return conn, nil
-		}
-		if !conn.WaitForStateChange(ctx, s) {
-			_ = conn.Close()
-			return nil, fmt.Errorf("failed to dial socket %s, err: %w (last state %s)", path, ctx.Err(), s)
-		}
+	if err := unixsock.WaitReady(ctx, conn); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("failed to dial socket %s, err: %w", path, err)
 	}
+	return conn, nil
 }

@@ -11,6 +11,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 type onePod struct{ pod *corev1.Pod }
@@ -54,7 +55,7 @@ func Example() {
 
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
-	client, conn, err := podresources.Dial(dctx, socket)
+	client, conn, err := prclient.Dial(dctx, socket)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 // TestExporterDRAOnVirtualNode runs two dpkit exporters on a dpkit node
@@ -134,7 +135,7 @@ func waitPodClaims(t *testing.T, ctx context.Context, root, ns, pod string, n in
 	t.Helper()
 	var got []*podresourcesv1.ClaimResource
 	poll(t, ctx, fmt.Sprintf("PodResources to list %d claim devices of %s/%s", n, ns, pod), func(ctx context.Context) (bool, string, error) {
-		prc, closer, err := podresources.Dial(ctx, podresources.SocketPath(root))
+		prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
 		if err != nil {
 			return false, err.Error(), nil
 		}

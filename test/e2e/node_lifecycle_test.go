@@ -33,6 +33,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -459,7 +460,7 @@ func waitPodDevices(t *testing.T, ctx context.Context, root, ns, pod string, n i
 	t.Helper()
 	var ids []string
 	poll(t, ctx, fmt.Sprintf("PodResources to list %d devices of %s/%s", n, ns, pod), func(ctx context.Context) (bool, string, error) {
-		prc, closer, err := podresources.Dial(ctx, podresources.SocketPath(root))
+		prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
 		if err != nil {
 			return false, err.Error(), nil
 		}

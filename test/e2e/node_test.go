@@ -29,6 +29,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -204,7 +205,7 @@ func TestVirtualNodeDevices(t *testing.T) {
 	})
 
 	// PodResources lists the pod and its two devices while it runs.
-	prc, closer, err := podresources.Dial(ctx, podresources.SocketPath(root))
+	prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/discovery/devfs"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -633,7 +634,7 @@ func TestRealNodeKubeletRestart(t *testing.T) {
 func waitAllocatableAt(t *testing.T, ctx context.Context, n *controlplane.Node, res corev1.ResourceName, want int) {
 	t.Helper()
 	poll(t, ctx, fmt.Sprintf("%d %s allocatable in the kubelet", want, res), func(ctx context.Context) (bool, string, error) {
-		client, closer, err := podresources.Dial(ctx, podresources.SocketPath(n.KubeletRoot))
+		client, closer, err := prclient.Dial(ctx, podresources.SocketPath(n.KubeletRoot))
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -655,7 +656,7 @@ func waitAllocatableAt(t *testing.T, ctx context.Context, n *controlplane.Node, 
 // podDevices returns the device IDs the kubelet lists for a pod.
 func podDevices(t *testing.T, ctx context.Context, n *controlplane.Node, ns, name string) []string {
 	t.Helper()
-	client, closer, err := podresources.Dial(ctx, podresources.SocketPath(n.KubeletRoot))
+	client, closer, err := prclient.Dial(ctx, podresources.SocketPath(n.KubeletRoot))
 	if err != nil {
 		t.Fatal(err)
 	}

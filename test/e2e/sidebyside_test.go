@@ -20,6 +20,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -285,7 +286,7 @@ func sbsCreate(t *testing.T, ctx context.Context, c kubernetes.Interface, pod *c
 // podDevicesAt returns the device IDs the PodResources API at socket
 // lists for a pod.
 func podDevicesAt(ctx context.Context, socket, ns, name string) ([]string, error) {
-	client, closer, err := podresources.Dial(ctx, socket)
+	client, closer, err := prclient.Dial(ctx, socket)
 	if err != nil {
 		return nil, err
 	}

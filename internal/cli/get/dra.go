@@ -15,7 +15,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/output"
 	"github.com/dpkit/dpkit/internal/natural"
-	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 // draQuery is one "get claims" or "get slices".
@@ -69,7 +69,7 @@ func preparedClaims(ctx context.Context, socket string) ([]cli.Claim, error) {
 	if _, err := os.Stat(socket); err != nil {
 		return nil, fmt.Errorf("PodResources API at %s: %w (is dpkit kubelet, dpkit up, dpkit node or a kubelet running with this --root?)", socket, err)
 	}
-	client, closer, err := podresources.Dial(ctx, socket)
+	client, closer, err := prclient.Dial(ctx, socket)
 	if err != nil {
 		return nil, err
 	}

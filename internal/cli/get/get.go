@@ -26,6 +26,7 @@ import (
 	"github.com/dpkit/dpkit/internal/natural"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
 // kinds maps every accepted kind name to its canonical name.
@@ -348,7 +349,7 @@ func runPods(ctx context.Context, env *cli.Env, socket string, format string, he
 	}
 	ctx, cancel := context.WithTimeout(ctx, podsTimeout)
 	defer cancel()
-	client, closer, err := podresources.Dial(ctx, socket)
+	client, closer, err := prclient.Dial(ctx, socket)
 	if err != nil {
 		return err
 	}
