@@ -182,7 +182,7 @@ func (r *runner) sdkRefusal() string {
 	if r.proc == nil || !r.sdk() {
 		return ""
 	}
-	lines := strings.Split(r.proc.out.String(), "\n")
+	lines := strings.Split(r.proc.Output(), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		if strings.Contains(lines[i], sdkRefusedLog) {
 			line := strings.TrimSpace(lines[i])

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dpkit/dpkit/internal/verifyproc"
 )
 
 // Verdict is the outcome of one check.
@@ -328,7 +330,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Results = append(rep.Results, res)
 	}
 	if rep.Failed() && r.proc != nil {
-		rep.PluginOutput = r.proc.out.String()
+		rep.PluginOutput = r.proc.Output()
 	}
 	rep.Duration = time.Since(start)
 	return rep, nil
@@ -339,3 +341,6 @@ var errNoPlugin = errors.New("no registration was accepted; see registration.*")
 
 // interrupted is the detail of the checks an interrupted run did not finish.
 const interrupted = "interrupted"
+
+// ErrNotRoot is returned when PrivateMount is asked for without root.
+var ErrNotRoot = verifyproc.ErrNotRoot

@@ -24,6 +24,7 @@ func NewCommand(env *cli.Env) *cobra.Command {
 		cfg     verify.Config
 		dra     verify.DRAConfig
 		draMode bool
+		kubecfg string
 		cleanup bool
 		format  string
 		junit   string
@@ -83,10 +84,10 @@ alone.`,
 				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin"))
 			}
 			if draMode && cleanup {
-				return runCleanup(cmd, env, verify.DRACleanupConfig{Kubeconfig: dra.Kubeconfig, CallTimeout: cfg.CallTimeout}, format, args)
+				return runCleanup(cmd, env, kubecfg, verify.DRACleanupConfig{CallTimeout: cfg.CallTimeout}, format, args)
 			}
 			if draMode {
-				return runDRA(cmd, env, draFlags(cmd, cfg, dra, args), format, junit)
+				return runDRA(cmd, env, kubecfg, draFlags(cmd, cfg, dra, args), format, junit)
 			}
 			cfg.Command = args
 			for _, f := range draOnly {
@@ -129,7 +130,7 @@ alone.`,
 	fl.DurationVar(&cfg.HealthWait, "health-wait", 0, "wait up to this long for a device to change health, to check health updates")
 	fl.DurationVar(&cfg.CallTimeout, "call-timeout", verify.DefaultCallTimeout, "timeout of each RPC and ListAndWatch wait")
 	fl.BoolVar(&draMode, "dra", false, "verify a DRA driver instead of a device plugin (needs an API server: --kubeconfig)")
-	fl.StringVar(&dra.Kubeconfig, "kubeconfig", "", "with --dra: the API server's kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+	fl.StringVar(&kubecfg, "kubeconfig", "", "with --dra: the API server's kubeconfig (default $KUBECONFIG, ~/.kube/config)")
 	fl.DurationVar(&dra.PrepareTimeout, "prepare-timeout", verify.DefaultPrepareTimeout, "with --dra: the longest a NodePrepareResources or NodeUnprepareResources call may take")
 	fl.DurationVar(&dra.HealthTimeout, "health-timeout", verify.DefaultDRAHealthTimeout, "with --dra: how long a device health report holds")
 	fl.StringVar(&dra.RBAC, "rbac", "", "with --dra: a YAML file of the ClusterRoles and Roles the driver is deployed with, all it is granted (default: dpkit's deploy/components/dra/rbac.yaml)")

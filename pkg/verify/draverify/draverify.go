@@ -33,25 +33,31 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/dpkit/dpkit/internal/verifyproc"
 	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
-// Run verifies the DRA driver cfg describes. The error is non-nil only
-// when the run could not be set up (no API server, the command could not
-// start); a misbehaving driver gives a Report with failed checks. When ctx
-// ends first, Run stops the driver and returns a Report that is
-// Interrupted.
-func Run(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error) {
+// Run verifies the DRA driver cfg describes, against the API server of
+// api: Run makes a Node, a Namespace and the driver's ServiceAccount
+// there, and removes them. The error is non-nil only when the run could
+// not be set up (no API server, the command could not start); a
+// misbehaving driver gives a Report with failed checks. When ctx ends
+// first, Run stops the driver and returns a Report that is Interrupted.
+func Run(ctx context.Context, api *rest.Config, cfg verify.DRAConfig) (*verify.Report, error) {
 	if err := cfg.Problems().ToAggregate(); err != nil {
 		return nil, fmt.Errorf("invalid verify configuration: %w", err)
 	}
-	cfg = cfg.WithDefaults()
+	if api == nil {
+		return nil, errors.New("invalid verify configuration: no API server client configuration given")
+	}
+	cfg = withDefaults(cfg)
 	start := time.Now()
-	r := &run{cfg: cfg, log: cfg.Logger, results: map[string]*verify.Result{}, reported: map[string]bool{}, regs: make(chan registration, 64)}
+	r := &run{api: api, cfg: cfg, log: cfg.Logger, results: map[string]*verify.Result{}, reported: map[string]bool{}, regs: make(chan registration, 64)}
 	for _, c := range verify.DRAChecks() {
 		r.results[c.ID] = &verify.Result{}
 	}
@@ -62,7 +68,7 @@ func Run(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error) {
 	r.steps(ctx)
 	r.cleanup()
 
-	rep := &verify.Report{Command: r.command, Mode: verify.DRAMode, PluginDir: r.pluginsDir, Interrupted: ctx.Err() != nil}
+	rep := &verify.Report{Command: r.command, Mode: modeDRA, PluginDir: r.pluginsDir, Interrupted: ctx.Err() != nil}
 	if r.driver != "" {
 		rep.Resources = []string{r.driver}
 	}
@@ -80,7 +86,7 @@ func Run(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error) {
 	}
 	r.report()
 	for _, c := range verify.DRAChecks() {
-		rep.Results = append(rep.Results, c.FinalResult(*r.results[c.ID]))
+		rep.Results = append(rep.Results, final(c, *r.results[c.ID]))
 	}
 	rep.Summary = verify.Summarize(rep.Results)
 	if rep.Failed() && r.proc != nil {
@@ -88,6 +94,42 @@ func Run(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error) {
 	}
 	rep.Duration = time.Since(start)
 	return rep, nil
+}
+
+// modeDRA is Report.Mode of a DRA driver's run.
+const modeDRA = "dra"
+
+// withDefaults returns c with every zero field set to its default.
+func withDefaults(c verify.DRAConfig) verify.DRAConfig {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	set(&c.RegisterTimeout, verify.DefaultDRARegisterTimeout)
+	set(&c.ReregisterWarn, verify.DefaultDRAReregisterWarn)
+	set(&c.ReregisterThreshold, verify.DefaultDRAReregisterThreshold)
+	set(&c.PrepareTimeout, verify.DefaultPrepareTimeout)
+	set(&c.HealthTimeout, verify.DefaultDRAHealthTimeout)
+	set(&c.TermTimeout, verify.DefaultTermTimeout)
+	set(&c.CallTimeout, verify.DefaultCallTimeout)
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// final is res as the report gives it: with the check's texts, and its
+// fix and the link to its section when it failed or warned.
+func final(c verify.CheckInfo, res verify.Result) verify.Result {
+	res.ID, res.Description, res.Basis = c.ID, c.Description, c.Basis
+	if res.Verdict == verify.Fail || res.Verdict == verify.Warn {
+		res.Fix, res.Docs = c.Fix, c.DocsURL()
+	}
+	return res
 }
 
 // registration is one answer of the kubelet side to the driver's
@@ -133,6 +175,7 @@ func (h recorder) DeRegisterPlugin(ctx context.Context, name, endpoint string) {
 
 // run is one run's state.
 type run struct {
+	api      *rest.Config // the API server's, as given
 	cfg      verify.DRAConfig
 	log      *slog.Logger
 	results  map[string]*verify.Result
@@ -149,7 +192,7 @@ type run struct {
 	podUID   types.UID
 	command  []string
 	env      []string
-	proc     *verify.Process
+	proc     *verifyproc.Process
 
 	// driverPod is the UID of the pod the running instance of the driver
 	// is in ($POD_UID, {pod-uid}).
@@ -267,7 +310,7 @@ func (r *run) report() {
 		}
 		r.reported[c.ID] = true
 		if r.cfg.Progress != nil {
-			r.cfg.Progress(c.FinalResult(*r.results[c.ID]))
+			r.cfg.Progress(final(c, *r.results[c.ID]))
 		}
 	}
 }
@@ -412,7 +455,7 @@ func (r *run) checkRegistration(ctx context.Context) bool {
 		}
 	}
 	if rel, err := filepath.Rel(r.pluginsDir, reg.endpoint); err != nil || strings.HasPrefix(rel, "..") {
-		problems = append(problems, fmt.Sprintf("endpoint %s is not under the plugins directory %s ($%s)", reg.endpoint, r.pluginsDir, verify.EnvDRAPluginsDir))
+		problems = append(problems, fmt.Sprintf("endpoint %s is not under the plugins directory %s ($%s)", reg.endpoint, r.pluginsDir, verifyproc.EnvDRAPluginsDir))
 	}
 	err := r.connect(reg)
 	switch {
@@ -473,7 +516,7 @@ func (r *run) registryState() string {
 	case len(socks) > 0:
 		return "plugins_registry has " + strings.Join(socks, ", ") + " but none answered GetInfo with type DRAPlugin"
 	}
-	return fmt.Sprintf("no socket in plugins_registry (%s); the driver must take the directory from $%s or {registry-dir}", r.registryDir, verify.EnvRegistryDir)
+	return fmt.Sprintf("no socket in plugins_registry (%s); the driver must take the directory from $%s or {registry-dir}", r.registryDir, verifyproc.EnvRegistryDir)
 }
 
 // slicesNow lists the driver's ResourceSlices for the node: by
@@ -740,7 +783,7 @@ func (r *run) checkDriverRestart(ctx context.Context) bool {
 	}
 	r.drainRegistrations()
 	start := time.Now()
-	proc, err := verify.StartProcess(r.command, r.env)
+	proc, err := verifyproc.Start(r.command, r.env)
 	if err != nil {
 		r.set(verify.CheckDRADriverRestart, verify.Fail, "could not start the driver again: %v", err)
 		return r.stop("see " + verify.CheckDRADriverRestart)
