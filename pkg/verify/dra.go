@@ -238,7 +238,7 @@ type DRAConfig struct {
 func (c DRAConfig) Problems() field.ErrorList {
 	var errs field.ErrorList
 	if len(c.Command) == 0 {
-		errs = append(errs, field.Required(field.NewPath("command"), "give the DRA driver command after --, e.g. dpkit verify --dra -- my-driver"))
+		errs = append(errs, field.Required(field.NewPath("command"), "give the DRA driver command"))
 	}
 	for _, d := range []struct {
 		name string

@@ -243,9 +243,9 @@ func (c Config) Problems() field.ErrorList {
 	var errs field.ErrorList
 	switch {
 	case len(c.Command) == 0 && c.SocketDir == "":
-		errs = append(errs, field.Required(field.NewPath("command"), "give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir)"))
+		errs = append(errs, field.Required(field.NewPath("command"), "give the plugin command, or SocketDir of a running plugin"))
 	case len(c.Command) > 0 && c.SocketDir != "":
-		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "give either a command to run or --socket-dir of a running plugin, not both"))
+		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "give either a command to run or SocketDir of a running plugin, not both"))
 	}
 	if c.SocketDir != "" && !filepath.IsAbs(c.SocketDir) {
 		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "must be an absolute path"))

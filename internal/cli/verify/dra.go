@@ -95,7 +95,7 @@ func draProblems(cmd *cobra.Command, dra verify.DRAConfig, junit string) error {
 	}
 	for _, e := range dra.Problems() {
 		if e.Field == "command" && e.Type == field.ErrorTypeRequired {
-			problems = append(problems, "COMMAND: "+e.Detail)
+			problems = append(problems, "COMMAND: give the DRA driver command after --, e.g. dpkit verify --dra -- my-driver")
 		}
 	}
 	switch len(problems) {

@@ -146,6 +146,13 @@ var flagOf = map[string]string{
 	"restarts": "--restarts",
 }
 
+// detailOf words the problems of verify.Config that name its fields
+// (keys: the library's detail) in the command line's terms.
+var detailOf = map[string]string{
+	"give the plugin command, or SocketDir of a running plugin":               "give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir)",
+	"give either a command to run or SocketDir of a running plugin, not both": "give either a command to run or --socket-dir of a running plugin, not both",
+}
+
 // usageProblems checks everything about the command line that can be
 // checked before the run, and reports every problem at once, each with the
 // flag it is about and the fix. It makes --socket-dir absolute.
@@ -198,6 +205,9 @@ func usageProblems(cfg *verify.Config, junit string) error {
 		}
 		if seen[flag] {
 			continue
+		}
+		if d, ok := detailOf[e.Detail]; ok {
+			e.Detail = d
 		}
 		if e.Type == field.ErrorTypeRequired {
 			add(flag, e.Detail+"")
