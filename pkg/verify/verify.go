@@ -73,7 +73,8 @@ type Report struct {
 	// Command is the plugin command as run (placeholders expanded); empty
 	// for an already running plugin.
 	Command []string `json:"command,omitempty"`
-	// Mode is "kubelet.sock" or "plugins_registry".
+	// Mode is "kubelet.sock" or "plugins_registry" for a device plugin,
+	// "dra" for a DRA driver.
 	Mode string `json:"mode"`
 	// PluginDir is the emulated kubelet's device plugin directory.
 	PluginDir string `json:"pluginDir"`
