@@ -1,12 +1,9 @@
 package verify
 
 import (
-	"errors"
 	"fmt"
-	"os/exec"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -141,27 +138,6 @@ func TestIDProblem(t *testing.T) {
 		bad, odd := idProblem(tc.id)
 		if bad != tc.bad || odd != tc.odd {
 			t.Errorf("idProblem(%q) = %q, %q; want %q, %q", tc.id, bad, odd, tc.bad, tc.odd)
-		}
-	}
-}
-
-func TestExitDescription(t *testing.T) {
-	t.Parallel()
-	wait := func(script string) error { return exec.Command("sh", "-c", script).Run() }
-	for _, tc := range []struct {
-		err  error
-		want string
-	}{
-		{nil, "exited with status 0"},
-		{wait("exit 3"), "exited with status 3"},
-		{wait("kill -9 $$"), "was killed by signal 9 (killed)"},
-		{errors.New("wait: no child"), "ended: wait: no child"},
-	} {
-		if got := exitDescription(tc.err); got != tc.want {
-			t.Errorf("exitDescription(%v) = %q, want %q", tc.err, got, tc.want)
-		}
-		if strings.Contains(exitDescription(tc.err), "<nil>") {
-			t.Errorf("exitDescription(%v) mentions <nil>", tc.err)
 		}
 	}
 }

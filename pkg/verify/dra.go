@@ -2,9 +2,6 @@ package verify
 
 import (
 	"log/slog"
-	"os"
-	"strings"
-	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -199,43 +196,12 @@ const (
 	DefaultDRAHealthTimeout       = 30 * time.Second
 )
 
-// Environment variables set for a DRA driver command (dpkit verify --dra).
-// EnvRegistryDir names the plugins_registry directory.
-const (
-	// EnvDRAPluginsDir names the kubelet's plugins directory, where the
-	// driver serves <dir>/<driver>/dra.sock.
-	EnvDRAPluginsDir = "DPKIT_DRA_PLUGINS_DIR"
-	// EnvCDIDir names the CDI spec directory.
-	EnvCDIDir = "DPKIT_CDI_DIR"
-	// EnvNodeName names the node the driver publishes for.
-	EnvNodeName = "NODE_NAME"
-	// EnvKubeconfig names the API server's client configuration.
-	EnvKubeconfig = "KUBECONFIG"
-	// EnvPodUID names the UID of the pod the driver runs in (the
-	// downward API's metadata.uid): each instance of a rolling update
-	// has its own.
-	EnvPodUID = "POD_UID"
-)
-
-// Placeholders replaced in a DRA driver command's arguments.
-const (
-	PlaceholderPluginsDir = "{plugins-dir}"
-	PlaceholderCDIDir     = "{cdi-dir}"
-	PlaceholderNodeName   = "{node-name}"
-	PlaceholderKubeconfig = "{kubeconfig}"
-	PlaceholderPodUID     = "{pod-uid}"
-)
-
 // DRAConfig configures a run of dpkit verify --dra.
 type DRAConfig struct {
 	// Command is the driver command and its arguments; the placeholders
 	// {registry-dir}, {plugins-dir}, {cdi-dir}, {node-name},
 	// {kubeconfig} and {pod-uid} are replaced. Required.
 	Command []string
-	// Kubeconfig is the API server's client configuration file; empty:
-	// $KUBECONFIG, ~/.kube/config, in-cluster. The driver never gets it:
-	// it gets a kubeconfig of its own ServiceAccount, granted RBAC.
-	Kubeconfig string
 	// RBAC is a file of ClusterRole and Role objects: what the driver is
 	// granted (Roles in the run's namespace). Empty: the ClusterRole
 	// dpkit-dra of dpkit's deploy/components/dra/rbac.yaml.
@@ -268,34 +234,11 @@ type DRAConfig struct {
 	Progress func(Result)
 }
 
-// WithDefaults returns c with every zero field set to its default.
-func (c DRAConfig) WithDefaults() DRAConfig {
-	set := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	set(&c.RegisterTimeout, DefaultDRARegisterTimeout)
-	set(&c.ReregisterWarn, DefaultDRAReregisterWarn)
-	set(&c.ReregisterThreshold, DefaultDRAReregisterThreshold)
-	set(&c.PrepareTimeout, DefaultPrepareTimeout)
-	set(&c.HealthTimeout, DefaultDRAHealthTimeout)
-	set(&c.TermTimeout, DefaultTermTimeout)
-	set(&c.CallTimeout, DefaultCallTimeout)
-	if c.Env == nil {
-		c.Env = os.Environ()
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	return c
-}
-
 // Problems lists every problem in c with its field path.
 func (c DRAConfig) Problems() field.ErrorList {
 	var errs field.ErrorList
 	if len(c.Command) == 0 {
-		errs = append(errs, field.Required(field.NewPath("command"), "give the DRA driver command after --, e.g. dpkit verify --dra -- my-driver"))
+		errs = append(errs, field.Required(field.NewPath("command"), "give the DRA driver command"))
 	}
 	for _, d := range []struct {
 		name string
@@ -309,43 +252,6 @@ func (c DRAConfig) Problems() field.ErrorList {
 		}
 	}
 	return errs
-}
-
-// Process is a command run under verify: in its own process group, with
-// the end of its output kept. The DRA checker (pkg/verify/draverify) runs
-// drivers with it.
-type Process struct{ p *process }
-
-// StartProcess starts command with env.
-func StartProcess(command, env []string) (*Process, error) {
-	p, err := startProcess(command, env, "", false)
-	if err != nil {
-		return nil, err
-	}
-	return &Process{p}, nil
-}
-
-// Signal sends sig to the process group.
-func (p *Process) Signal(sig syscall.Signal) error { return p.p.signal(sig) }
-
-// Done is closed when the process has exited.
-func (p *Process) Done() <-chan struct{} { return p.p.done }
-
-// Kill kills the process group and waits for the process.
-func (p *Process) Kill() { p.p.kill() }
-
-// Output is the end of what the process wrote.
-func (p *Process) Output() string { return p.p.out.String() }
-
-// Exit says how the process ended ("exited with status 2"); "" while it
-// runs.
-func (p *Process) Exit() string {
-	select {
-	case <-p.p.done:
-		return exitDescription(p.p.err)
-	default:
-		return ""
-	}
 }
 
 // Summarize counts the verdicts of results.
@@ -366,37 +272,9 @@ func Summarize(results []Result) Summary {
 	return s
 }
 
-// FinalResult is res as a report gives it: with the check's fix and the
-// link to its section when it failed or warned.
-func (c CheckInfo) FinalResult(res Result) Result {
-	res.ID, res.Description, res.Basis = c.ID, c.Description, c.Basis
-	if res.Verdict == Fail || res.Verdict == Warn {
-		res.Fix, res.Docs = c.Fix, c.DocsURL()
-	}
-	return res
-}
-
-// DRAMode is Report.Mode for dpkit verify --dra.
-const DRAMode = "dra"
-
-// ExpandDRAArgs replaces the DRA placeholders (keys of vals) in args.
-func ExpandDRAArgs(args []string, vals map[string]string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		for k, v := range vals {
-			a = strings.ReplaceAll(a, k, v)
-		}
-		out[i] = a
-	}
-	return out
-}
-
 // DRACleanupConfig configures dpkit verify --dra --cleanup, which removes
 // what runs of dpkit verify --dra that no longer run left behind.
 type DRACleanupConfig struct {
-	// Kubeconfig is the API server's client configuration file, as
-	// DRAConfig.Kubeconfig.
-	Kubeconfig string
 	// TempDir is where the runs' temporary roots are (dpvd*). Default
 	// os.TempDir(), where a run makes its root.
 	TempDir string
@@ -453,6 +331,3 @@ func (r *DRACleanupReport) Failed() bool {
 	}
 	return false
 }
-
-// PID is the process's ID, also its process group's.
-func (p *Process) PID() int { return p.p.cmd.Process.Pid }

@@ -2,12 +2,10 @@ package verify
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/internal/kubeletreg"
+	"github.com/dpkit/dpkit/internal/verifyproc"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 )
 
@@ -37,7 +36,7 @@ type runner struct {
 	emu         *emulator
 	pw          *pluginwatcher.Watcher
 	pwCancel    context.CancelFunc
-	proc        *process
+	proc        *verifyproc.Process
 	start       time.Time
 
 	resources []string
@@ -121,13 +120,19 @@ func (r *runner) setup() error {
 	r.seenDir = seen
 	r.command = expandArgs(cfg.Command, seen, r.registryDir)
 	sockDir := seen
-	env := append(append([]string(nil), cfg.Env...), EnvPluginDir+"="+seen)
+	env := append(append([]string(nil), cfg.Env...), verifyproc.EnvPluginDir+"="+seen)
 	if r.registryDir != "" {
 		sockDir = r.registryDir
-		env = append(env, EnvRegistryDir+"="+r.registryDir)
+		env = append(env, verifyproc.EnvRegistryDir+"="+r.registryDir)
 	}
-	env = append(env, EnvSampleSockDir+"="+sockDir)
-	p, err := startProcess(r.command, env, r.pluginDir, cfg.PrivateMount)
+	env = append(env, verifyproc.EnvSampleSockDir+"="+sockDir)
+	var p *verifyproc.Process
+	var err error
+	if cfg.PrivateMount {
+		p, err = verifyproc.StartInMount(r.command, env, r.pluginDir, pluginapi.DevicePluginPath)
+	} else {
+		p, err = verifyproc.Start(r.command, env)
+	}
 	if err != nil {
 		return err
 	}
@@ -137,7 +142,7 @@ func (r *runner) setup() error {
 
 func (r *runner) cleanup() {
 	if r.proc != nil {
-		r.proc.kill()
+		r.proc.Kill()
 	}
 	if r.stopWatch != nil {
 		r.stopWatch()
@@ -328,7 +333,7 @@ func (r *runner) step(ctx context.Context, name string, fn func(context.Context)
 		return false
 	}
 	if r.proc != nil && r.failedAny(open) {
-		r.proc.waitExit(deathGrace)
+		r.proc.WaitExit(deathGrace)
 	}
 	if r.exited() {
 		r.stopAfterExit(name)
@@ -339,13 +344,13 @@ func (r *runner) step(ctx context.Context, name string, fn func(context.Context)
 }
 
 // exited reports whether the plugin verify started has exited.
-func (r *runner) exited() bool { return r.proc != nil && !r.proc.running() }
+func (r *runner) exited() bool { return r.proc != nil && !r.proc.Running() }
 
 // stopAfterExit records that the plugin exited, during the step named
 // during ("" when it exited between steps).
 func (r *runner) stopAfterExit(during string) {
 	r.diedDuring = during
-	r.stopped = fmt.Sprintf("the plugin %s at %s; see %s", exitDescription(r.proc.err), r.since(r.proc.exited), CheckExit)
+	r.stopped = fmt.Sprintf("the plugin %s at %s; see %s", r.proc.Exit(), r.since(r.proc.Exited()), CheckExit)
 }
 
 // undecided returns the checks without a verdict.
@@ -387,10 +392,10 @@ func (r *runner) notRegistered(ctx context.Context) {
 	var detail string
 	switch {
 	case r.exited() && none:
-		detail = fmt.Sprintf("the plugin %s before registering", exitDescription(r.proc.err))
+		detail = fmt.Sprintf("the plugin %s before registering", r.proc.Exit())
 		reason = detail + "; see " + CheckServing
 	case r.exited():
-		reason = fmt.Sprintf("the plugin %s before a registration was accepted; see registration.*", exitDescription(r.proc.err))
+		reason = fmt.Sprintf("the plugin %s before a registration was accepted; see registration.*", r.proc.Exit())
 	default:
 		detail = fmt.Sprintf("none within %s; %s", r.cfg.RegisterTimeout, r.whereServed())
 	}
@@ -415,13 +420,13 @@ func (r *runner) whereServed() string {
 		return fmt.Sprintf("nothing called Register on %s. Fix: give the running plugin %s as its device plugin directory",
 			r.emu.sock, r.pluginDir)
 	}
-	dir, how := r.seenDir, PlaceholderPluginDir+" in its arguments or $"+EnvPluginDir
-	sdk := "$" + EnvPluginDir + " when Config.PluginDir is empty"
+	dir, how := r.seenDir, verifyproc.PlaceholderPluginDir+" in its arguments or $"+verifyproc.EnvPluginDir
+	sdk := "$" + verifyproc.EnvPluginDir + " when Config.PluginDir is empty"
 	if r.registry() {
-		dir, how = r.registryDir, PlaceholderRegistryDir+" in its arguments or $"+EnvRegistryDir
-		sdk = "$" + EnvRegistryDir + " when Config.RegistryDir is empty"
+		dir, how = r.registryDir, verifyproc.PlaceholderRegistryDir+" in its arguments or $"+verifyproc.EnvRegistryDir
+		sdk = "$" + verifyproc.EnvRegistryDir + " when Config.RegistryDir is empty"
 	}
-	sockets, known := listeningSockets(r.proc.cmd.Process.Pid)
+	sockets, known := r.proc.ListeningSockets()
 	if !known {
 		sockets = r.socketsIn(r.pluginDir, r.registryDir)
 	}
@@ -470,9 +475,9 @@ func (r *runner) socketsIn(dirs ...string) []string {
 // waitRegistered waits for the first accepted registration, then for
 // registrations to stop arriving, and records the resources.
 func (r *runner) waitRegistered(ctx context.Context) bool {
-	exited := make(chan struct{})
+	var exited <-chan struct{} = make(chan struct{})
 	if r.proc != nil {
-		exited = r.proc.done
+		exited = r.proc.Done()
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -484,7 +489,7 @@ func (r *runner) waitRegistered(ctx context.Context) bool {
 		}
 	}()
 	ok := r.emu.waitFor(ctx, r.cfg.RegisterTimeout, func() bool {
-		if r.proc != nil && !r.proc.running() {
+		if r.proc != nil && !r.proc.Running() {
 			return true
 		}
 		for _, reg := range r.emu.regs {
@@ -611,23 +616,23 @@ func (r *runner) checkShutdown(ctx context.Context) {
 		if r.diedDuring != "" {
 			during = ", during " + r.diedDuring
 		}
-		r.set(CheckExit, Fail, "the plugin %s on its own at %s%s, before SIGTERM", exitDescription(r.proc.err), r.since(r.proc.exited), during)
+		r.set(CheckExit, Fail, "the plugin %s on its own at %s%s, before SIGTERM", r.proc.Exit(), r.since(r.proc.Exited()), during)
 		r.set(CheckSocketRemoved, Skip, "the plugin exited on its own; see %s", CheckExit)
 		return
 	}
 	sockets := r.pluginSockets()
 	sent := time.Now()
-	if err := r.proc.signal(syscall.SIGTERM); err != nil {
+	if err := r.proc.Signal(syscall.SIGTERM); err != nil {
 		r.set(CheckExit, Fail, "could not send SIGTERM: %v", err)
 	}
 	t := time.NewTimer(r.cfg.TermTimeout)
 	defer t.Stop()
 	select {
-	case <-r.proc.done:
-		r.set(CheckExit, Pass, "%s %s after SIGTERM", exitDescription(r.proc.err), r.proc.exited.Sub(sent).Round(time.Millisecond))
+	case <-r.proc.Done():
+		r.set(CheckExit, Pass, "%s %s after SIGTERM", r.proc.Exit(), r.proc.Exited().Sub(sent).Round(time.Millisecond))
 	case <-t.C:
 		r.set(CheckExit, Fail, "still running %s after SIGTERM; killed", r.cfg.TermTimeout)
-		r.proc.kill()
+		r.proc.Kill()
 		r.set(CheckSocketRemoved, Skip, "the plugin did not exit by itself; see %s", CheckExit)
 		return
 	case <-ctx.Done():
@@ -682,18 +687,12 @@ func baseNames(paths []string) []string {
 	return out
 }
 
-// exitDescription says how a process ended, from the error of its Wait:
-// "exited with status 0", "was killed by signal 9 (killed)".
-func exitDescription(err error) string {
-	if err == nil {
-		return "exited with status 0"
+// expandArgs replaces the placeholders in args: {registry-dir} only
+// where there is a registry directory.
+func expandArgs(args []string, pluginDir, registryDir string) []string {
+	vals := map[string]string{verifyproc.PlaceholderPluginDir: pluginDir}
+	if registryDir != "" {
+		vals[verifyproc.PlaceholderRegistryDir] = registryDir
 	}
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return "ended: " + err.Error()
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return fmt.Sprintf("was killed by signal %d (%s)", int(ws.Signal()), ws.Signal())
-	}
-	return fmt.Sprintf("exited with status %d", ee.ExitCode())
+	return verifyproc.ExpandArgs(args, vals)
 }

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/dpkit/dpkit/internal/verifyproc"
 )
 
 // Verdict is the outcome of one check.
@@ -71,7 +73,8 @@ type Report struct {
 	// Command is the plugin command as run (placeholders expanded); empty
 	// for an already running plugin.
 	Command []string `json:"command,omitempty"`
-	// Mode is "kubelet.sock" or "plugins_registry".
+	// Mode is "kubelet.sock" or "plugins_registry" for a device plugin,
+	// "dra" for a DRA driver.
 	Mode string `json:"mode"`
 	// PluginDir is the emulated kubelet's device plugin directory.
 	PluginDir string `json:"pluginDir"`
@@ -241,9 +244,9 @@ func (c Config) Problems() field.ErrorList {
 	var errs field.ErrorList
 	switch {
 	case len(c.Command) == 0 && c.SocketDir == "":
-		errs = append(errs, field.Required(field.NewPath("command"), "give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir)"))
+		errs = append(errs, field.Required(field.NewPath("command"), "give the plugin command, or SocketDir of a running plugin"))
 	case len(c.Command) > 0 && c.SocketDir != "":
-		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "give either a command to run or --socket-dir of a running plugin, not both"))
+		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "give either a command to run or SocketDir of a running plugin, not both"))
 	}
 	if c.SocketDir != "" && !filepath.IsAbs(c.SocketDir) {
 		errs = append(errs, field.Invalid(field.NewPath("socketDir"), c.SocketDir, "must be an absolute path"))
@@ -328,7 +331,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Results = append(rep.Results, res)
 	}
 	if rep.Failed() && r.proc != nil {
-		rep.PluginOutput = r.proc.out.String()
+		rep.PluginOutput = r.proc.Output()
 	}
 	rep.Duration = time.Since(start)
 	return rep, nil
@@ -339,3 +342,6 @@ var errNoPlugin = errors.New("no registration was accepted; see registration.*")
 
 // interrupted is the detail of the checks an interrupted run did not finish.
 const interrupted = "interrupted"
+
+// ErrNotRoot is returned when PrivateMount is asked for without root.
+var ErrNotRoot = verifyproc.ErrNotRoot

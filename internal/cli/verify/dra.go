@@ -17,12 +17,13 @@ import (
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
-// draVerifier runs dpkit verify --dra and --dra --cleanup;
-// dpkit-cluster's Env.Cluster has it (pkg/verify/draverify needs
-// client-go), dpkit hands --dra over.
+// draVerifier runs dpkit verify --dra and --dra --cleanup against the
+// API server of kubeconfig (the value of --kubeconfig; empty: $KUBECONFIG,
+// ~/.kube/config, in-cluster); dpkit-cluster's Env.Cluster has it
+// (pkg/verify/draverify needs client-go), dpkit hands --dra over.
 type draVerifier interface {
-	VerifyDRA(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error)
-	CleanupDRA(ctx context.Context, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error)
+	VerifyDRA(ctx context.Context, kubeconfig string, cfg verify.DRAConfig) (*verify.Report, error)
+	CleanupDRA(ctx context.Context, kubeconfig string, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error)
 }
 
 // deviceOnly are the flags that apply to device plugins only.
@@ -94,7 +95,7 @@ func draProblems(cmd *cobra.Command, dra verify.DRAConfig, junit string) error {
 	}
 	for _, e := range dra.Problems() {
 		if e.Field == "command" && e.Type == field.ErrorTypeRequired {
-			problems = append(problems, "COMMAND: "+e.Detail)
+			problems = append(problems, "COMMAND: give the DRA driver command after --, e.g. dpkit verify --dra -- my-driver")
 		}
 	}
 	switch len(problems) {
@@ -119,7 +120,7 @@ func verifier(cmd *cobra.Command, env *cli.Env) (draVerifier, error) {
 	return nil, errors.New("--dra: this build of dpkit cannot reach an API server; run dpkit-cluster verify --dra")
 }
 
-func runDRA(cmd *cobra.Command, env *cli.Env, dra verify.DRAConfig, format, junit string) error {
+func runDRA(cmd *cobra.Command, env *cli.Env, kubeconfig string, dra verify.DRAConfig, format, junit string) error {
 	if err := draProblems(cmd, dra, junit); err != nil {
 		return cli.Exit(2, err)
 	}
@@ -134,7 +135,7 @@ func runDRA(cmd *cobra.Command, env *cli.Env, dra verify.DRAConfig, format, juni
 		dra.Progress = lv.result
 		fmt.Fprintf(env.Out, "Verifying DRA driver %s against dpkit's DRA manager\n\n", strings.Join(dra.Command, " "))
 	}
-	rep, err := v.VerifyDRA(cmd.Context(), dra)
+	rep, err := v.VerifyDRA(cmd.Context(), kubeconfig, dra)
 	if err != nil {
 		return err
 	}
@@ -195,7 +196,7 @@ func cleanupProblems(cmd *cobra.Command, args []string, cfg verify.DRACleanupCon
 // runCleanup runs dpkit verify --dra --cleanup: it removes what runs that
 // ended without cleaning up left, and lists it. The exit status is 1 when
 // something of such a run could not be removed.
-func runCleanup(cmd *cobra.Command, env *cli.Env, cfg verify.DRACleanupConfig, format string, args []string) error {
+func runCleanup(cmd *cobra.Command, env *cli.Env, kubeconfig string, cfg verify.DRACleanupConfig, format string, args []string) error {
 	if err := cleanupProblems(cmd, args, cfg); err != nil {
 		return cli.Exit(2, err)
 	}
@@ -204,7 +205,7 @@ func runCleanup(cmd *cobra.Command, env *cli.Env, cfg verify.DRACleanupConfig, f
 		return err
 	}
 	cfg.Logger = env.Logger
-	rep, err := v.CleanupDRA(cmd.Context(), cfg)
+	rep, err := v.CleanupDRA(cmd.Context(), kubeconfig, cfg)
 	if err != nil {
 		return err
 	}

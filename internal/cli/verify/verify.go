@@ -24,6 +24,7 @@ func NewCommand(env *cli.Env) *cobra.Command {
 		cfg     verify.Config
 		dra     verify.DRAConfig
 		draMode bool
+		kubecfg string
 		cleanup bool
 		format  string
 		junit   string
@@ -83,10 +84,10 @@ alone.`,
 				return cli.Exit(2, errors.New("put the plugin command after --, e.g. dpkit verify -- ./myplugin"))
 			}
 			if draMode && cleanup {
-				return runCleanup(cmd, env, verify.DRACleanupConfig{Kubeconfig: dra.Kubeconfig, CallTimeout: cfg.CallTimeout}, format, args)
+				return runCleanup(cmd, env, kubecfg, verify.DRACleanupConfig{CallTimeout: cfg.CallTimeout}, format, args)
 			}
 			if draMode {
-				return runDRA(cmd, env, draFlags(cmd, cfg, dra, args), format, junit)
+				return runDRA(cmd, env, kubecfg, draFlags(cmd, cfg, dra, args), format, junit)
 			}
 			cfg.Command = args
 			for _, f := range draOnly {
@@ -129,7 +130,7 @@ alone.`,
 	fl.DurationVar(&cfg.HealthWait, "health-wait", 0, "wait up to this long for a device to change health, to check health updates")
 	fl.DurationVar(&cfg.CallTimeout, "call-timeout", verify.DefaultCallTimeout, "timeout of each RPC and ListAndWatch wait")
 	fl.BoolVar(&draMode, "dra", false, "verify a DRA driver instead of a device plugin (needs an API server: --kubeconfig)")
-	fl.StringVar(&dra.Kubeconfig, "kubeconfig", "", "with --dra: the API server's kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+	fl.StringVar(&kubecfg, "kubeconfig", "", "with --dra: the API server's kubeconfig (default $KUBECONFIG, ~/.kube/config)")
 	fl.DurationVar(&dra.PrepareTimeout, "prepare-timeout", verify.DefaultPrepareTimeout, "with --dra: the longest a NodePrepareResources or NodeUnprepareResources call may take")
 	fl.DurationVar(&dra.HealthTimeout, "health-timeout", verify.DefaultDRAHealthTimeout, "with --dra: how long a device health report holds")
 	fl.StringVar(&dra.RBAC, "rbac", "", "with --dra: a YAML file of the ClusterRoles and Roles the driver is deployed with, all it is granted (default: dpkit's deploy/components/dra/rbac.yaml)")
@@ -143,6 +144,13 @@ var flagOf = map[string]string{
 	"registerTimeout": "--register-timeout", "reregisterThreshold": "--reregister-threshold", "reregisterWarn": "--reregister-warn",
 	"termTimeout": "--term-timeout", "quietPeriod": "--quiet-period", "healthWait": "--health-wait", "callTimeout": "--call-timeout",
 	"restarts": "--restarts",
+}
+
+// detailOf words the problems of verify.Config that name its fields
+// (keys: the library's detail) in the command line's terms.
+var detailOf = map[string]string{
+	"give the plugin command, or SocketDir of a running plugin":               "give the plugin command (dpkit verify -- my-plugin ...) or the directory of a running plugin (--socket-dir)",
+	"give either a command to run or SocketDir of a running plugin, not both": "give either a command to run or --socket-dir of a running plugin, not both",
 }
 
 // usageProblems checks everything about the command line that can be
@@ -197,6 +205,9 @@ func usageProblems(cfg *verify.Config, junit string) error {
 		}
 		if seen[flag] {
 			continue
+		}
+		if d, ok := detailOf[e.Detail]; ok {
+			e.Detail = d
 		}
 		if e.Type == field.ErrorTypeRequired {
 			add(flag, e.Detail+"")

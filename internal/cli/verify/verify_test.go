@@ -291,16 +291,17 @@ func TestInterrupted(t *testing.T) {
 // fakeCluster answers dpkit verify --dra --cleanup with a report.
 type fakeCluster struct {
 	cli.Cluster
-	rep *verify.DRACleanupReport
-	cfg verify.DRACleanupConfig
+	rep        *verify.DRACleanupReport
+	kubeconfig string
+	cfg        verify.DRACleanupConfig
 }
 
-func (f *fakeCluster) VerifyDRA(context.Context, verify.DRAConfig) (*verify.Report, error) {
+func (f *fakeCluster) VerifyDRA(context.Context, string, verify.DRAConfig) (*verify.Report, error) {
 	return nil, errors.New("not this")
 }
 
-func (f *fakeCluster) CleanupDRA(_ context.Context, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
-	f.cfg = cfg
+func (f *fakeCluster) CleanupDRA(_ context.Context, kubeconfig string, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
+	f.kubeconfig, f.cfg = kubeconfig, cfg
 	return f.rep, nil
 }
 
@@ -345,8 +346,8 @@ func TestCleanupOutput(t *testing.T) {
 					t.Errorf("output:\n%s\nwant it to contain %q", out.String(), w)
 				}
 			}
-			if tc.name == "removed and kept" && (fc.cfg.Kubeconfig != "k.conf" || fc.cfg.CallTimeout != 3*time.Second) {
-				t.Errorf("cleanup configuration %+v, want --kubeconfig and --call-timeout", fc.cfg)
+			if tc.name == "removed and kept" && (fc.kubeconfig != "k.conf" || fc.cfg.CallTimeout != 3*time.Second) {
+				t.Errorf("cleanup kubeconfig %q, configuration %+v, want --kubeconfig and --call-timeout", fc.kubeconfig, fc.cfg)
 			}
 		})
 	}

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
+
+	"github.com/dpkit/dpkit/internal/verifyproc"
 )
 
 // What the driver gets of the API server: a ServiceAccount of its own in
@@ -226,10 +228,10 @@ func (r *run) writeDriverKubeconfig(token string) error {
 // configuration of a pod verify runs in is not), with the run's
 // variables.
 func (r *run) driverEnv(env []string) []string {
-	drop := []string{"KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", envRun, envOwner}
+	drop := []string{verifyproc.EnvKubeconfig, "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", envRun, envOwner}
 	out := slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
 		return slices.Contains(drop, k)
 	})
-	return append(out, "KUBECONFIG="+r.kubeconfig, envRun+"="+r.sb.id, envOwner+"="+r.sb.owner.env())
+	return append(out, verifyproc.EnvKubeconfig+"="+r.kubeconfig, envRun+"="+r.sb.id, envOwner+"="+r.sb.owner.env())
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/dpkit/dpkit/internal/verifyproc"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
@@ -140,7 +141,7 @@ func (r *run) deleteClaim(ctx context.Context, claim *resourcev1.ResourceClaim) 
 func (r *run) restartDriver(ctx context.Context, id string) bool {
 	_, _ = r.signalWait(syscall.SIGKILL, r.cfg.TermTimeout)
 	r.drainRegistrations()
-	proc, err := verify.StartProcess(r.command, r.env)
+	proc, err := verifyproc.Start(r.command, r.env)
 	if err != nil {
 		r.set(id, verify.Fail, "could not start the driver again: %v", err)
 		return r.stop("see " + id)

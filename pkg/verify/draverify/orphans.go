@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/dpkit/dpkit/pkg/verify"
 )
@@ -26,8 +28,12 @@ import (
 // API server (RunLabel), their temporary roots, and the processes of
 // their drivers. A run that goes on (its verify process runs) is left
 // alone; so is one of another host, which this host cannot tell from one
-// that goes on. The error is non-nil only when nothing could be looked at.
-func Cleanup(ctx context.Context, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
+// that goes on. api is the API server's client configuration. The error
+// is non-nil only when nothing could be looked at.
+func Cleanup(ctx context.Context, api *rest.Config, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
+	if api == nil {
+		return nil, errors.New("no API server client configuration given")
+	}
 	if cfg.TempDir == "" {
 		cfg.TempDir = os.TempDir()
 	}
@@ -35,25 +41,22 @@ func Cleanup(ctx context.Context, cfg verify.DRACleanupConfig) (*verify.DRAClean
 		cfg.CallTimeout = verify.DefaultCallTimeout
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = verify.DRAConfig{}.WithDefaults().Logger
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &orphans{cfg: cfg, processes: runProcesses, connect: func() (*sweeper, error) { return connect(cfg) }}
+	c := &orphans{cfg: cfg, processes: runProcesses, connect: func() (*sweeper, error) { return connect(api, cfg) }}
 	return c.run(ctx)
 }
 
 // connect is a sweeper of the API server of cfg.
-func connect(cfg verify.DRACleanupConfig) (*sweeper, error) {
-	rc, err := loadConfig(cfg.Kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig: %w", err)
-	}
+func connect(api *rest.Config, cfg verify.DRACleanupConfig) (*sweeper, error) {
+	rc := clientConfig(api)
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig: %w", err)
+		return nil, fmt.Errorf("API server client: %w", err)
 	}
 	content, err := newAPIContent(rc)
 	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig: %w", err)
+		return nil, fmt.Errorf("API server client: %w", err)
 	}
 	return &sweeper{client: client, content: content, log: cfg.Logger, timeout: cfg.CallTimeout, controllerWait: namespaceControllerWait}, nil
 }

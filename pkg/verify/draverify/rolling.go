@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/dpkit/dpkit/internal/verifyproc"
 	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
@@ -33,7 +34,7 @@ import (
 // instance is one running instance of the driver.
 type instance struct {
 	pod      types.UID
-	proc     *verify.Process
+	proc     *verifyproc.Process
 	command  []string
 	env      []string
 	endpoint string
@@ -97,7 +98,7 @@ func (r *run) waitEndpoints(ctx context.Context, d time.Duration, want ...string
 
 // waitSecond waits up to d for a registration of the second instance:
 // accepted, on any endpoint; ok is false when proc exited or none came.
-func (r *run) waitSecond(ctx context.Context, proc *verify.Process, d time.Duration) (reg registration, ok bool) {
+func (r *run) waitSecond(ctx context.Context, proc *verifyproc.Process, d time.Duration) (reg registration, ok bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
@@ -235,7 +236,7 @@ func (r *run) startSecond(ctx context.Context, first, second *instance) (reg reg
 	r.drainRegistrations()
 	start := time.Now()
 	var err error
-	second.proc, err = verify.StartProcess(second.command, second.env)
+	second.proc, err = verifyproc.Start(second.command, second.env)
 	if err != nil {
 		r.set(id, verify.Skip, "could not start a second instance of the driver: %v", err)
 		return reg, 0, func() bool { return true }
@@ -246,13 +247,13 @@ func (r *run) startSecond(ctx context.Context, first, second *instance) (reg reg
 	case ctx.Err() != nil:
 		return reg, 0, func() bool { return false }
 	case !ok && second.proc.Exit() != "":
-		r.set(id, verify.Skip, "the driver does not run a second instance beside the first: started with %s=%s, it %s without registering (deploy it with maxSurge 0, the DaemonSet default, where the old pod stops before the new one starts)", verify.EnvPodUID, second.pod, second.proc.Exit())
+		r.set(id, verify.Skip, "the driver does not run a second instance beside the first: started with %s=%s, it %s without registering (deploy it with maxSurge 0, the DaemonSet default, where the old pod stops before the new one starts)", verifyproc.EnvPodUID, second.pod, second.proc.Exit())
 		return reg, 0, single
 	case !ok:
-		r.set(id, verify.Fail, "a second instance, started with %s=%s while the first served, did not register within %s", verify.EnvPodUID, second.pod, r.cfg.RegisterTimeout)
+		r.set(id, verify.Fail, "a second instance, started with %s=%s while the first served, did not register within %s", verifyproc.EnvPodUID, second.pod, r.cfg.RegisterTimeout)
 		return reg, 0, single
 	case reg.endpoint == first.endpoint:
-		r.set(id, verify.Skip, "the driver does not support rolling updates: a second instance, started with %s=%s, registered the first's endpoint %s (deploy it with maxSurge 0, the DaemonSet default: with two at once, the first's exit removes the second's sockets)", verify.EnvPodUID, second.pod, filepath.Base(reg.endpoint))
+		r.set(id, verify.Skip, "the driver does not support rolling updates: a second instance, started with %s=%s, registered the first's endpoint %s (deploy it with maxSurge 0, the DaemonSet default: with two at once, the first's exit removes the second's sockets)", verifyproc.EnvPodUID, second.pod, filepath.Base(reg.endpoint))
 		return reg, 0, single
 	}
 	second.endpoint, second.regSocket = reg.endpoint, r.registrationSocket(ctx, reg.endpoint)
@@ -320,7 +321,7 @@ func (r *run) stopFirst(ctx context.Context, claim *resourcev1.ResourceClaim, fi
 		r.set(id, verify.Fail, "once the first instance stopped, Unprepare of claim-rolling through the second: %s", strings.Join(unpreparedProblems(uresp, []*resourcev1.ResourceClaim{claim}), "; "))
 	default:
 		r.set(id, verify.Pass, "a second instance (%s=%s) registered %s after start at %s beside the first's %s%s; both prepared claim-rolling (%s); once the first %s, the second alone was registered and prepared and unprepared it",
-			verify.EnvPodUID, second.pod, took.Round(time.Millisecond), filepath.Base(second.endpoint), filepath.Base(first.endpoint), note, devicesOf(res), first.proc.Exit())
+			verifyproc.EnvPodUID, second.pod, took.Round(time.Millisecond), filepath.Base(second.endpoint), filepath.Base(first.endpoint), note, devicesOf(res), first.proc.Exit())
 	}
 	return false
 }

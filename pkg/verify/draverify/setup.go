@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	kubeconfigpkg "github.com/dpkit/dpkit/internal/kubeconfig"
+	"github.com/dpkit/dpkit/internal/verifyproc"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
@@ -28,17 +28,14 @@ func (r *run) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rc, err := loadConfig(r.cfg.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("--kubeconfig: verify --dra needs an API server: %w", err)
-	}
+	rc := clientConfig(r.api)
 	r.client, err = kubernetes.NewForConfig(rc)
 	if err != nil {
-		return fmt.Errorf("--kubeconfig: %w", err)
+		return fmt.Errorf("API server client: %w", err)
 	}
 	content, err := newAPIContent(rc)
 	if err != nil {
-		return fmt.Errorf("--kubeconfig: %w", err)
+		return fmt.Errorf("API server client: %w", err)
 	}
 	id := rand.String(6)
 	r.sb = &sandbox{id: id, owner: self(), ctx: ctx, grant: g, upstream: rc, content: content}
@@ -93,7 +90,7 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	r.driverPod = uuid.NewUUID()
 	r.command, r.env = r.driverCommand(r.driverPod)
-	r.proc, err = verify.StartProcess(r.command, r.env)
+	r.proc, err = verifyproc.Start(r.command, r.env)
 	return err
 }
 
@@ -102,29 +99,27 @@ func (r *run) setup(ctx context.Context) error {
 // rolling update has another.
 func (r *run) driverCommand(pod types.UID) (command, env []string) {
 	vals := map[string]string{
-		verify.PlaceholderRegistryDir: r.registryDir, verify.PlaceholderPluginsDir: r.pluginsDir,
-		verify.PlaceholderCDIDir: r.cdiDir, verify.PlaceholderNodeName: r.node, verify.PlaceholderKubeconfig: r.kubeconfig,
-		verify.PlaceholderPodUID: string(pod),
+		verifyproc.PlaceholderRegistryDir: r.registryDir, verifyproc.PlaceholderPluginsDir: r.pluginsDir,
+		verifyproc.PlaceholderCDIDir: r.cdiDir, verifyproc.PlaceholderNodeName: r.node, verifyproc.PlaceholderKubeconfig: r.kubeconfig,
+		verifyproc.PlaceholderPodUID: string(pod),
 	}
-	command = verify.ExpandDRAArgs(r.cfg.Command, vals)
+	command = verifyproc.ExpandArgs(r.cfg.Command, vals)
 	env = append(r.driverEnv(r.cfg.Env),
-		verify.EnvRegistryDir+"="+r.registryDir, verify.EnvDRAPluginsDir+"="+r.pluginsDir,
-		verify.EnvCDIDir+"="+r.cdiDir, verify.EnvNodeName+"="+r.node, verify.EnvPodUID+"="+string(pod))
+		verifyproc.EnvRegistryDir+"="+r.registryDir, verifyproc.EnvDRAPluginsDir+"="+r.pluginsDir,
+		verifyproc.EnvCDIDir+"="+r.cdiDir, verifyproc.EnvNodeName+"="+r.node, verifyproc.EnvPodUID+"="+string(pod))
 	return command, env
 }
 
-// loadConfig loads verify's client configuration.
-func loadConfig(kubeconfig string) (*rest.Config, error) {
-	rc, err := kubeconfigpkg.Load(kubeconfig)
-	if err != nil {
-		return nil, err
-	}
+// clientConfig is a copy of api, the client configuration verify was
+// given, with verify's rate limits.
+func clientConfig(api *rest.Config) *rest.Config {
+	rc := rest.CopyConfig(api)
 	if rc.QPS == 0 && rc.RateLimiter == nil {
 		// client-go's default, 5 a second, makes clean-up wait
 		// seconds for its dozens of calls.
 		rc.QPS, rc.Burst = 50, 100
 	}
-	return rc, nil
+	return rc
 }
 
 // giveAccess makes the driver's ServiceAccount and RBAC, its token, the

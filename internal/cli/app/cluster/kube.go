@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,14 +24,25 @@ type kubeClients struct{}
 // DRAFront starts DRA fronts with API server clients.
 func (kubeClients) DRAFront() pluginrun.DRAFront { return drafront.New() }
 
-// VerifyDRA runs dpkit verify --dra (pkg/verify/draverify).
-func (kubeClients) VerifyDRA(ctx context.Context, cfg verify.DRAConfig) (*verify.Report, error) {
-	return draverify.Run(ctx, cfg)
+// VerifyDRA runs dpkit verify --dra (pkg/verify/draverify) against the
+// API server of kubeconfig, found as every dpkit command finds it
+// (internal/kubeconfig: --kubeconfig, $KUBECONFIG, ~/.kube/config,
+// in-cluster).
+func (kubeClients) VerifyDRA(ctx context.Context, kubeconfig string, cfg verify.DRAConfig) (*verify.Report, error) {
+	rc, err := kubeconfigpkg.Load(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("%s: verify --dra needs an API server: %w", kubeconfigpkg.Flag, err)
+	}
+	return draverify.Run(ctx, rc, cfg)
 }
 
 // CleanupDRA runs dpkit verify --dra --cleanup (pkg/verify/draverify).
-func (kubeClients) CleanupDRA(ctx context.Context, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
-	return draverify.Cleanup(ctx, cfg)
+func (kubeClients) CleanupDRA(ctx context.Context, kubeconfig string, cfg verify.DRACleanupConfig) (*verify.DRACleanupReport, error) {
+	rc, err := kubeconfigpkg.Load(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", kubeconfigpkg.Flag, err)
+	}
+	return draverify.Cleanup(ctx, rc, cfg)
 }
 
 func (kubeClients) PodHealth(kubeconfig string) (cli.PodHealthGetter, error) {

@@ -1,4 +1,4 @@
-package verify_test
+package verifyproc_test
 
 import (
 	"bufio"
@@ -18,7 +18,7 @@ import (
 func TestProcessDiesWithVerify(t *testing.T) {
 	t.Parallel()
 	helper := filepath.Join(t.TempDir(), "startprocess")
-	build := exec.Command("go", "build", "-o", helper, "./pkg/verify/testdata/startprocess")
+	build := exec.Command("go", "build", "-o", helper, "./internal/verifyproc/testdata/startprocess")
 	build.Dir = "../.."
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

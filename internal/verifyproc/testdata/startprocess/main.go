@@ -1,5 +1,5 @@
 // Command startprocess is verify as far as its processes go: it starts
-// its arguments as a command with verify.StartProcess, prints the
+// its arguments as a command with verifyproc.Start, prints the
 // command's PID and waits to be killed. TestProcessDiesWithVerify kills it
 // with SIGKILL and checks that the command dies with it.
 package main
@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/dpkit/dpkit/pkg/verify"
+	"github.com/dpkit/dpkit/internal/verifyproc"
 )
 
 func main() {
-	p, err := verify.StartProcess(os.Args[1:], os.Environ())
+	p, err := verifyproc.Start(os.Args[1:], os.Environ())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

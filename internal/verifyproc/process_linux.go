@@ -1,10 +1,11 @@
-package verify
+package verifyproc
 
 import (
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -88,7 +89,7 @@ func listeningSockets(pgid int) (paths []string, ok bool) {
 		}
 	}
 	sort.Strings(paths)
-	return dedupe(paths), true
+	return slices.Compact(paths), true
 }
 
 // processGroup returns the process group of pid from /proc/<pid>/stat, or

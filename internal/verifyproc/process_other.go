@@ -1,6 +1,6 @@
 //go:build !linux
 
-package verify
+package verifyproc
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 func parentDeathSignal(*syscall.SysProcAttr) {}
 
 func startInPrivateMount(*exec.Cmd, string, string) error {
-	return errors.New("--private-mount needs Linux mount namespaces")
+	return errors.New("a private mount needs Linux mount namespaces")
 }
 
 // listeningSockets is known only on Linux.
