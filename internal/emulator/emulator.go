@@ -345,7 +345,11 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// In the pod store while admitted, as in a kubelet's pod manager: the
+	// DRA manager unprepares the claims of pods that are not active.
+	e.pods.Add(pod)
 	if err := e.admit(r.Context(), pod); err != nil {
+		e.pods.Remove(pod.UID)
 		var ae *devicehost.AdmissionError
 		var pe *devicehost.PrepareError
 		switch {
@@ -359,11 +363,11 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := e.savePod(pod); err != nil {
+		e.pods.Remove(pod.UID)
 		e.rollBack(pod, e.host.RollBackPod(pod))
 		writeError(w, http.StatusInternalServerError, "", err)
 		return
 	}
-	e.pods.Add(pod)
 	view := e.podView(pod)
 	view.Warnings = unserved(pod, e.mgr.Resources())
 	e.log.Info("Pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID, "warnings", len(view.Warnings))

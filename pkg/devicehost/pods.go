@@ -96,6 +96,9 @@ func (h *Host) AllocateDevices(ctx context.Context, pod *corev1.Pod) error {
 // PrepareDynamicResources prepares pod's claims through their DRA drivers,
 // as the kubelet's container manager does when it syncs a pod, before its
 // containers start; a pod without claims needs nothing. It is idempotent.
+// The pod must be among Pods' active pods meanwhile, as a kubelet's pod
+// manager has it before admitting it: the DRA manager's reconcile loop
+// unprepares the claims of pods that are not.
 // Errors wrap ErrNoClaimSource, ErrNotAllocated, ErrNotReserved or the
 // driver's error.
 func (h *Host) PrepareDynamicResources(ctx context.Context, pod *corev1.Pod) error {
@@ -120,9 +123,10 @@ func (h *Host) UnprepareDynamicResources(ctx context.Context, pod *corev1.Pod) e
 
 // AdmitPod admits pod and prepares its claims, what the kubelet does
 // before a pod's containers start: AllocateDevices, then
-// PrepareDynamicResources. A pod refused by the device manager returns an
-// *AdmissionError; one whose claims cannot be prepared a *PrepareError,
-// after RollBackPod: the pod holds neither devices nor prepared claims.
+// PrepareDynamicResources (the pod in Pods meanwhile). A pod refused by
+// the device manager returns an *AdmissionError; one whose claims cannot
+// be prepared a *PrepareError, after RollBackPod: the pod holds neither
+// devices nor prepared claims.
 //
 // The kubelet keeps a pod whose claims failed to prepare, with its
 // devices, and tries again at its next sync; AdmitPod refuses it and
