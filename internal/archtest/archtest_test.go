@@ -115,6 +115,12 @@ var rules = []func(pkg, imp string) string{
 		}
 		return ""
 	},
+	func(pkg, imp string) string {
+		if (under(pkg, "internal/emulator") || under(pkg, "pkg/virtualnode")) && (under(imp, "pkg/devicemanager") || under(imp, "pkg/dramanager")) {
+			return "the emulated kubelet and the virtual node admit pods through pkg/devicehost (the container manager's face) and import neither manager"
+		}
+		return ""
+	},
 }
 
 // verb0 returns the verb package that pkg, a verb or a package below
@@ -155,6 +161,10 @@ func TestRulesCatch(t *testing.T) {
 		{"pkg/devicehost", "internal/cli"},
 		{"pkg/discovery/devfs", "pkg/deviceplugin"},
 		{"pkg/virtualnode/nodeapi", "internal/httpserve"},
+		{"internal/emulator", "pkg/devicemanager"},
+		{"internal/emulator", "pkg/dramanager"},
+		{"pkg/virtualnode", "pkg/dramanager"},
+		{"pkg/virtualnode/backend/sim", "pkg/devicemanager/checkpoint"},
 	} {
 		caught := false
 		for _, rule := range rules {
@@ -170,6 +180,9 @@ func TestRulesCatch(t *testing.T) {
 		{"internal/cli/up", "internal/cli/output"},
 		{"internal/cli/up", "internal/emulator"},
 		{"internal/noderun", "internal/cli"},
+		{"pkg/virtualnode", "pkg/devicehost"},
+		{"pkg/devicehost", "pkg/dramanager"},
+		{"internal/noderun", "pkg/devicemanager"},
 	} {
 		for _, rule := range rules {
 			if why := rule(ok[0], ok[1]); why != "" {

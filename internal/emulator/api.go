@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 )
 
@@ -77,35 +78,18 @@ const (
 )
 
 // RuntimeOptions is what a container runtime is told to give a container
-// for its devices.
-type RuntimeOptions struct {
-	Envs        []KeyValue   `json:"envs,omitempty"`
-	Mounts      []Mount      `json:"mounts,omitempty"`
-	Devices     []DeviceSpec `json:"devices,omitempty"`
-	Annotations []KeyValue   `json:"annotations,omitempty"`
-	// CDIDevices are fully-qualified CDI device names.
-	CDIDevices []string `json:"cdiDevices,omitempty"`
-}
+// for its devices: the host's one type of them (devicehost.RunOptions),
+// the claims' CDI devices before the device plugins'.
+type RuntimeOptions = devicehost.RunOptions
 
 // KeyValue is an environment variable or an annotation.
-type KeyValue struct {
-	Name  string `json:"name"`
-	Value string `json:"value"`
-}
+type KeyValue = devicehost.KeyValue
 
 // Mount is a bind mount into the container.
-type Mount struct {
-	ContainerPath string `json:"containerPath"`
-	HostPath      string `json:"hostPath"`
-	ReadOnly      bool   `json:"readOnly,omitempty"`
-}
+type Mount = devicehost.Mount
 
 // DeviceSpec is a device node made available in the container.
-type DeviceSpec struct {
-	ContainerPath string `json:"containerPath"`
-	HostPath      string `json:"hostPath"`
-	Permissions   string `json:"permissions,omitempty"`
-}
+type DeviceSpec = devicehost.DeviceSpec
 
 // Allocation is a container's devices of one resource.
 type Allocation struct {
@@ -113,7 +97,7 @@ type Allocation struct {
 	DeviceIDs []string `json:"deviceIDs"`
 	// Health is each device's health by ID, Healthy, Unhealthy or Unknown,
 	// as a pod's status reports it (allocatedResourcesStatus, see
-	// devicemanager.Manager.AllocatedResourcesStatus).
+	// devicehost.DeviceManager.AllocatedResourcesStatus).
 	Health map[string]string `json:"health,omitempty"`
 }
 

@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 
-	"github.com/dpkit/dpkit/pkg/dramanager"
+	"github.com/dpkit/dpkit/pkg/devicehost"
 )
 
 // ReasonFailedPrepare is the admin API's reason for a pod whose claims
@@ -21,10 +21,10 @@ const ReasonFailedPrepare = "FailedPrepareDynamicResources"
 // (cli.DRAReader.ClaimJSON).
 type ClaimJSONGetter func(ctx context.Context, namespace, name string) ([]byte, error)
 
-// ClaimsFromJSON is a dramanager.ClaimGetter over get: dpkit kubelet
+// ClaimsFromJSON is a devicehost.ClaimGetter over get: dpkit kubelet
 // --kubeconfig reads claims through dpkit-cluster's API clients, which
 // answer in JSON so that the command layer names no API type.
-func ClaimsFromJSON(get ClaimJSONGetter) dramanager.ClaimGetter { return jsonClaims(get) }
+func ClaimsFromJSON(get ClaimJSONGetter) devicehost.ClaimGetter { return jsonClaims(get) }
 
 type jsonClaims ClaimJSONGetter
 
@@ -86,59 +86,68 @@ type ClaimAllocation struct {
 	Devices []string `json:"devices"`
 }
 
-// hasClaims reports whether pod references ResourceClaims.
-func hasClaims(pod *corev1.Pod) bool {
-	return len(pod.Spec.ResourceClaims) > 0 || pod.Status.ExtendedResourceClaimStatus != nil
-}
-
-// prepareClaims allocates pod's claims and reserves them for it, as
-// kube-scheduler would have (with an Allocator), then prepares them
-// through the DRA drivers, as the kubelet does before a pod's containers
-// start.
-func (e *Emulator) prepareClaims(ctx context.Context, pod *corev1.Pod) error {
-	if !hasClaims(pod) {
-		return nil
-	}
-	if e.opts.Claims == nil {
-		return fmt.Errorf("spec.resourceClaims: this emulated kubelet has no API server to read ResourceClaims from; " +
-			"start dpkit kubelet (or dpkit up) with --kubeconfig")
-	}
-	if e.opts.Allocator != nil {
+// admit admits pod through the host (devicehost.Host.AdmitPod: the device
+// manager's allocation, then its claims prepared through the DRA drivers,
+// as the kubelet does before a pod's containers start). With an
+// Allocator, the pod's claims are first allocated and reserved for it, as
+// kube-scheduler would have, and given back when the pod is refused.
+// Errors are the host's: *devicehost.AdmissionError,
+// *devicehost.PrepareError (its Err saying what this emulated kubelet
+// lacks), or another.
+func (e *Emulator) admit(ctx context.Context, pod *corev1.Pod) error {
+	allocated := false
+	if devicehost.HasClaims(pod) && e.opts.Claims != nil && e.opts.Allocator != nil {
 		if err := e.opts.Allocator.Allocate(ctx, e.nodeName, pod); err != nil {
-			return fmt.Errorf("allocating the pod's claims for node %s (the scheduler's allocator): %w", e.nodeName, err)
+			return &devicehost.PrepareError{Err: fmt.Errorf("allocating the pod's claims for node %s (the scheduler's allocator): %w", e.nodeName, err)}
 		}
+		allocated = true
 	}
-	err := e.dra.PrepareResources(ctx, pod)
-	switch {
-	case err == nil:
+	err := e.host.AdmitPod(ctx, pod)
+	if err == nil {
 		return nil
-	case e.opts.Allocator == nil && (errors.Is(err, dramanager.ErrNotAllocated) || errors.Is(err, dramanager.ErrNotReserved)):
-		err = fmt.Errorf("%w\nthis emulated kubelet does not allocate claims: allocate each claim (kube-scheduler does, or any allocator writing status.allocation) "+
-			"and reserve it for this pod (status.reservedFor: {resource: pods, name: %s, uid: %s}; set metadata.uid in the manifest) before admitting it",
-			err, pod.Name, pod.UID)
 	}
-	// A driver may have prepared some claims before another failed:
-	// release them, the pod is refused.
-	e.unprepareAfterFailure(pod)
+	var pe *devicehost.PrepareError
+	if errors.As(err, &pe) {
+		pe.Err = e.explainPrepare(pod, pe.Err)
+		if allocated {
+			e.rollBack(pod, pe.Rollback)
+		}
+		return pe
+	}
+	if allocated {
+		e.rollBack(pod, nil)
+	}
 	return err
 }
 
-// unprepareTimeout bounds releasing the claims of a refused pod.
+// explainPrepare says what err, the host's refusal to prepare pod's
+// claims, asks of this emulated kubelet's user.
+func (e *Emulator) explainPrepare(pod *corev1.Pod, err error) error {
+	switch {
+	case errors.Is(err, devicehost.ErrNoClaimSource):
+		return errors.New("spec.resourceClaims: this emulated kubelet has no API server to read ResourceClaims from; " +
+			"start dpkit kubelet (or dpkit up) with --kubeconfig")
+	case e.opts.Allocator == nil && (errors.Is(err, devicehost.ErrNotAllocated) || errors.Is(err, devicehost.ErrNotReserved)):
+		return fmt.Errorf("%w\nthis emulated kubelet does not allocate claims: allocate each claim (kube-scheduler does, or any allocator writing status.allocation) "+
+			"and reserve it for this pod (status.reservedFor: {resource: pods, name: %s, uid: %s}; set metadata.uid in the manifest) before admitting it",
+			err, pod.Name, pod.UID)
+	}
+	return err
+}
+
+// unprepareTimeout bounds giving back the claims of a refused pod.
 const unprepareTimeout = time.Minute
 
-// unprepareAfterFailure releases what PrepareResources may have prepared
-// for pod, which is being refused; what fails is logged and left to the
-// DRA manager's reconcile loop.
-func (e *Emulator) unprepareAfterFailure(pod *corev1.Pod) {
-	if !hasClaims(pod) || e.opts.Claims == nil {
+// rollBack gives back what the Allocator allocated for pod, which is being
+// refused after the host rolled it back; unprepared is the host's
+// RollBackPod error: while a driver may still hold a claim prepared, the
+// claim stays allocated (the DRA manager's reconcile loop unprepares it).
+func (e *Emulator) rollBack(pod *corev1.Pod, unprepared error) {
+	if unprepared != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), unprepareTimeout)
 	defer cancel()
-	if err := e.dra.UnprepareResources(ctx, pod); err != nil {
-		e.log.Warn("Cannot unprepare the claims of a refused pod", "namespace", pod.Namespace, "name", pod.Name, "err", err)
-		return
-	}
 	if err := e.releaseClaims(ctx, pod); err != nil {
 		e.log.Warn("Cannot release the claims of a refused pod", "namespace", pod.Namespace, "name", pod.Name, "err", err)
 	}
@@ -147,7 +156,7 @@ func (e *Emulator) unprepareAfterFailure(pod *corev1.Pod) {
 // releaseClaims gives back what the Allocator allocated and reserved for
 // pod; without an Allocator there is nothing to give back.
 func (e *Emulator) releaseClaims(ctx context.Context, pod *corev1.Pod) error {
-	if !hasClaims(pod) || e.opts.Allocator == nil {
+	if !devicehost.HasClaims(pod) || e.opts.Allocator == nil {
 		return nil
 	}
 	if err := e.opts.Allocator.Release(ctx, pod); err != nil {
@@ -156,33 +165,26 @@ func (e *Emulator) releaseClaims(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-// addClaims adds to c the claims container name of pod uses and their
-// CDI devices, which the runtime gets before the device plugins' (the
-// kubelet's containerManagerImpl.GetResources puts the DRA manager's
-// first, then the device manager's).
-func (e *Emulator) addClaims(pod *corev1.Pod, name string, c *Container) {
-	if !hasClaims(pod) {
-		return
+// claims returns the claims container name of pod uses, as prepared; their
+// CDI devices are in the container's runtime options
+// (devicehost.Host.ContainerResources), before the device plugins'.
+func (e *Emulator) claims(pod *corev1.Pod, name string) []ClaimAllocation {
+	if !devicehost.HasClaims(pod) {
+		return nil
 	}
 	ctr := findContainer(pod, name)
 	if ctr == nil {
-		return
+		return nil
 	}
-	for _, dr := range e.dra.GetDynamicResources(pod, ctr) {
+	var out []ClaimAllocation
+	for _, dr := range e.host.DRA.GetDynamicResources(pod, ctr) {
 		ca := ClaimAllocation{Claim: dr.GetClaimName(), Devices: []string{}}
 		for _, r := range dr.GetClaimResources() {
 			ca.Devices = append(ca.Devices, r.GetDriverName()+"/"+r.GetPoolName()+"/"+r.GetDeviceName())
 		}
-		c.Claims = append(c.Claims, ca)
+		out = append(out, ca)
 	}
-	cdi, err := e.dra.CDIDevices(pod, ctr)
-	if err != nil || len(cdi) == 0 {
-		return
-	}
-	if c.Options == nil {
-		c.Options = &RuntimeOptions{}
-	}
-	c.Options.CDIDevices = append(cdi, c.Options.CDIDevices...)
+	return out
 }
 
 func findContainer(pod *corev1.Pod, name string) *corev1.Container {

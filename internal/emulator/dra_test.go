@@ -52,8 +52,8 @@ func startDRAEmulator(t *testing.T) (*Emulator, dratest.Claims, *dratest.Driver)
 	})
 	drv := dratest.Start(t, root, claims)
 	for {
-		ch := e.dra.PluginsChanged()
-		if ps := e.dra.Plugins(); len(ps) == 1 && ps[0].Connected {
+		ch := e.host.DRA.PluginsChanged()
+		if ps := e.host.DRA.Plugins(); len(ps) == 1 && ps[0].Connected {
 			break
 		}
 		<-ch

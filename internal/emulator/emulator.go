@@ -40,8 +40,6 @@ import (
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
-	"github.com/dpkit/dpkit/pkg/devicemanager"
-	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/topology"
@@ -76,7 +74,7 @@ type Options struct {
 	// Claims gives the DRA manager the ResourceClaims of admitted pods
 	// (dpkit kubelet --kubeconfig: ClaimsFromJSON over an API server).
 	// Nil: a pod with claims is refused, saying so.
-	Claims dramanager.ClaimGetter
+	Claims devicehost.ClaimGetter
 	// Allocator allocates a pod's claims that are not allocated and
 	// reserves them for the pod before they are prepared, and releases
 	// them when the pod is deleted (dpkit kubelet --kubeconfig: the
@@ -89,14 +87,14 @@ type Options struct {
 	NodeName string
 }
 
-// Emulator is a running emulated kubelet: the device manager, the plugin
-// watcher, the PodResources server and the admin API over the pods it
-// admitted.
+// Emulator is a running emulated kubelet: the host (device manager, DRA
+// manager, plugin watcher, PodResources server) and the admin API over the
+// pods it admitted through the host.
 type Emulator struct {
 	opts    Options
 	log     *slog.Logger
-	mgr     *devicemanager.Manager
-	dra     *dramanager.Manager
+	host    *devicehost.Host
+	mgr     *devicehost.DeviceManager // host.Manager
 	watcher *pluginwatcher.Watcher
 	pods    *podresources.PodStore
 	podsDir string
@@ -111,7 +109,7 @@ type Emulator struct {
 func (e *Emulator) NUMANodes() []int { return slices.Clone(e.opts.NUMANodes) }
 
 // Manager returns the emulator's device manager.
-func (e *Emulator) Manager() *devicemanager.Manager { return e.mgr }
+func (e *Emulator) Manager() *devicehost.DeviceManager { return e.mgr }
 
 // NodeName returns the node this kubelet is (Options.NodeName, or the
 // host's name).
@@ -172,7 +170,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 	// The host's components name themselves (component=devicemanager,
 	// ...); the emulator's own lines say component=emulator.
 	log = log.With("component", "emulator")
-	e := &Emulator{opts: opts, log: log, mgr: mgr, dra: host.DRA, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods"), nodeName: opts.NodeName}
+	e := &Emulator{opts: opts, log: log, host: host, mgr: mgr, pods: host.Pods, podsDir: filepath.Join(opts.Root, "dpkit", "pods"), nodeName: opts.NodeName}
 	if err := e.loadPods(); err != nil {
 		return err
 	}
@@ -303,8 +301,12 @@ func (e *Emulator) podView(p *corev1.Pod) Pod {
 				}
 			}
 		}
-		c.Options = runtimeOptions(e.mgr.ContainerOptions(p.UID, name))
-		e.addClaims(p, name, &c)
+		opts, err := e.host.ContainerResources(p, name)
+		if err != nil {
+			e.log.Warn("Cannot read a container's runtime options", "namespace", p.Namespace, "name", p.Name, "container", name, "err", err)
+		}
+		c.Options = opts
+		c.Claims = e.claims(p, name)
 		v.Containers = append(v.Containers, c)
 	}
 	for _, c := range p.Spec.InitContainers {
@@ -318,26 +320,6 @@ func (e *Emulator) podView(p *corev1.Pod) Pod {
 		add(c.Name, ContainerTypeApp)
 	}
 	return v
-}
-
-func runtimeOptions(o *devicemanager.ContainerOptions) *RuntimeOptions {
-	if o == nil {
-		return nil
-	}
-	r := &RuntimeOptions{CDIDevices: o.CDIDevices}
-	for _, kv := range o.Envs {
-		r.Envs = append(r.Envs, KeyValue{Name: kv.Name, Value: kv.Value})
-	}
-	for _, m := range o.Mounts {
-		r.Mounts = append(r.Mounts, Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
-	}
-	for _, d := range o.Devices {
-		r.Devices = append(r.Devices, DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
-	}
-	for _, kv := range o.Annotations {
-		r.Annotations = append(r.Annotations, KeyValue{Name: kv.Name, Value: kv.Value})
-	}
-	return r
 }
 
 func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
@@ -363,27 +345,29 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if _, err := e.mgr.Admit(r.Context(), pod); err != nil {
-		var ae *devicemanager.AdmissionError
-		if errors.As(err, &ae) {
+	// In the pod store while admitted, as in a kubelet's pod manager: the
+	// DRA manager unprepares the claims of pods that are not active.
+	e.pods.Add(pod)
+	if err := e.admit(r.Context(), pod); err != nil {
+		e.pods.Remove(pod.UID)
+		var ae *devicehost.AdmissionError
+		var pe *devicehost.PrepareError
+		switch {
+		case errors.As(err, &ae):
 			writeError(w, http.StatusUnprocessableEntity, ae.Reason, errors.New(ae.PodMessage()))
-			return
+		case errors.As(err, &pe):
+			writeError(w, http.StatusUnprocessableEntity, ReasonFailedPrepare, pe.Err)
+		default:
+			writeError(w, http.StatusInternalServerError, "", err)
 		}
-		writeError(w, http.StatusInternalServerError, "", err)
-		return
-	}
-	if err := e.prepareClaims(r.Context(), pod); err != nil {
-		e.mgr.RemovePod(pod.UID)
-		writeError(w, http.StatusUnprocessableEntity, ReasonFailedPrepare, err)
 		return
 	}
 	if err := e.savePod(pod); err != nil {
-		e.unprepareAfterFailure(pod)
-		e.mgr.RemovePod(pod.UID)
+		e.pods.Remove(pod.UID)
+		e.rollBack(pod, e.host.RollBackPod(pod))
 		writeError(w, http.StatusInternalServerError, "", err)
 		return
 	}
-	e.pods.Add(pod)
 	view := e.podView(pod)
 	view.Warnings = unserved(pod, e.mgr.Resources())
 	e.log.Info("Pod admitted", "namespace", pod.Namespace, "name", pod.Name, "uid", pod.UID, "warnings", len(view.Warnings))
@@ -400,7 +384,7 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	view := e.podView(pod)
-	if err := e.dra.UnprepareResources(r.Context(), pod); err != nil {
+	if err := e.host.ReleasePod(r.Context(), pod); err != nil {
 		writeError(w, http.StatusInternalServerError, "", fmt.Errorf("%w; the pod is kept with its claims, run dpkit delete again once the driver answers", err))
 		return
 	}
@@ -413,7 +397,6 @@ func (e *Emulator) deletePod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.pods.Remove(pod.UID)
-	e.mgr.RemovePod(pod.UID)
 	e.log.Info("Pod deleted", "namespace", ns, "name", name, "uid", pod.UID)
 	writeJSON(w, http.StatusOK, view)
 }

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
@@ -145,7 +145,7 @@ func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
 // (removeMissingExtendedResources), leaving them to a scheduler that would
 // not have placed the pod there. A typo in a resource name passes
 // silently on a node; here it is said.
-func unserved(pod *corev1.Pod, served []devicemanager.ResourceStatus) []string {
+func unserved(pod *corev1.Pod, served []devicehost.ResourceStatus) []string {
 	known := make(map[corev1.ResourceName]bool, len(served))
 	names := make([]string, 0, len(served))
 	for _, r := range served {

@@ -25,9 +25,22 @@
 // pluginwatcher.DRAPlugin beside pluginwatcher.DevicePlugin, and it is
 // the PodResources server's DynamicResources provider beside Devices. Its
 // claims come from Config.Claims; its reconcile loop unprepares the
-// claims of pods that leave Pods' active pods. Preparing a pod's claims
-// (Host.DRA.PrepareResources) after the device manager admitted it is
-// the caller's step; nothing of the device manager changes for it.
+// claims of pods that leave Pods' active pods.
+//
+// # Admitting a pod
+//
+// The host is also the kubelet's container manager's face for pods, the
+// one admission path of every node kind: AdmitPod (the device manager's
+// allocation with the topology policy, then the DRA manager's preparation,
+// both rolled back when preparation fails), or AllocateDevices and
+// PrepareDynamicResources for a caller that keeps a pod waiting for its
+// claims; ContainerResources, per container, what the runtime gets, merged
+// in the kubelet's order (GetResources); ReleasePod, ReleaseDevices and
+// UnprepareDynamicResources when the pod ends or is removed. The emulated
+// kubelet and the virtual node call these and import neither manager.
+// Like the kubelet's container manager, the host admits but keeps no
+// record of admissions beyond the managers' own: Pods is what the caller
+// stores.
 //
 // The package keeps its name: its users and the differential tests know
 // it, and a DRA manager is a device resource manager too.
@@ -72,11 +85,11 @@ type Config struct {
 	// Claims gives the DRA manager the ResourceClaims of the pods it
 	// prepares (dramanager.Config.Claims). Nil: DRA drivers register,
 	// but a pod with claims cannot be prepared, and says so.
-	Claims dramanager.ClaimGetter
+	Claims ClaimGetter
 	// Slices wipes the ResourceSlices of the node's DRA drivers: all at
 	// Start, and a driver's once it stays unusable for WipingDelay
 	// (dramanager.Config.Slices). Nil wipes nothing.
-	Slices dramanager.SliceWiper
+	Slices SliceWiper
 	// WipingDelay is dramanager.Config.WipingDelay. Default 30s, the
 	// kubelet's.
 	WipingDelay time.Duration
@@ -89,10 +102,11 @@ type Config struct {
 // Host is the kubelet side of a node. Create it with New, Start it, and
 // Stop it when done.
 type Host struct {
-	// Manager is the device manager; admit pods through it.
+	// Manager is the device manager: its resources, devices and
+	// allocations; admit pods through the host (AdmitPod).
 	Manager *devicemanager.Manager
-	// DRA is the DRA manager: prepare the claims of pods through it.
-	// Its drivers register through the plugin watcher
+	// DRA is the DRA manager: its drivers and claims; prepare the claims
+	// of pods through the host (PrepareDynamicResources). Its drivers register through the plugin watcher
 	// (pluginwatcher.DRAPlugin) and its claims are the PodResources
 	// API's dynamic_resources.
 	DRA *dramanager.Manager

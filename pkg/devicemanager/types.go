@@ -56,26 +56,35 @@ type ResourceAllocation struct {
 }
 
 // ContainerOptions is what a container runtime needs to give a container
-// its devices, merged across the container's resources.
+// its devices, merged across the container's resources. It is the one
+// type of these options: pkg/devicehost adds the CDI devices of the
+// container's claims to it (devicehost.RunOptions), and dpkit kubelet's
+// admin API answers it as JSON, hence the tags.
 type ContainerOptions struct {
-	Envs        []KeyValue
-	Mounts      []Mount
-	Devices     []DeviceSpec
-	Annotations []KeyValue
+	Envs        []KeyValue   `json:"envs,omitempty"`
+	Mounts      []Mount      `json:"mounts,omitempty"`
+	Devices     []DeviceSpec `json:"devices,omitempty"`
+	Annotations []KeyValue   `json:"annotations,omitempty"`
 	// CDIDevices are fully-qualified CDI device names.
-	CDIDevices []string
+	CDIDevices []string `json:"cdiDevices,omitempty"`
 }
 
 // KeyValue is an environment variable or annotation.
-type KeyValue struct{ Name, Value string }
+type KeyValue struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
 
 // Mount is a bind mount into the container.
 type Mount struct {
-	ContainerPath, HostPath string
-	ReadOnly                bool
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	ReadOnly      bool   `json:"readOnly,omitempty"`
 }
 
 // DeviceSpec is a device node made available in the container.
 type DeviceSpec struct {
-	ContainerPath, HostPath, Permissions string
+	ContainerPath string `json:"containerPath"`
+	HostPath      string `json:"hostPath"`
+	Permissions   string `json:"permissions,omitempty"`
 }

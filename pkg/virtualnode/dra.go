@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
@@ -116,12 +117,6 @@ func (q *draQueue) takeAll() (waiting, unprepare []*corev1.Pod) {
 	return waiting, unprepare
 }
 
-// hasClaims reports whether pod uses ResourceClaims, its own or one the
-// scheduler made for its DRA-backed extended resources.
-func hasClaims(pod *corev1.Pod) bool {
-	return len(pod.Spec.ResourceClaims) > 0 || pod.Status.ExtendedResourceClaimStatus != nil
-}
-
 // withClaimStatus returns pod with the claim fields of its status
 // (resourceClaimStatuses, extendedResourceClaimStatus) as the API server
 // has them: the scheduler and the resource claim controller write them,
@@ -154,8 +149,8 @@ func (p *provider) withClaimStatus(pod *corev1.Pod) *corev1.Pod {
 // draRetryPeriod. It returns the backend's error.
 func (p *provider) startWithClaims(ctx context.Context, pod *corev1.Pod) error {
 	for {
-		changed := p.dra.PluginsChanged()
-		err := p.dra.PrepareResources(ctx, p.withClaimStatus(pod))
+		changed := p.host.DRA.PluginsChanged()
+		err := p.host.PrepareDynamicResources(ctx, p.withClaimStatus(pod))
 		if err == nil {
 			break
 		}
@@ -194,7 +189,7 @@ func (p *provider) startWithClaims(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	if err := p.be.CreatePod(ctx, pod); err != nil {
-		p.mgr.RemovePod(pod.UID)
+		p.host.ReleaseDevices(pod.UID)
 		return err
 	}
 	return nil
@@ -259,7 +254,7 @@ func (p *provider) stopWaiting(pod *corev1.Pod) bool {
 
 // queueUnprepare has the DRA loop unprepare the claims of pod.
 func (p *provider) queueUnprepare(pod *corev1.Pod) {
-	if !hasClaims(pod) && !p.dra.PodMightNeedToUnprepareResources(pod.UID) {
+	if !devicehost.HasClaims(pod) && !p.host.DRA.PodMightNeedToUnprepareResources(pod.UID) {
 		return
 	}
 	p.draq.mu.Lock()
@@ -279,11 +274,11 @@ func (p *provider) runDRA(ctx context.Context) {
 	t := time.NewTicker(draRetryPeriod)
 	defer t.Stop()
 	for {
-		changed := p.dra.PluginsChanged()
+		changed := p.host.DRA.PluginsChanged()
 		waiting, ended := p.draq.takeAll()
 		slices.SortFunc(ended, byKey)
 		for _, pod := range ended {
-			if err := p.dra.UnprepareResources(ctx, p.withClaimStatus(pod)); err != nil {
+			if err := p.host.UnprepareDynamicResources(ctx, p.withClaimStatus(pod)); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -330,24 +325,5 @@ func (p *provider) cdiEnv(pod *corev1.Pod, container string) (*corev1.EnvVar, er
 // claimCDIDevices returns the CDI device IDs of container's claims, nil
 // when it uses none.
 func (p *provider) claimCDIDevices(pod *corev1.Pod, container string) ([]string, error) {
-	pod = p.withClaimStatus(pod)
-	if !hasClaims(pod) {
-		return nil, nil
-	}
-	var c *corev1.Container
-	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range list {
-			if list[i].Name == container {
-				c = &list[i]
-			}
-		}
-	}
-	if c == nil {
-		return nil, nil
-	}
-	ids, err := p.dra.CDIDevices(pod, c)
-	if err != nil {
-		return nil, fmt.Errorf("CDI devices of container %s: %w", container, err)
-	}
-	return ids, nil
+	return p.host.ClaimCDIDevices(p.withClaimStatus(pod), container)
 }

@@ -163,8 +163,8 @@ func TestPodClaimsWaitingDeleted(t *testing.T) {
 	// The driver's registration wakes the DRA loop; a pod it still held
 	// would be prepared now.
 	for {
-		ch := p.dra.PluginsChanged()
-		if ps := p.dra.Plugins(); len(ps) == 1 && ps[0].Connected {
+		ch := p.host.DRA.PluginsChanged()
+		if ps := p.host.DRA.Plugins(); len(ps) == 1 && ps[0].Connected {
 			break
 		}
 		<-ch
@@ -199,11 +199,11 @@ func TestContainerDevicesCDIOrder(t *testing.T) {
 	root := shortRoot(t)
 	ctx, claims, p, _ := startDRAProvider(t, root)
 	got := recordStatuses(ctx, p)
-	changes, unsubscribe := p.mgr.Subscribe()
+	changes, unsubscribe := p.host.Manager.Subscribe()
 	defer unsubscribe()
 	servePlugins(t, root, deviceplugin.Resource{Name: "example.com/foo", Plugin: cdiPlugin{}})
 	for {
-		if _, alloc := p.mgr.Capacity(); alloc["example.com/foo"] == 1 {
+		if _, alloc := p.host.Manager.Capacity(); alloc["example.com/foo"] == 1 {
 			break
 		}
 		select {

@@ -1,45 +1,34 @@
 // Package virtualnode runs a Kubernetes node without a kubelet on
 // virtual-kubelet: the node registers itself, heartbeats with a Lease,
-// embeds dpkit's device manager (device plugins register with it under
-// Config.Root exactly as with a kubelet) and DRA manager (DRA drivers
-// register in Config.Root/plugins_registry), admits pods' device requests,
-// prepares their ResourceClaims (read from the API server),
-// serves the PodResources API and the kubelet API (logs, exec, /pods,
-// /stats/summary) with webhook authentication and authorization, and hands
-// pods to a backend (package backend: process or sim).
+// runs a devicehost.Host (device plugins register with its device manager
+// under Config.Root exactly as with a kubelet, DRA drivers with its DRA
+// manager in Config.Root/plugins_registry), admits pods through the host
+// (their device requests, then their ResourceClaims, read from the API
+// server), serves the PodResources API and the kubelet API (logs, exec,
+// /pods, /stats/summary) with webhook authentication and authorization,
+// and hands pods to a backend (package backend: process or sim).
 //
 // See docs/virtual-node.md.
 package virtualnode
 
 import (
-	"cmp"
 	"context"
-	"crypto/tls"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -48,14 +37,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/dpkit/dpkit/internal/httpserve"
 	"github.com/dpkit/dpkit/pkg/devicehost"
-	"github.com/dpkit/dpkit/pkg/devicemanager"
-	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
@@ -191,8 +176,8 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg     Config
 	log     *slog.Logger
-	mgr     *devicemanager.Manager
-	dra     *dramanager.Manager
+	mgr     *devicehost.DeviceManager
+	dra     *devicehost.DRAManager
 	watcher *pluginwatcher.Watcher
 	prov    *provider
 	be      backend.Backend
@@ -225,14 +210,14 @@ type Node struct {
 }
 
 // DeviceManager returns the node's device manager.
-func (n *Node) DeviceManager() *devicemanager.Manager { return n.mgr }
+func (n *Node) DeviceManager() *devicehost.DeviceManager { return n.mgr }
 
 // Metrics returns the node's kubelet metrics (DRA, PodResources), which
 // the node API serves on /metrics.
 func (n *Node) Metrics() prometheus.Gatherer { return n.metrics }
 
 // DRAManager returns the node's DRA manager.
-func (n *Node) DRAManager() *dramanager.Manager { return n.dra }
+func (n *Node) DRAManager() *devicehost.DRAManager { return n.dra }
 
 // Backend returns the node's backend.
 func (n *Node) Backend() backend.Backend { return n.be }
@@ -548,393 +533,4 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		})
 	}
 	return g.Wait()
-}
-
-// orphanCleanupInterval is how often the node looks for what pods it no
-// longer knows left on it.
-const orphanCleanupInterval = time.Minute
-
-// cleanupOrphans has the backend remove what pods neither it nor the API
-// server knows left on the node (a pod deleted while the node was down,
-// whose sandbox went too), as the kubelet's housekeeping removes orphaned
-// pod directories: once the pods are listed, then every minute.
-func (n *Node) cleanupOrphans(ctx context.Context, oc backend.OrphanCleaner, pods corev1listers.PodLister) {
-	t := time.NewTicker(orphanCleanupInterval)
-	defer t.Stop()
-	for {
-		list, err := pods.List(labels.Everything())
-		if err == nil {
-			known := make(map[types.UID]bool, len(list))
-			for _, p := range list {
-				known[p.UID] = true
-			}
-			if err := oc.CleanupOrphans(ctx, func(uid types.UID) bool { return known[uid] }); err != nil {
-				n.log.Warn("Removing what deleted pods left on the node", "err", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (n *Node) startAPI(ctx context.Context, g *errgroup.Group) error {
-	cfg := n.cfg
-	tlsCfg, err := nodeapi.TLSConfig(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile, []string{cfg.NodeIP, cfg.Name, "localhost"})
-	if err != nil {
-		return err
-	}
-	auth, err := nodeapi.NewAuth(nodeapi.AuthConfig{
-		NodeName:             cfg.Name,
-		TokenReviews:         cfg.TokenReviewClient.AuthenticationV1(),
-		SubjectAccessReviews: cfg.SubjectAccessReviewClient.AuthorizationV1(),
-		Logger:               n.log.With("component", "nodeapi"),
-	})
-	if err != nil {
-		return err
-	}
-	n.auth = auth
-	h := nodeapi.Handler(nodeapi.Source{
-		NodeName:  cfg.Name,
-		Pods:      n.prov.GetPods,
-		Backend:   n.be,
-		StartTime: time.Now(),
-		Metrics:   promhttp.HandlerFor(n.metrics, promhttp.HandlerOpts{}),
-		Config:    n.kubeletConfig(),
-	})
-	n.apiAddr = n.apiLn.Addr()
-	close(n.apiReady)
-	g.Go(func() error { return serveNodeAPI(ctx, n.apiLn, tlsCfg, auth.Wrap(h)) })
-	return nil
-}
-
-// kubeletConfig is what the node API's /configz reports.
-func (n *Node) kubeletConfig() nodeapi.KubeletConfig {
-	cfg := n.cfg
-	return nodeapi.KubeletConfig{
-		EnableServer:      cfg.Port > 0,
-		Address:           cfg.NodeIP,
-		Port:              int32(max(cfg.Port, 0)),
-		TLSCertFile:       cfg.TLSCertFile,
-		TLSPrivateKeyFile: cfg.TLSKeyFile,
-		Authentication: nodeapi.KubeletAuthentication{
-			X509:    nodeapi.KubeletX509Authentication{ClientCAFile: cfg.ClientCAFile},
-			Webhook: nodeapi.KubeletWebhookAuthentication{Enabled: true, CacheTTL: metav1.Duration{Duration: nodeapi.DefaultAuthnCacheTTL}},
-		},
-		Authorization: nodeapi.KubeletAuthorization{Mode: "Webhook", Webhook: nodeapi.KubeletWebhookAuthorization{
-			CacheAuthorizedTTL:   metav1.Duration{Duration: nodeapi.DefaultAllowCacheTTL},
-			CacheUnauthorizedTTL: metav1.Duration{Duration: nodeapi.DefaultDenyCacheTTL},
-		}},
-		RegisterWithTaints:       cfg.Taints,
-		NodeLeaseDurationSeconds: DefaultLeaseDuration,
-		TopologyManagerPolicy:    cfg.TopologyPolicy,
-		TopologyManagerScope:     cfg.TopologyScope,
-	}
-}
-
-// ErrPortInUse is wrapped by the error of a node whose node API port
-// another process serves, beside the syscall's EADDRINUSE.
-var ErrPortInUse = errors.New("another process serves that port (a kubelet, another dpkit node)")
-
-// listenNodeAPI listens on addr for the node API. A port another process
-// serves is an error wrapping ErrPortInUse, which says so.
-func listenNodeAPI(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
-	switch {
-	case errors.Is(err, syscall.EADDRINUSE):
-		return nil, fmt.Errorf("node API: %w: %w", err, ErrPortInUse)
-	case err != nil:
-		return nil, fmt.Errorf("node API: %w", err)
-	}
-	return l, nil
-}
-
-// serveNodeAPI serves h over TLS on l until ctx is done.
-func serveNodeAPI(ctx context.Context, l net.Listener, tlsCfg *tls.Config, h http.Handler) error {
-	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 30 * time.Second}
-	if err := httpserve.Serve(ctx, srv, tls.NewListener(l, tlsCfg)); err != nil {
-		return fmt.Errorf("node API: %w", err)
-	}
-	return nil
-}
-
-// nodeObject builds the Node as registered: labels, taints, addresses,
-// daemon endpoint, capacity and a Ready condition.
-func (n *Node) nodeObject() *corev1.Node {
-	cfg := n.cfg
-	labels := map[string]string{
-		"type":                   "virtual-kubelet",
-		"kubernetes.io/role":     "agent",
-		"kubernetes.io/hostname": cfg.Name,
-		"kubernetes.io/os":       "linux",
-		"kubernetes.io/arch":     runtime.GOARCH,
-		"dpkit.io/virtual-node":  "true",
-	}
-	for k, v := range cfg.Labels {
-		labels[k] = v
-	}
-	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Labels: labels},
-		Spec:       corev1.NodeSpec{Taints: cfg.Taints},
-		Status: corev1.NodeStatus{
-			NodeInfo: corev1.NodeSystemInfo{
-				OperatingSystem: "linux",
-				Architecture:    runtime.GOARCH,
-				KubeletVersion:  KubeletVersion,
-			},
-			Addresses:       addresses(cfg),
-			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(max(cfg.Port, 0))}},
-			Conditions:      conditions(),
-		},
-	}
-	node.Status.Capacity, node.Status.Allocatable = n.resources()
-	return node
-}
-
-// addresses are the node's InternalIP and its Hostname: the machine's
-// name, as a kubelet reports it, which resolves where the node name need
-// not.
-func addresses(cfg Config) []corev1.NodeAddress {
-	return []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: cfg.NodeIP},
-		{Type: corev1.NodeHostName, Address: cmp.Or(cfg.Hostname, DefaultHostname())},
-	}
-}
-
-func conditions() []corev1.NodeCondition {
-	now := metav1.Now()
-	c := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
-		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
-	}
-	return []corev1.NodeCondition{
-		c(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "dpkit virtual node is posting ready status"),
-		c(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "dpkit virtual node has sufficient memory available"),
-		c(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "dpkit virtual node has no disk pressure"),
-		c(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "dpkit virtual node has sufficient PID available"),
-	}
-}
-
-// resources merges the declared resources with the device manager's. A
-// device-plugin resource the device manager removed (its plugins stayed
-// away for the grace period) reads zero capacity and allocatable rather
-// than disappearing: the kubelet sets the capacity of the resources
-// GetCapacity reports deleted to 0 "to indicate that the resource is
-// managed by device plugin and had been registered before", and its
-// allocatable follows (pkg/kubelet/nodestatus.MachineInfo); the Node keeps
-// them until a plugin registers the resource again.
-func (n *Node) resources() (capacity, allocatable corev1.ResourceList) {
-	capacity, allocatable = corev1.ResourceList{}, corev1.ResourceList{}
-	for k, v := range n.cfg.Resources {
-		capacity[k] = v.DeepCopy()
-		allocatable[k] = v.DeepCopy()
-	}
-	dc, da := n.mgr.Capacity()
-	for k, v := range dc {
-		capacity[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
-	}
-	for k, v := range da {
-		allocatable[corev1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for k := range dc {
-		n.pluginResources[corev1.ResourceName(k)] = true
-	}
-	for k := range n.pluginResources {
-		if _, ok := dc[string(k)]; !ok {
-			capacity[k] = *resource.NewQuantity(0, resource.DecimalSI)
-			allocatable[k] = *resource.NewQuantity(0, resource.DecimalSI)
-		}
-	}
-	return capacity, allocatable
-}
-
-// lastAppliedStatus is the annotation in which virtual-kubelet's node
-// controller keeps the status it last applied (the base of its three-way
-// patches).
-const lastAppliedStatus = "virtual-kubelet.io/last-applied-node-status"
-
-// rememberPluginResources adds to pluginResources the extended resources
-// that an earlier run of this node applied and that are not declared:
-// device-plugin resources, kept at zero after a restart like the kubelet
-// keeps them on its Node. Without them virtual-kubelet's patch would
-// remove them. Resources set on the Node by others are left alone.
-func (n *Node) rememberPluginResources(ctx context.Context) {
-	cur, err := n.cfg.Client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			n.log.Warn("Reading the node's last status; device-plugin resources removed before this run may leave it", "err", err)
-		}
-		return
-	}
-	var applied corev1.NodeStatus
-	if a, ok := cur.Annotations[lastAppliedStatus]; !ok || json.Unmarshal([]byte(a), &applied) != nil {
-		return
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for k := range applied.Capacity {
-		if _, declared := n.cfg.Resources[k]; !declared && devicemanager.IsExtendedResourceName(string(k)) {
-			n.pluginResources[k] = true
-		}
-	}
-}
-
-// deletable reports whether the node is done with pod, a pod being
-// deleted: it runs on this node, its terminal status is in the API server
-// and its claims are unprepared. Until they are, the pod stays, as the
-// kubelet keeps it until its resources are reclaimed
-// (PodMightNeedToUnprepareResources): deleting it would let the claim be
-// deallocated and its devices given to another pod while the driver still
-// has them prepared.
-func (n *Node) deletable(p *corev1.Pod) bool {
-	return p.Spec.NodeName == n.cfg.Name && p.DeletionTimestamp != nil && terminal(p) && !n.dra.PodMightNeedToUnprepareResources(p.UID)
-}
-
-// finishDeletion removes a pod being deleted from the API server once its
-// terminal status is there, as the kubelet's status manager does when the
-// pod's containers have stopped. virtual-kubelet alone would leave it until
-// its grace period ends.
-func (n *Node) finishDeletion(ctx context.Context, pod *corev1.Pod) {
-	opts := metav1.DeleteOptions{GracePeriodSeconds: new(int64), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))}
-	err := n.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)
-	switch {
-	case err == nil:
-		n.log.Debug("Deleted terminated pod", "pod", key(pod.Namespace, pod.Name))
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || ctx.Err() != nil:
-	default:
-		n.log.Warn("Deleting terminated pod; it goes when its grace period ends", "pod", key(pod.Namespace, pod.Name), "err", err)
-	}
-}
-
-// Ping implements node.NodeProvider.
-func (n *Node) Ping(ctx context.Context) error { return ctx.Err() }
-
-// NotifyNodeStatus implements node.NodeProvider. What changed before
-// virtual-kubelet asked is sent now.
-func (n *Node) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
-	n.mu.Lock()
-	n.notifyCB = cb
-	n.mu.Unlock()
-	n.kickStatus()
-}
-
-// kickStatus asks sendStatus to send the node's status.
-func (n *Node) kickStatus() {
-	select {
-	case n.statusKick <- struct{}{}:
-	default: // one is pending; it will read the status when it runs
-	}
-}
-
-// sendStatus hands virtual-kubelet the node's status, computed when it is
-// sent, each time it is asked (kickStatus): one goroutine sends, and each
-// send carries everything before it, so no change is lost (a change before
-// virtual-kubelet gave its callback, or while a send waited) nor overtaken
-// by an older status.
-func (n *Node) sendStatus(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-n.statusKick:
-		}
-		c, a := n.resources()
-		n.mu.Lock()
-		n.node.Status.Capacity, n.node.Status.Allocatable = c, a
-		n.node.Status.Conditions = conditions()
-		node := n.node.DeepCopy()
-		cb := n.notifyCB
-		n.mu.Unlock()
-		if cb == nil {
-			continue // NotifyNodeStatus kicks again
-		}
-		n.log.Debug("Sending the node status", "allocatable", a)
-		notifyNode(ctx, cb, node)
-	}
-}
-
-// notifyNode hands node to virtual-kubelet's node controller through the
-// callback it gave NotifyNodeStatus. The callback sends on a channel of one
-// that only the controller's loop reads, so once that loop has ended (the
-// node stopping) a send blocks for ever: it runs on a goroutine of its
-// own, and notifyNode returns when it is done or ctx is. A send left
-// blocked by a stopped controller is the one goroutine a stopped node can
-// leave behind.
-func notifyNode(ctx context.Context, cb func(*corev1.Node), node *corev1.Node) {
-	sent := make(chan struct{})
-	go func() {
-		defer close(sent)
-		cb(node)
-	}()
-	select {
-	case <-sent:
-	case <-ctx.Done():
-	}
-}
-
-// watchDevices has the node status sent whenever the device manager's
-// resources change.
-func (n *Node) watchDevices(ctx context.Context, ch <-chan struct{}) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		}
-		n.kickStatus()
-		dc, _ := n.mgr.Capacity()
-		n.warnServedBothWays(ctx, n.newPluginNames(dc))
-	}
-}
-
-// startupTaints are the taints the API server's TaintNodesByCondition
-// admission puts on a new node and that the node lifecycle controller
-// removes once the node is Ready. A virtual node removes them itself, so it
-// works on control planes without kube-controller-manager. Where the
-// node's credentials are a node identity restricted by NodeRestriction
-// this is refused and logged: kube-controller-manager removes them there.
-var startupTaints = map[string]bool{
-	"node.kubernetes.io/not-ready":   true,
-	"node.kubernetes.io/unreachable": true,
-}
-
-func (n *Node) removeStartupTaints(ctx context.Context) {
-	nodes := n.cfg.Client.CoreV1().Nodes()
-	for attempt := 0; attempt < 5; attempt++ {
-		cur, err := nodes.Get(ctx, n.cfg.Name, metav1.GetOptions{})
-		if err != nil {
-			n.log.Warn("Reading node to remove start-up taints", "err", err)
-			return
-		}
-		var keep []corev1.Taint
-		for _, t := range cur.Spec.Taints {
-			if !startupTaints[t.Key] {
-				keep = append(keep, t)
-			}
-		}
-		if len(keep) == len(cur.Spec.Taints) {
-			return
-		}
-		cur.Spec.Taints = keep
-		_, err = nodes.Update(ctx, cur, metav1.UpdateOptions{})
-		if err == nil {
-			n.log.Info("Removed start-up taints")
-			return
-		}
-		if !isConflict(err) {
-			n.log.Warn("Could not remove start-up taints; pods must tolerate node.kubernetes.io/not-ready or kube-controller-manager must run", "err", err)
-			return
-		}
-	}
-}
-
-func isConflict(err error) bool {
-	var se interface{ Status() metav1.Status }
-	return errors.As(err, &se) && se.Status().Code == 409
 }

@@ -15,21 +15,20 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
-	"github.com/dpkit/dpkit/pkg/devicemanager"
-	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
 // provider is the virtual-kubelet pod provider: admission through the
-// device manager, then the backend. It keeps the last known state of
-// every pod and serves it to the pod controller and the PodResources API.
+// host (devicehost.Host: devices, then claims), then the backend. It keeps
+// the last known state of every pod and serves it to the pod controller
+// and the PodResources API.
 type provider struct {
 	log *slog.Logger
-	mgr *devicemanager.Manager
-	// dra prepares and unprepares pods' ResourceClaims; draq is the work
-	// of its loop (runDRA).
-	dra  *dramanager.Manager
+	// host admits pods, prepares and unprepares their claims and says
+	// what their containers get; draq is the work of the DRA loop
+	// (runDRA).
+	host *devicehost.Host
 	draq draQueue
 	be   backend.Backend
 	// nodeIP is reported in the status of pods waiting for their claims.
@@ -100,10 +99,10 @@ func (p *provider) podFromAPI(namespace, name string) *corev1.Pod {
 	return v.apiPod(namespace, name)
 }
 
-// newProvider returns a provider admitting through host's device manager
-// and keeping its pods in host's pod store.
+// newProvider returns a provider admitting through host and keeping its
+// pods in host's pod store.
 func newProvider(log *slog.Logger, host *devicehost.Host) *provider {
-	p := &provider{log: log, mgr: host.Manager, dra: host.DRA, pods: host.Pods}
+	p := &provider{log: log, host: host, pods: host.Pods}
 	p.draq.init()
 	return p
 }
@@ -131,7 +130,7 @@ func (p *provider) backendNotify(pod *corev1.Pod) {
 		// The kubelet frees the devices of pods that are no longer
 		// active; a terminated pod is not. Its claims are unprepared
 		// once its containers stopped.
-		p.mgr.RemovePod(pod.UID)
+		p.host.ReleaseDevices(pod.UID)
 	}
 	p.publish(pod.Namespace, pod.Name)
 	if terminal(pod) {
@@ -144,15 +143,15 @@ func (p *provider) backendNotify(pod *corev1.Pod) {
 // devices of their claims (the DRA manager, claim:<name>[/<request>]).
 // Nil when the pod holds neither.
 func (p *provider) resourcesStatus(pod *corev1.Pod) map[string][]corev1.ResourceStatus {
-	byContainer := p.mgr.AllocatedResourcesStatus(pod.UID)
-	if !p.dra.PodMightNeedToUnprepareResources(pod.UID) {
+	byContainer := p.host.Manager.AllocatedResourcesStatus(pod.UID)
+	if !p.host.DRA.PodMightNeedToUnprepareResources(pod.UID) {
 		return byContainer
 	}
 	st := corev1.PodStatus{}
 	for _, c := range pod.Spec.Containers {
 		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, AllocatedResourcesStatus: byContainer[c.Name]})
 	}
-	p.dra.UpdateAllocatedResourcesStatus(p.withClaimStatus(pod), &st)
+	p.host.DRA.UpdateAllocatedResourcesStatus(p.withClaimStatus(pod), &st)
 	for _, cs := range st.ContainerStatuses {
 		if len(cs.AllocatedResourcesStatus) == 0 {
 			continue
@@ -229,9 +228,9 @@ func resourcesStatusDiffers(pod *corev1.Pod, byContainer map[string][]corev1.Res
 // plugins connecting and going away and resources removed; the DRA
 // manager's (Updates) health reports and drivers' health streams ending.
 func (p *provider) watchHealth(ctx context.Context) {
-	ch, cancel := p.mgr.Subscribe()
+	ch, cancel := p.host.Manager.Subscribe()
 	defer cancel()
-	draUpdates := p.dra.Updates()
+	draUpdates := p.host.DRA.Updates()
 	for {
 		for _, pod := range p.refreshHealth() {
 			p.publish(pod.Namespace, pod.Name)
@@ -282,8 +281,9 @@ func (p *provider) adopt(pods []*corev1.Pod) {
 	}
 }
 
-// CreatePod admits the pod's device requests, prepares its ResourceClaims
-// and hands it to the backend. A pod the device manager rejects is marked
+// CreatePod admits the pod's device requests (the host's
+// AllocateDevices), prepares its ResourceClaims (startWithClaims) and
+// hands it to the backend. A pod the device manager rejects is marked
 // Failed with the kubelet's reason and message, and a Warning event
 // records it, as the kubelet's rejectPod does; so is a pod that fails the
 // kubelet's predicates or AppArmor check, or, on a node that runs
@@ -315,8 +315,8 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 			return nil
 		}
 	}
-	if _, err := p.mgr.Admit(ctx, p.withClaimStatus(pod)); err != nil {
-		var ae *devicemanager.AdmissionError
+	if err := p.host.AllocateDevices(ctx, p.withClaimStatus(pod)); err != nil {
+		var ae *devicehost.AdmissionError
 		if !errors.As(err, &ae) {
 			return err
 		}
@@ -324,11 +324,11 @@ func (p *provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	p.pods.Add(pod)
-	if hasClaims(pod) {
+	if devicehost.HasClaims(pod) {
 		return p.startWithClaims(ctx, pod)
 	}
 	if err := p.be.CreatePod(ctx, pod); err != nil {
-		p.mgr.RemovePod(pod.UID)
+		p.host.ReleaseDevices(pod.UID)
 		return err
 	}
 	return nil
@@ -391,7 +391,7 @@ func (p *provider) dropReplaced(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	p.log.Info("Forgetting a pod replaced by one of the same name", "pod", key(pod.Namespace, pod.Name), "uid", cur.UID, "new", pod.UID)
-	p.mgr.RemovePod(cur.UID)
+	p.host.ReleaseDevices(cur.UID)
 	p.draq.take(cur.UID)
 	p.queueUnprepare(cur)
 	p.envs.forget(cur.UID)
@@ -422,7 +422,7 @@ func (p *provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	p.pods.Delete(cur.Namespace, cur.Name, cur.UID)
-	p.mgr.RemovePod(cur.UID)
+	p.host.ReleaseDevices(cur.UID)
 	p.draq.take(cur.UID)
 	p.queueUnprepare(cur)
 	p.envs.forget(cur.UID)
@@ -479,7 +479,11 @@ func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container 
 	if err != nil {
 		return nil, err
 	}
-	if o := p.mgr.ContainerOptions(pod.UID, container); o != nil {
+	o, err := p.host.ContainerResources(p.withClaimStatus(pod), container)
+	if err != nil {
+		return nil, err
+	}
+	if o != nil {
 		for _, kv := range o.Envs {
 			env = append(env, corev1.EnvVar{Name: kv.Name, Value: kv.Value})
 		}
@@ -494,31 +498,27 @@ func (p *provider) containerEnv(ctx context.Context, pod *corev1.Pod, container 
 	return env, nil
 }
 
-// containerDevices returns the CDI devices of a container's claims, then
-// the device nodes, mounts, annotations and CDI devices of the device
-// plugins' Allocate answers for it; nil when it has none. The order of the
-// CDI devices is the kubelet's (containerManagerImpl.GetResources: the DRA
-// manager's first, then the device manager's).
+// containerDevices returns what the host's ContainerResources gives a
+// container, in the kubelet's order (the CDI devices of its claims, then
+// the device plugins' device nodes, mounts, annotations and CDI devices),
+// as the backend takes it; nil when it has none.
 func (p *provider) containerDevices(_ context.Context, pod *corev1.Pod, container string) (*backend.ContainerDevices, error) {
-	ids, err := p.claimCDIDevices(pod, container)
-	if err != nil {
+	o, err := p.host.ContainerResources(p.withClaimStatus(pod), container)
+	if err != nil || o == nil {
 		return nil, err
 	}
-	cd := &backend.ContainerDevices{CDIDevices: ids}
-	if o := p.mgr.ContainerOptions(pod.UID, container); o != nil {
-		for _, d := range o.Devices {
-			cd.Devices = append(cd.Devices, backend.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
+	cd := &backend.ContainerDevices{CDIDevices: o.CDIDevices}
+	for _, d := range o.Devices {
+		cd.Devices = append(cd.Devices, backend.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
+	}
+	for _, m := range o.Mounts {
+		cd.Mounts = append(cd.Mounts, backend.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
+	}
+	for _, a := range o.Annotations {
+		if cd.Annotations == nil {
+			cd.Annotations = map[string]string{}
 		}
-		for _, m := range o.Mounts {
-			cd.Mounts = append(cd.Mounts, backend.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
-		}
-		for _, a := range o.Annotations {
-			if cd.Annotations == nil {
-				cd.Annotations = map[string]string{}
-			}
-			cd.Annotations[a.Name] = a.Value
-		}
-		cd.CDIDevices = append(cd.CDIDevices, o.CDIDevices...)
+		cd.Annotations[a.Name] = a.Value
 	}
 	if len(cd.Devices) == 0 && len(cd.Mounts) == 0 && len(cd.Annotations) == 0 && len(cd.CDIDevices) == 0 {
 		return nil, nil
@@ -527,5 +527,5 @@ func (p *provider) containerDevices(_ context.Context, pod *corev1.Pod, containe
 }
 
 func (p *provider) preStart(ctx context.Context, pod *corev1.Pod, container string) error {
-	return p.mgr.PreStartContainer(ctx, pod.UID, container)
+	return p.host.Manager.PreStartContainer(ctx, pod.UID, container)
 }
