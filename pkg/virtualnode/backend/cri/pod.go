@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // ctr is one container of the pod spec and the runtime container that
@@ -69,8 +70,7 @@ type podRun struct {
 func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	pr := &podRun{b: b, pod: pod, stopCh: make(chan struct{}), done: make(chan struct{})}
 	for _, c := range pod.Spec.InitContainers {
-		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: sidecar, backoff: b.cfg.BackoffInitial})
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podruntime.IsSidecar(&c), backoff: b.cfg.BackoffInitial})
 	}
 	for _, c := range pod.Spec.Containers {
 		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: b.cfg.BackoffInitial})
@@ -248,7 +248,7 @@ func (pr *podRun) sync(ctx context.Context) {
 func (pr *podRun) runSandbox(ctx context.Context) bool {
 	id, err := pr.createSandbox(ctx)
 	if err != nil {
-		msg := "Failed to create pod sandbox: " + status.Convert(err).Message()
+		msg := podruntime.CreatePodSandboxMessage(status.Convert(err).Message())
 		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
 		pr.mu.Lock()
 		pr.sandboxNext = time.Now().Add(pr.b.cfg.BackoffInitial)
@@ -260,7 +260,7 @@ func (pr *podRun) runSandbox(ctx context.Context) bool {
 		}
 		pr.mu.Unlock()
 		if pr.b.cfg.Event != nil {
-			pr.b.cfg.Event(pr.pod, "", corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: "+err.Error())
+			pr.b.cfg.Event(pr.pod, "", corev1.EventTypeWarning, podruntime.EventFailedCreatePodSandBox, podruntime.CreatePodSandboxMessage(err.Error()))
 		}
 		return false
 	}
@@ -334,8 +334,8 @@ func (pr *podRun) exit(c *ctr, t *corev1.ContainerStateTerminated) {
 func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
 	now := backend.Now()
 	return &corev1.ContainerStateTerminated{
-		ExitCode: 137, Reason: "ContainerStatusUnknown",
-		Message:   "The container could not be located when the pod was terminated",
+		ExitCode: 137, Reason: podruntime.ReasonContainerStatusUnknown,
+		Message:   podruntime.MessageContainerStatusUnknown,
 		StartedAt: metav1.NewTime(c.started), FinishedAt: now,
 	}
 }
@@ -343,9 +343,9 @@ func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
 func terminated(s *runtimeapi.ContainerStatus, id string) *corev1.ContainerStateTerminated {
 	reason := s.Reason
 	if reason == "" {
-		reason = "Error"
+		reason = podruntime.ReasonError
 		if s.ExitCode == 0 {
-			reason = "Completed"
+			reason = podruntime.ReasonCompleted
 		}
 	}
 	return &corev1.ContainerStateTerminated{
@@ -399,10 +399,9 @@ func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
 			if c.state.Terminated != nil {
 				c.lastState = c.state
 			}
-			c.state = waiting("CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)",
-				c.backoff, c.spec.Name, pr.pod.Name, pr.pod.Namespace, pr.pod.UID))
+			c.state = waiting(podruntime.ReasonCrashLoopBackOff, podruntime.CrashLoopBackOffMessage(c.backoff, pr.pod, c.spec.Name))
 		case c.pullFailed != "":
-			c.state = waiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: %s", c.spec.Image, c.pullFailed))
+			c.state = waiting(podruntime.ReasonImagePullBackOff, podruntime.ImagePullBackOffMessage(c.spec.Image, c.pullFailed))
 		}
 		pr.mu.Unlock()
 		return
@@ -413,7 +412,7 @@ func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
 		if errors.As(err, &we) {
 			c.state = waiting(we.reason, we.message)
 		} else {
-			c.state = waiting("RunContainerError", err.Error())
+			c.state = waiting(podruntime.ReasonRunContainerError, err.Error())
 		}
 		c.next = now.Add(c.backoff)
 		c.backoff = min(2*c.backoff, maxBackoff)
@@ -444,24 +443,24 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	}
 	cfg, err := pr.containerConfig(ctx, c, uint32(attempt), imageRef) //nolint:gosec // restart counts are small
 	if err != nil {
-		return &waitError{"CreateContainerConfigError", err.Error()}
+		return &waitError{podruntime.ReasonCreateContainerConfigError, err.Error()}
 	}
 	if pr.b.cfg.PreStart != nil {
 		if err := pr.b.cfg.PreStart(ctx, pr.pod, c.spec.Name); err != nil {
 			pr.removeTerminationFiles(cfg.Mounts)
-			return &waitError{"CreateContainerConfigError", "PreStartContainer: " + err.Error()}
+			return &waitError{podruntime.ReasonCreateContainerConfigError, "PreStartContainer: " + err.Error()}
 		}
 	}
 	id, err := pr.b.rt.CreateContainer(pr.b.logctx(ctx), pr.sandboxID, cfg, pr.sandbox)
 	if err != nil {
 		pr.removeTerminationFiles(cfg.Mounts)
-		return &waitError{"CreateContainerError", status.Convert(err).Message()}
+		return &waitError{podruntime.ReasonCreateContainerError, status.Convert(err).Message()}
 	}
 	if err := pr.b.rt.StartContainer(pr.b.logctx(ctx), id); err != nil {
 		pr.mu.Lock()
 		c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 		pr.mu.Unlock()
-		return &waitError{"RunContainerError", status.Convert(err).Message()}
+		return &waitError{podruntime.ReasonRunContainerError, status.Convert(err).Message()}
 	}
 	// Only the last dead container is kept (for previous logs), as the
 	// kubelet's garbage collector keeps one per container by default.
@@ -510,13 +509,13 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 	spec := &runtimeapi.ImageSpec{Image: withDefaultTag(image)}
 	st, err := pr.b.img.ImageStatus(pr.b.logctx(ctx), spec, false)
 	if err != nil {
-		return "", &waitError{"ErrImageInspect", fmt.Sprintf("Failed to inspect image %q: %s", image, status.Convert(err).Message())}
+		return "", &waitError{podruntime.ReasonErrImageInspect, podruntime.ImageInspectMessage(image, status.Convert(err).Message())}
 	}
 	present := st.Image != nil
 	switch policy(c.spec) {
 	case corev1.PullNever:
 		if !present {
-			return "", &waitError{"ErrImageNeverPull", fmt.Sprintf("Container image %q is not present with pull policy of Never", image)}
+			return "", &waitError{podruntime.ReasonErrImageNeverPull, podruntime.ImageNeverPullMessage(image)}
 		}
 		return st.Image.Id, nil
 	case corev1.PullIfNotPresent:
@@ -530,7 +529,7 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 		pr.mu.Lock()
 		c.pullFailed = msg
 		pr.mu.Unlock()
-		return "", &waitError{"ErrImagePull", msg}
+		return "", &waitError{podruntime.ReasonErrImagePull, msg}
 	}
 	return ref, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // Container probes, as the kubelet's prober (pkg/kubelet/prober): one
@@ -317,7 +317,7 @@ func (w *probeWorker) doProbe(ctx context.Context) (keepGoing bool) {
 		return false
 	}
 	if err != nil {
-		pr.event(c, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe errored and resulted in %s state: %s", w.kind, out, err))
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventUnhealthy, podruntime.ProbeErroredMessage(w.kind.String(), out.String(), err))
 		return true
 	}
 	var result probeResult
@@ -325,10 +325,10 @@ func (w *probeWorker) doProbe(ctx context.Context) (keepGoing bool) {
 	case outcomeSuccess:
 		result = resultSuccess
 	case outcomeWarning:
-		pr.event(c, corev1.EventTypeWarning, "ProbeWarning", fmt.Sprintf("%s probe warning: %s", w.kind, output))
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventProbeWarning, podruntime.ProbeWarningMessage(w.kind.String(), output))
 		result, out = resultSuccess, outcomeSuccess
 	case outcomeFailure:
-		pr.event(c, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe failed: %s", w.kind, output))
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventUnhealthy, podruntime.ProbeFailedMessage(w.kind.String(), output))
 		result = resultFailure
 	default:
 		result, out = resultFailure, outcomeFailure
@@ -363,10 +363,7 @@ func (w *probeWorker) doProbe(ctx context.Context) (keepGoing bool) {
 // with the kubelet's Killing message; it restarts as its restart policy
 // says.
 func (pr *podRun) killUnhealthy(ctx context.Context, c *ctr, id string, kind probeKind) {
-	msg := fmt.Sprintf("Container %s failed %s probe", c.spec.Name, strings.ToLower(kind.String()))
-	if c.sidecar || pr.pod.Spec.RestartPolicy != corev1.RestartPolicyNever {
-		msg += ", will be restarted"
-	}
+	msg := podruntime.ProbeKillMessage(c.spec.Name, kind.String(), c.sidecar || pr.pod.Spec.RestartPolicy != corev1.RestartPolicyNever)
 	pr.killContainer(ctx, c, id, msg, pr.killGrace(kind.spec(&c.spec)))
 }
 

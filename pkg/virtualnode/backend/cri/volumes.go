@@ -21,6 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // The kubelet's volume plugin directories under a pod's volumes/.
@@ -30,10 +31,6 @@ const (
 	pluginSecret      = "kubernetes.io~secret"
 	pluginDownwardAPI = "kubernetes.io~downward-api"
 	pluginProjected   = "kubernetes.io~projected"
-
-	// FailedMount is the kubelet's event reason for a volume that could
-	// not be set up (events.FailedMountVolume).
-	FailedMount = "FailedMount"
 
 	// defaultVolumeMode is the API's default mode of configMap, secret,
 	// downwardAPI and projected files.
@@ -99,7 +96,7 @@ func (pr *podRun) syncVolumes(ctx context.Context) bool {
 	v.retryAt = now.Add(v.retry)
 	if msg := err.Error(); msg != v.failed {
 		v.failed = msg
-		pr.podEvent(corev1.EventTypeWarning, FailedMount, msg)
+		pr.podEvent(corev1.EventTypeWarning, podruntime.EventFailedMount, msg)
 	}
 	pr.b.log.Warn("Setting up a volume", "pod", pr.key(), "err", err)
 	return v.mounted != nil
@@ -117,7 +114,7 @@ func (pr *podRun) setupVolumes(ctx context.Context) (map[string]hostVolume, erro
 	for _, vol := range pr.pod.Spec.Volumes {
 		hv, err := pr.setupVolume(ctx, vol)
 		if err != nil {
-			return nil, fmt.Errorf("MountVolume.SetUp failed for volume %q : %w", vol.Name, err)
+			return nil, podruntime.MountFailedError(vol.Name, err)
 		}
 		m[vol.Name] = hv
 	}
@@ -227,7 +224,7 @@ func podMemoryLimit(pod *corev1.Pod) (int64, bool) {
 		if !ok {
 			return 0, false
 		}
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if podruntime.IsSidecar(&c) {
 			sidecars += q.Value()
 			continue
 		}

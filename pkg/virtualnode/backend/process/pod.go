@@ -14,6 +14,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // podRun runs one pod: init containers in order, then app containers, each
@@ -194,7 +195,7 @@ func (pr *podRun) run(ctx context.Context) {
 	}
 	policy := pod.Spec.RestartPolicy
 	for i, c := range pod.Spec.InitContainers {
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if podruntime.IsSidecar(&c) {
 			// A sidecar: started and kept running alongside the app
 			// containers.
 			pr.startLoop(ctx, c, true, corev1.RestartPolicyAlways)
@@ -268,8 +269,8 @@ func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, polic
 		pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 			s.LastTerminationState = s.State
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
-				Reason:  ReasonBackOff,
-				Message: fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", backoff, c.Name, pr.pod.Name, pr.pod.Namespace, pr.pod.UID),
+				Reason:  podruntime.ReasonCrashLoopBackOff,
+				Message: podruntime.CrashLoopBackOffMessage(backoff, pr.pod, c.Name),
 			}}
 		})
 		t := time.NewTimer(backoff)
@@ -330,7 +331,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		if len(c.Command) == 0 {
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
-					Reason:  ReasonNoCommand,
+					Reason:  podruntime.ReasonCreateContainerConfigError,
 					Message: "the process backend runs the container's command on the host and does not pull images: set command (and args) for container " + c.Name,
 				}}
 			})
@@ -340,7 +341,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			if err := pr.b.cfg.PreStart(ctx, pod, c.Name); err != nil {
 				now := backend.Now()
 				pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-					s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+					s.State = backend.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 				})
 				return 128, true
 			}
@@ -357,7 +358,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			}
 			now := backend.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+				s.State = backend.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 			})
 			return 128, true
 		}
@@ -365,7 +366,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		var cfgErr *configError
 		if errors.As(err, &cfgErr) {
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonNoCommand, Message: cfgErr.Error()}}
+				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: podruntime.ReasonCreateContainerConfigError, Message: cfgErr.Error()}}
 			})
 			pr.b.log.Error("Container not started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "err", cfgErr)
 			return 0, false
@@ -373,7 +374,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		if err != nil {
 			now := backend.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+				s.State = backend.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 			})
 			return 128, true
 		}
@@ -402,9 +403,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 	case <-ctx.Done():
 		return 0, false
 	}
-	reason := ReasonCompleted
+	reason := podruntime.ReasonCompleted
 	if p.code != 0 {
-		reason = ReasonError
+		reason = podruntime.ReasonError
 	}
 	if p.reason != "" {
 		reason = p.reason

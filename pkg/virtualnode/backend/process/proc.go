@@ -21,6 +21,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // wrapper runs the container's command in the foreground and writes its
@@ -275,7 +276,7 @@ func (pr *podRun) adoptProc(container string, ps procState) *proc {
 		}
 		<-logsDone
 		p.code, p.reason = readExit(exitFile)
-		if p.reason == ReasonCompleted || p.reason == ReasonError {
+		if p.reason == podruntime.ReasonCompleted || p.reason == podruntime.ReasonError {
 			p.reason = ""
 		}
 		p.finished = metav1.NewTime(time.Now())
@@ -291,16 +292,16 @@ func (pr *podRun) adoptProc(container string, ps procState) *proc {
 func readExit(path string) (int32, string) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 137, ReasonUnknown
+		return 137, podruntime.ReasonContainerStatusUnknown
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
 	if err != nil {
-		return 137, ReasonUnknown
+		return 137, podruntime.ReasonContainerStatusUnknown
 	}
 	if n == 0 {
-		return 0, ReasonCompleted
+		return 0, podruntime.ReasonCompleted
 	}
-	return int32(n), ReasonError
+	return int32(n), podruntime.ReasonError
 }
 
 func exitCode(ps *os.ProcessState, err error) int32 {

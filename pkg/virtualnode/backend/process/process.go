@@ -36,16 +36,6 @@ const (
 	DefaultContainerLogMaxFiles = 5
 )
 
-// Reasons the backend sets in container statuses.
-const (
-	ReasonNoCommand  = "CreateContainerConfigError"
-	ReasonStartError = "StartError"
-	ReasonCompleted  = "Completed"
-	ReasonError      = "Error"
-	ReasonUnknown    = "ContainerStatusUnknown"
-	ReasonBackOff    = "CrashLoopBackOff"
-)
-
 // Config configures the process backend.
 type Config struct {
 	backend.Config
