@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
@@ -75,7 +74,7 @@ func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	for _, c := range pod.Spec.Containers {
 		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: b.cfg.BackoffInitial})
 	}
-	init, app := backend.WaitingStatuses(pod)
+	init, app := podruntime.WaitingStatuses(pod)
 	for i, c := range pr.ctrs {
 		if i < len(init) {
 			c.state = init[i].State
@@ -99,7 +98,11 @@ func (pr *podRun) stop(grace time.Duration) {
 	pr.stopOnce.Do(func() { close(pr.stopCh) })
 }
 
-func (pr *podRun) snapshot() *corev1.Pod {
+// Pod implements podruntime.Run.
+func (pr *podRun) Pod() *corev1.Pod { return pr.pod }
+
+// Snapshot implements podruntime.Run.
+func (pr *podRun) Snapshot() *corev1.Pod {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	p := pr.pod.DeepCopy()
@@ -123,7 +126,7 @@ func (pr *podRun) statusLocked() *corev1.PodStatus {
 			st.ContainerStatuses = append(st.ContainerStatuses, cs)
 		}
 	}
-	backend.ComputeProbedStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping, pr.probedLocked)
+	podruntime.ComputeProbedStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping, pr.probedLocked)
 	if pr.podIP != "" {
 		st.PodIP = pr.podIP
 		st.PodIPs = []corev1.PodIP{{IP: pr.podIP}}
@@ -332,7 +335,7 @@ func (pr *podRun) exit(c *ctr, t *corev1.ContainerStateTerminated) {
 }
 
 func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
-	now := backend.Now()
+	now := podruntime.Now()
 	return &corev1.ContainerStateTerminated{
 		ExitCode: 137, Reason: podruntime.ReasonContainerStatusUnknown,
 		Message:   podruntime.MessageContainerStatusUnknown,
@@ -363,24 +366,11 @@ func nsTime(ns int64) metav1.Time {
 
 // shouldRestart applies the restart policy to an exited container.
 func (pr *podRun) shouldRestart(c *ctr) bool {
-	if c.sidecar {
-		return true
-	}
 	code := int32(0)
 	if c.state.Terminated != nil {
 		code = c.state.Terminated.ExitCode
 	}
-	switch pr.pod.Spec.RestartPolicy {
-	case corev1.RestartPolicyNever:
-		return false
-	case corev1.RestartPolicyOnFailure:
-		return code != 0
-	default:
-		if c.init {
-			return code != 0
-		}
-		return true
-	}
+	return podruntime.ShouldRestart(pr.pod, &c.spec, c.init, code)
 }
 
 // ensure starts c when it has not run yet or should run again and its
@@ -475,7 +465,7 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	}
 	c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 	c.pullFailed, c.imageID = "", imageRef
-	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: backend.Now()}}
+	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: podruntime.Now()}}
 	pr.mu.Unlock()
 	pr.postStart(ctx, c)
 	return nil

@@ -135,7 +135,7 @@ func (pr *podRun) started(c *ctr) bool {
 	return c.startedLocked()
 }
 
-// probedLocked answers backend.Probed for a running container: started as
+// probedLocked answers podruntime.Probed for a running container: started as
 // its startup probe says, ready as its readiness probe says. Like the
 // kubelet's UpdatePodStatus, a container that started but is not ready
 // has its readiness probed at once rather than at the next period.

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
@@ -55,7 +54,11 @@ func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	return pr
 }
 
-func (pr *podRun) snapshot() *corev1.Pod {
+// Pod implements podruntime.Run.
+func (pr *podRun) Pod() *corev1.Pod { return pr.pod }
+
+// Snapshot implements podruntime.Run.
+func (pr *podRun) Snapshot() *corev1.Pod {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	return pr.pod.DeepCopy()
@@ -130,7 +133,7 @@ func (pr *podRun) stop(grace time.Duration) {
 // publish recomputes the pod status, persists the state and notifies.
 func (pr *podRun) publish() {
 	pr.mu.Lock()
-	backend.ComputeStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping())
+	podruntime.ComputeStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping())
 	st := state{Pod: pr.pod, Procs: map[string]procState{}}
 	for name, p := range pr.procs {
 		st.Procs[name] = procState{PID: p.pid, StartTicks: p.startTicks, RestartCount: pr.restarts[name]}
@@ -189,22 +192,21 @@ func (pr *podRun) containerStatus(name string, init bool) corev1.ContainerStatus
 
 func (pr *podRun) run(ctx context.Context) {
 	defer close(pr.done)
-	pod := pr.snapshot()
+	pod := pr.Snapshot()
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
-	policy := pod.Spec.RestartPolicy
 	for i, c := range pod.Spec.InitContainers {
 		if podruntime.IsSidecar(&c) {
 			// A sidecar: started and kept running alongside the app
 			// containers.
-			pr.startLoop(ctx, c, true, corev1.RestartPolicyAlways)
+			pr.startLoop(ctx, c, true)
 			continue
 		}
 		if st := pr.containerStatus(c.Name, true); st.State.Terminated != nil && st.State.Terminated.ExitCode == 0 {
 			continue
 		}
-		ok := pr.loop(ctx, pod.Spec.InitContainers[i], true, initPolicy(policy))
+		ok := pr.loop(ctx, pod.Spec.InitContainers[i], true)
 		if ctx.Err() != nil {
 			return
 		}
@@ -215,19 +217,12 @@ func (pr *podRun) run(ctx context.Context) {
 		}
 	}
 	for _, c := range pod.Spec.Containers {
-		pr.startLoop(ctx, c, false, policy)
+		pr.startLoop(ctx, c, false)
 	}
 	pr.wait(ctx)
 	if ctx.Err() == nil {
 		pr.publish()
 	}
-}
-
-func initPolicy(p corev1.RestartPolicy) corev1.RestartPolicy {
-	if p == corev1.RestartPolicyAlways {
-		return corev1.RestartPolicyOnFailure
-	}
-	return p
 }
 
 // wait blocks until every container loop of the pod has returned.
@@ -240,17 +235,17 @@ func (pr *podRun) wait(ctx context.Context) {
 	}
 }
 
-func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool, policy corev1.RestartPolicy) {
+func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool) {
 	pr.loopsWG.Add(1)
 	go func() {
 		defer pr.loopsWG.Done()
-		pr.loop(ctx, c, init, policy)
+		pr.loop(ctx, c, init)
 	}()
 }
 
 // loop runs a container until it must not be restarted; it reports
 // whether its last run succeeded.
-func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, policy corev1.RestartPolicy) bool {
+func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool) bool {
 	backoff := pr.b.cfg.BackoffInitial
 	for {
 		code, ok := pr.runOnce(ctx, c, init)
@@ -260,11 +255,8 @@ func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, polic
 		if pr.isStopping() {
 			return code == 0
 		}
-		switch {
-		case policy == corev1.RestartPolicyNever:
+		if !podruntime.ShouldRestart(pr.pod, &c, init, code) {
 			return code == 0
-		case policy == corev1.RestartPolicyOnFailure && code == 0:
-			return true
 		}
 		pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 			s.LastTerminationState = s.State
@@ -319,7 +311,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			// Gone while we were away: report what its exit file says.
 			code, reason := readExit(pr.exitFile(c.Name, restart))
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(code, reason, "", prev.State.Running.StartedAt, backend.Now())
+				s.State = podruntime.Terminated(code, reason, "", prev.State.Running.StartedAt, podruntime.Now())
 				s.State.Terminated.ContainerID = s.ContainerID
 			})
 			return code, true
@@ -339,9 +331,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		}
 		if pr.b.cfg.PreStart != nil {
 			if err := pr.b.cfg.PreStart(ctx, pod, c.Name); err != nil {
-				now := backend.Now()
+				now := podruntime.Now()
 				pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-					s.State = backend.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
+					s.State = podruntime.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 				})
 				return 128, true
 			}
@@ -356,9 +348,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			if ctx.Err() != nil || pr.isStopping() {
 				return 0, false
 			}
-			now := backend.Now()
+			now := podruntime.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
+				s.State = podruntime.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 			})
 			return 128, true
 		}
@@ -372,9 +364,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			return 0, false
 		}
 		if err != nil {
-			now := backend.Now()
+			now := podruntime.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
+				s.State = podruntime.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 			})
 			return 128, true
 		}
@@ -411,7 +403,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		reason = p.reason
 	}
 	pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-		s.State = backend.Terminated(p.code, reason, "", started, p.finished)
+		s.State = podruntime.Terminated(p.code, reason, "", started, p.finished)
 		// The kubelet names the container in its terminated state too.
 		s.State.Terminated.ContainerID = s.ContainerID
 	})

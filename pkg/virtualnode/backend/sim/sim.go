@@ -62,7 +62,7 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	}
 	sp := &simPod{pod: pod.DeepCopy()}
 	sp.ctx, sp.cancel = context.WithCancel(context.Background())
-	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = backend.WaitingStatuses(sp.pod)
+	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = podruntime.WaitingStatuses(sp.pod)
 	b.pods[pod.UID] = sp
 	out := b.publishLocked(sp, false)
 	if b.cfg.StartDelay > 0 {
@@ -122,7 +122,7 @@ func (b *Backend) run(uid types.UID) {
 		b.mu.Unlock()
 		return
 	}
-	now := backend.Now()
+	now := podruntime.Now()
 	start := func(s *corev1.ContainerStatus, state corev1.ContainerState) {
 		if err, ok := failed[s.Name]; ok {
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: podruntime.ReasonCreateContainerConfigError, Message: err.Error()}}
@@ -138,7 +138,7 @@ func (b *Backend) run(uid types.UID) {
 		case podruntime.IsSidecar(&c):
 			start(s, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}})
 		default:
-			start(s, backend.Terminated(0, podruntime.ReasonCompleted, "", now, now))
+			start(s, podruntime.Terminated(0, podruntime.ReasonCompleted, "", now, now))
 			held = failed[c.Name] != nil
 		}
 	}
@@ -171,17 +171,17 @@ func (b *Backend) finish(uid types.UID, deleting bool) {
 	if deleting {
 		sp.cancel()
 	}
-	now := backend.Now()
+	now := podruntime.Now()
 	term := func(list []corev1.ContainerStatus) {
 		for i := range list {
 			s := &list[i]
 			switch {
 			case s.State.Running != nil && deleting:
-				s.State = backend.Terminated(137, podruntime.ReasonError, "", s.State.Running.StartedAt, now)
+				s.State = podruntime.Terminated(137, podruntime.ReasonError, "", s.State.Running.StartedAt, now)
 			case s.State.Running != nil:
-				s.State = backend.Terminated(0, podruntime.ReasonCompleted, "", s.State.Running.StartedAt, now)
+				s.State = podruntime.Terminated(0, podruntime.ReasonCompleted, "", s.State.Running.StartedAt, now)
 			case s.State.Waiting != nil:
-				s.State = backend.Terminated(137, podruntime.ReasonContainerStatusUnknown, podruntime.MessageContainerStatusUnknown, now, now)
+				s.State = podruntime.Terminated(137, podruntime.ReasonContainerStatusUnknown, podruntime.MessageContainerStatusUnknown, now, now)
 			}
 		}
 	}
@@ -193,7 +193,7 @@ func (b *Backend) finish(uid types.UID, deleting bool) {
 }
 
 func (b *Backend) publishLocked(sp *simPod, deleting bool) *corev1.Pod {
-	backend.ComputeStatus(sp.pod, &sp.pod.Status, b.cfg.NodeIP, deleting)
+	podruntime.ComputeStatus(sp.pod, &sp.pod.Status, b.cfg.NodeIP, deleting)
 	return sp.pod.DeepCopy()
 }
 
