@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // sandboxConfig is the pod's sandbox as the kubelet would ask for it
@@ -109,7 +109,7 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 	}
 	for _, e := range spec.Env {
 		if e.ValueFrom == nil {
-			set(e.Name, backend.Expand(e.Value, vars))
+			set(e.Name, podruntime.Expand(e.Value, vars))
 		}
 	}
 	if pr.b.cfg.ContainerEnv != nil {
@@ -149,10 +149,10 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 		return nil, err
 	}
 	for _, a := range spec.Command {
-		cfg.Command = append(cfg.Command, backend.Expand(a, vars))
+		cfg.Command = append(cfg.Command, podruntime.Expand(a, vars))
 	}
 	for _, a := range spec.Args {
-		cfg.Args = append(cfg.Args, backend.Expand(a, vars))
+		cfg.Args = append(cfg.Args, podruntime.Expand(a, vars))
 	}
 	for _, k := range order {
 		cfg.Envs = append(cfg.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(vars[k])})

@@ -11,7 +11,6 @@ import (
 	remote "k8s.io/cri-client/pkg"
 	utilexec "k8s.io/utils/exec"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
@@ -445,7 +444,7 @@ func expandStatic(cmd []string, env []corev1.EnvVar) []string {
 	}
 	out := make([]string, len(cmd))
 	for i, a := range cmd {
-		out[i] = backend.Expand(a, vars)
+		out[i] = podruntime.Expand(a, vars)
 	}
 	return out
 }

@@ -629,7 +629,7 @@ func (pr *podRun) volumeMounts(spec *corev1.Container, vars map[string]string) (
 		host := hv.path
 		sub := m.SubPath
 		if m.SubPathExpr != "" {
-			sub = backend.Expand(m.SubPathExpr, vars)
+			sub = podruntime.Expand(m.SubPathExpr, vars)
 		}
 		if sub != "" {
 			if err := validatePath(filepath.Clean(sub)); err != nil || filepath.IsAbs(sub) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/crilog"
 )
 
 // Attach implements backend.Attacher: it follows the container's log from
@@ -65,7 +66,7 @@ func (b *Backend) Attach(ctx context.Context, namespace, name, container string,
 			if err != nil {
 				break
 			}
-			if l, ok := backend.ParseLogLine(bytes.TrimSuffix(pending, []byte("\n"))); ok {
+			if l, ok := crilog.ParseLogLine(bytes.TrimSuffix(pending, []byte("\n"))); ok {
 				w := stdout
 				if l.Stream == "stderr" {
 					w = stderr

@@ -101,7 +101,7 @@ func (pr *podRun) containerEnv(ctx context.Context, pod *corev1.Pod, c corev1.Co
 	set("HOSTNAME", pod.Name)
 	for _, e := range c.Env {
 		if e.ValueFrom == nil {
-			set(e.Name, backend.Expand(e.Value, vars))
+			set(e.Name, podruntime.Expand(e.Value, vars))
 		}
 	}
 	if pr.b.cfg.ContainerEnv != nil {
@@ -146,10 +146,10 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32, 
 	}
 	argv := make([]string, 0, len(c.Command)+len(c.Args))
 	for _, a := range c.Command {
-		argv = append(argv, backend.Expand(a, vars))
+		argv = append(argv, podruntime.Expand(a, vars))
 	}
 	for _, a := range c.Args {
-		argv = append(argv, backend.Expand(a, vars))
+		argv = append(argv, podruntime.Expand(a, vars))
 	}
 	logPath := pr.logPath(c.Name, restart)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o750); err != nil {
