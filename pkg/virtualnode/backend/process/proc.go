@@ -90,37 +90,19 @@ func (pr *podRun) fifo(container, stream string) string {
 // resolved, the device plugins'), then HOSTNAME and a PATH when none is
 // set.
 func (pr *podRun) containerEnv(ctx context.Context, pod *corev1.Pod, c corev1.Container) ([]string, map[string]string, error) {
-	vars := map[string]string{}
-	var order []string
-	set := func(k, v string) {
-		if _, ok := vars[k]; !ok {
-			order = append(order, k)
-		}
-		vars[k] = v
+	var vars podruntime.Env
+	vars.Set("HOSTNAME", pod.Name)
+	if err := vars.AddContainerEnv(ctx, pod, &c, pr.b.cfg.ContainerEnv, nil); err != nil {
+		return nil, nil, err
 	}
-	set("HOSTNAME", pod.Name)
-	for _, e := range c.Env {
-		if e.ValueFrom == nil {
-			set(e.Name, podruntime.Expand(e.Value, vars))
-		}
+	if !vars.Has("PATH") {
+		vars.Set("PATH", envOr("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
 	}
-	if pr.b.cfg.ContainerEnv != nil {
-		extra, err := pr.b.cfg.ContainerEnv(ctx, pod, c.Name)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, e := range extra {
-			set(e.Name, e.Value)
-		}
+	env := make([]string, 0, len(vars.Names()))
+	for _, k := range vars.Names() {
+		env = append(env, k+"="+vars.Get(k))
 	}
-	if _, ok := vars["PATH"]; !ok {
-		set("PATH", envOr("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
-	}
-	env := make([]string, 0, len(order))
-	for _, k := range order {
-		env = append(env, k+"="+vars[k])
-	}
-	return env, vars, nil
+	return env, vars.Vars(), nil
 }
 
 func envOr(k, def string) string {
