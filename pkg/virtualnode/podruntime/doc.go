@@ -3,9 +3,11 @@
 // admission and the container runtime, written once. It holds the
 // kubelet's words (event reasons, container state reasons and the
 // messages that go with them), which init containers are sidecars, the
-// restart policy and its back-off, the grace period of a deletion, and
-// the pod status computed from the containers' states (phase,
-// conditions, started and ready).
+// restart policy and its back-off, the grace period of a deletion, a
+// container's environment and $(VAR) expansion, the set of pod workers,
+// and the pod status computed from the containers' states (phase,
+// conditions, started and ready). Package crilog below it reads CRI log
+// files.
 //
 // The backends (process, cri, sim) only start, stop, exec and observe
 // containers and call this package for the rest; package backend is

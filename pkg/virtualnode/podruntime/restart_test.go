@@ -116,3 +116,27 @@ func TestMessages(t *testing.T) {
 		}
 	}
 }
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Initial: 10 * time.Second, Max: 35 * time.Second}
+	var got []time.Duration
+	for range 4 {
+		got = append(got, b.Delay())
+		b.Step()
+	}
+	want := []time.Duration{10 * time.Second, 20 * time.Second, 35 * time.Second, 35 * time.Second}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("delays %v, want %v", got, want)
+		}
+	}
+	b.Ran(BackoffResetAfter)
+	if b.Delay() != 35*time.Second {
+		t.Errorf("a run of exactly BackoffResetAfter reset the back-off")
+	}
+	b.Ran(BackoffResetAfter + time.Second)
+	if b.Delay() != 10*time.Second {
+		t.Errorf("Delay after a long run = %v, want Initial", b.Delay())
+	}
+}

@@ -59,10 +59,9 @@ const (
 // Defaults.
 const (
 	DefaultPollInterval   = time.Second
-	DefaultBackoffInitial = 10 * time.Second
+	DefaultBackoffInitial = podruntime.DefaultBackoffInitial
 	// DefaultVolumeResync is the kubelet's sync period.
 	DefaultVolumeResync = time.Minute
-	maxBackoff          = 5 * time.Minute
 	// DefaultGracePeriod applies when a pod names none.
 	DefaultGracePeriod = podruntime.DefaultGracePeriod
 	// cdiEnv is the variable in which the node gives the process backend

@@ -35,7 +35,7 @@ type ctr struct {
 	lastState corev1.ContainerState
 	imageID   string
 
-	backoff    time.Duration
+	backoff    podruntime.Backoff
 	next       time.Time // no start before
 	pullFailed string    // the last image pull error, while backing off
 
@@ -69,10 +69,10 @@ type podRun struct {
 func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	pr := &podRun{b: b, pod: pod, stopCh: make(chan struct{}), done: make(chan struct{})}
 	for _, c := range pod.Spec.InitContainers {
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podruntime.IsSidecar(&c), backoff: b.cfg.BackoffInitial})
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podruntime.IsSidecar(&c), backoff: pr.newBackoff()})
 	}
 	for _, c := range pod.Spec.Containers {
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: b.cfg.BackoffInitial})
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: pr.newBackoff()})
 	}
 	init, app := podruntime.WaitingStatuses(pod)
 	for i, c := range pr.ctrs {
@@ -84,6 +84,12 @@ func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	}
 	pr.sandbox = pr.sandboxConfig()
 	return pr
+}
+
+// newBackoff is a container's restart back-off: from BackoffInitial up to
+// the kubelet's 5 minutes.
+func (pr *podRun) newBackoff() podruntime.Backoff {
+	return podruntime.Backoff{Initial: pr.b.cfg.BackoffInitial, Max: podruntime.DefaultBackoffMax}
 }
 
 func (pr *podRun) logDir() string { return podLogDir(pr.b.cfg.LogDir, pr.pod) }
@@ -328,10 +334,10 @@ func (pr *podRun) refresh(ctx context.Context) {
 func (pr *podRun) exit(c *ctr, t *corev1.ContainerStateTerminated) {
 	c.exited = true
 	c.state = corev1.ContainerState{Terminated: t}
-	if !c.started.IsZero() && time.Since(c.started) > 10*time.Minute {
-		c.backoff = pr.b.cfg.BackoffInitial // ran long enough: reset, as the kubelet
+	if !c.started.IsZero() {
+		c.backoff.Ran(time.Since(c.started))
 	}
-	c.next = t.FinishedAt.Add(c.backoff)
+	c.next = t.FinishedAt.Add(c.backoff.Delay())
 }
 
 func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
@@ -389,7 +395,7 @@ func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
 			if c.state.Terminated != nil {
 				c.lastState = c.state
 			}
-			c.state = waiting(podruntime.ReasonCrashLoopBackOff, podruntime.CrashLoopBackOffMessage(c.backoff, pr.pod, c.spec.Name))
+			c.state = waiting(podruntime.ReasonCrashLoopBackOff, podruntime.CrashLoopBackOffMessage(c.backoff.Delay(), pr.pod, c.spec.Name))
 		case c.pullFailed != "":
 			c.state = waiting(podruntime.ReasonImagePullBackOff, podruntime.ImagePullBackOffMessage(c.spec.Image, c.pullFailed))
 		}
@@ -404,8 +410,8 @@ func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
 		} else {
 			c.state = waiting(podruntime.ReasonRunContainerError, err.Error())
 		}
-		c.next = now.Add(c.backoff)
-		c.backoff = min(2*c.backoff, maxBackoff)
+		c.next = now.Add(c.backoff.Delay())
+		c.backoff.Step()
 		pr.mu.Unlock()
 		pr.b.log.Warn("Starting a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
 	}
@@ -461,7 +467,7 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	if restart {
 		c.restarts = attempt
 		c.lastState = corev1.ContainerState{Terminated: c.lastTerminated()}
-		c.backoff = min(2*c.backoff, maxBackoff)
+		c.backoff.Step()
 	}
 	c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 	c.pullFailed, c.imageID = "", imageRef

@@ -246,7 +246,7 @@ func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool) 
 // loop runs a container until it must not be restarted; it reports
 // whether its last run succeeded.
 func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool) bool {
-	backoff := pr.b.cfg.BackoffInitial
+	backoff := podruntime.Backoff{Initial: pr.b.cfg.BackoffInitial, Max: pr.b.cfg.BackoffMax}
 	for {
 		code, ok := pr.runOnce(ctx, c, init)
 		if !ok || ctx.Err() != nil {
@@ -262,10 +262,10 @@ func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool) bool 
 			s.LastTerminationState = s.State
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
 				Reason:  podruntime.ReasonCrashLoopBackOff,
-				Message: podruntime.CrashLoopBackOffMessage(backoff, pr.pod, c.Name),
+				Message: podruntime.CrashLoopBackOffMessage(backoff.Delay(), pr.pod, c.Name),
 			}}
 		})
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(backoff.Delay())
 		select {
 		case <-t.C:
 		case <-pr.stopping:
@@ -280,7 +280,7 @@ func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool) bool 
 			t.Stop()
 			return false
 		}
-		backoff = min(2*backoff, pr.b.cfg.BackoffMax)
+		backoff.Step()
 		pr.mu.Lock()
 		pr.restarts[c.Name]++
 		n := pr.restarts[c.Name]

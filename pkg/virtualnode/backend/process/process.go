@@ -26,8 +26,8 @@ import (
 
 // Defaults of Config fields left zero.
 const (
-	DefaultBackoffInitial = 10 * time.Second
-	DefaultBackoffMax     = 5 * time.Minute
+	DefaultBackoffInitial = podruntime.DefaultBackoffInitial
+	DefaultBackoffMax     = podruntime.DefaultBackoffMax
 	DefaultShell          = "/bin/sh"
 	DefaultGracePeriod    = podruntime.DefaultGracePeriod
 	// The kubelet's defaults for containerLogMaxSize and
