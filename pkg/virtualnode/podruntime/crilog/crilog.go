@@ -130,6 +130,21 @@ func CopyLog(ctx context.Context, f *os.File, w io.Writer, opts backend.LogOptio
 	if !opts.Follow {
 		return nil
 	}
+	return follow(ctx, br, pending, live, poll, emit)
+}
+
+// Follow reads the lines written to f from its current offset on, every
+// poll, and gives each to emit until emit says stop or fails, live
+// reports the container stopped (after a last read), or ctx ends.
+func Follow(ctx context.Context, f io.Reader, live func() bool, poll time.Duration, emit func(LogLine) (stop bool, err error)) error {
+	return follow(ctx, bufio.NewReader(f), nil, live, poll, func(l logLine) (bool, error) {
+		return emit(LogLine{Stream: string(l.stream), Partial: l.partial, Msg: l.msg})
+	})
+}
+
+// follow is Follow from br, with pending the start of a line read
+// before.
+func follow(ctx context.Context, br *bufio.Reader, pending []byte, live func() bool, poll time.Duration, emit func(logLine) (bool, error)) error {
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
