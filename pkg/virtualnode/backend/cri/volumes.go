@@ -304,12 +304,9 @@ func (pr *podRun) configMapPayload(ctx context.Context, name string, items []cor
 		return nil, err
 	}
 	opt := optional != nil && *optional
-	cm, err := src.ConfigMap(ctx, pr.pod.Namespace, name)
+	cm, err := readOptional(ctx, src.ConfigMap, pr.pod.Namespace, name, opt)
 	if err != nil {
-		if !apierrors.IsNotFound(err) || !opt {
-			return nil, err
-		}
-		cm = &corev1.ConfigMap{}
+		return nil, err
 	}
 	data := map[string][]byte{}
 	for k, v := range cm.Data {
@@ -328,14 +325,24 @@ func (pr *podRun) secretPayload(ctx context.Context, name string, items []corev1
 		return nil, err
 	}
 	opt := optional != nil && *optional
-	s, err := src.Secret(ctx, pr.pod.Namespace, name)
+	s, err := readOptional(ctx, src.Secret, pr.pod.Namespace, name, opt)
 	if err != nil {
-		if !apierrors.IsNotFound(err) || !opt {
-			return nil, err
-		}
-		s = &corev1.Secret{}
+		return nil, err
 	}
 	return keyPayload(s.Data, items, defMode, opt, "references non-existent secret key: %s")
+}
+
+// readOptional reads the object a volume names with get; one that does
+// not exist reads as empty when the volume is optional.
+func readOptional[T any](ctx context.Context, get func(ctx context.Context, namespace, name string) (*T, error), namespace, name string, optional bool) (*T, error) {
+	o, err := get(ctx, namespace, name)
+	if err != nil {
+		if !apierrors.IsNotFound(err) || !optional {
+			return nil, err
+		}
+		return new(T), nil
+	}
+	return o, nil
 }
 
 func keyPayload(data map[string][]byte, items []corev1.KeyToPath, defMode *int32, optional bool, missing string) (map[string]file, error) {
