@@ -6,18 +6,16 @@ import (
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
+// The two forwarders below are not the contract: they stay only until
+// the node's own callers (pkg/virtualnode/dra.go) call podruntime, then
+// go. New code calls podruntime.
+
 // ComputeStatus is podruntime.ComputeStatus.
-//
-// Deprecated: use podruntime.ComputeStatus; kept until the node's own
-// callers (pkg/virtualnode/dra.go) move to it.
 func ComputeStatus(pod *corev1.Pod, st *corev1.PodStatus, nodeIP string, deleting bool) {
 	podruntime.ComputeStatus(pod, st, nodeIP, deleting)
 }
 
 // WaitingStatuses is podruntime.WaitingStatuses.
-//
-// Deprecated: use podruntime.WaitingStatuses; kept until the node's own
-// callers (pkg/virtualnode/dra.go) move to it.
 func WaitingStatuses(pod *corev1.Pod) (init, app []corev1.ContainerStatus) {
 	return podruntime.WaitingStatuses(pod)
 }
