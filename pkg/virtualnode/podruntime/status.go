@@ -229,6 +229,15 @@ func waiting(c corev1.Container, reason string) corev1.ContainerStatus {
 // stores, so repeated notifications of one state compare equal.
 func Now() metav1.Time { return metav1.NewTime(time.Now().Truncate(time.Second)) }
 
+// ExitReason is the reason of a container that exited with code and
+// whose runtime gave none: Completed, or Error.
+func ExitReason(code int32) string {
+	if code == 0 {
+		return ReasonCompleted
+	}
+	return ReasonError
+}
+
 // Terminated returns a terminated state.
 func Terminated(code int32, reason, message string, started, finished metav1.Time) corev1.ContainerState {
 	return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{

@@ -352,10 +352,7 @@ func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
 func terminated(s *runtimeapi.ContainerStatus, id string) *corev1.ContainerStateTerminated {
 	reason := s.Reason
 	if reason == "" {
-		reason = podruntime.ReasonError
-		if s.ExitCode == 0 {
-			reason = podruntime.ReasonCompleted
-		}
+		reason = podruntime.ExitReason(s.ExitCode)
 	}
 	return &corev1.ContainerStateTerminated{
 		ExitCode: s.ExitCode, Reason: reason, Message: s.Message,

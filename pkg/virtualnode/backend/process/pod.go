@@ -395,10 +395,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 	case <-ctx.Done():
 		return 0, false
 	}
-	reason := podruntime.ReasonCompleted
-	if p.code != 0 {
-		reason = podruntime.ReasonError
-	}
+	reason := podruntime.ExitReason(p.code)
 	if p.reason != "" {
 		reason = p.reason
 	}

@@ -280,10 +280,7 @@ func readExit(path string) (int32, string) {
 	if err != nil {
 		return 137, podruntime.ReasonContainerStatusUnknown
 	}
-	if n == 0 {
-		return 0, podruntime.ReasonCompleted
-	}
-	return int32(n), podruntime.ReasonError
+	return int32(n), podruntime.ExitReason(int32(n))
 }
 
 func exitCode(ps *os.ProcessState, err error) int32 {
