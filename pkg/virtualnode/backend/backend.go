@@ -15,7 +15,6 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
@@ -181,10 +180,6 @@ type StatsProvider interface {
 type OrphanCleaner interface {
 	CleanupOrphans(ctx context.Context, known func(types.UID) bool) error
 }
-
-// Now is a metav1.Time truncated to seconds, like what the API server
-// stores, so repeated notifications of one state compare equal.
-func Now() metav1.Time { return metav1.NewTime(time.Now().Truncate(time.Second)) }
 
 // SortPods orders pods by "namespace/name", the order every backend's
 // Pods returns.

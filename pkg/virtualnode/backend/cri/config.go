@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // sandboxConfig is the pod's sandbox as the kubelet would ask for it
@@ -99,29 +99,9 @@ func int64Value(v *int64) *runtimeapi.Int64Value {
 // context.
 func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, imageRef string) (*runtimeapi.ContainerConfig, error) {
 	pod, spec := pr.pod, c.spec
-	vars := map[string]string{}
-	var order []string
-	set := func(k, v string) {
-		if _, ok := vars[k]; !ok {
-			order = append(order, k)
-		}
-		vars[k] = v
-	}
-	for _, e := range spec.Env {
-		if e.ValueFrom == nil {
-			set(e.Name, backend.Expand(e.Value, vars))
-		}
-	}
-	if pr.b.cfg.ContainerEnv != nil {
-		extra, err := pr.b.cfg.ContainerEnv(ctx, pod, spec.Name)
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range extra {
-			if e.Name != cdiEnv {
-				set(e.Name, e.Value)
-			}
-		}
+	var env podruntime.Env
+	if err := env.AddContainerEnv(ctx, pod, &spec, pr.b.cfg.ContainerEnv, func(name string) bool { return name == cdiEnv }); err != nil {
+		return nil, err
 	}
 	cfg := &runtimeapi.ContainerConfig{
 		Metadata:   &runtimeapi.ContainerMetadata{Name: spec.Name, Attempt: attempt},
@@ -148,14 +128,9 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 	if err := verifyRunAsNonRoot(pod, spec, cfg.Linux.SecurityContext); err != nil {
 		return nil, err
 	}
-	for _, a := range spec.Command {
-		cfg.Command = append(cfg.Command, backend.Expand(a, vars))
-	}
-	for _, a := range spec.Args {
-		cfg.Args = append(cfg.Args, backend.Expand(a, vars))
-	}
-	for _, k := range order {
-		cfg.Envs = append(cfg.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(vars[k])})
+	cfg.Command, cfg.Args = env.Expand(spec.Command), env.Expand(spec.Args)
+	for _, k := range env.Names() {
+		cfg.Envs = append(cfg.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(env.Get(k))})
 	}
 	if pr.b.cfg.ContainerDevices != nil {
 		d, err := pr.b.cfg.ContainerDevices(ctx, pod, spec.Name)
@@ -177,7 +152,7 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 	}
 	// Then, as the kubelet's makeMounts, the volumes, the managed
 	// /etc/hosts and the termination message file.
-	mounts, err := pr.volumeMounts(&spec, vars)
+	mounts, err := pr.volumeMounts(&spec, env.Vars())
 	if err != nil {
 		return nil, err
 	}

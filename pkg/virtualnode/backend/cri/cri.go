@@ -39,6 +39,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // Labels and annotations on the sandboxes and containers the backend
@@ -58,12 +59,11 @@ const (
 // Defaults.
 const (
 	DefaultPollInterval   = time.Second
-	DefaultBackoffInitial = 10 * time.Second
+	DefaultBackoffInitial = podruntime.DefaultBackoffInitial
 	// DefaultVolumeResync is the kubelet's sync period.
 	DefaultVolumeResync = time.Minute
-	maxBackoff          = 5 * time.Minute
 	// DefaultGracePeriod applies when a pod names none.
-	DefaultGracePeriod = 30 * time.Second
+	DefaultGracePeriod = podruntime.DefaultGracePeriod
 	// cdiEnv is the variable in which the node gives the process backend
 	// the CDI devices of a container's claims (virtualnode.CDIDevicesEnv);
 	// this backend passes them to the runtime as CDI devices instead.
@@ -150,8 +150,8 @@ type Backend struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	pods podruntime.Runs[*podRun]
 	mu   sync.Mutex
-	pods map[types.UID]*podRun
 	// forgetting are the pods Forget is removing, left alone by
 	// CleanupOrphans.
 	forgetting map[types.UID]bool
@@ -229,7 +229,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	b := &Backend{
 		cfg: cfg, log: log, klog: logr.FromSlogHandler(log.Handler()),
-		pods: map[types.UID]*podRun{}, forgetting: map[types.UID]bool{},
+		forgetting: map[types.UID]bool{},
 	}
 	if err := b.connect(ctx, "unix://"+path); err != nil {
 		return nil, fmt.Errorf("cri backend: no CRI v1 runtime answers on %s (is containerd or CRI-O running, with its CRI plugin enabled?): %w", cfg.Endpoint, err)
@@ -314,7 +314,7 @@ func (b *Backend) adopt(ctx context.Context) error {
 			b.removeSandbox(ctx, sb.Id)
 			continue
 		}
-		if _, ok := b.pods[pod.UID]; ok {
+		if _, ok := b.pods.Get(pod.UID); ok {
 			b.removeSandbox(ctx, sb.Id)
 			continue
 		}
@@ -323,10 +323,10 @@ func (b *Backend) adopt(ctx context.Context) error {
 		if err := pr.adoptContainers(ctx); err != nil {
 			return err
 		}
-		b.pods[pod.UID] = pr
+		b.pods.Add(pod.UID, func() *podRun { return pr })
 		b.log.Info("Adopted a pod", "pod", pod.Namespace+"/"+pod.Name, "sandbox", sb.Id)
 	}
-	for _, pr := range b.pods {
+	for _, pr := range b.pods.All() {
 		b.start(pr)
 	}
 	return nil
@@ -352,14 +352,10 @@ func (b *Backend) Close() error {
 
 // CreatePod implements backend.Backend.
 func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
-	b.mu.Lock()
-	if _, ok := b.pods[pod.UID]; ok {
-		b.mu.Unlock()
+	pr, added := b.pods.Add(pod.UID, func() *podRun { return newPodRun(b, pod.DeepCopy()) })
+	if !added {
 		return nil
 	}
-	pr := newPodRun(b, pod.DeepCopy())
-	b.pods[pod.UID] = pr
-	b.mu.Unlock()
 	pr.publish()
 	b.start(pr)
 	return nil
@@ -377,32 +373,25 @@ func (b *Backend) start(pr *podRun) {
 // DeletePod implements backend.Backend: the containers are stopped with
 // the pod's grace period, then the sandbox is stopped and removed.
 func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
-	pr := b.get(pod.UID)
-	if pr == nil {
-		return nil
+	if pr, ok := b.pods.Get(pod.UID); ok {
+		pr.stop(podruntime.GracePeriod(pod))
 	}
-	grace := DefaultGracePeriod
-	switch {
-	case pod.DeletionGracePeriodSeconds != nil:
-		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
-	case pod.Spec.TerminationGracePeriodSeconds != nil:
-		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
-	}
-	pr.stop(grace)
 	return nil
 }
 
 // Forget implements backend.Backend: what still runs is removed, and the
 // pod's logs.
 func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
+	// Marked forgetting before it leaves the runs, so that
+	// CleanupOrphans, which looks at the runs first, sees it in one.
 	b.mu.Lock()
-	pr := b.pods[pod.UID]
-	delete(b.pods, pod.UID)
-	if pr != nil {
-		b.forgetting[pod.UID] = true
-	}
+	b.forgetting[pod.UID] = true
 	b.mu.Unlock()
-	if pr == nil {
+	pr, ok := b.pods.Remove(pod.UID)
+	if !ok {
+		b.mu.Lock()
+		delete(b.forgetting, pod.UID)
+		b.mu.Unlock()
 		return nil
 	}
 	defer func() {
@@ -472,45 +461,27 @@ func (b *Backend) CleanupOrphans(_ context.Context, known func(types.UID) bool) 
 
 // running reports whether the backend runs the pod, or is removing it.
 func (b *Backend) running(uid types.UID) bool {
+	if _, ok := b.pods.Get(uid); ok {
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.pods[uid] != nil || b.forgetting[uid]
+	return b.forgetting[uid]
 }
 
 // Pods implements backend.Backend.
-func (b *Backend) Pods() []*corev1.Pod {
-	b.mu.Lock()
-	prs := make([]*podRun, 0, len(b.pods))
-	for _, pr := range b.pods {
-		prs = append(prs, pr)
-	}
-	b.mu.Unlock()
-	out := make([]*corev1.Pod, 0, len(prs))
-	for _, pr := range prs {
-		out = append(out, pr.snapshot())
-	}
-	backend.SortPods(out)
-	return out
-}
+func (b *Backend) Pods() []*corev1.Pod { return b.pods.Pods() }
 
+// get returns the run of a pod, nil if none.
 func (b *Backend) get(uid types.UID) *podRun {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.pods[uid]
+	pr, _ := b.pods.Get(uid)
+	return pr
 }
 
+// byName returns the run of a pod, nil if none; the newest wins.
 func (b *Backend) byName(namespace, name string) *podRun {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var found *podRun
-	for _, pr := range b.pods {
-		if pr.pod.Namespace == namespace && pr.pod.Name == name {
-			if found == nil || pr.pod.CreationTimestamp.After(found.pod.CreationTimestamp.Time) {
-				found = pr
-			}
-		}
-	}
-	return found
+	pr, _ := b.pods.ByName(namespace, name)
+	return pr
 }
 
 // containerID is the ID the kubelet reports: <runtime>://<id>.

@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // The kubelet's DNS limits (pkg/apis/core/validation, ExpandedDNSConfig).
@@ -20,13 +22,6 @@ const (
 	maxDNSSearchListChars = 2048
 	maxDNSSearchLength    = 253 // DNS1123SubdomainMaxLength
 	maxResolvConfLength   = 10 * 1 << 20
-
-	// MissingClusterDNS is the kubelet's event for a ClusterFirst pod on
-	// a node that knows no cluster DNS server.
-	MissingClusterDNS = "MissingClusterDNS"
-	// DNSConfigForming is the kubelet's event for a DNS configuration
-	// cut down to the resolver's limits.
-	DNSConfigForming = "DNSConfigForming"
 )
 
 // DefaultResolvConf is the kubelet's default --resolv-conf.
@@ -61,8 +56,7 @@ func (pr *podRun) dnsConfig() (*runtimeapi.DNSConfig, error) {
 		}
 		dc.Options = []string{"ndots:5"}
 	case cluster:
-		msg := fmt.Sprintf("kubelet does not have ClusterDNS IP configured and cannot create Pod using %q policy. Falling back to %q policy.", corev1.DNSClusterFirst, corev1.DNSDefault)
-		pr.podEvent(corev1.EventTypeWarning, MissingClusterDNS, fmt.Sprintf("pod: %q. %s", pod.Name+"_"+pod.Namespace+"("+string(pod.UID)+")", msg))
+		pr.podEvent(corev1.EventTypeWarning, podruntime.EventMissingClusterDNS, podruntime.MissingClusterDNSMessage(pod))
 	}
 	if pc := pod.Spec.DNSConfig; pc != nil {
 		dc.Servers = omitDuplicates(append(dc.Servers, pc.Nameservers...))
@@ -71,11 +65,11 @@ func (pr *podRun) dnsConfig() (*runtimeapi.DNSConfig, error) {
 	}
 	if len(dc.Servers) > maxDNSNameservers {
 		dc.Servers = dc.Servers[:maxDNSNameservers]
-		pr.podEvent(corev1.EventTypeWarning, DNSConfigForming, "Nameserver limits were exceeded, some nameservers have been omitted, the applied nameserver line is: "+strings.Join(dc.Servers, " "))
+		pr.podEvent(corev1.EventTypeWarning, podruntime.EventDNSConfigForming, podruntime.NameserversOmittedMessage(dc.Servers))
 	}
 	if s, cut := searchFitsLimits(dc.Searches); cut {
 		dc.Searches = s
-		pr.podEvent(corev1.EventTypeWarning, DNSConfigForming, "Search Line limits were exceeded, some search paths have been omitted, the applied search line is: "+strings.Join(s, " "))
+		pr.podEvent(corev1.EventTypeWarning, podruntime.EventDNSConfigForming, podruntime.SearchesOmittedMessage(s))
 	}
 	return dc, nil
 }

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // Lifecycle hooks and the killing of a container, as the kubelet's
@@ -133,8 +135,8 @@ func (pr *podRun) postStart(ctx context.Context, c *ctr) {
 	pr.b.log.Warn("PostStart hook failed", "pod", pr.key(), "container", c.spec.Name, "message", msg)
 	// As the kubelet, the event does not carry the message, which may
 	// hold secrets.
-	pr.event(c, corev1.EventTypeWarning, "FailedPostStartHook", "PostStartHook failed")
-	pr.killContainer(ctx, c, id, "FailedPostStartHook", pr.killGrace(nil))
+	pr.event(c, corev1.EventTypeWarning, podruntime.EventFailedPostStartHook, podruntime.MessagePostStartHookFailed)
+	pr.killContainer(ctx, c, id, podruntime.EventFailedPostStartHook, pr.killGrace(nil))
 }
 
 // killGrace is the grace period of a kill that is not the pod's deletion
@@ -160,9 +162,9 @@ func (pr *podRun) killGrace(probe *corev1.Probe) int64 {
 // forgotten) stops it at once, without the hook.
 func (pr *podRun) killContainer(ctx context.Context, c *ctr, id, message string, grace int64) {
 	if message == "" {
-		message = "Stopping container " + c.spec.Name
+		message = podruntime.StoppingMessage(c.spec.Name)
 	}
-	pr.event(c, corev1.EventTypeNormal, "Killing", message)
+	pr.event(c, corev1.EventTypeNormal, podruntime.EventKilling, message)
 	if grace > 0 {
 		if c.spec.Lifecycle != nil && c.spec.Lifecycle.PreStop != nil {
 			grace -= pr.preStop(ctx, c, id, grace)
@@ -184,7 +186,7 @@ func (pr *podRun) preStop(ctx context.Context, c *ctr, id string, grace int64) i
 	defer cancel()
 	if _, err := pr.runHandler(hctx, c, id, c.spec.Lifecycle.PreStop); err != nil && hctx.Err() == nil {
 		pr.b.log.Warn("PreStop hook failed", "pod", pr.key(), "container", c.spec.Name, "err", err)
-		pr.event(c, corev1.EventTypeWarning, "FailedPreStopHook", "PreStopHook failed")
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventFailedPreStopHook, podruntime.MessagePreStopHookFailed)
 	}
 	return int64(time.Since(start).Seconds())
 }

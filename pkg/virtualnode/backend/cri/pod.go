@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // ctr is one container of the pod spec and the runtime container that
@@ -35,7 +35,7 @@ type ctr struct {
 	lastState corev1.ContainerState
 	imageID   string
 
-	backoff    time.Duration
+	backoff    podruntime.Backoff
 	next       time.Time // no start before
 	pullFailed string    // the last image pull error, while backing off
 
@@ -69,13 +69,12 @@ type podRun struct {
 func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	pr := &podRun{b: b, pod: pod, stopCh: make(chan struct{}), done: make(chan struct{})}
 	for _, c := range pod.Spec.InitContainers {
-		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: sidecar, backoff: b.cfg.BackoffInitial})
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podruntime.IsSidecar(&c), backoff: pr.newBackoff()})
 	}
 	for _, c := range pod.Spec.Containers {
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: b.cfg.BackoffInitial})
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: pr.newBackoff()})
 	}
-	init, app := backend.WaitingStatuses(pod)
+	init, app := podruntime.WaitingStatuses(pod)
 	for i, c := range pr.ctrs {
 		if i < len(init) {
 			c.state = init[i].State
@@ -85,6 +84,12 @@ func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	}
 	pr.sandbox = pr.sandboxConfig()
 	return pr
+}
+
+// newBackoff is a container's restart back-off: from BackoffInitial up to
+// the kubelet's 5 minutes.
+func (pr *podRun) newBackoff() podruntime.Backoff {
+	return podruntime.Backoff{Initial: pr.b.cfg.BackoffInitial, Max: podruntime.DefaultBackoffMax}
 }
 
 func (pr *podRun) logDir() string { return podLogDir(pr.b.cfg.LogDir, pr.pod) }
@@ -99,7 +104,11 @@ func (pr *podRun) stop(grace time.Duration) {
 	pr.stopOnce.Do(func() { close(pr.stopCh) })
 }
 
-func (pr *podRun) snapshot() *corev1.Pod {
+// Pod implements podruntime.Run.
+func (pr *podRun) Pod() *corev1.Pod { return pr.pod }
+
+// Snapshot implements podruntime.Run.
+func (pr *podRun) Snapshot() *corev1.Pod {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	p := pr.pod.DeepCopy()
@@ -123,7 +132,7 @@ func (pr *podRun) statusLocked() *corev1.PodStatus {
 			st.ContainerStatuses = append(st.ContainerStatuses, cs)
 		}
 	}
-	backend.ComputeProbedStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping, pr.probedLocked)
+	podruntime.ComputeProbedStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping, pr.probedLocked)
 	if pr.podIP != "" {
 		st.PodIP = pr.podIP
 		st.PodIPs = []corev1.PodIP{{IP: pr.podIP}}
@@ -248,7 +257,7 @@ func (pr *podRun) sync(ctx context.Context) {
 func (pr *podRun) runSandbox(ctx context.Context) bool {
 	id, err := pr.createSandbox(ctx)
 	if err != nil {
-		msg := "Failed to create pod sandbox: " + status.Convert(err).Message()
+		msg := podruntime.CreatePodSandboxMessage(status.Convert(err).Message())
 		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
 		pr.mu.Lock()
 		pr.sandboxNext = time.Now().Add(pr.b.cfg.BackoffInitial)
@@ -260,7 +269,7 @@ func (pr *podRun) runSandbox(ctx context.Context) bool {
 		}
 		pr.mu.Unlock()
 		if pr.b.cfg.Event != nil {
-			pr.b.cfg.Event(pr.pod, "", corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: "+err.Error())
+			pr.b.cfg.Event(pr.pod, "", corev1.EventTypeWarning, podruntime.EventFailedCreatePodSandBox, podruntime.CreatePodSandboxMessage(err.Error()))
 		}
 		return false
 	}
@@ -325,17 +334,17 @@ func (pr *podRun) refresh(ctx context.Context) {
 func (pr *podRun) exit(c *ctr, t *corev1.ContainerStateTerminated) {
 	c.exited = true
 	c.state = corev1.ContainerState{Terminated: t}
-	if !c.started.IsZero() && time.Since(c.started) > 10*time.Minute {
-		c.backoff = pr.b.cfg.BackoffInitial // ran long enough: reset, as the kubelet
+	if !c.started.IsZero() {
+		c.backoff.Ran(time.Since(c.started))
 	}
-	c.next = t.FinishedAt.Add(c.backoff)
+	c.next = t.FinishedAt.Add(c.backoff.Delay())
 }
 
 func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
-	now := backend.Now()
+	now := podruntime.Now()
 	return &corev1.ContainerStateTerminated{
-		ExitCode: 137, Reason: "ContainerStatusUnknown",
-		Message:   "The container could not be located when the pod was terminated",
+		ExitCode: 137, Reason: podruntime.ReasonContainerStatusUnknown,
+		Message:   podruntime.MessageContainerStatusUnknown,
 		StartedAt: metav1.NewTime(c.started), FinishedAt: now,
 	}
 }
@@ -343,10 +352,7 @@ func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
 func terminated(s *runtimeapi.ContainerStatus, id string) *corev1.ContainerStateTerminated {
 	reason := s.Reason
 	if reason == "" {
-		reason = "Error"
-		if s.ExitCode == 0 {
-			reason = "Completed"
-		}
+		reason = podruntime.ExitReason(s.ExitCode)
 	}
 	return &corev1.ContainerStateTerminated{
 		ExitCode: s.ExitCode, Reason: reason, Message: s.Message,
@@ -363,24 +369,11 @@ func nsTime(ns int64) metav1.Time {
 
 // shouldRestart applies the restart policy to an exited container.
 func (pr *podRun) shouldRestart(c *ctr) bool {
-	if c.sidecar {
-		return true
-	}
 	code := int32(0)
 	if c.state.Terminated != nil {
 		code = c.state.Terminated.ExitCode
 	}
-	switch pr.pod.Spec.RestartPolicy {
-	case corev1.RestartPolicyNever:
-		return false
-	case corev1.RestartPolicyOnFailure:
-		return code != 0
-	default:
-		if c.init {
-			return code != 0
-		}
-		return true
-	}
+	return podruntime.ShouldRestart(pr.pod, &c.spec, c.init, code)
 }
 
 // ensure starts c when it has not run yet or should run again and its
@@ -399,10 +392,9 @@ func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
 			if c.state.Terminated != nil {
 				c.lastState = c.state
 			}
-			c.state = waiting("CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)",
-				c.backoff, c.spec.Name, pr.pod.Name, pr.pod.Namespace, pr.pod.UID))
+			c.state = waiting(podruntime.ReasonCrashLoopBackOff, podruntime.CrashLoopBackOffMessage(c.backoff.Delay(), pr.pod, c.spec.Name))
 		case c.pullFailed != "":
-			c.state = waiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: %s", c.spec.Image, c.pullFailed))
+			c.state = waiting(podruntime.ReasonImagePullBackOff, podruntime.ImagePullBackOffMessage(c.spec.Image, c.pullFailed))
 		}
 		pr.mu.Unlock()
 		return
@@ -413,10 +405,10 @@ func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
 		if errors.As(err, &we) {
 			c.state = waiting(we.reason, we.message)
 		} else {
-			c.state = waiting("RunContainerError", err.Error())
+			c.state = waiting(podruntime.ReasonRunContainerError, err.Error())
 		}
-		c.next = now.Add(c.backoff)
-		c.backoff = min(2*c.backoff, maxBackoff)
+		c.next = now.Add(c.backoff.Delay())
+		c.backoff.Step()
 		pr.mu.Unlock()
 		pr.b.log.Warn("Starting a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
 	}
@@ -444,24 +436,24 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	}
 	cfg, err := pr.containerConfig(ctx, c, uint32(attempt), imageRef) //nolint:gosec // restart counts are small
 	if err != nil {
-		return &waitError{"CreateContainerConfigError", err.Error()}
+		return &waitError{podruntime.ReasonCreateContainerConfigError, err.Error()}
 	}
 	if pr.b.cfg.PreStart != nil {
 		if err := pr.b.cfg.PreStart(ctx, pr.pod, c.spec.Name); err != nil {
 			pr.removeTerminationFiles(cfg.Mounts)
-			return &waitError{"CreateContainerConfigError", "PreStartContainer: " + err.Error()}
+			return &waitError{podruntime.ReasonCreateContainerConfigError, "PreStartContainer: " + err.Error()}
 		}
 	}
 	id, err := pr.b.rt.CreateContainer(pr.b.logctx(ctx), pr.sandboxID, cfg, pr.sandbox)
 	if err != nil {
 		pr.removeTerminationFiles(cfg.Mounts)
-		return &waitError{"CreateContainerError", status.Convert(err).Message()}
+		return &waitError{podruntime.ReasonCreateContainerError, status.Convert(err).Message()}
 	}
 	if err := pr.b.rt.StartContainer(pr.b.logctx(ctx), id); err != nil {
 		pr.mu.Lock()
 		c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 		pr.mu.Unlock()
-		return &waitError{"RunContainerError", status.Convert(err).Message()}
+		return &waitError{podruntime.ReasonRunContainerError, status.Convert(err).Message()}
 	}
 	// Only the last dead container is kept (for previous logs), as the
 	// kubelet's garbage collector keeps one per container by default.
@@ -472,11 +464,11 @@ func (pr *podRun) start(ctx context.Context, c *ctr) error {
 	if restart {
 		c.restarts = attempt
 		c.lastState = corev1.ContainerState{Terminated: c.lastTerminated()}
-		c.backoff = min(2*c.backoff, maxBackoff)
+		c.backoff.Step()
 	}
 	c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
 	c.pullFailed, c.imageID = "", imageRef
-	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: backend.Now()}}
+	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: podruntime.Now()}}
 	pr.mu.Unlock()
 	pr.postStart(ctx, c)
 	return nil
@@ -510,13 +502,13 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 	spec := &runtimeapi.ImageSpec{Image: withDefaultTag(image)}
 	st, err := pr.b.img.ImageStatus(pr.b.logctx(ctx), spec, false)
 	if err != nil {
-		return "", &waitError{"ErrImageInspect", fmt.Sprintf("Failed to inspect image %q: %s", image, status.Convert(err).Message())}
+		return "", &waitError{podruntime.ReasonErrImageInspect, podruntime.ImageInspectMessage(image, status.Convert(err).Message())}
 	}
 	present := st.Image != nil
 	switch policy(c.spec) {
 	case corev1.PullNever:
 		if !present {
-			return "", &waitError{"ErrImageNeverPull", fmt.Sprintf("Container image %q is not present with pull policy of Never", image)}
+			return "", &waitError{podruntime.ReasonErrImageNeverPull, podruntime.ImageNeverPullMessage(image)}
 		}
 		return st.Image.Id, nil
 	case corev1.PullIfNotPresent:
@@ -530,7 +522,7 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 		pr.mu.Lock()
 		c.pullFailed = msg
 		pr.mu.Unlock()
-		return "", &waitError{"ErrImagePull", msg}
+		return "", &waitError{podruntime.ReasonErrImagePull, msg}
 	}
 	return ref, nil
 }

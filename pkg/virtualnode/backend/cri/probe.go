@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	remote "k8s.io/cri-client/pkg"
 	utilexec "k8s.io/utils/exec"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // Container probes, as the kubelet's prober (pkg/kubelet/prober): one
@@ -135,7 +134,7 @@ func (pr *podRun) started(c *ctr) bool {
 	return c.startedLocked()
 }
 
-// probedLocked answers backend.Probed for a running container: started as
+// probedLocked answers podruntime.Probed for a running container: started as
 // its startup probe says, ready as its readiness probe says. Like the
 // kubelet's UpdatePodStatus, a container that started but is not ready
 // has its readiness probed at once rather than at the next period.
@@ -317,7 +316,7 @@ func (w *probeWorker) doProbe(ctx context.Context) (keepGoing bool) {
 		return false
 	}
 	if err != nil {
-		pr.event(c, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe errored and resulted in %s state: %s", w.kind, out, err))
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventUnhealthy, podruntime.ProbeErroredMessage(w.kind.String(), out.String(), err))
 		return true
 	}
 	var result probeResult
@@ -325,10 +324,10 @@ func (w *probeWorker) doProbe(ctx context.Context) (keepGoing bool) {
 	case outcomeSuccess:
 		result = resultSuccess
 	case outcomeWarning:
-		pr.event(c, corev1.EventTypeWarning, "ProbeWarning", fmt.Sprintf("%s probe warning: %s", w.kind, output))
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventProbeWarning, podruntime.ProbeWarningMessage(w.kind.String(), output))
 		result, out = resultSuccess, outcomeSuccess
 	case outcomeFailure:
-		pr.event(c, corev1.EventTypeWarning, "Unhealthy", fmt.Sprintf("%s probe failed: %s", w.kind, output))
+		pr.event(c, corev1.EventTypeWarning, podruntime.EventUnhealthy, podruntime.ProbeFailedMessage(w.kind.String(), output))
 		result = resultFailure
 	default:
 		result, out = resultFailure, outcomeFailure
@@ -363,10 +362,7 @@ func (w *probeWorker) doProbe(ctx context.Context) (keepGoing bool) {
 // with the kubelet's Killing message; it restarts as its restart policy
 // says.
 func (pr *podRun) killUnhealthy(ctx context.Context, c *ctr, id string, kind probeKind) {
-	msg := fmt.Sprintf("Container %s failed %s probe", c.spec.Name, strings.ToLower(kind.String()))
-	if c.sidecar || pr.pod.Spec.RestartPolicy != corev1.RestartPolicyNever {
-		msg += ", will be restarted"
-	}
+	msg := podruntime.ProbeKillMessage(c.spec.Name, kind.String(), c.sidecar || pr.pod.Spec.RestartPolicy != corev1.RestartPolicyNever)
 	pr.killContainer(ctx, c, id, msg, pr.killGrace(kind.spec(&c.spec)))
 }
 
@@ -448,7 +444,7 @@ func expandStatic(cmd []string, env []corev1.EnvVar) []string {
 	}
 	out := make([]string, len(cmd))
 	for i, a := range cmd {
-		out[i] = backend.Expand(a, vars)
+		out[i] = podruntime.Expand(a, vars)
 	}
 	return out
 }

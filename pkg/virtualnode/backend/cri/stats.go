@@ -129,12 +129,7 @@ func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error
 	}
 	b.cpu.prune(time.Now())
 
-	b.mu.Lock()
-	prs := make([]*podRun, 0, len(b.pods))
-	for _, pr := range b.pods {
-		prs = append(prs, pr)
-	}
-	b.mu.Unlock()
+	prs := b.pods.All()
 	var out []statsv1alpha1.PodStats
 	for _, pr := range prs {
 		pr.mu.Lock()

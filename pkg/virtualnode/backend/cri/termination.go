@@ -15,7 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/crilog"
 )
 
 // The kubelet's termination message limits (kubecontainer).
@@ -172,7 +172,7 @@ func lastLogLines(path string) string {
 	}
 	var out bytes.Buffer
 	for _, l := range lines {
-		parsed, ok := backend.ParseLogLine(l)
+		parsed, ok := crilog.ParseLogLine(l)
 		if !ok {
 			continue
 		}

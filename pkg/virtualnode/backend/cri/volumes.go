@@ -21,6 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // The kubelet's volume plugin directories under a pod's volumes/.
@@ -30,10 +31,6 @@ const (
 	pluginSecret      = "kubernetes.io~secret"
 	pluginDownwardAPI = "kubernetes.io~downward-api"
 	pluginProjected   = "kubernetes.io~projected"
-
-	// FailedMount is the kubelet's event reason for a volume that could
-	// not be set up (events.FailedMountVolume).
-	FailedMount = "FailedMount"
 
 	// defaultVolumeMode is the API's default mode of configMap, secret,
 	// downwardAPI and projected files.
@@ -99,7 +96,7 @@ func (pr *podRun) syncVolumes(ctx context.Context) bool {
 	v.retryAt = now.Add(v.retry)
 	if msg := err.Error(); msg != v.failed {
 		v.failed = msg
-		pr.podEvent(corev1.EventTypeWarning, FailedMount, msg)
+		pr.podEvent(corev1.EventTypeWarning, podruntime.EventFailedMount, msg)
 	}
 	pr.b.log.Warn("Setting up a volume", "pod", pr.key(), "err", err)
 	return v.mounted != nil
@@ -117,7 +114,7 @@ func (pr *podRun) setupVolumes(ctx context.Context) (map[string]hostVolume, erro
 	for _, vol := range pr.pod.Spec.Volumes {
 		hv, err := pr.setupVolume(ctx, vol)
 		if err != nil {
-			return nil, fmt.Errorf("MountVolume.SetUp failed for volume %q : %w", vol.Name, err)
+			return nil, podruntime.MountFailedError(vol.Name, err)
 		}
 		m[vol.Name] = hv
 	}
@@ -227,7 +224,7 @@ func podMemoryLimit(pod *corev1.Pod) (int64, bool) {
 		if !ok {
 			return 0, false
 		}
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if podruntime.IsSidecar(&c) {
 			sidecars += q.Value()
 			continue
 		}
@@ -307,12 +304,9 @@ func (pr *podRun) configMapPayload(ctx context.Context, name string, items []cor
 		return nil, err
 	}
 	opt := optional != nil && *optional
-	cm, err := src.ConfigMap(ctx, pr.pod.Namespace, name)
+	cm, err := readOptional(ctx, src.ConfigMap, pr.pod.Namespace, name, opt)
 	if err != nil {
-		if !apierrors.IsNotFound(err) || !opt {
-			return nil, err
-		}
-		cm = &corev1.ConfigMap{}
+		return nil, err
 	}
 	data := map[string][]byte{}
 	for k, v := range cm.Data {
@@ -331,14 +325,24 @@ func (pr *podRun) secretPayload(ctx context.Context, name string, items []corev1
 		return nil, err
 	}
 	opt := optional != nil && *optional
-	s, err := src.Secret(ctx, pr.pod.Namespace, name)
+	s, err := readOptional(ctx, src.Secret, pr.pod.Namespace, name, opt)
 	if err != nil {
-		if !apierrors.IsNotFound(err) || !opt {
-			return nil, err
-		}
-		s = &corev1.Secret{}
+		return nil, err
 	}
 	return keyPayload(s.Data, items, defMode, opt, "references non-existent secret key: %s")
+}
+
+// readOptional reads the object a volume names with get; one that does
+// not exist reads as empty when the volume is optional.
+func readOptional[T any](ctx context.Context, get func(ctx context.Context, namespace, name string) (*T, error), namespace, name string, optional bool) (*T, error) {
+	o, err := get(ctx, namespace, name)
+	if err != nil {
+		if !apierrors.IsNotFound(err) || !optional {
+			return nil, err
+		}
+		return new(T), nil
+	}
+	return o, nil
 }
 
 func keyPayload(data map[string][]byte, items []corev1.KeyToPath, defMode *int32, optional bool, missing string) (map[string]file, error) {
@@ -632,7 +636,7 @@ func (pr *podRun) volumeMounts(spec *corev1.Container, vars map[string]string) (
 		host := hv.path
 		sub := m.SubPath
 		if m.SubPathExpr != "" {
-			sub = backend.Expand(m.SubPathExpr, vars)
+			sub = podruntime.Expand(m.SubPathExpr, vars)
 		}
 		if sub != "" {
 			if err := validatePath(filepath.Clean(sub)); err != nil || filepath.IsAbs(sub) {

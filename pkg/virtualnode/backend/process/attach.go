@@ -1,8 +1,6 @@
 package process
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,9 +8,9 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"time"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/crilog"
 )
 
 // Attach implements backend.Attacher: it follows the container's log from
@@ -53,42 +51,18 @@ func (b *Backend) Attach(ctx context.Context, namespace, name, container string,
 		// Drain stdin so that the client does not block writing it.
 		go func() { _, _ = io.Copy(io.Discard, eio.Stdin) }()
 	}
-	br := bufio.NewReader(f)
-	var pending []byte
-	t := time.NewTicker(b.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		wasLive := p.running()
-		for {
-			chunk, err := br.ReadBytes('\n')
-			pending = append(pending, chunk...)
-			if err != nil {
-				break
-			}
-			if l, ok := backend.ParseLogLine(bytes.TrimSuffix(pending, []byte("\n"))); ok {
-				w := stdout
-				if l.Stream == "stderr" {
-					w = stderr
-				}
-				out := l.Msg
-				if !l.Partial {
-					out = append(out, '\n')
-				}
-				if _, err := w.Write(out); err != nil {
-					return err
-				}
-			}
-			pending = nil
+	return crilog.Follow(ctx, f, p.running, b.cfg.PollInterval, func(l crilog.LogLine) (bool, error) {
+		w := stdout
+		if l.Stream == "stderr" {
+			w = stderr
 		}
-		if !wasLive {
-			return nil
+		out := l.Msg
+		if !l.Partial {
+			out = append(out, '\n')
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		_, err := w.Write(out)
+		return false, err
+	})
 }
 
 // PortForward implements backend.PortForwarder. A pod's network is the

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // alive reports whether a process with pid exists and is not a zombie.
@@ -160,7 +161,7 @@ func TestSecurityContext(t *testing.T) {
 			if tc.wantErr != "" {
 				p := rec.wait(t, pod.UID, "a config error", func(p *corev1.Pod) bool {
 					w := p.Status.ContainerStatuses[0].State.Waiting
-					return w != nil && w.Reason == ReasonNoCommand
+					return w != nil && w.Reason == podruntime.ReasonCreateContainerConfigError
 				})
 				if msg := p.Status.ContainerStatuses[0].State.Waiting.Message; msg != tc.wantErr {
 					t.Fatalf("message %q, want %q", msg, tc.wantErr)

@@ -14,6 +14,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/crilog"
 )
 
 // ErrNotFound is wrapped by errors about unknown pods and containers.
@@ -50,7 +51,7 @@ func (b *Backend) Logs(ctx context.Context, namespace, name, container string, o
 	rd, wr := io.Pipe()
 	go func() {
 		defer f.Close()
-		wr.CloseWithError(backend.CopyLog(ctx, f, wr, opts, live, b.cfg.PollInterval))
+		wr.CloseWithError(crilog.CopyLog(ctx, f, wr, opts, live, b.cfg.PollInterval))
 	}()
 	return rd, nil
 }

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // podRun runs one pod: init containers in order, then app containers, each
@@ -54,7 +54,11 @@ func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	return pr
 }
 
-func (pr *podRun) snapshot() *corev1.Pod {
+// Pod implements podruntime.Run.
+func (pr *podRun) Pod() *corev1.Pod { return pr.pod }
+
+// Snapshot implements podruntime.Run.
+func (pr *podRun) Snapshot() *corev1.Pod {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	return pr.pod.DeepCopy()
@@ -129,7 +133,7 @@ func (pr *podRun) stop(grace time.Duration) {
 // publish recomputes the pod status, persists the state and notifies.
 func (pr *podRun) publish() {
 	pr.mu.Lock()
-	backend.ComputeStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping())
+	podruntime.ComputeStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping())
 	st := state{Pod: pr.pod, Procs: map[string]procState{}}
 	for name, p := range pr.procs {
 		st.Procs[name] = procState{PID: p.pid, StartTicks: p.startTicks, RestartCount: pr.restarts[name]}
@@ -188,22 +192,21 @@ func (pr *podRun) containerStatus(name string, init bool) corev1.ContainerStatus
 
 func (pr *podRun) run(ctx context.Context) {
 	defer close(pr.done)
-	pod := pr.snapshot()
+	pod := pr.Snapshot()
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
-	policy := pod.Spec.RestartPolicy
 	for i, c := range pod.Spec.InitContainers {
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if podruntime.IsSidecar(&c) {
 			// A sidecar: started and kept running alongside the app
 			// containers.
-			pr.startLoop(ctx, c, true, corev1.RestartPolicyAlways)
+			pr.startLoop(ctx, c, true)
 			continue
 		}
 		if st := pr.containerStatus(c.Name, true); st.State.Terminated != nil && st.State.Terminated.ExitCode == 0 {
 			continue
 		}
-		ok := pr.loop(ctx, pod.Spec.InitContainers[i], true, initPolicy(policy))
+		ok := pr.loop(ctx, pod.Spec.InitContainers[i], true)
 		if ctx.Err() != nil {
 			return
 		}
@@ -214,19 +217,12 @@ func (pr *podRun) run(ctx context.Context) {
 		}
 	}
 	for _, c := range pod.Spec.Containers {
-		pr.startLoop(ctx, c, false, policy)
+		pr.startLoop(ctx, c, false)
 	}
 	pr.wait(ctx)
 	if ctx.Err() == nil {
 		pr.publish()
 	}
-}
-
-func initPolicy(p corev1.RestartPolicy) corev1.RestartPolicy {
-	if p == corev1.RestartPolicyAlways {
-		return corev1.RestartPolicyOnFailure
-	}
-	return p
 }
 
 // wait blocks until every container loop of the pod has returned.
@@ -239,18 +235,18 @@ func (pr *podRun) wait(ctx context.Context) {
 	}
 }
 
-func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool, policy corev1.RestartPolicy) {
+func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool) {
 	pr.loopsWG.Add(1)
 	go func() {
 		defer pr.loopsWG.Done()
-		pr.loop(ctx, c, init, policy)
+		pr.loop(ctx, c, init)
 	}()
 }
 
 // loop runs a container until it must not be restarted; it reports
 // whether its last run succeeded.
-func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, policy corev1.RestartPolicy) bool {
-	backoff := pr.b.cfg.BackoffInitial
+func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool) bool {
+	backoff := podruntime.Backoff{Initial: pr.b.cfg.BackoffInitial, Max: pr.b.cfg.BackoffMax}
 	for {
 		code, ok := pr.runOnce(ctx, c, init)
 		if !ok || ctx.Err() != nil {
@@ -259,20 +255,17 @@ func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, polic
 		if pr.isStopping() {
 			return code == 0
 		}
-		switch {
-		case policy == corev1.RestartPolicyNever:
+		if !podruntime.ShouldRestart(pr.pod, &c, init, code) {
 			return code == 0
-		case policy == corev1.RestartPolicyOnFailure && code == 0:
-			return true
 		}
 		pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 			s.LastTerminationState = s.State
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
-				Reason:  ReasonBackOff,
-				Message: fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", backoff, c.Name, pr.pod.Name, pr.pod.Namespace, pr.pod.UID),
+				Reason:  podruntime.ReasonCrashLoopBackOff,
+				Message: podruntime.CrashLoopBackOffMessage(backoff.Delay(), pr.pod, c.Name),
 			}}
 		})
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(backoff.Delay())
 		select {
 		case <-t.C:
 		case <-pr.stopping:
@@ -287,7 +280,7 @@ func (pr *podRun) loop(ctx context.Context, c corev1.Container, init bool, polic
 			t.Stop()
 			return false
 		}
-		backoff = min(2*backoff, pr.b.cfg.BackoffMax)
+		backoff.Step()
 		pr.mu.Lock()
 		pr.restarts[c.Name]++
 		n := pr.restarts[c.Name]
@@ -318,7 +311,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			// Gone while we were away: report what its exit file says.
 			code, reason := readExit(pr.exitFile(c.Name, restart))
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(code, reason, "", prev.State.Running.StartedAt, backend.Now())
+				s.State = podruntime.Terminated(code, reason, "", prev.State.Running.StartedAt, podruntime.Now())
 				s.State.Terminated.ContainerID = s.ContainerID
 			})
 			return code, true
@@ -330,7 +323,7 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		if len(c.Command) == 0 {
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
-					Reason:  ReasonNoCommand,
+					Reason:  podruntime.ReasonCreateContainerConfigError,
 					Message: "the process backend runs the container's command on the host and does not pull images: set command (and args) for container " + c.Name,
 				}}
 			})
@@ -338,9 +331,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		}
 		if pr.b.cfg.PreStart != nil {
 			if err := pr.b.cfg.PreStart(ctx, pod, c.Name); err != nil {
-				now := backend.Now()
+				now := podruntime.Now()
 				pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-					s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+					s.State = podruntime.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 				})
 				return 128, true
 			}
@@ -355,9 +348,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 			if ctx.Err() != nil || pr.isStopping() {
 				return 0, false
 			}
-			now := backend.Now()
+			now := podruntime.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+				s.State = podruntime.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 			})
 			return 128, true
 		}
@@ -365,15 +358,15 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 		var cfgErr *configError
 		if errors.As(err, &cfgErr) {
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonNoCommand, Message: cfgErr.Error()}}
+				s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: podruntime.ReasonCreateContainerConfigError, Message: cfgErr.Error()}}
 			})
 			pr.b.log.Error("Container not started", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "err", cfgErr)
 			return 0, false
 		}
 		if err != nil {
-			now := backend.Now()
+			now := podruntime.Now()
 			pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-				s.State = backend.Terminated(128, ReasonStartError, err.Error(), now, now)
+				s.State = podruntime.Terminated(128, podruntime.ReasonStartError, err.Error(), now, now)
 			})
 			return 128, true
 		}
@@ -402,15 +395,12 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 	case <-ctx.Done():
 		return 0, false
 	}
-	reason := ReasonCompleted
-	if p.code != 0 {
-		reason = ReasonError
-	}
+	reason := podruntime.ExitReason(p.code)
 	if p.reason != "" {
 		reason = p.reason
 	}
 	pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
-		s.State = backend.Terminated(p.code, reason, "", started, p.finished)
+		s.State = podruntime.Terminated(p.code, reason, "", started, p.finished)
 		// The kubelet names the container in its terminated state too.
 		s.State.Terminated.ContainerID = s.ContainerID
 	})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // wrapper runs the container's command in the foreground and writes its
@@ -89,37 +90,19 @@ func (pr *podRun) fifo(container, stream string) string {
 // resolved, the device plugins'), then HOSTNAME and a PATH when none is
 // set.
 func (pr *podRun) containerEnv(ctx context.Context, pod *corev1.Pod, c corev1.Container) ([]string, map[string]string, error) {
-	vars := map[string]string{}
-	var order []string
-	set := func(k, v string) {
-		if _, ok := vars[k]; !ok {
-			order = append(order, k)
-		}
-		vars[k] = v
+	var vars podruntime.Env
+	vars.Set("HOSTNAME", pod.Name)
+	if err := vars.AddContainerEnv(ctx, pod, &c, pr.b.cfg.ContainerEnv, nil); err != nil {
+		return nil, nil, err
 	}
-	set("HOSTNAME", pod.Name)
-	for _, e := range c.Env {
-		if e.ValueFrom == nil {
-			set(e.Name, backend.Expand(e.Value, vars))
-		}
+	if !vars.Has("PATH") {
+		vars.Set("PATH", envOr("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
 	}
-	if pr.b.cfg.ContainerEnv != nil {
-		extra, err := pr.b.cfg.ContainerEnv(ctx, pod, c.Name)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, e := range extra {
-			set(e.Name, e.Value)
-		}
+	env := make([]string, 0, len(vars.Names()))
+	for _, k := range vars.Names() {
+		env = append(env, k+"="+vars.Get(k))
 	}
-	if _, ok := vars["PATH"]; !ok {
-		set("PATH", envOr("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
-	}
-	env := make([]string, 0, len(order))
-	for _, k := range order {
-		env = append(env, k+"="+vars[k])
-	}
-	return env, vars, nil
+	return env, vars.Vars(), nil
 }
 
 func envOr(k, def string) string {
@@ -145,10 +128,10 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32, 
 	}
 	argv := make([]string, 0, len(c.Command)+len(c.Args))
 	for _, a := range c.Command {
-		argv = append(argv, backend.Expand(a, vars))
+		argv = append(argv, podruntime.Expand(a, vars))
 	}
 	for _, a := range c.Args {
-		argv = append(argv, backend.Expand(a, vars))
+		argv = append(argv, podruntime.Expand(a, vars))
 	}
 	logPath := pr.logPath(c.Name, restart)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o750); err != nil {
@@ -275,7 +258,7 @@ func (pr *podRun) adoptProc(container string, ps procState) *proc {
 		}
 		<-logsDone
 		p.code, p.reason = readExit(exitFile)
-		if p.reason == ReasonCompleted || p.reason == ReasonError {
+		if p.reason == podruntime.ReasonCompleted || p.reason == podruntime.ReasonError {
 			p.reason = ""
 		}
 		p.finished = metav1.NewTime(time.Now())
@@ -291,16 +274,13 @@ func (pr *podRun) adoptProc(container string, ps procState) *proc {
 func readExit(path string) (int32, string) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 137, ReasonUnknown
+		return 137, podruntime.ReasonContainerStatusUnknown
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
 	if err != nil {
-		return 137, ReasonUnknown
+		return 137, podruntime.ReasonContainerStatusUnknown
 	}
-	if n == 0 {
-		return 0, ReasonCompleted
-	}
-	return int32(n), ReasonError
+	return int32(n), podruntime.ExitReason(int32(n))
 }
 
 func exitCode(ps *os.ProcessState, err error) int32 {

@@ -19,31 +19,21 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // Defaults of Config fields left zero.
 const (
-	DefaultBackoffInitial = 10 * time.Second
-	DefaultBackoffMax     = 5 * time.Minute
+	DefaultBackoffInitial = podruntime.DefaultBackoffInitial
+	DefaultBackoffMax     = podruntime.DefaultBackoffMax
 	DefaultShell          = "/bin/sh"
-	DefaultGracePeriod    = 30 * time.Second
+	DefaultGracePeriod    = podruntime.DefaultGracePeriod
 	// The kubelet's defaults for containerLogMaxSize and
 	// containerLogMaxFiles.
 	DefaultContainerLogMaxSize  = 10 << 20
 	DefaultContainerLogMaxFiles = 5
-)
-
-// Reasons the backend sets in container statuses.
-const (
-	ReasonNoCommand  = "CreateContainerConfigError"
-	ReasonStartError = "StartError"
-	ReasonCompleted  = "Completed"
-	ReasonError      = "Error"
-	ReasonUnknown    = "ContainerStatusUnknown"
-	ReasonBackOff    = "CrashLoopBackOff"
 )
 
 // Config configures the process backend.
@@ -78,8 +68,7 @@ type Backend struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu   sync.Mutex
-	pods map[types.UID]*podRun
+	pods podruntime.Runs[*podRun]
 
 	// isoMu guards noPIDNamespace, set once creating a PID namespace
 	// was refused (see startIsolated).
@@ -125,7 +114,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("process backend: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &Backend{cfg: cfg, log: log, ctx: ctx, cancel: cancel, pods: map[types.UID]*podRun{}}
+	b := &Backend{cfg: cfg, log: log, ctx: ctx, cancel: cancel}
 	if err := b.restore(); err != nil {
 		cancel()
 		return nil, err
@@ -143,18 +132,14 @@ func (b *Backend) Close() error {
 
 // CreatePod implements backend.Backend.
 func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
-	b.mu.Lock()
-	if _, ok := b.pods[pod.UID]; ok {
-		b.mu.Unlock()
+	pr, added := b.pods.Add(pod.UID, func() *podRun { return newPodRun(b, pod.DeepCopy()) })
+	if !added {
 		return nil
 	}
-	pr := newPodRun(b, pod.DeepCopy())
-	b.pods[pod.UID] = pr
-	b.mu.Unlock()
 	if err := os.MkdirAll(pr.dir, 0o750); err != nil {
 		return fmt.Errorf("pod directory: %w", err)
 	}
-	init, app := backend.WaitingStatuses(pr.pod)
+	init, app := podruntime.WaitingStatuses(pr.pod)
 	pr.mu.Lock()
 	pr.pod.Status.InitContainerStatuses, pr.pod.Status.ContainerStatuses = init, app
 	pr.mu.Unlock()
@@ -173,29 +158,17 @@ func (b *Backend) start(pr *podRun) {
 
 // DeletePod implements backend.Backend.
 func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
-	pr := b.get(pod.UID)
-	if pr == nil {
-		return nil
+	if pr, ok := b.pods.Get(pod.UID); ok {
+		pr.stop(podruntime.GracePeriod(pod))
 	}
-	grace := DefaultGracePeriod
-	switch {
-	case pod.DeletionGracePeriodSeconds != nil:
-		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
-	case pod.Spec.TerminationGracePeriodSeconds != nil:
-		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
-	}
-	pr.stop(grace)
 	return nil
 }
 
 // Forget implements backend.Backend: it kills what still runs and removes
 // the pod's directory, logs included.
 func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
-	b.mu.Lock()
-	pr := b.pods[pod.UID]
-	delete(b.pods, pod.UID)
-	b.mu.Unlock()
-	if pr == nil {
+	pr, ok := b.pods.Remove(pod.UID)
+	if !ok {
 		return nil
 	}
 	pr.stop(0)
@@ -211,40 +184,13 @@ func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
 }
 
 // Pods implements backend.Backend.
-func (b *Backend) Pods() []*corev1.Pod {
-	b.mu.Lock()
-	prs := make([]*podRun, 0, len(b.pods))
-	for _, pr := range b.pods {
-		prs = append(prs, pr)
-	}
-	b.mu.Unlock()
-	out := make([]*corev1.Pod, 0, len(prs))
-	for _, pr := range prs {
-		out = append(out, pr.snapshot())
-	}
-	backend.SortPods(out)
-	return out
-}
+func (b *Backend) Pods() []*corev1.Pod { return b.pods.Pods() }
 
-func (b *Backend) get(uid types.UID) *podRun {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.pods[uid]
-}
-
+// byName returns the run of a pod, nil if none; the newest wins when a
+// deleted pod's directory lingers.
 func (b *Backend) byName(namespace, name string) *podRun {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var found *podRun
-	for _, pr := range b.pods {
-		if pr.pod.Namespace == namespace && pr.pod.Name == name {
-			// The newest wins when a deleted pod's directory lingers.
-			if found == nil || pr.pod.CreationTimestamp.After(found.pod.CreationTimestamp.Time) {
-				found = pr
-			}
-		}
-	}
-	return found
+	pr, _ := b.pods.ByName(namespace, name)
+	return pr
 }
 
 // state is what is persisted per pod.
@@ -285,7 +231,7 @@ func (b *Backend) restore() error {
 		for name, ps := range st.Procs {
 			pr.adopt[name] = ps
 		}
-		b.pods[st.Pod.UID] = pr
+		b.pods.Add(st.Pod.UID, func() *podRun { return pr })
 		b.log.Info("Adopting pod from a previous run", "namespace", st.Pod.Namespace, "name", st.Pod.Name, "uid", st.Pod.UID, "phase", st.Pod.Status.Phase)
 		b.start(pr)
 	}

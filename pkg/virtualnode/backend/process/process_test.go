@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // recorder collects notifications and lets tests wait for a condition.
@@ -211,7 +212,7 @@ func TestNoCommand(t *testing.T) {
 	}
 	p := rec.wait(t, pod.UID, "a config error", func(p *corev1.Pod) bool {
 		w := p.Status.ContainerStatuses[0].State.Waiting
-		return w != nil && w.Reason == ReasonNoCommand
+		return w != nil && w.Reason == podruntime.ReasonCreateContainerConfigError
 	})
 	if msg := p.Status.ContainerStatuses[0].State.Waiting.Message; !strings.Contains(msg, "command") {
 		t.Errorf("message %q does not say what to set", msg)

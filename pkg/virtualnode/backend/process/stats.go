@@ -42,12 +42,7 @@ func scanGroups() map[int]groupUsage {
 func (b *Backend) PodStats(context.Context) ([]statsv1alpha1.PodStats, error) {
 	groups := scanGroups()
 	now := metav1.Now()
-	b.mu.Lock()
-	prs := make([]*podRun, 0, len(b.pods))
-	for _, pr := range b.pods {
-		prs = append(prs, pr)
-	}
-	b.mu.Unlock()
+	prs := b.pods.All()
 	var out []statsv1alpha1.PodStats
 	for _, pr := range prs {
 		pr.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // Config configures the sim backend.
@@ -44,11 +45,6 @@ type simPod struct {
 	cancel context.CancelFunc
 }
 
-// ReasonCreateContainerConfigError is the waiting reason of a container
-// whose PreStart (the device plugins' PreStartContainer) failed, the
-// kubelet's reason when preparing a container's options fails.
-const ReasonCreateContainerConfigError = "CreateContainerConfigError"
-
 // New returns a sim backend.
 func New(cfg Config) *Backend {
 	if cfg.Notify == nil {
@@ -66,7 +62,7 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	}
 	sp := &simPod{pod: pod.DeepCopy()}
 	sp.ctx, sp.cancel = context.WithCancel(context.Background())
-	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = backend.WaitingStatuses(sp.pod)
+	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = podruntime.WaitingStatuses(sp.pod)
 	b.pods[pod.UID] = sp
 	out := b.publishLocked(sp, false)
 	if b.cfg.StartDelay > 0 {
@@ -113,7 +109,7 @@ func (b *Backend) run(uid types.UID) {
 		return true
 	}
 	for _, c := range pod.Spec.InitContainers {
-		if !preStart(c.Name) && !isSidecar(c) {
+		if !preStart(c.Name) && !podruntime.IsSidecar(&c) {
 			blocked = true
 		}
 	}
@@ -126,10 +122,10 @@ func (b *Backend) run(uid types.UID) {
 		b.mu.Unlock()
 		return
 	}
-	now := backend.Now()
+	now := podruntime.Now()
 	start := func(s *corev1.ContainerStatus, state corev1.ContainerState) {
 		if err, ok := failed[s.Name]; ok {
-			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonCreateContainerConfigError, Message: err.Error()}}
+			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: podruntime.ReasonCreateContainerConfigError, Message: err.Error()}}
 			return
 		}
 		s.State = state
@@ -139,10 +135,10 @@ func (b *Backend) run(uid types.UID) {
 		s := &sp.pod.Status.InitContainerStatuses[i]
 		switch {
 		case held:
-		case isSidecar(c):
+		case podruntime.IsSidecar(&c):
 			start(s, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}})
 		default:
-			start(s, backend.Terminated(0, "Completed", "", now, now))
+			start(s, podruntime.Terminated(0, podruntime.ReasonCompleted, "", now, now))
 			held = failed[c.Name] != nil
 		}
 	}
@@ -175,17 +171,17 @@ func (b *Backend) finish(uid types.UID, deleting bool) {
 	if deleting {
 		sp.cancel()
 	}
-	now := backend.Now()
+	now := podruntime.Now()
 	term := func(list []corev1.ContainerStatus) {
 		for i := range list {
 			s := &list[i]
 			switch {
 			case s.State.Running != nil && deleting:
-				s.State = backend.Terminated(137, "Error", "", s.State.Running.StartedAt, now)
+				s.State = podruntime.Terminated(137, podruntime.ReasonError, "", s.State.Running.StartedAt, now)
 			case s.State.Running != nil:
-				s.State = backend.Terminated(0, "Completed", "", s.State.Running.StartedAt, now)
+				s.State = podruntime.Terminated(0, podruntime.ReasonCompleted, "", s.State.Running.StartedAt, now)
 			case s.State.Waiting != nil:
-				s.State = backend.Terminated(137, "ContainerStatusUnknown", "The container could not be located when the pod was terminated", now, now)
+				s.State = podruntime.Terminated(137, podruntime.ReasonContainerStatusUnknown, podruntime.MessageContainerStatusUnknown, now, now)
 			}
 		}
 	}
@@ -197,7 +193,7 @@ func (b *Backend) finish(uid types.UID, deleting bool) {
 }
 
 func (b *Backend) publishLocked(sp *simPod, deleting bool) *corev1.Pod {
-	backend.ComputeStatus(sp.pod, &sp.pod.Status, b.cfg.NodeIP, deleting)
+	podruntime.ComputeStatus(sp.pod, &sp.pod.Status, b.cfg.NodeIP, deleting)
 	return sp.pod.DeepCopy()
 }
 
@@ -253,10 +249,6 @@ func (b *Backend) Close() error {
 		sp.cancel()
 	}
 	return nil
-}
-
-func isSidecar(c corev1.Container) bool {
-	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
 
 var _ backend.Backend = (*Backend)(nil)

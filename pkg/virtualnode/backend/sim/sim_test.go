@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 func TestPhases(t *testing.T) {
@@ -97,11 +98,11 @@ func TestPreStart(t *testing.T) {
 		{"all start", "", []string{"init", "side", "a", "b"},
 			map[string]string{"init": "Completed", "side": "Running", "a": "Running", "b": "Running"}},
 		{"an app container fails", "a", []string{"init", "side", "a", "b"},
-			map[string]string{"init": "Completed", "side": "Running", "a": ReasonCreateContainerConfigError, "b": "Running"}},
+			map[string]string{"init": "Completed", "side": "Running", "a": podruntime.ReasonCreateContainerConfigError, "b": "Running"}},
 		{"the sidecar fails", "side", []string{"init", "side", "a", "b"},
-			map[string]string{"init": "Completed", "side": ReasonCreateContainerConfigError, "a": "Running", "b": "Running"}},
+			map[string]string{"init": "Completed", "side": podruntime.ReasonCreateContainerConfigError, "a": "Running", "b": "Running"}},
 		{"the init container fails", "init", []string{"init"},
-			map[string]string{"init": ReasonCreateContainerConfigError, "side": "PodInitializing", "a": "PodInitializing", "b": "PodInitializing"}},
+			map[string]string{"init": podruntime.ReasonCreateContainerConfigError, "side": "PodInitializing", "a": "PodInitializing", "b": "PodInitializing"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -141,7 +142,7 @@ func TestPreStart(t *testing.T) {
 					got[s.Name] = st.Terminated.Reason
 				case st.Waiting != nil:
 					got[s.Name] = st.Waiting.Reason
-					if st.Waiting.Reason == ReasonCreateContainerConfigError && !strings.Contains(st.Waiting.Message, "boom") {
+					if st.Waiting.Reason == podruntime.ReasonCreateContainerConfigError && !strings.Contains(st.Waiting.Message, "boom") {
 						t.Errorf("%s: message %q, want the PreStart error", s.Name, st.Waiting.Message)
 					}
 				}

@@ -1,4 +1,7 @@
-package backend
+// Package crilog reads container log files in the CRI log format, the
+// one the kubelet reads and container runtimes write:
+// "<RFC3339Nano> <stream> <P|F> <msg>" a line.
+package crilog
 
 import (
 	"bufio"
@@ -6,8 +9,9 @@ import (
 	"context"
 	"io"
 	"os"
-	"strings"
 	"time"
+
+	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 )
 
 // logLine is one parsed CRI log line.
@@ -68,7 +72,7 @@ func parseLine(line []byte) (logLine, bool) {
 // file in the CRI format (what container runtimes write and what the
 // kubelet reads). With Follow it keeps reading, every poll, while live
 // reports the container running.
-func CopyLog(ctx context.Context, f *os.File, w io.Writer, opts LogOptions, live func() bool, poll time.Duration) error {
+func CopyLog(ctx context.Context, f *os.File, w io.Writer, opts backend.LogOptions, live func() bool, poll time.Duration) error {
 	var written int
 	limit := func(b []byte) ([]byte, bool) {
 		if opts.LimitBytes <= 0 {
@@ -126,6 +130,21 @@ func CopyLog(ctx context.Context, f *os.File, w io.Writer, opts LogOptions, live
 	if !opts.Follow {
 		return nil
 	}
+	return follow(ctx, br, pending, live, poll, emit)
+}
+
+// Follow reads the lines written to f from its current offset on, every
+// poll, and gives each to emit until emit says stop or fails, live
+// reports the container stopped (after a last read), or ctx ends.
+func Follow(ctx context.Context, f io.Reader, live func() bool, poll time.Duration, emit func(LogLine) (stop bool, err error)) error {
+	return follow(ctx, bufio.NewReader(f), nil, live, poll, func(l logLine) (bool, error) {
+		return emit(LogLine{Stream: string(l.stream), Partial: l.partial, Msg: l.msg})
+	})
+}
+
+// follow is Follow from br, with pending the start of a line read
+// before.
+func follow(ctx context.Context, br *bufio.Reader, pending []byte, live func() bool, poll time.Duration, emit func(logLine) (bool, error)) error {
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	for {
@@ -152,38 +171,4 @@ func CopyLog(ctx context.Context, f *os.File, w io.Writer, opts LogOptions, live
 		case <-t.C:
 		}
 	}
-}
-
-// Expand replaces $(VAR) references with the variable's value like the
-// kubelet does in command and args; $$ escapes a dollar sign and unknown
-// references are kept as they are.
-func Expand(s string, env map[string]string) string {
-	if !strings.Contains(s, "$") {
-		return s
-	}
-	var out strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '$' || i+1 >= len(s) {
-			out.WriteByte(s[i])
-			continue
-		}
-		switch s[i+1] {
-		case '$':
-			out.WriteByte('$')
-			i++
-			continue
-		case '(':
-			end := strings.IndexByte(s[i+2:], ')')
-			if end >= 0 {
-				name := s[i+2 : i+2+end]
-				if v, ok := env[name]; ok {
-					out.WriteString(v)
-					i += 2 + end
-					continue
-				}
-			}
-		}
-		out.WriteByte(s[i])
-	}
-	return out.String()
 }

@@ -1,0 +1,16 @@
+// Package podruntime is the kubelet's pod lifecycle as the virtual node's
+// backends share it: what a kubelet decides about a pod between
+// admission and the container runtime, written once. It holds the
+// kubelet's words (event reasons, container state reasons and the
+// messages that go with them), which init containers are sidecars, the
+// restart policy and its back-off, the grace period of a deletion, a
+// container's environment and $(VAR) expansion, the set of pod workers,
+// and the pod status computed from the containers' states (phase,
+// conditions, started and ready). Package crilog below it reads CRI log
+// files.
+//
+// The backends (process, cri, sim) only start, stop, exec and observe
+// containers and call this package for the rest; package backend is
+// their contract with the node. The name is the kubelet's split: the
+// container runtime runs containers, the pod runtime runs pods on it.
+package podruntime
