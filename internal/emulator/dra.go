@@ -13,10 +13,6 @@ import (
 	"github.com/dpkit/dpkit/pkg/devicehost"
 )
 
-// ReasonFailedPrepare is the admin API's reason for a pod whose claims
-// could not be prepared, the kubelet's event reason.
-const ReasonFailedPrepare = "FailedPrepareDynamicResources"
-
 // ClaimJSONGetter reads one ResourceClaim as an API server serves it
 // (cli.DRAReader.ClaimJSON).
 type ClaimJSONGetter func(ctx context.Context, namespace, name string) ([]byte, error)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 )
 
@@ -111,9 +112,9 @@ func TestAdmitPreparesClaims(t *testing.T) {
 	claims.Add(t, "default", "other", "uid-other", []types.UID{"someone-else"}, "dev-2")
 	_, err = c.AdmitPod(ctx, claimPod("late", "pod-2", "other"))
 	var ae *APIError
-	if !errors.As(err, &ae) || ae.Reason != ReasonFailedPrepare || !strings.Contains(ae.Message, "ResourceClaim other (uid-other): status.reservedFor does not list it") ||
+	if !errors.As(err, &ae) || ae.Reason != devicehost.FailedPrepareDynamicResources || !strings.Contains(ae.Message, "ResourceClaim other (uid-other): status.reservedFor does not list it") ||
 		!strings.Contains(ae.Message, "this emulated kubelet does not allocate claims") || !strings.Contains(ae.Message, "uid: pod-2") {
-		t.Errorf("admitting a pod whose claim is reserved for another: %v, want %s naming the claim and who allocates", err, ReasonFailedPrepare)
+		t.Errorf("admitting a pod whose claim is reserved for another: %v, want %s naming the claim and who allocates", err, devicehost.FailedPrepareDynamicResources)
 	}
 	if pods, err := c.Pods(ctx); err != nil || len(pods) != 1 {
 		t.Errorf("pods after a refusal: %+v (%v), want the first only", pods, err)
@@ -139,8 +140,8 @@ func TestAdmitClaimsWithoutAPIServer(t *testing.T) {
 	defer cancel()
 	_, err := c.AdmitPod(ctx, claimPod("train", "pod-1", "gpu"))
 	var ae *APIError
-	if !errors.As(err, &ae) || ae.Reason != ReasonFailedPrepare || !strings.Contains(ae.Message, "--kubeconfig") {
-		t.Errorf("admitting a pod with a claim: %v, want %s asking for --kubeconfig", err, ReasonFailedPrepare)
+	if !errors.As(err, &ae) || ae.Reason != devicehost.FailedPrepareDynamicResources || !strings.Contains(ae.Message, "--kubeconfig") {
+		t.Errorf("admitting a pod with a claim: %v, want %s asking for --kubeconfig", err, devicehost.FailedPrepareDynamicResources)
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/fileutil"
 	"github.com/dpkit/dpkit/internal/httpserve"
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
@@ -311,7 +312,7 @@ func (e *Emulator) podView(p *corev1.Pod) Pod {
 	}
 	for _, c := range p.Spec.InitContainers {
 		typ := ContainerTypeInit
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if podspec.IsSidecar(&c) {
 			typ = ContainerTypeSidecar
 		}
 		add(c.Name, typ)
@@ -356,7 +357,7 @@ func (e *Emulator) admitPod(w http.ResponseWriter, r *http.Request) {
 		case errors.As(err, &ae):
 			writeError(w, http.StatusUnprocessableEntity, ae.Reason, errors.New(ae.PodMessage()))
 		case errors.As(err, &pe):
-			writeError(w, http.StatusUnprocessableEntity, ReasonFailedPrepare, pe.Err)
+			writeError(w, http.StatusUnprocessableEntity, devicehost.FailedPrepareDynamicResources, pe.Err)
 		default:
 			writeError(w, http.StatusInternalServerError, "", err)
 		}

@@ -67,6 +67,11 @@ func IsExtendedResourceName(name string) bool { return devicemanager.IsExtendedR
 // unprepared).
 type PrepareError struct{ Err, Rollback error }
 
+// FailedPrepareDynamicResources is the kubelet's event reason for a pod
+// whose claims could not be prepared; the emulator answers with it and the
+// virtual node records it.
+const FailedPrepareDynamicResources = "FailedPrepareDynamicResources"
+
 func (e *PrepareError) Error() string { return e.Err.Error() }
 func (e *PrepareError) Unwrap() error { return e.Err }
 

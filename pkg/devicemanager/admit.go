@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
 
@@ -70,10 +71,6 @@ type admission struct {
 	hasPodAffinity bool
 }
 
-func isRestartable(c *corev1.Container) bool {
-	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-}
-
 func (a *admission) run(ctx context.Context) error {
 	m := a.m
 	m.mu.Lock()
@@ -101,7 +98,7 @@ func (a *admission) run(ctx context.Context) error {
 		}
 		m.mu.Lock()
 		held := a.heldLocked(c.Name)
-		if isRestartable(c) {
+		if podspec.IsSidecar(c) {
 			a.dropReuse(held)
 		} else {
 			for rn, ids := range held {
@@ -590,7 +587,7 @@ func (m *Manager) podRequestsLocked(pod *corev1.Pod) map[string]int {
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		for rn, n := range m.containerRequestsLocked(c) {
-			if isRestartable(c) {
+			if podspec.IsSidecar(c) {
 				sidecars[rn] += n
 				continue
 			}

@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/dpkit/dpkit/internal/podspec"
 )
 
 // PodsProvider lists the pods the node runs.
@@ -189,7 +191,7 @@ func (s *Server) podResources(pod *corev1.Pod) *podresourcesv1.PodResources {
 	}
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
-		if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		if !podspec.IsSidecar(c) {
 			continue
 		}
 		pr.Containers = append(pr.Containers, s.containerResources(pod, c))

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // CDIDevicesEnv is the environment variable in which the process backend
@@ -26,10 +26,6 @@ import (
 // kubelet passes to the container runtime. It is set only for containers
 // that use claims.
 const CDIDevicesEnv = "DPKIT_CDI_DEVICES"
-
-// FailedPrepareDynamicResources is the reason of the Warning event a pod
-// gets each time its claims cannot be prepared (the kubelet's).
-const FailedPrepareDynamicResources = "FailedPrepareDynamicResources"
 
 // draRetryPeriod is how often the claims of pods that could not be
 // prepared are tried again besides when a DRA driver registers: the
@@ -166,7 +162,7 @@ func (p *provider) startWithClaims(ctx context.Context, pod *corev1.Pod) error {
 		msg := "Failed to prepare dynamic resources: " + err.Error()
 		p.log.Info("Pod waits for its ResourceClaims", "pod", key(pod.Namespace, pod.Name), "err", err)
 		if p.recorder != nil {
-			p.recorder.Event(pod, corev1.EventTypeWarning, FailedPrepareDynamicResources, msg)
+			p.recorder.Event(pod, corev1.EventTypeWarning, devicehost.FailedPrepareDynamicResources, msg)
 		}
 		p.publishWaiting(pod, msg)
 		p.draq.mu.Lock()
@@ -207,7 +203,7 @@ func (p *provider) current(pod *corev1.Pod) bool {
 // with msg.
 func (p *provider) publishWaiting(pod *corev1.Pod, msg string) {
 	w := pod.DeepCopy()
-	init, app := backend.WaitingStatuses(pod)
+	init, app := podruntime.WaitingStatuses(pod)
 	for _, list := range [][]corev1.ContainerStatus{init, app} {
 		for i := range list {
 			list[i].State.Waiting.Message = msg
@@ -219,7 +215,7 @@ func (p *provider) publishWaiting(pod *corev1.Pod, msg string) {
 		w.Status.StartTime = prev.Status.StartTime.DeepCopy()
 		w.Status.Conditions = slices.Clone(prev.Status.Conditions)
 	}
-	backend.ComputeStatus(pod, &w.Status, p.nodeIP, false)
+	podruntime.ComputeStatus(pod, &w.Status, p.nodeIP, false)
 	updated := false
 	p.pods.Update(pod.Namespace, pod.Name, func(cur *corev1.Pod) *corev1.Pod {
 		if cur == nil || cur.UID != pod.UID || terminal(cur) {
@@ -246,7 +242,7 @@ func (p *provider) stopWaiting(pod *corev1.Pod) bool {
 		return true
 	}
 	failed := cur.DeepCopy()
-	backend.ComputeStatus(failed, &failed.Status, p.nodeIP, true)
+	podruntime.ComputeStatus(failed, &failed.Status, p.nodeIP, true)
 	failed.Status.Phase = corev1.PodFailed
 	p.backendNotify(failed)
 	return true

@@ -92,7 +92,7 @@ func TestPodClaimsPrepared(t *testing.T) {
 	}
 	select {
 	case ev := <-rec.Events:
-		if want := "Warning " + FailedPrepareDynamicResources + " Failed to prepare dynamic resources: prepare dynamic resources: DRA driver " + dratest.DriverName + " is not registered"; !strings.HasPrefix(ev, want) {
+		if want := "Warning " + devicehost.FailedPrepareDynamicResources + " Failed to prepare dynamic resources: prepare dynamic resources: DRA driver " + dratest.DriverName + " is not registered"; !strings.HasPrefix(ev, want) {
 			t.Errorf("event %q, want it to start with %q", ev, want)
 		}
 	default:

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dpkit/dpkit/internal/podspec"
 )
 
 // DefaultGracePeriod is the termination grace period of a pod that names
@@ -30,7 +32,7 @@ func GracePeriod(pod *corev1.Pod) time.Duration {
 // OnFailure for it); an app container as the policy says (unset is
 // Always).
 func ShouldRestart(pod *corev1.Pod, c *corev1.Container, init bool, code int32) bool {
-	if init && IsSidecar(c) {
+	if init && podspec.IsSidecar(c) {
 		return true
 	}
 	switch pod.Spec.RestartPolicy {

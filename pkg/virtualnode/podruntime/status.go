@@ -5,6 +5,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dpkit/dpkit/internal/podspec"
 )
 
 // ComputeStatus fills the pod-level fields of st from its container
@@ -171,7 +173,7 @@ func setConditions(st *corev1.PodStatus, generation int64, phase corev1.PodPhase
 // isSidecar reports whether the i-th init container of pod is a
 // sidecar.
 func isSidecar(pod *corev1.Pod, i int) bool {
-	return i < len(pod.Spec.InitContainers) && IsSidecar(&pod.Spec.InitContainers[i])
+	return i < len(pod.Spec.InitContainers) && podspec.IsSidecar(&pod.Spec.InitContainers[i])
 }
 
 // setCondition sets a condition's status and reason, and the pod

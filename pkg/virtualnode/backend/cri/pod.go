@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
@@ -69,7 +70,7 @@ type podRun struct {
 func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	pr := &podRun{b: b, pod: pod, stopCh: make(chan struct{}), done: make(chan struct{})}
 	for _, c := range pod.Spec.InitContainers {
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podruntime.IsSidecar(&c), backoff: pr.newBackoff()})
+		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podspec.IsSidecar(&c), backoff: pr.newBackoff()})
 	}
 	for _, c := range pod.Spec.Containers {
 		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: pr.newBackoff()})

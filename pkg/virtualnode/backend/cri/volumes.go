@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
@@ -224,7 +225,7 @@ func podMemoryLimit(pod *corev1.Pod) (int64, bool) {
 		if !ok {
 			return 0, false
 		}
-		if podruntime.IsSidecar(&c) {
+		if podspec.IsSidecar(&c) {
 			sidecars += q.Value()
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
@@ -197,7 +198,7 @@ func (pr *podRun) run(ctx context.Context) {
 		return
 	}
 	for i, c := range pod.Spec.InitContainers {
-		if podruntime.IsSidecar(&c) {
+		if podspec.IsSidecar(&c) {
 			// A sidecar: started and kept running alongside the app
 			// containers.
 			pr.startLoop(ctx, c, true)

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
@@ -109,7 +110,7 @@ func (b *Backend) run(uid types.UID) {
 		return true
 	}
 	for _, c := range pod.Spec.InitContainers {
-		if !preStart(c.Name) && !podruntime.IsSidecar(&c) {
+		if !preStart(c.Name) && !podspec.IsSidecar(&c) {
 			blocked = true
 		}
 	}
@@ -135,7 +136,7 @@ func (b *Backend) run(uid types.UID) {
 		s := &sp.pod.Status.InitContainerStatuses[i]
 		switch {
 		case held:
-		case podruntime.IsSidecar(&c):
+		case podspec.IsSidecar(&c):
 			start(s, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}})
 		default:
 			start(s, podruntime.Terminated(0, podruntime.ReasonCompleted, "", now, now))
