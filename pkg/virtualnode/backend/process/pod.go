@@ -213,27 +213,26 @@ func (pr *podRun) run(ctx context.Context) {
 		}
 		if !ok {
 			pr.publish()
-			pr.wait(ctx)
+			pr.wait()
 			return
 		}
 	}
 	for _, c := range pod.Spec.Containers {
 		pr.startLoop(ctx, c, false)
 	}
-	pr.wait(ctx)
+	pr.wait()
 	if ctx.Err() == nil {
 		pr.publish()
 	}
 }
 
-// wait blocks until every container loop of the pod has returned.
-func (pr *podRun) wait(ctx context.Context) {
-	c := make(chan struct{})
-	go func() { pr.loopsWG.Wait(); close(c) }()
-	select {
-	case <-c:
-	case <-ctx.Done():
-	}
+// wait blocks until every container loop of the pod has returned. The
+// loops end promptly when ctx is done (the backend is closing) but may
+// still be recording a container's exit under the pod's directory, so
+// this waits for them even then: Close returns only once nothing writes
+// there any more.
+func (pr *podRun) wait() {
+	pr.loopsWG.Wait()
 }
 
 func (pr *podRun) startLoop(ctx context.Context, c corev1.Container, init bool) {
