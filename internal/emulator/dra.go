@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 )
 
@@ -168,7 +169,7 @@ func (e *Emulator) claims(pod *corev1.Pod, name string) []ClaimAllocation {
 	if !devicehost.HasClaims(pod) {
 		return nil
 	}
-	ctr := findContainer(pod, name)
+	ctr := podspec.Container(pod, name)
 	if ctr == nil {
 		return nil
 	}
@@ -181,15 +182,4 @@ func (e *Emulator) claims(pod *corev1.Pod, name string) []ClaimAllocation {
 		out = append(out, ca)
 	}
 	return out
-}
-
-func findContainer(pod *corev1.Pod, name string) *corev1.Container {
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range cs {
-			if cs[i].Name == name {
-				return &cs[i]
-			}
-		}
-	}
-	return nil
 }

@@ -12,3 +12,15 @@ import corev1 "k8s.io/api/core/v1"
 func IsSidecar(c *corev1.Container) bool {
 	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
+
+// Container returns pod's init or app container named name, or nil.
+func Container(pod *corev1.Pod, name string) *corev1.Container {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			if cs[i].Name == name {
+				return &cs[i]
+			}
+		}
+	}
+	return nil
+}

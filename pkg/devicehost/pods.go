@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/dramanager"
 )
@@ -189,7 +190,7 @@ func (h *Host) ClaimCDIDevices(pod *corev1.Pod, container string) ([]string, err
 	if !HasClaims(pod) {
 		return nil, nil
 	}
-	c := findContainer(pod, container)
+	c := podspec.Container(pod, container)
 	if c == nil {
 		return nil, nil
 	}
@@ -225,16 +226,4 @@ func (h *Host) ContainerResources(pod *corev1.Pod, container string) (*RunOption
 		opts.CDIDevices = append(opts.CDIDevices, dev.CDIDevices...)
 	}
 	return opts, nil
-}
-
-// findContainer returns the init or app container of pod named name.
-func findContainer(pod *corev1.Pod, name string) *corev1.Container {
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range cs {
-			if cs[i].Name == name {
-				return &cs[i]
-			}
-		}
-	}
-	return nil
 }

@@ -9,11 +9,11 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/internal/kubeletreg"
+	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
@@ -156,10 +156,10 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 	// (the kubelet formats them with %v): the registering plugin sees
 	// code Unknown, not the options call's status nor DeadlineExceeded,
 	// which gRPC would find in a wrapped error.
-	if err := waitConnected(dctx, conn); err != nil {
+	if err := unixsock.WaitReady(dctx, conn); err != nil {
 		cancel()
 		_ = conn.Close()
-		return errors.New("failed to dial device plugin: " + err.Error())
+		return errors.New("failed to dial device plugin: " + dctx.Err().Error())
 	}
 	opts, err := api.GetDevicePluginOptions(dctx, &pluginapi.Empty{})
 	cancel()
@@ -202,20 +202,6 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 		m.disconnect(e)
 	}()
 	return nil
-}
-
-// waitConnected connects conn and waits until it is ready or ctx ends.
-func waitConnected(ctx context.Context, conn *grpc.ClientConn) error {
-	conn.Connect()
-	for {
-		s := conn.GetState()
-		if s == connectivity.Ready {
-			return nil
-		}
-		if !conn.WaitForStateChange(ctx, s) {
-			return ctx.Err()
-		}
-	}
 }
 
 // run consumes the plugin's ListAndWatch stream until it ends.
