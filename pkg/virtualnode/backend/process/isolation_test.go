@@ -55,9 +55,17 @@ func TestDeleteKillsEveryProcessOfThePod(t *testing.T) {
 	}
 	// The PID the shell saw is the namespace's; find the host's by the
 	// command line among the wrapper's namespace.
+	// "ready" can come before the double-forked child has exec'd sleep
+	// (it is still a copy of the shell): look again until both are sleep.
 	hostPIDs := sleepersOf(t, pod)
-	if len(hostPIDs) < 2 {
-		t.Fatalf("found %d sleep processes of the pod (namespace PID %d), want 2", len(hostPIDs), escaped)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.After(20 * time.Second); len(hostPIDs) < 2; hostPIDs = sleepersOf(t, pod) {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("found %d sleep processes of the pod (namespace PID %d), want 2", len(hostPIDs), escaped)
+		}
 	}
 	del := pod.DeepCopy()
 	now := metav1.Now()
