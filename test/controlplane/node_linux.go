@@ -678,13 +678,26 @@ func (n *Node) Stop() error {
 	if im.containerd != nil {
 		if done, _ := im.containerd.exited(); !done {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			var rerrs []error
 			if err := RemoveAllPods(ctx, n.ContainerdSocket); err != nil {
-				errs = append(errs, err)
+				rerrs = append(rerrs, err)
 			}
 			cancel()
 			if err := n.removeContainers(); err != nil {
-				errs = append(errs, err)
+				rerrs = append(rerrs, err)
 			}
+			if len(rerrs) > 0 {
+				// The runtime may have died just before it was asked
+				// (crashed, killed) and not been reaped yet: its answers
+				// then say only that. No one is left to remove pods
+				// through; endLeftovers ends the shims and containers.
+				select {
+				case <-im.containerd.done:
+					rerrs = nil
+				case <-time.After(5 * time.Second):
+				}
+			}
+			errs = append(errs, rerrs...)
 		}
 		if err := im.containerd.stop(10 * time.Second); err != nil {
 			errs = append(errs, err)
