@@ -7,6 +7,8 @@
 #   kubelet-devicemanager  hack/tools/cmd/kubelet-devicemanager: the kubelet's
 #                          device manager (pkg/kubelet/cm/devicemanager) run
 #                          standalone
+#   kubelet-dramanager     hack/tools/cmd/kubelet-dramanager: the kubelet's DRA
+#                          manager (pkg/kubelet/cm/dra) run standalone
 #
 #   hack/build-upstream.sh            build or reuse; prints the directory
 #   hack/build-upstream.sh --force    rebuild even when the binaries match
@@ -26,7 +28,7 @@ force=false
 case "${1:-}" in
   "") ;;
   --force) force=true ;;
-  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "build-upstream: unknown argument $1 (use --force or --help)" >&2; exit 2 ;;
 esac
 
@@ -36,18 +38,20 @@ tools="$root/hack/tools"
 # stamp identifies the sources of the binaries: the module files and the
 # program of our own. A change to either rebuilds.
 stamp() {
-  cat "$tools/go.mod" "$tools/go.sum" "$tools"/cmd/kubelet-devicemanager/*.go | sha256sum | cut -d' ' -f1
+  cat "$tools/go.mod" "$tools/go.sum" "$tools"/cmd/kubelet-devicemanager/*.go "$tools"/cmd/kubelet-dramanager/*.go | sha256sum | cut -d' ' -f1
 }
 
-# current reports whether both binaries are there, built from the wanted
+# current reports whether the binaries are there, built from the wanted
 # Kubernetes module and from the current sources.
 current() {
-  [[ -x "$out/sample-device-plugin" && -x "$out/kubelet-devicemanager" && -f "$out/.stamp" ]] || return 1
+  [[ -x "$out/sample-device-plugin" && -x "$out/kubelet-devicemanager" && -x "$out/kubelet-dramanager" && -f "$out/.stamp" ]] || return 1
   [[ "$(cat "$out/.stamp")" == "$(stamp)" ]] || return 1
   # The sample plugin has no version flag (it starts serving when run):
   # read the module versions recorded in the binary instead.
   go version -m "$out/sample-device-plugin" 2>/dev/null | grep -E "^[[:space:]]+(mod|dep)[[:space:]]+k8s.io/kubernetes[[:space:]]+${KUBE_VERSION}([[:space:]]|$)" >/dev/null || return 1
-  "$out/kubelet-devicemanager" --version 2>/dev/null | grep -x "Kubernetes ${KUBE_VERSION}" >/dev/null || return 1
+  for b in kubelet-devicemanager kubelet-dramanager; do
+    "$out/$b" --version 2>/dev/null | grep -x "Kubernetes ${KUBE_VERSION}" >/dev/null || return 1
+  done
 }
 
 lock_dir "$out"
@@ -62,13 +66,14 @@ ldflags="$(kube_ldflags "$KUBE_VERSION")"
 
 tmp="$(mktemp -d "$out/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-log "building sample-device-plugin and kubelet-devicemanager (Kubernetes ${KUBE_VERSION}) into $out (a cold build takes minutes)"
+log "building sample-device-plugin, kubelet-devicemanager and kubelet-dramanager (Kubernetes ${KUBE_VERSION}) into $out (a cold build takes minutes)"
 start=$SECONDS
 sum="$(stamp)"
 tools_build "$tmp" \
   k8s.io/kubernetes/test/images/sample-device-plugin \
-  ./cmd/kubelet-devicemanager
-for b in sample-device-plugin kubelet-devicemanager; do
+  ./cmd/kubelet-devicemanager \
+  ./cmd/kubelet-dramanager
+for b in sample-device-plugin kubelet-devicemanager kubelet-dramanager; do
   mv -f "$tmp/$b" "$out/$b"
 done
 echo "$sum" >"$out/.stamp"

@@ -73,6 +73,10 @@ type Options struct {
 	ClusterDNS    []string
 	ClusterDomain string
 	ResolvConf    string
+	// CgroupRoot is the cri backend's cgroupfs path below which each pod
+	// gets pod<UID> (the kubelet's --cgroup-root); empty leaves pods in
+	// the runtime's default cgroups.
+	CgroupRoot string
 	// SyncFrequency is how often the cri backend writes the pods'
 	// ConfigMap, Secret, downward API and token volumes again, as the
 	// kubelet's --sync-frequency; 0 is the kubelet's default, 1m.
@@ -111,11 +115,17 @@ func (o *Options) Validate() error {
 		if o.CRIEndpoint != "" {
 			errs = append(errs, field.Invalid(field.NewPath("--cri-endpoint"), o.CRIEndpoint, "only the cri backend uses a container runtime: add --backend cri, or leave --cri-endpoint out"))
 		}
+		if o.CgroupRoot != "" {
+			errs = append(errs, field.Invalid(field.NewPath("--cgroup-root"), o.CgroupRoot, "only the cri backend puts pods in cgroups: add --backend cri, or leave --cgroup-root out"))
+		}
 	case "cri":
 		if o.CRIEndpoint == "" {
 			errs = append(errs, field.Required(field.NewPath("--cri-endpoint"), "the cri backend needs the container runtime's socket, e.g. unix:///run/containerd/containerd.sock"))
 		} else if strings.Contains(o.CRIEndpoint, "://") && !strings.HasPrefix(o.CRIEndpoint, "unix://") {
 			errs = append(errs, field.Invalid(field.NewPath("--cri-endpoint"), o.CRIEndpoint, "only unix sockets are supported: unix:///path/to/runtime.sock"))
+		}
+		if r := o.CgroupRoot; r != "" && (!filepath.IsAbs(r) || filepath.Clean(r) != r || r == "/") {
+			errs = append(errs, field.Invalid(field.NewPath("--cgroup-root"), r, "want a clean absolute cgroupfs path below the root, e.g. /dpkit"))
 		}
 	default:
 		errs = append(errs, field.NotSupported(field.NewPath("--backend"), o.Backend, []string{"process", "sim", "cri"}))
@@ -300,7 +310,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			return cri.New(ctx, cri.Config{
 				Config: c, Endpoint: o.CRIEndpoint, Node: name, LogDir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
 				ClusterDNS: o.ClusterDNS, ClusterDomain: o.ClusterDomain, ResolvConf: o.ResolvConf,
-				VolumeResync: o.SyncFrequency,
+				VolumeResync: o.SyncFrequency, CgroupRoot: o.CgroupRoot,
 			})
 		}
 	default:

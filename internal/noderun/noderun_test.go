@@ -68,22 +68,30 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// TestValidateCRIEndpoint: --cri-endpoint goes with --backend cri, which
-// needs one, and only unix sockets are accepted.
+// TestValidateCRIEndpoint: --cri-endpoint and --cgroup-root go with
+// --backend cri, which needs an endpoint; only unix sockets are accepted,
+// and a cgroup root is a clean absolute path.
 func TestValidateCRIEndpoint(t *testing.T) {
 	t.Parallel()
+	const sock = "unix:///run/containerd/containerd.sock"
 	for _, tc := range []struct {
 		name, backend, endpoint, want string
+		cgroupRoot                    string
 	}{
-		{"cri without endpoint", "cri", "", "--cri-endpoint: Required value: the cri backend needs the container runtime's socket"},
-		{"endpoint without cri", "process", "unix:///run/containerd/containerd.sock", "--cri-endpoint: Invalid value: \"unix:///run/containerd/containerd.sock\": only the cri backend uses a container runtime: add --backend cri"},
-		{"tcp endpoint", "cri", "tcp://127.0.0.1:1234", "--cri-endpoint: Invalid value: \"tcp://127.0.0.1:1234\": only unix sockets are supported"},
-		{"unix endpoint", "cri", "unix:///run/containerd/containerd.sock", ""},
-		{"plain path", "cri", "/run/containerd/containerd.sock", ""},
+		{name: "cgroup root", backend: "cri", endpoint: sock, cgroupRoot: "/dpkit"},
+		{name: "relative cgroup root", backend: "cri", endpoint: sock, cgroupRoot: "dpkit", want: "--cgroup-root: Invalid value: \"dpkit\": want a clean absolute cgroupfs path"},
+		{name: "cgroup root climbing up", backend: "cri", endpoint: sock, cgroupRoot: "/dpkit/../x", want: "--cgroup-root: Invalid value: \"/dpkit/../x\": want a clean"},
+		{name: "cgroup root at the root", backend: "cri", endpoint: sock, cgroupRoot: "/", want: "--cgroup-root: Invalid value: \"/\""},
+		{name: "cgroup root without cri", backend: "process", cgroupRoot: "/dpkit", want: "--cgroup-root: Invalid value: \"/dpkit\": only the cri backend puts pods in cgroups"},
+		{name: "cri without endpoint", backend: "cri", endpoint: "", want: "--cri-endpoint: Required value: the cri backend needs the container runtime's socket"},
+		{name: "endpoint without cri", backend: "process", endpoint: "unix:///run/containerd/containerd.sock", want: "--cri-endpoint: Invalid value: \"unix:///run/containerd/containerd.sock\": only the cri backend uses a container runtime: add --backend cri"},
+		{name: "tcp endpoint", backend: "cri", endpoint: "tcp://127.0.0.1:1234", want: "--cri-endpoint: Invalid value: \"tcp://127.0.0.1:1234\": only unix sockets are supported"},
+		{name: "unix endpoint", backend: "cri", endpoint: "unix:///run/containerd/containerd.sock", want: ""},
+		{name: "plain path", backend: "cri", endpoint: "/run/containerd/containerd.sock", want: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			o := Options{Name: "n", Root: "/r", Backend: tc.backend, CRIEndpoint: tc.endpoint, Count: 1, QPS: 1, Burst: 1, CPU: "1", Memory: "1Gi", Pods: "10"}
+			o := Options{Name: "n", Root: "/r", Backend: tc.backend, CRIEndpoint: tc.endpoint, CgroupRoot: tc.cgroupRoot, Count: 1, QPS: 1, Burst: 1, CPU: "1", Memory: "1Gi", Pods: "10"}
 			err := o.Validate()
 			switch {
 			case tc.want == "" && err != nil:

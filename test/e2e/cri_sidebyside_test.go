@@ -141,7 +141,7 @@ spec:
 	root := shortTempDir(t)
 	vn := unique("vncri-side")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, vn, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 	cfg := filepath.Join(root, "plugin.yaml")
 	writeFile(t, cfg, "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- generic:\n"+indent(zeroConfig(res), "    "))

@@ -2,7 +2,8 @@ package e2e
 
 // The DRA manager judged against the kubelet's: the same scenarios run
 // against the kubelet's own DRA manager (k8s.io/kubernetes/pkg/kubelet/cm/dra,
-// v1.37.0, run by hack/tools/cmd/kubelet-dramanager) and against dpkit's
+// v1.37.0, run by hack/tools/cmd/kubelet-dramanager, which
+// hack/build-upstream.sh builds) and against dpkit's
 // (pkg/dramanager), each with its own fake DRA driver
 // (cmd/dpkit-fakedra) and the same ResourceClaims from the test
 // control plane, and what each showed is compared. docs/dra.md "Judged
@@ -16,7 +17,6 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,7 +30,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
@@ -69,10 +68,10 @@ type sbsClaims struct {
 // prepare the driver fails (its error, the claim checkpointed before the
 // call, the unprepare after).
 func TestDRASideBySideWithKubelet(t *testing.T) {
+	bin := upstream.DRAManager(t)
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	bin := kubeletDRAManager(t)
 	claims := sbsSetup(t, ctx, c)
 
 	kubelet := runSBSScenarios(t, "kubelet", claims, func(root string) draSide {
@@ -277,18 +276,6 @@ func sbsCheckpoint(t *testing.T, root string) string {
 		t.Fatal(err)
 	}
 	return string(out)
-}
-
-// kubeletDRAManager builds hack/tools/cmd/kubelet-dramanager.
-func kubeletDRAManager(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kubelet-dramanager")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kubelet-dramanager")
-	cmd.Dir = repopath.Find("hack/tools")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("(cd hack/tools && go build ./cmd/kubelet-dramanager): %v\n%s", err, out)
-	}
-	return bin
 }
 
 // kubeletDRA is a running kubelet-dramanager.

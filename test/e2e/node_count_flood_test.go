@@ -44,7 +44,7 @@ func TestVirtualNodeCountTerminationFlood(t *testing.T) {
 	afterNodeStopsAt(t, root, floodNodes, prefix)
 	node := startProc(t, filepath.Join(root, "node.log"), os.Environ(), filepath.Join(filepath.Dir(dpkitBinary(t)), "dpkit-cluster"), "node",
 		"--kubeconfig", cp.Kubeconfig, "--name", prefix, "--root", root, "--count", strconv.Itoa(floodNodes),
-		"--backend", "cri", "--cri-endpoint", "unix://"+rtm.socket, "--port", "-1", "--node-ip", "127.0.0.1",
+		"--backend", "cri", "--cri-endpoint", "unix://"+rtm.socket, "--cgroup-root", rtm.cgroupRoot, "--port", "-1", "--node-ip", "127.0.0.1",
 		"--restart-backoff", "1s", "--qps", "200", "--burst", "400")
 	pid := node.cmd.Process.Pid // dpkit-cluster itself, which dpkit runs for node
 	poll(t, ctx, fmt.Sprintf("%d nodes Ready", floodNodes), func(ctx context.Context) (bool, string, error) {

@@ -74,7 +74,7 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 	access := newNodeAccess(t, cp)
 	port := freePort(t)
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, access.ip, port)
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 	ns := createNamespace(t, c, "vncri-api")
 

@@ -33,7 +33,7 @@ func TestVirtualNodeCRIAttacks(t *testing.T) {
 	root := shortTempDir(t)
 	name := unique("vncri-atk")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	// Volumes written again every second, so that the fsGroup attack
 	// sees many passes.
 	o.SyncFrequency = time.Second

@@ -32,7 +32,7 @@ func TestVirtualNodeCRIProbes(t *testing.T) {
 	root := shortTempDir(t)
 	name := unique("vncriprobe")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 
 	ns := createNamespace(t, c, "vncriprobe")

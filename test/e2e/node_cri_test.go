@@ -21,11 +21,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	utilexec "k8s.io/client-go/util/exec"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
@@ -40,6 +43,14 @@ type criRuntime struct {
 	dir, socket string
 	ctr         string
 	rt          runtimeapi.RuntimeServiceClient
+	// cgroupRoot is the nodes' --cgroup-root: every pod's cgroup is below
+	// it, and the test removes what is left of it when it ends.
+	cgroupRoot string
+}
+
+// use points the node's options at this runtime.
+func (r *criRuntime) use(o *noderun.Options) {
+	o.Backend, o.CRIEndpoint, o.CgroupRoot = "cri", "unix://"+r.socket, r.cgroupRoot
 }
 
 // containerdOption changes the test's containerd.
@@ -94,7 +105,7 @@ func startContainerd(t *testing.T, ctx context.Context, opts ...containerdOption
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &criRuntime{dir: dir, socket: filepath.Join(dir, "containerd.sock"), ctr: filepath.Join(bins, "ctr")}
+	r := &criRuntime{dir: dir, socket: filepath.Join(dir, "containerd.sock"), ctr: filepath.Join(bins, "ctr"), cgroupRoot: "/" + filepath.Base(dir)}
 	for _, d := range []string{"cni", "cdi", "certs.d"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -185,6 +196,15 @@ state = "`+filepath.Join(dir, "state")+`"
 		for _, k := range killed {
 			t.Logf("cleanup: killed %s, left by the test's containerd", k)
 		}
+		// The pods' cgroups the runtime and the node did not remove
+		// (a pod the test left to removeAll keeps its pod<UID>).
+		if mounts, err := procfs.CgroupMounts(); err == nil {
+			for _, m := range mounts {
+				if err := procfs.RemoveTree(filepath.Join(m, r.cgroupRoot)); err != nil {
+					t.Errorf("cleanup: %v", err)
+				}
+			}
+		}
 		logf.Close()
 		if t.Failed() {
 			if b, err := os.ReadFile(logf.Name()); err == nil {
@@ -240,6 +260,24 @@ func (r *criRuntime) removeAll(t *testing.T) {
 	}
 }
 
+// podCgroups lists the pod's cgroup directories below the runtime's
+// cgroup root, in every hierarchy.
+func (r *criRuntime) podCgroups(t *testing.T, uid types.UID) []string {
+	t.Helper()
+	mounts, err := procfs.CgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range mounts {
+		d := filepath.Join(m, r.cgroupRoot, "pod"+string(uid))
+		if _, err := os.Stat(d); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // podObjects lists, through the CRI API (what crictl pods and crictl ps -a
 // read), the sandboxes and containers of the pod with uid.
 func (r *criRuntime) podObjects(ctx context.Context, uid string) (sandboxes, containers []string, err error) {
@@ -280,7 +318,7 @@ func TestVirtualNodeCRI(t *testing.T) {
 	const zero = corev1.ResourceName("example.com/zero")
 
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	_, stopNode := runNode(t, ctx, o)
 
 	cfg := filepath.Join(root, "plugin.yaml")
@@ -355,6 +393,10 @@ func TestVirtualNodeCRI(t *testing.T) {
 		t.Fatalf("runtime has sandboxes %v and containers %v for the pod, want one of each", sandboxes, containers)
 	}
 	t.Logf("runtime: sandbox %v, container %v", sandboxes, containers)
+	// The pod's cgroup is pod<UID> below the node's --cgroup-root.
+	if cgs := rtm.podCgroups(t, running.UID); len(cgs) == 0 {
+		t.Errorf("no cgroup %s/pod%s in any hierarchy, want the pod's sandbox below the node's --cgroup-root", rtm.cgroupRoot, running.UID)
+	}
 
 	// Exec through the API server runs in the container: it sees the
 	// device, stdin reaches it, its exit code comes back.
@@ -413,6 +455,9 @@ func TestVirtualNodeCRI(t *testing.T) {
 		sandboxes, containers, err := rtm.podObjects(ctx, string(running.UID))
 		return err == nil && len(sandboxes) == 0 && len(containers) == 0, fmt.Sprintf("sandboxes %v containers %v err %v", sandboxes, containers, err), nil
 	})
+	if cgs := rtm.podCgroups(t, running.UID); len(cgs) != 0 {
+		t.Errorf("the deleted pod's cgroups %v are still there, want them removed with its sandbox", cgs)
+	}
 
 	// An image that is not there with pull policy Never, and one that
 	// cannot be pulled: the kubelet's waiting reasons.
@@ -473,7 +518,7 @@ func TestVirtualNodeCRIDRA(t *testing.T) {
 	writeFile(t, filepath.Join(rtm.dir, "cdi", "fake-dra.json"), `{"cdiVersion": "0.6.0", "kind": "`+dratest.DriverName+`/device", "devices": [`+strings.Join(devs, ", ")+`]}`)
 
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 	startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "gpu0", "gpu1")
 	class := deviceClass(t, ctx, c, "")
@@ -534,7 +579,7 @@ func TestVirtualNodeCRIFakeAllocate(t *testing.T) {
 		`{"name": "dev-1", "containerEdits": {"env": ["FAKE_CDI=dev-1"], "deviceNodes": [{"path": "/dev/fake-cdi", "hostPath": "/dev/zero"}]}}]}`)
 
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 	cfg := filepath.Join(root, "plugin.yaml")
 	writeFile(t, cfg, `apiVersion: dpkit.io/v1alpha1

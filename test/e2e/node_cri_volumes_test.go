@@ -38,7 +38,7 @@ func TestVirtualNodeCRIVolumes(t *testing.T) {
 	root := shortTempDir(t)
 	name := unique("vncri-vol")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	o.ClusterDNS, o.ClusterDomain = []string{"10.96.0.10"}, "cluster.local"
 	runNode(t, ctx, o)
 
@@ -240,7 +240,7 @@ func TestVirtualNodeCRIHostPort(t *testing.T) {
 	name := unique("vncri-port")
 	hostIP := globalIPv4(t)
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 	ns := createNamespace(t, c, "vncri-port")
 	hostPort := int32(freePort(t)) //nolint:gosec // a port number
@@ -300,7 +300,7 @@ func TestVirtualNodeCRISubPathEscape(t *testing.T) {
 	root := shortTempDir(t)
 	name := unique("vncri-sub")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
-	o.Backend, o.CRIEndpoint = "cri", "unix://"+rtm.socket
+	rtm.use(&o)
 	runNode(t, ctx, o)
 	ns := createNamespace(t, c, "vncri-sub")
 	pod := func(podName, sub, script string) *corev1.Pod {

@@ -95,7 +95,8 @@ func TestVirtualNodeVKSuiteCRI(t *testing.T) {
 	rtm := startContainerd(t, ctx, withDockerHubMirror(reg.addr))
 	name := unique("vn-vkcri")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, shortTempDir(t), func(o *noderun.Options) {
-		o.Backend, o.CRIEndpoint, o.NodeIP = "cri", "unix://"+rtm.socket, access.ip
+		rtm.use(o)
+		o.NodeIP = access.ip
 	})
 	runVKSuite(t, cp, name, "vn-vkcri")
 	// Five of the suite's tests run a pod of "foo" to Ready (TestGetPods,

@@ -7,6 +7,9 @@
 //   - kubelet-devicemanager: hack/tools/cmd/kubelet-devicemanager, the
 //     kubelet's own device manager (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager)
 //     run standalone with a line protocol on stdin/stdout.
+//   - kubelet-dramanager: hack/tools/cmd/kubelet-dramanager, the kubelet's
+//     own DRA manager (k8s.io/kubernetes/pkg/kubelet/cm/dra) and plugin
+//     watcher, run standalone with a line protocol on stdin/stdout.
 //
 // hack/build-upstream.sh builds them into
 // ${XDG_CACHE_HOME:-$HOME/.cache}/dpkit/upstream/v1.37.0, or into the
@@ -41,6 +44,7 @@ const BuildScript = "hack/build-upstream.sh"
 const (
 	SamplePluginName  = "sample-device-plugin"
 	DeviceManagerName = "kubelet-devicemanager"
+	DRAManagerName    = "kubelet-dramanager"
 )
 
 // Facts about the upstream sample device plugin at Version.
@@ -144,6 +148,14 @@ func SamplePlugin(t testing.TB) string {
 func DeviceManager(t testing.TB) string {
 	t.Helper()
 	return mustFind(t, DeviceManagerName)
+}
+
+// DRAManager returns the path of kubelet-dramanager, the kubelet's DRA
+// manager run standalone. Under -short it skips t; otherwise a missing
+// binary fails t with the command that builds it.
+func DRAManager(t testing.TB) string {
+	t.Helper()
+	return mustFind(t, DRAManagerName)
 }
 
 func mustFind(t testing.TB, name string) string {

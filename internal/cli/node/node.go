@@ -73,6 +73,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringVar(&o.Backend, "backend", "process", "pod backend: process (host processes), sim (nothing runs) or cri (containers through --cri-endpoint)")
 	f.StringVar(&o.CRIEndpoint, "cri-endpoint", "", "cri backend: the container runtime's CRI socket, e.g. unix:///run/containerd/containerd.sock")
 	f.StringSliceVar(&o.ClusterDNS, "cluster-dns", nil, "cri backend: DNS server IPs of ClusterFirst pods, comma-separated (the kubelet's --cluster-dns); without, they use --resolv-conf")
+	f.StringVar(&o.CgroupRoot, "cgroup-root", "", "cri backend: cgroupfs path below which each pod's sandbox and containers go, in pod<UID> (the kubelet's --cgroup-root); the runtime then measures each pod whole. Empty: the runtime's default cgroups")
 	f.StringVar(&o.ClusterDomain, "cluster-domain", "", "cri backend: the cluster's DNS domain, e.g. cluster.local, searched by ClusterFirst pods")
 	f.StringVar(&o.ResolvConf, "resolv-conf", cri.DefaultResolvConf, "cri backend: the resolver configuration that pods with dnsPolicy Default use and ClusterFirst pods' search path extends")
 	f.StringVar(&o.ClientCAFile, "client-ca-file", "", "CA that signs client certificates accepted by the node API (the API server's kubelet client certificate)")

@@ -18,8 +18,8 @@ import (
 )
 
 // sandboxConfig is the pod's sandbox as the kubelet would ask for it
-// (generatePodSandboxConfig), less sysctls and cgroups: the runtime's
-// defaults apply. The DNS configuration is added when the sandbox is
+// (generatePodSandboxConfig), less sysctls and the pod's resource limits
+// (its cgroup parent is pod<UID> below Config.CgroupRoot, if any). The DNS configuration is added when the sandbox is
 // created (createSandbox).
 func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 	pod := pr.pod
@@ -37,7 +37,7 @@ func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 		Labels:       map[string]string{LabelNode: pr.b.cfg.Node, LabelPodUID: string(pod.UID)},
 		Annotations:  map[string]string{AnnotationPod: podAnnotation(pod)},
 		PortMappings: portMappings(pod),
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{SecurityContext: sc},
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{SecurityContext: sc, CgroupParent: pr.b.podCgroup(pod.UID)},
 	}
 	// As the kubelet: a pod on the host network has the node's hostname.
 	if !pod.Spec.HostNetwork {

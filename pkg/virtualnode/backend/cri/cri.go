@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -38,6 +39,7 @@ import (
 	remote "k8s.io/cri-client/pkg"
 	"k8s.io/klog/v2"
 
+	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
@@ -128,6 +130,15 @@ type Config struct {
 	// token contents of running pods are written again (the kubelet's
 	// sync period); 0 means a minute.
 	VolumeResync time.Duration
+	// CgroupRoot, when set, is the cgroupfs path (e.g. /dpkit) below
+	// which each pod's sandbox and containers go, in pod<UID>, as the
+	// kubelet's --cgroup-root (whose pods go to kubepods/<qos>/pod<UID>
+	// below it): the runtime then measures each pod whole
+	// (ListPodSandboxStats), and the backend removes the pod's cgroup
+	// once its sandbox is gone. For a runtime with the cgroupfs cgroup
+	// driver. Empty leaves sandboxes where the runtime puts them by
+	// default (containerd: /k8s.io/<id>).
+	CgroupRoot string
 
 	// probeTicker, when set, paces the probe workers instead of their
 	// period, the first probe included (tests): name is
@@ -189,6 +200,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.LogDir == "" {
 		return nil, errors.New("cri backend: Config.LogDir is empty: give the directory for the pods' logs")
+	}
+	if r := cfg.CgroupRoot; r != "" && (!filepath.IsAbs(r) || filepath.Clean(r) != r || r == "/") {
+		return nil, fmt.Errorf("cri backend: Config.CgroupRoot %q: give a clean absolute cgroupfs path below the root, e.g. /dpkit", r)
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
@@ -339,6 +353,35 @@ func (b *Backend) removeSandbox(ctx context.Context, id string) {
 	}
 	if err := b.rt.RemovePodSandbox(b.logctx(ctx), id); err != nil {
 		b.log.Warn("Removing a sandbox", "sandbox", id, "err", err)
+	}
+}
+
+// podCgroup is the cgroup parent of the pod's sandboxes: pod<UID> below
+// CgroupRoot, or "" (the runtime's default) without one.
+func (b *Backend) podCgroup(uid types.UID) string {
+	if b.cfg.CgroupRoot == "" {
+		return ""
+	}
+	return path.Join(b.cfg.CgroupRoot, "pod"+string(uid))
+}
+
+// removePodCgroup removes the pod's cgroup in every hierarchy once its
+// sandbox is gone, as the kubelet's pod container manager does; the
+// runtime removed the sandbox's and containers' own below it.
+func (b *Backend) removePodCgroup(pod *corev1.Pod) {
+	cg := b.podCgroup(pod.UID)
+	if cg == "" {
+		return
+	}
+	mounts, err := procfs.CgroupMounts()
+	if err != nil {
+		b.log.Warn("Removing the pod's cgroup", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		return
+	}
+	for _, m := range mounts {
+		if err := procfs.RemoveTree(filepath.Join(m, cg)); err != nil {
+			b.log.Warn("Removing the pod's cgroup", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		}
 	}
 }
 

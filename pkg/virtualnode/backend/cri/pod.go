@@ -607,6 +607,7 @@ func (pr *podRun) terminate(ctx context.Context) {
 	if id != "" {
 		pr.b.removeSandbox(ctx, id)
 	}
+	pr.b.removePodCgroup(pr.pod)
 	pr.publish()
 }
 
