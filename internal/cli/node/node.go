@@ -16,6 +16,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // NewCommand returns the "node" command.
@@ -75,7 +76,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringSliceVar(&o.ClusterDNS, "cluster-dns", nil, "cri backend: DNS server IPs of ClusterFirst pods, comma-separated (the kubelet's --cluster-dns); without, they use --resolv-conf")
 	f.StringVar(&o.CgroupRoot, "cgroup-root", "", "cri backend: cgroupfs path below which each pod's sandbox and containers go, in pod<UID> (the kubelet's --cgroup-root); the runtime then measures each pod whole. Empty: the runtime's default cgroups")
 	f.StringVar(&o.ClusterDomain, "cluster-domain", "", "cri backend: the cluster's DNS domain, e.g. cluster.local, searched by ClusterFirst pods")
-	f.StringVar(&o.ResolvConf, "resolv-conf", cri.DefaultResolvConf, "cri backend: the resolver configuration that pods with dnsPolicy Default use and ClusterFirst pods' search path extends")
+	f.StringVar(&o.ResolvConf, "resolv-conf", podruntime.DefaultResolvConf, "cri backend: the resolver configuration that pods with dnsPolicy Default use and ClusterFirst pods' search path extends")
 	f.StringVar(&o.ClientCAFile, "client-ca-file", "", "CA that signs client certificates accepted by the node API (the API server's kubelet client certificate)")
 	f.StringVar(&o.TLSCertFile, "tls-cert-file", "", "node API serving certificate (default: self-signed)")
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "node API serving key")

@@ -19,6 +19,7 @@ const (
 	EventFailedCreatePodSandBox = "FailedCreatePodSandBox" // events.FailedCreatePodSandBox
 	EventMissingClusterDNS      = "MissingClusterDNS"      // pkg/kubelet/network/dns
 	EventDNSConfigForming       = "DNSConfigForming"       // pkg/kubelet/network/dns
+	EventLifecycleHTTPFallback  = "LifecycleHTTPFallback"  // pkg/kubelet/lifecycle
 )
 
 // Reasons of a container's Waiting and Terminated states, the kubelet's

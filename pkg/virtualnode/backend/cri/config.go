@@ -41,7 +41,7 @@ func (pr *podRun) sandboxConfig() *runtimeapi.PodSandboxConfig {
 	}
 	// As the kubelet: a pod on the host network has the node's hostname.
 	if !pod.Spec.HostNetwork {
-		cfg.Hostname = pr.sandboxHostname()
+		cfg.Hostname = pr.b.dns().KernelHostname(pod)
 	}
 	return cfg
 }

@@ -220,7 +220,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.PodDir = cfg.LogDir
 	}
 	if cfg.ResolvConf == "" {
-		cfg.ResolvConf = DefaultResolvConf
+		cfg.ResolvConf = podruntime.DefaultResolvConf
 	}
 	if cfg.HostsFile == "" {
 		cfg.HostsFile = "/etc/hosts"

@@ -2,12 +2,6 @@ package cri
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
-	"fmt"
-	"io"
-	"net/http"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -18,88 +12,17 @@ import (
 )
 
 // Lifecycle hooks and the killing of a container, as the kubelet's
-// (pkg/kubelet/lifecycle/handlers.go, kuberuntime startContainer and
-// killContainer): postStart runs once the container started, and the
-// container counts as running only once it returned; if it fails the
-// container is killed. preStop runs before a container is stopped, within
-// its grace period, and what it took is taken from that period.
-
-// minGracePeriod is the kubelet's floor on the grace period a stop gets
-// (minimumGracePeriodInSeconds).
-const minGracePeriod = 2
+// kuberuntime startContainer and killContainer: podruntime.Hook runs the
+// handlers, this file runs them at their points.
 
 // runHandler runs a lifecycle handler against the container id and
 // returns the kubelet's message when it fails.
 func (pr *podRun) runHandler(ctx context.Context, c *ctr, id string, h *corev1.LifecycleHandler) (string, error) {
-	switch {
-	case h.Exec != nil:
-		out, code, err := pr.execSync(ctx, id, h.Exec.Command, 0)
-		if err == nil && code != 0 {
-			err = fmt.Errorf("command '%s' exited with %d: %s", strings.Join(h.Exec.Command, " "), code, out)
-		}
-		if err != nil {
-			return fmt.Sprintf("Exec lifecycle hook (%v) for Container %q in Pod %q failed - error: %v, message: %q", h.Exec.Command, c.spec.Name, formatPod(pr.pod), err, string(out)), err
-		}
-		return "", nil
-	case h.HTTPGet != nil:
-		if err := pr.runHTTPHandler(ctx, c, h.HTTPGet); err != nil {
-			return fmt.Sprintf("HTTP lifecycle hook (%s) for Container %q in Pod %q failed - error: %v", h.HTTPGet.Path, c.spec.Name, formatPod(pr.pod), err), err
-		}
-		return "", nil
-	case h.Sleep != nil:
-		t := time.NewTimer(time.Duration(h.Sleep.Seconds) * time.Second)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return "", nil
-		case <-ctx.Done():
-			err := errors.New("container terminated before sleep hook finished")
-			return fmt.Sprintf("Sleep lifecycle hook (%d) for Container %q in Pod %q failed - error: %v", h.Sleep.Seconds, c.spec.Name, formatPod(pr.pod), err), err
-		}
-	}
-	err := fmt.Errorf("invalid handler: %v", h)
-	return "Cannot run handler: " + err.Error(), err
-}
-
-// runHTTPHandler is the kubelet's HTTP hook: a GET to the pod (kube-
-// lifecycle User-Agent); only a failed request fails it, not the answer's
-// status. An HTTPS request answered in plain HTTP is sent again in HTTP.
-func (pr *podRun) runHTTPHandler(ctx context.Context, c *ctr, h *corev1.HTTPGetAction) error {
 	pr.mu.Lock()
 	podIP := pr.statusIPLocked()
 	pr.mu.Unlock()
-	if h.Host == "" && podIP == "" {
-		return errors.New("failed to find networking container: the pod has no IP")
-	}
-	req, err := newHTTPRequest(ctx, h, &c.spec, podIP, "lifecycle")
-	if err != nil {
-		return err
-	}
-	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, Proxy: http.ProxyURL(nil)} //nolint:gosec // as the kubelet's hooks
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-	resp, err := client.Do(req)
-	discard(resp)
-	if err != nil && strings.Contains(err.Error(), "server gave HTTP response to HTTPS client") {
-		req = req.Clone(ctx)
-		req.URL.Scheme = "http"
-		req.Header.Del("Authorization")
-		resp, herr := client.Do(req)
-		discard(resp)
-		if herr == nil {
-			pr.event(c, corev1.EventTypeWarning, "LifecycleHTTPFallback", fmt.Sprintf("request to HTTPS lifecycle hook %s got HTTP response, retry with HTTP succeeded", req.URL.Host))
-			err = nil
-		}
-	}
-	return err
-}
-
-func discard(resp *http.Response) {
-	if resp == nil {
-		return
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-	_ = resp.Body.Close()
+	t := probeTarget{pr, c}
+	return podruntime.Hook{Pod: pr.pod, Container: &c.spec, Handler: h, ID: id, PodIP: podIP, Exec: t.Exec, Event: t.Event}.Run(ctx)
 }
 
 // postStart runs c's postStart hook, if any, on the container that just
@@ -136,23 +59,7 @@ func (pr *podRun) postStart(ctx context.Context, c *ctr) {
 	// As the kubelet, the event does not carry the message, which may
 	// hold secrets.
 	pr.event(c, corev1.EventTypeWarning, podruntime.EventFailedPostStartHook, podruntime.MessagePostStartHookFailed)
-	pr.killContainer(ctx, c, id, podruntime.EventFailedPostStartHook, pr.killGrace(nil))
-}
-
-// killGrace is the grace period of a kill that is not the pod's deletion
-// (kubelet setTerminationGracePeriod): the pod's deletion grace period
-// when it is being deleted, else the probe's terminationGracePeriodSeconds
-// for a probe's kill, else the pod's.
-func (pr *podRun) killGrace(probe *corev1.Probe) int64 {
-	switch {
-	case pr.pod.DeletionGracePeriodSeconds != nil:
-		return *pr.pod.DeletionGracePeriodSeconds
-	case pr.pod.Spec.TerminationGracePeriodSeconds == nil:
-		return minGracePeriod
-	case probe != nil && probe.TerminationGracePeriodSeconds != nil:
-		return *probe.TerminationGracePeriodSeconds
-	}
-	return *pr.pod.Spec.TerminationGracePeriodSeconds
+	pr.killContainer(ctx, c, id, podruntime.EventFailedPostStartHook, podruntime.KillGrace(pr.pod, nil))
 }
 
 // killContainer stops the container id of c as the kubelet's
@@ -169,7 +76,7 @@ func (pr *podRun) killContainer(ctx context.Context, c *ctr, id, message string,
 		if c.spec.Lifecycle != nil && c.spec.Lifecycle.PreStop != nil {
 			grace -= pr.preStop(ctx, c, id, grace)
 		}
-		grace = max(grace, minGracePeriod)
+		grace = max(grace, podruntime.MinGracePeriod)
 	}
 	err := pr.b.rt.StopContainer(pr.b.logctx(ctx), id, grace)
 	if err != nil && status.Code(err) != codes.NotFound {

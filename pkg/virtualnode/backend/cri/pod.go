@@ -56,11 +56,13 @@ type podRun struct {
 	sandboxNext time.Time
 	podIP       string
 	ctrs        []*ctr
-	stopping    bool
-	grace       time.Duration
-	ended       bool // the pod reached a terminal phase
-	last        *corev1.PodStatus
-	vols        podVolumes // the run goroutine's only
+	// readiness are the readiness probe workers by container name.
+	readiness map[string]*podruntime.ProbeWorker
+	stopping  bool
+	grace     time.Duration
+	ended     bool // the pod reached a terminal phase
+	last      *corev1.PodStatus
+	vols      podVolumes // the run goroutine's only
 
 	stopCh   chan struct{}
 	stopOnce sync.Once
@@ -324,7 +326,7 @@ func (pr *podRun) refresh(ctx context.Context) {
 		case runtimeapi.ContainerState_CONTAINER_RUNNING:
 			c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: nsTime(s.StartedAt)}}
 		case runtimeapi.ContainerState_CONTAINER_EXITED, runtimeapi.ContainerState_CONTAINER_UNKNOWN:
-			pr.exit(c, withTerminationMessage(terminated(s, pr.b.containerID(c.id)), msg))
+			pr.exit(c, podruntime.WithTerminationMessage(terminated(s, pr.b.containerID(c.id)), msg))
 		}
 		pr.mu.Unlock()
 	}

@@ -3,7 +3,6 @@ package cri
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,16 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // eventLog keeps the events the backend records, as
@@ -243,13 +240,13 @@ func TestProbeKills(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		kind   probeKind
+		kind   podruntime.ProbeKind
 		policy corev1.RestartPolicy
 		event  string
 	}{
-		{"liveness", liveness, corev1.RestartPolicyAlways, "app Normal Killing: Container app failed liveness probe, will be restarted"},
-		{"liveness never", liveness, corev1.RestartPolicyNever, "app Normal Killing: Container app failed liveness probe"},
-		{"startup", startup, corev1.RestartPolicyAlways, "app Normal Killing: Container app failed startup probe, will be restarted"},
+		{"liveness", podruntime.Liveness, corev1.RestartPolicyAlways, "app Normal Killing: Container app failed liveness probe, will be restarted"},
+		{"liveness never", podruntime.Liveness, corev1.RestartPolicyNever, "app Normal Killing: Container app failed liveness probe"},
+		{"startup", podruntime.Startup, corev1.RestartPolicyAlways, "app Normal Killing: Container app failed startup probe, will be restarted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -261,7 +258,7 @@ func TestProbeKills(t *testing.T) {
 			b := newProbeBackend(t, f, rec, ev, tk, time.Nanosecond)
 			probe := &corev1.Probe{ProbeHandler: execProbe("check"), FailureThreshold: 3, TerminationGracePeriodSeconds: ptrTo(int64(3))}
 			c := corev1.Container{Name: "app", Image: "busybox:1"}
-			if tc.kind == liveness {
+			if tc.kind == podruntime.Liveness {
 				c.LivenessProbe = probe
 			} else {
 				c.StartupProbe = probe
@@ -555,107 +552,6 @@ func TestPreStopHook(t *testing.T) {
 	}
 }
 
-// TestHTTPProbe: the kubelet's HTTP prober: redirects on the same host
-// are followed, to another host they end the probe with a warning, the
-// body read is 10 KiB at most.
-func TestHTTPProbe(t *testing.T) {
-	t.Parallel()
-	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	t.Cleanup(other.Close)
-	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/local":
-			http.Redirect(w, r, "/ok", http.StatusFound)
-		case "/away":
-			http.Redirect(w, r, otherURL, http.StatusFound)
-		case "/big":
-			_, _ = w.Write([]byte(strings.Repeat("x", 20<<10)))
-		case "/ok":
-			_, _ = w.Write([]byte("fine"))
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	for _, tc := range []struct {
-		path   string
-		want   outcome
-		output string
-	}{
-		{"/local", outcomeSuccess, "fine"},
-		{"/away", outcomeWarning, "Probe terminated redirects, Response body: "},
-		{"/big", outcomeSuccess, strings.Repeat("x", 10<<10)},
-		{"/missing", outcomeFailure, "HTTP probe failed with statuscode: 404"},
-	} {
-		req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL+tc.path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, output, err := httpProbe(req, 5*time.Second)
-		if err != nil || out != tc.want || !strings.HasPrefix(output, tc.output) || tc.path == "/big" && output != tc.output {
-			t.Errorf("%s: %s %.60q %v, want %s %.60q", tc.path, out, output, err, tc.want, tc.output)
-		}
-	}
-}
-
-// TestTCPAndGRPCProbes: a TCP probe passes when the port accepts; a gRPC
-// probe passes when grpc.health.v1 answers SERVING for its service, with
-// the kubelet's messages otherwise.
-func TestTCPAndGRPCProbes(t *testing.T) {
-	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := health.NewServer()
-	hs.SetServingStatus("up", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus("down", healthpb.HealthCheckResponse_NOT_SERVING)
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, hs)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-	bare, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bareSrv := grpc.NewServer()
-	go func() { _ = bareSrv.Serve(bare) }()
-	t.Cleanup(bareSrv.Stop)
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedPort := closed.Addr().(*net.TCPAddr).Port
-	_ = closed.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	barePort := bare.Addr().(*net.TCPAddr).Port
-	ctx := context.Background()
-
-	if out, _, err := tcpProbe(ctx, "127.0.0.1", port, time.Second); out != outcomeSuccess || err != nil {
-		t.Errorf("tcp to a listening port: %s %v", out, err)
-	}
-	if out, msg, err := tcpProbe(ctx, "127.0.0.1", closedPort, time.Second); out != outcomeFailure || err != nil || !strings.Contains(msg, "connection refused") {
-		t.Errorf("tcp to a closed port: %s %q %v, want a failure", out, msg, err)
-	}
-	for _, tc := range []struct {
-		name, service string
-		port          int
-		want          outcome
-		msg           string
-	}{
-		{"serving", "up", port, outcomeSuccess, "service healthy"},
-		{"not serving", "down", port, outcomeFailure, `service unhealthy (responded with "NOT_SERVING")`},
-		{"no health service", "", barePort, outcomeFailure, "error: this server does not implement the grpc health protocol (grpc.health.v1.Health)"},
-		{"nothing listening", "", closedPort, outcomeFailure, fmt.Sprintf("timeout: failed to connect service %q within 1s", net.JoinHostPort("127.0.0.1", strconv.Itoa(closedPort)))},
-	} {
-		out, msg, err := grpcProbe(ctx, "127.0.0.1", tc.service, tc.port, time.Second)
-		if out != tc.want || err != nil || !strings.HasPrefix(msg, tc.msg) {
-			t.Errorf("%s: %s %q %v, want %s %q", tc.name, out, msg, err, tc.want, tc.msg)
-		}
-	}
-}
-
 // TestExecProbeOutcomes: as the kubelet's exec prober, an exec that times
 // out fails the probe with the kubelet's message, one the runtime cannot
 // run errors (the result stays as it was), and the output kept is 10 KiB.
@@ -677,19 +573,19 @@ func TestExecProbeOutcomes(t *testing.T) {
 		name   string
 		resp   *runtimeapi.ExecSyncResponse
 		err    error
-		want   outcome
+		want   podruntime.Outcome
 		output string
 		errs   bool
 	}{
-		{"timeout", nil, status.Error(codes.DeadlineExceeded, "timeout 1s exceeded"), outcomeFailure, `command timed out: "check" timed out after 1s`, false},
-		{"runtime error", nil, status.Error(codes.Unavailable, "gone"), outcomeUnknown, "", true},
-		{"exit 1", &runtimeapi.ExecSyncResponse{ExitCode: 1, Stdout: []byte("out "), Stderr: []byte("err")}, nil, outcomeFailure, "out err", false},
-		{"long output", &runtimeapi.ExecSyncResponse{Stdout: []byte(strings.Repeat("y", 20<<10))}, nil, outcomeSuccess, strings.Repeat("y", 10<<10), false},
+		{"timeout", nil, status.Error(codes.DeadlineExceeded, "timeout 1s exceeded"), podruntime.OutcomeFailure, `command timed out: "check" timed out after 1s`, false},
+		{"runtime error", nil, status.Error(codes.Unavailable, "gone"), podruntime.OutcomeUnknown, "", true},
+		{"exit 1", &runtimeapi.ExecSyncResponse{ExitCode: 1, Stdout: []byte("out "), Stderr: []byte("err")}, nil, podruntime.OutcomeFailure, "out err", false},
+		{"long output", &runtimeapi.ExecSyncResponse{Stdout: []byte(strings.Repeat("y", 20<<10))}, nil, podruntime.OutcomeSuccess, strings.Repeat("y", 10<<10), false},
 	} {
 		f.setExec(func(string, *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
 			return tc.resp, tc.err
 		})
-		out, output, err := pr.execProbe(context.Background(), id, []string{"check"}, time.Second)
+		out, output, err := podruntime.ExecProbe(context.Background(), pr.execSync, id, []string{"check"}, time.Second)
 		if out != tc.want || output != tc.output || (err != nil) != tc.errs {
 			t.Errorf("%s: %s %.40q %v, want %s %.40q (error %v)", tc.name, out, output, err, tc.want, tc.output, tc.errs)
 		}

@@ -1,28 +1,17 @@
 package cri
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/crilog"
-)
-
-// The kubelet's termination message limits (kubecontainer).
-const (
-	maxTerminationMessageLength   = 4 * 1024
-	maxTerminationMessageLogLines = 80
-	maxTerminationMessageLogBytes = 2048
 )
 
 // etcHostsMount is the pod's managed /etc/hosts, as the kubelet mounts
@@ -98,105 +87,19 @@ func (pr *podRun) removeTerminationFiles(mounts []*runtimeapi.Mount) {
 }
 
 // terminationMessage is what the kubelet adds to an exited container's
-// message: the file at terminationMessagePath (its last 4 KiB), or with
-// FallbackToLogsOnError, when the container failed and wrote nothing
-// there, the end of its log (80 lines, 2048 bytes).
-//
-// The file read is the one the backend made for the run, in dir (the
-// container's directory under the pod's): a volume the pod mounts at the
-// same path is never read, so a link the pod planted there cannot put a
-// node file into the status. It is read without following a link, only
-// when it is a regular file (a FIFO would block, /dev/zero never end), and
-// at most 4 KiB of it.
+// message (podruntime.TerminationMessage). The file read is the one the
+// backend made for the run, in dir (the container's directory under the
+// pod's): a volume the pod mounts at the same path is never read, so a
+// link the pod planted there cannot put a node file into the status.
 func terminationMessage(spec *corev1.Container, s *runtimeapi.ContainerStatus, dir string) string {
-	fallback := spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError && s.ExitCode != 0
-	msg, checkLogs := "", fallback
+	file := ""
 	if spec.TerminationMessagePath != "" {
 		for _, m := range s.Mounts {
-			if m.ContainerPath != spec.TerminationMessagePath || filepath.Dir(m.HostPath) != dir {
-				continue
+			if m.ContainerPath == spec.TerminationMessagePath && filepath.Dir(m.HostPath) == dir {
+				file = m.HostPath
+				break
 			}
-			data, err := readTail(m.HostPath, maxTerminationMessageLength)
-			switch {
-			case errors.Is(err, fs.ErrNotExist):
-			case err != nil:
-				msg, checkLogs = fmt.Sprintf("Error on reading termination log %s: %v", m.HostPath, err), false
-			default:
-				msg, checkLogs = string(data), fallback && len(data) == 0
-			}
-			break
 		}
 	}
-	if checkLogs {
-		msg = lastLogLines(s.LogPath)
-	}
-	return msg
-}
-
-// readTail reads at most the last n bytes of a regular file, without
-// following a link at path and without blocking on a FIFO.
-func readTail(path string, n int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if errors.Is(err, syscall.ELOOP) {
-		return nil, fmt.Errorf("%s is a symbolic link", path)
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
-	}
-	if st.Size() > n {
-		if _, err := f.Seek(-n, io.SeekEnd); err != nil {
-			return nil, err
-		}
-	}
-	return io.ReadAll(io.LimitReader(f, n))
-}
-
-// lastLogLines is the kubelet's readLastStringFromContainerLogs: the
-// text of the log's last 80 lines, at most 2048 bytes of it.
-func lastLogLines(path string) string {
-	data, err := readTail(path, 1<<20)
-	if err != nil {
-		return ""
-	}
-	lines := bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n"))
-	if len(lines) > maxTerminationMessageLogLines {
-		lines = lines[len(lines)-maxTerminationMessageLogLines:]
-	}
-	var out bytes.Buffer
-	for _, l := range lines {
-		parsed, ok := crilog.ParseLogLine(l)
-		if !ok {
-			continue
-		}
-		out.Write(parsed.Msg)
-		if !parsed.Partial {
-			out.WriteByte('\n')
-		}
-	}
-	b := out.Bytes()
-	if len(b) > maxTerminationMessageLogBytes {
-		b = b[:maxTerminationMessageLogBytes]
-	}
-	return string(b)
-}
-
-// withTerminationMessage appends the container's termination message to
-// the runtime's, as the kubelet's toKubeContainerStatus.
-func withTerminationMessage(t *corev1.ContainerStateTerminated, msg string) *corev1.ContainerStateTerminated {
-	if msg == "" {
-		return t
-	}
-	if t.Message != "" {
-		t.Message += ": "
-	}
-	t.Message += msg
-	return t
+	return podruntime.TerminationMessage(spec, s.ExitCode, file, s.LogPath)
 }

@@ -15,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 // TestTerminationMessageReadsOnlyItsFile: the termination message comes
@@ -76,8 +77,8 @@ func TestTerminationMessageReadsOnlyItsFile(t *testing.T) {
 	if err := os.WriteFile(big, []byte(strings.Repeat("x", 10000)+"END"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got := terminationMessage(spec, status(big), dir); len(got) != maxTerminationMessageLength || !strings.HasSuffix(got, "END") {
-		t.Errorf("a 10 KB file gave %d bytes ending %q, want its last %d", len(got), got[max(0, len(got)-3):], maxTerminationMessageLength)
+	if got := terminationMessage(spec, status(big), dir); len(got) != podruntime.MaxTerminationMessageLength || !strings.HasSuffix(got, "END") {
+		t.Errorf("a 10 KB file gave %d bytes ending %q, want its last %d", len(got), got[max(0, len(got)-3):], podruntime.MaxTerminationMessageLength)
 	}
 }
 

@@ -1,4 +1,4 @@
-package cri
+package podruntime
 
 import (
 	"context"
@@ -48,9 +48,9 @@ func probeDialer(timeout time.Duration) *net.Dialer {
 	}
 }
 
-// resolvePort is the kubelet's probe.ResolveContainerPort: a number, or
+// ResolvePort is the kubelet's probe.ResolveContainerPort: a number, or
 // the name of one of the container's ports.
-func resolvePort(p intstr.IntOrString, c *corev1.Container) (int, error) {
+func ResolvePort(p intstr.IntOrString, c *corev1.Container) (int, error) {
 	port := -1
 	switch p.Type {
 	case intstr.Int:
@@ -73,11 +73,11 @@ func resolvePort(p intstr.IntOrString, c *corev1.Container) (int, error) {
 	return port, fmt.Errorf("invalid port number: %v", port)
 }
 
-// newHTTPRequest is the kubelet's NewRequestForHTTPGetAction: the GET of
+// NewHTTPRequest is the kubelet's NewRequestForHTTPGetAction: the GET of
 // the action to its host (the pod's IP by default), with its headers, a
 // User-Agent of kube-<purpose>/<release> and Accept */* unless given,
 // Host from a Host header.
-func newHTTPRequest(ctx context.Context, h *corev1.HTTPGetAction, c *corev1.Container, podIP, purpose string) (*http.Request, error) {
+func NewHTTPRequest(ctx context.Context, h *corev1.HTTPGetAction, c *corev1.Container, podIP, purpose string) (*http.Request, error) {
 	scheme := strings.ToLower(string(h.Scheme))
 	if scheme == "" {
 		scheme = "http"
@@ -86,7 +86,7 @@ func newHTTPRequest(ctx context.Context, h *corev1.HTTPGetAction, c *corev1.Cont
 	if host == "" {
 		host = podIP
 	}
-	port, err := resolvePort(h.Port, c)
+	port, err := ResolvePort(h.Port, c)
 	if err != nil {
 		return nil, err
 	}
@@ -128,30 +128,30 @@ func probeTransport(timeout time.Duration) *http.Transport {
 	}
 }
 
-// httpProbe is the kubelet's HTTP prober: 2xx passes; a redirect to
+// HTTPProbe is the kubelet's HTTP prober: 2xx passes; a redirect to
 // another host is not followed and passes with a warning; anything else
 // fails.
-func httpProbe(req *http.Request, timeout time.Duration) (outcome, string, error) {
+func HTTPProbe(req *http.Request, timeout time.Duration) (Outcome, string, error) {
 	tr := probeTransport(timeout)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Timeout: timeout, Transport: tr, CheckRedirect: localRedirects}
 	res, err := client.Do(req)
 	if err != nil {
-		return outcomeFailure, err.Error(), nil
+		return OutcomeFailure, err.Error(), nil
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(res.Body, maxHTTPBody))
 	if err != nil {
-		return outcomeFailure, "", err
+		return OutcomeFailure, "", err
 	}
 	body := string(b)
 	if res.StatusCode >= http.StatusOK && res.StatusCode < http.StatusBadRequest {
 		if res.StatusCode >= http.StatusMultipleChoices {
-			return outcomeWarning, "Probe terminated redirects, Response body: " + body, nil
+			return OutcomeWarning, "Probe terminated redirects, Response body: " + body, nil
 		}
-		return outcomeSuccess, body, nil
+		return OutcomeSuccess, body, nil
 	}
-	return outcomeFailure, fmt.Sprintf("HTTP probe failed with statuscode: %d", res.StatusCode), nil
+	return OutcomeFailure, fmt.Sprintf("HTTP probe failed with statuscode: %d", res.StatusCode), nil
 }
 
 // localRedirects follows redirects on the same host only, 10 at most,
@@ -166,19 +166,19 @@ func localRedirects(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// tcpProbe passes when a TCP connection opens within the timeout.
-func tcpProbe(ctx context.Context, host string, port int, timeout time.Duration) (outcome, string, error) {
+// TCPProbe passes when a TCP connection opens within the timeout.
+func TCPProbe(ctx context.Context, host string, port int, timeout time.Duration) (Outcome, string, error) {
 	conn, err := probeDialer(timeout).DialContext(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
-		return outcomeFailure, err.Error(), nil
+		return OutcomeFailure, err.Error(), nil
 	}
 	_ = conn.Close()
-	return outcomeSuccess, "", nil
+	return OutcomeSuccess, "", nil
 }
 
-// grpcProbe is the kubelet's gRPC prober: grpc.health.v1 Check of the
+// GRPCProbe is the kubelet's gRPC prober: grpc.health.v1 Check of the
 // service must answer SERVING within the timeout, connection included.
-func grpcProbe(ctx context.Context, host, service string, port int, timeout time.Duration) (outcome, string, error) {
+func GRPCProbe(ctx context.Context, host, service string, port int, timeout time.Duration) (Outcome, string, error) {
 	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	conn, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithUserAgent("kube-probe/"+kubeletMinor),
@@ -187,7 +187,7 @@ func grpcProbe(ctx context.Context, host, service string, port int, timeout time
 			return probeDialer(0).DialContext(ctx, "tcp", addr)
 		}))
 	if err != nil {
-		return outcomeFailure, fmt.Sprintf("error: failed to connect service at %q: %+v", addr, err), nil
+		return OutcomeFailure, fmt.Sprintf("error: failed to connect service at %q: %+v", addr, err), nil
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -197,16 +197,16 @@ func grpcProbe(ctx context.Context, host, service string, port int, timeout time
 		st, _ := status.FromError(err)
 		switch {
 		case st.Code() == codes.DeadlineExceeded && conn.GetState() != connectivity.Ready:
-			return outcomeFailure, fmt.Sprintf("timeout: failed to connect service %q within %v: %+v", addr, timeout, err), nil
+			return OutcomeFailure, fmt.Sprintf("timeout: failed to connect service %q within %v: %+v", addr, timeout, err), nil
 		case st.Code() == codes.Unimplemented:
-			return outcomeFailure, "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): " + st.Message(), nil
+			return OutcomeFailure, "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): " + st.Message(), nil
 		case st.Code() == codes.DeadlineExceeded:
-			return outcomeFailure, fmt.Sprintf("timeout: health rpc did not complete within %v", timeout), nil
+			return OutcomeFailure, fmt.Sprintf("timeout: health rpc did not complete within %v", timeout), nil
 		}
-		return outcomeFailure, fmt.Sprintf("error: health rpc probe failed: %+v", err), nil
+		return OutcomeFailure, fmt.Sprintf("error: health rpc probe failed: %+v", err), nil
 	}
 	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		return outcomeFailure, fmt.Sprintf("service unhealthy (responded with %q)", resp.GetStatus().String()), nil
+		return OutcomeFailure, fmt.Sprintf("service unhealthy (responded with %q)", resp.GetStatus().String()), nil
 	}
-	return outcomeSuccess, "service healthy", nil
+	return OutcomeSuccess, "service healthy", nil
 }
