@@ -3,10 +3,13 @@
 // admission and the container runtime, written once. It holds the
 // kubelet's words (event reasons, container state reasons and the
 // messages that go with them), which init containers are sidecars, the
-// restart policy and its back-off, the grace period of a deletion, a
-// container's environment and $(VAR) expansion, the set of pod workers,
-// and the pod status computed from the containers' states (phase,
-// conditions, started and ready). Package crilog below it reads CRI log
+// restart policy and its back-off, the grace period of a deletion or a
+// kill, a container's environment and $(VAR) expansion, the set of pod
+// workers, the pod status computed from the containers' states (phase,
+// conditions, started and ready), the prober (its workers, thresholds and
+// exec, HTTP, TCP and gRPC probes, against a ProbeTarget the backend
+// gives), the lifecycle hooks (Hook), the pod's DNS configuration and
+// hostname (DNS) and termination messages. Package crilog below it reads CRI log
 // files.
 //
 // The backends (process, cri, sim) only start, stop, exec and observe

@@ -137,6 +137,9 @@ func TestPortForward(t *testing.T) {
 	b := newBackend(t, t.TempDir(), rec)
 	defer b.Close()
 	pod := testPod("pf", corev1.RestartPolicyNever, nil, sh("app", "exec sleep 600"))
+	// A SIGTERM that comes before the container's command runs is lost,
+	// as with a runtime's container init; SIGKILL ends it a second later.
+	pod.Spec.TerminationGracePeriodSeconds = new(int64(1))
 	if err := b.CreatePod(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}

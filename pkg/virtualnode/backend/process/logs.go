@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	utilexec "k8s.io/utils/exec"
@@ -78,15 +79,35 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	if pr == nil {
 		return fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
 	}
+	c, err := pr.command(ctx, container, cmd)
+	if err != nil {
+		return err
+	}
+	c.Stdin, c.Stdout, c.Stderr = eio.Stdin, eio.Stdout, eio.Stderr
+	if eio.TTY && c.Stderr == nil {
+		c.Stderr = eio.Stdout
+	}
+	err = c.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return utilexec.CodeExitError{Err: err, Code: ee.ExitCode()}
+	}
+	return err
+}
+
+// command is cmd to run beside container's running process: as the
+// container's user, with its environment and working directory, in a
+// process group of its own that ctx's end kills whole.
+func (pr *podRun) command(ctx context.Context, container string, cmd []string) (*exec.Cmd, error) {
 	if len(cmd) == 0 {
-		return errors.New("exec: no command given")
+		return nil, errors.New("exec: no command given")
 	}
 	pr.mu.Lock()
 	p := pr.procs[container]
 	pod := pr.pod.DeepCopy()
 	pr.mu.Unlock()
 	if p == nil || !p.running() {
-		return fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
+		return nil, fmt.Errorf("container %s in pod %s/%s is not running", container, pod.Namespace, pod.Name)
 	}
 	env, dir := p.env, p.dir
 	var id identity
@@ -97,11 +118,11 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 		// The command runs as the container's user, like its processes.
 		var err error
 		if id, err = containerIdentity(pod, &c); err != nil {
-			return err
+			return nil, err
 		}
 		if env == nil {
 			if env, _, err = pr.containerEnv(ctx, pod, c); err != nil {
-				return fmt.Errorf("container %s in pod %s/%s: environment: %w", container, namespace, name, err)
+				return nil, fmt.Errorf("container %s in pod %s/%s: environment: %w", container, pod.Namespace, pod.Name, err)
 			}
 			dir = pr.workDir(c)
 		}
@@ -114,17 +135,13 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	}
 	c := exec.CommandContext(ctx, cmd[0], cmd[1:]...)
 	c.Env, c.Dir = env, dir
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if id.other {
-		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}}
+		c.SysProcAttr.Credential = &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
 	}
-	c.Stdin, c.Stdout, c.Stderr = eio.Stdin, eio.Stdout, eio.Stderr
-	if eio.TTY && c.Stderr == nil {
-		c.Stderr = eio.Stdout
-	}
-	err := c.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return utilexec.CodeExitError{Err: err, Code: ee.ExitCode()}
-	}
-	return err
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	// What the command started and left holding its output does not
+	// keep the caller waiting past the command's end.
+	c.WaitDelay = time.Second
+	return c, nil
 }

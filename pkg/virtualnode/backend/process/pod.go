@@ -28,23 +28,31 @@ type podRun struct {
 	procs    map[string]*proc     // running or last process per container
 	adopt    map[string]procState // processes of a previous run, until followed
 	restarts map[string]int32
-	stopping chan struct{} // closed by stop
-	stopOnce sync.Once
-	killAt   time.Time
-	done     chan struct{}
-	loopsWG  sync.WaitGroup // container loops
+	// probes are what each container's probes found, readiness its
+	// readiness probe's worker, postStarting whether its postStart hook
+	// runs (probe.go).
+	probes       map[string]*podruntime.ProbeResults
+	readiness    map[string]*podruntime.ProbeWorker
+	postStarting map[string]bool
+	stopping     chan struct{} // closed by stop
+	stopOnce     sync.Once
+	killAt       time.Time
+	done         chan struct{}
+	loopsWG      sync.WaitGroup // container loops
 }
 
 func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
 	pr := &podRun{
-		b:        b,
-		dir:      filepath.Join(b.cfg.Dir, string(pod.UID)),
-		pod:      pod,
-		procs:    map[string]*proc{},
-		adopt:    map[string]procState{},
-		restarts: map[string]int32{},
-		stopping: make(chan struct{}),
-		done:     make(chan struct{}),
+		b:            b,
+		dir:          filepath.Join(b.cfg.Dir, string(pod.UID)),
+		pod:          pod,
+		procs:        map[string]*proc{},
+		adopt:        map[string]procState{},
+		restarts:     map[string]int32{},
+		probes:       map[string]*podruntime.ProbeResults{},
+		stopping:     make(chan struct{}),
+		postStarting: map[string]bool{},
+		done:         make(chan struct{}),
 	}
 	for _, s := range pod.Status.InitContainerStatuses {
 		pr.restarts[s.Name] = s.RestartCount
@@ -88,24 +96,36 @@ func (pr *podRun) isStopping() bool {
 	}
 }
 
-// stop terminates the pod: SIGTERM to every process group now, SIGKILL
-// once grace has passed. Containers are not restarted after stop.
+// stop terminates the pod: SIGTERM to every process group now (after its
+// preStop hook, for a container with one, the first time), SIGKILL once
+// grace has passed. Containers are not restarted after stop.
 func (pr *podRun) stop(grace time.Duration) {
 	pr.mu.Lock()
 	at := time.Now().Add(grace)
 	if pr.killAt.IsZero() || at.Before(pr.killAt) {
 		pr.killAt = at
 	}
-	procs := make([]*proc, 0, len(pr.procs))
-	for _, p := range pr.procs {
-		procs = append(procs, p)
+	procs := make(map[string]*proc, len(pr.procs))
+	for name, p := range pr.procs {
+		procs[name] = p
 	}
+	pod := pr.pod.DeepCopy()
 	pr.mu.Unlock()
-	pr.stopOnce.Do(func() { close(pr.stopping) })
-	for _, p := range procs {
-		if grace <= 0 {
+	first := false
+	pr.stopOnce.Do(func() { close(pr.stopping); first = true })
+	for name, p := range procs {
+		spec := podspec.Container(pod, name)
+		switch {
+		case grace <= 0:
 			p.signal(syscall.SIGKILL)
-		} else {
+		case first && spec != nil && spec.Lifecycle != nil && spec.Lifecycle.PreStop != nil && p.running():
+			// As the kubelet: the preStop hook first, within the grace
+			// period, then SIGTERM (the SIGKILL below comes at its end).
+			go func() {
+				pr.preStop(context.Background(), spec, p.id(), int64(grace/time.Second))
+				p.signal(syscall.SIGTERM)
+			}()
+		default:
 			p.signal(syscall.SIGTERM)
 		}
 	}
@@ -134,7 +154,7 @@ func (pr *podRun) stop(grace time.Duration) {
 // publish recomputes the pod status, persists the state and notifies.
 func (pr *podRun) publish() {
 	pr.mu.Lock()
-	podruntime.ComputeStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping())
+	podruntime.ComputeProbedStatus(pr.pod, &pr.pod.Status, pr.b.cfg.NodeIP, pr.isStopping(), pr.probedLocked)
 	st := state{Pod: pr.pod, Procs: map[string]procState{}}
 	for name, p := range pr.procs {
 		st.Procs[name] = procState{PID: p.pid, StartTicks: p.startTicks, RestartCount: pr.restarts[name]}
@@ -197,6 +217,7 @@ func (pr *podRun) run(ctx context.Context) {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
+	defer pr.startProbes(ctx, pod)()
 	for i, c := range pod.Spec.InitContainers {
 		if podspec.IsSidecar(&c) {
 			// A sidecar: started and kept running alongside the app
@@ -374,6 +395,9 @@ func (pr *podRun) runOnce(ctx context.Context, c corev1.Container, init bool) (c
 	pr.mu.Lock()
 	pr.procs[c.Name] = p
 	pr.mu.Unlock()
+	// As the kubelet, whose pod worker reports the container running
+	// from its next sync, once the postStart hook has returned.
+	pr.postStart(ctx, &c, p)
 	started := p.started
 	pr.setState(c.Name, init, func(s *corev1.ContainerStatus) {
 		s.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: started}}

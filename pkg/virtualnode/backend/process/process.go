@@ -57,6 +57,10 @@ type Config struct {
 	// containerLogMaxSize and containerLogMaxFiles. Defaults 10 MiB and 5.
 	ContainerLogMaxSize  int64
 	ContainerLogMaxFiles int
+
+	// probeTicker, when set, paces the probe workers instead of their
+	// period, the first probe included (tests).
+	probeTicker podruntime.Ticker
 }
 
 // Backend is the process backend.
