@@ -19,6 +19,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
@@ -278,7 +279,7 @@ func TestOneEmulatorPerRoot(t *testing.T) {
 func fakeSysfs(t *testing.T, dirs ...string) string {
 	t.Helper()
 	root := t.TempDir()
-	nodes := filepath.Join(root, NUMANodesDir)
+	nodes := filepath.Join(root, numa.NodesDir)
 	if err := os.MkdirAll(nodes, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -293,17 +294,6 @@ func fakeSysfs(t *testing.T, dirs ...string) string {
 		}
 	}
 	return root
-}
-
-func TestReadNUMANodes(t *testing.T) {
-	t.Parallel()
-	got, err := ReadNUMANodes(fakeSysfs(t, "node10", "node1", "node0", "nodex", "node01", "power"))
-	if err != nil || !slices.Equal(got, []int{0, 1, 10}) {
-		t.Errorf("ReadNUMANodes = %v, %v; want [0 1 10]", got, err)
-	}
-	if got, err := ReadNUMANodes(t.TempDir()); err != nil || got != nil {
-		t.Errorf("ReadNUMANodes without NUMA = %v, %v; want none", got, err)
-	}
 }
 
 // TestRunReadsNUMANodes checks that the NUMA nodes come from sysfs when

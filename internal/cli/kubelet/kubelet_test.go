@@ -13,6 +13,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -47,7 +48,7 @@ func execute(ctx context.Context, env *cli.Env, args ...string) error {
 func TestNUMANodesFromSysfs(t *testing.T) {
 	sysfs := t.TempDir()
 	for _, n := range []string{"node0", "node1"} {
-		if err := os.MkdirAll(filepath.Join(sysfs, emulator.NUMANodesDir, n), 0o750); err != nil {
+		if err := os.MkdirAll(filepath.Join(sysfs, numa.NodesDir, n), 0o750); err != nil {
 			t.Fatal(err)
 		}
 	}
