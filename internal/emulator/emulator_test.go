@@ -18,6 +18,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/rootlock"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/discovery/numa"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -125,18 +126,8 @@ spec:
         example.com/foo: 1
 `
 
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", "kl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return root
-}
-
 func TestEmulator(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "kl")
 	e, stop := startEmulator(t, root)
 	defer func() { stop() }() // stop is replaced by the restart below
 	defer startPlugin(t, root)()
@@ -260,7 +251,7 @@ func TestEmulator(t *testing.T) {
 // TestOneEmulatorPerRoot checks that a second emulator on a root that one
 // serves fails, naming this process, and leaves the first serving.
 func TestOneEmulatorPerRoot(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "kl")
 	_, stop := startEmulator(t, root)
 	defer stop()
 	err := Run(context.Background(), Options{Root: root}, func(*Emulator) { t.Error("the second emulator started") })
@@ -310,7 +301,7 @@ func TestRunReadsNUMANodes(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			got := make(chan []int, 1)
-			err := Run(ctx, Options{Root: shortRoot(t), TopologyPolicy: "single-numa-node", NUMANodes: tc.given, SysfsRoot: sysfs}, func(e *Emulator) {
+			err := Run(ctx, Options{Root: testdir.Short(t, "kl"), TopologyPolicy: "single-numa-node", NUMANodes: tc.given, SysfsRoot: sysfs}, func(e *Emulator) {
 				got <- e.NUMANodes()
 				cancel()
 			})
@@ -322,7 +313,7 @@ func TestRunReadsNUMANodes(t *testing.T) {
 			}
 		})
 	}
-	err := Run(context.Background(), Options{Root: shortRoot(t), TopologyPolicy: "restricted", SysfsRoot: t.TempDir()}, func(*Emulator) { t.Error("started") })
+	err := Run(context.Background(), Options{Root: testdir.Short(t, "kl"), TopologyPolicy: "restricted", SysfsRoot: t.TempDir()}, func(*Emulator) { t.Error("started") })
 	if err == nil || !strings.Contains(err.Error(), "topology policy restricted needs the machine's NUMA nodes") || !strings.Contains(err.Error(), "--numa-nodes") {
 		t.Errorf("Run without NUMA nodes = %v, want an error pointing to --numa-nodes", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/discovery/numa"
 )
 
@@ -52,11 +53,7 @@ func TestNUMANodesFromSysfs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	root, err := os.MkdirTemp("", "kb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := testdir.Short(t, "kb")
 	state := t.TempDir()
 	getenv := func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }
 	logs := make(records, 100)
