@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 )
@@ -30,7 +31,7 @@ func fileClaims(dir dratest.Claims) ClaimJSONGetter {
 // driver registered with it.
 func startDRAEmulator(t *testing.T) (*Emulator, dratest.Claims, *dratest.Driver) {
 	t.Helper()
-	root := shortRoot(t)
+	root := testdir.Short(t, "kl")
 	claims := dratest.Claims(filepath.Join(root, "claims"))
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan *Emulator, 1)
@@ -132,7 +133,7 @@ func TestAdmitPreparesClaims(t *testing.T) {
 // TestAdmitClaimsWithoutAPIServer: an emulator with no claim source
 // refuses a pod with claims and says how to give it one.
 func TestAdmitClaimsWithoutAPIServer(t *testing.T) {
-	e, stop := startEmulator(t, shortRoot(t))
+	e, stop := startEmulator(t, testdir.Short(t, "kl"))
 	defer stop()
 	c := NewClient(e.opts.AdminSocket)
 	defer c.Close()

@@ -41,6 +41,7 @@ import (
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/internal/unixsock"
 	"github.com/dpkit/dpkit/pkg/devicehost"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/topology"
@@ -61,7 +62,7 @@ type Options struct {
 	TopologyScope  string
 	NUMANodes      []int
 	// SysfsRoot is where sysfs is mounted: when NUMANodes is empty, the
-	// machine's NUMA nodes are read below it (ReadNUMANodes), as the
+	// machine's NUMA nodes are read below it (numa.ReadNodes), as the
 	// kubelet reads them. Empty: they are not read.
 	SysfsRoot string
 	// AdminSocket is where the admin API is served. Default
@@ -139,13 +140,13 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if len(opts.NUMANodes) == 0 && opts.SysfsRoot != "" {
-		nodes, err := ReadNUMANodes(opts.SysfsRoot)
+		nodes, err := numa.ReadNodes(opts.SysfsRoot)
 		if err != nil {
 			return err
 		}
 		if len(nodes) == 0 && opts.TopologyPolicy != "" && opts.TopologyPolicy != topology.PolicyNone {
 			return fmt.Errorf("topology policy %s needs the machine's NUMA nodes, and %s lists none; give them with --numa-nodes, e.g. --numa-nodes 0",
-				opts.TopologyPolicy, filepath.Join(opts.SysfsRoot, NUMANodesDir))
+				opts.TopologyPolicy, filepath.Join(opts.SysfsRoot, numa.NodesDir))
 		}
 		opts.NUMANodes = nodes
 	}

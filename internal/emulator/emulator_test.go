@@ -18,7 +18,9 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/rootlock"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
@@ -124,18 +126,8 @@ spec:
         example.com/foo: 1
 `
 
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", "kl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return root
-}
-
 func TestEmulator(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "kl")
 	e, stop := startEmulator(t, root)
 	defer func() { stop() }() // stop is replaced by the restart below
 	defer startPlugin(t, root)()
@@ -259,7 +251,7 @@ func TestEmulator(t *testing.T) {
 // TestOneEmulatorPerRoot checks that a second emulator on a root that one
 // serves fails, naming this process, and leaves the first serving.
 func TestOneEmulatorPerRoot(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "kl")
 	_, stop := startEmulator(t, root)
 	defer stop()
 	err := Run(context.Background(), Options{Root: root}, func(*Emulator) { t.Error("the second emulator started") })
@@ -278,7 +270,7 @@ func TestOneEmulatorPerRoot(t *testing.T) {
 func fakeSysfs(t *testing.T, dirs ...string) string {
 	t.Helper()
 	root := t.TempDir()
-	nodes := filepath.Join(root, NUMANodesDir)
+	nodes := filepath.Join(root, numa.NodesDir)
 	if err := os.MkdirAll(nodes, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -295,17 +287,6 @@ func fakeSysfs(t *testing.T, dirs ...string) string {
 	return root
 }
 
-func TestReadNUMANodes(t *testing.T) {
-	t.Parallel()
-	got, err := ReadNUMANodes(fakeSysfs(t, "node10", "node1", "node0", "nodex", "node01", "power"))
-	if err != nil || !slices.Equal(got, []int{0, 1, 10}) {
-		t.Errorf("ReadNUMANodes = %v, %v; want [0 1 10]", got, err)
-	}
-	if got, err := ReadNUMANodes(t.TempDir()); err != nil || got != nil {
-		t.Errorf("ReadNUMANodes without NUMA = %v, %v; want none", got, err)
-	}
-}
-
 // TestRunReadsNUMANodes checks that the NUMA nodes come from sysfs when
 // they are not given, that given ones win, and that a policy that needs
 // them fails clearly when sysfs lists none.
@@ -320,7 +301,7 @@ func TestRunReadsNUMANodes(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			got := make(chan []int, 1)
-			err := Run(ctx, Options{Root: shortRoot(t), TopologyPolicy: "single-numa-node", NUMANodes: tc.given, SysfsRoot: sysfs}, func(e *Emulator) {
+			err := Run(ctx, Options{Root: testdir.Short(t, "kl"), TopologyPolicy: "single-numa-node", NUMANodes: tc.given, SysfsRoot: sysfs}, func(e *Emulator) {
 				got <- e.NUMANodes()
 				cancel()
 			})
@@ -332,7 +313,7 @@ func TestRunReadsNUMANodes(t *testing.T) {
 			}
 		})
 	}
-	err := Run(context.Background(), Options{Root: shortRoot(t), TopologyPolicy: "restricted", SysfsRoot: t.TempDir()}, func(*Emulator) { t.Error("started") })
+	err := Run(context.Background(), Options{Root: testdir.Short(t, "kl"), TopologyPolicy: "restricted", SysfsRoot: t.TempDir()}, func(*Emulator) { t.Error("started") })
 	if err == nil || !strings.Contains(err.Error(), "topology policy restricted needs the machine's NUMA nodes") || !strings.Contains(err.Error(), "--numa-nodes") {
 		t.Errorf("Run without NUMA nodes = %v, want an error pointing to --numa-nodes", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 func TestAcquire(t *testing.T) {
@@ -59,11 +61,7 @@ func TestAcquire(t *testing.T) {
 // without a lock file), the holder when one does.
 func TestAcquireLiveSocket(t *testing.T) {
 	t.Parallel()
-	root, err := os.MkdirTemp("", "rl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := testdir.Short(t, "rl")
 	sock := filepath.Join(root, "device-plugins", "kubelet.sock")
 	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
@@ -225,11 +226,7 @@ func TestStop(t *testing.T) {
 // The caller cancels the context and stops the host.
 func startHost(t *testing.T) (string, *devicehost.Host, context.Context, context.CancelFunc) {
 	t.Helper()
-	root, err := os.MkdirTemp("", "dh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testdir.Short(t, "dh")
 	host, err := devicehost.New(devicehost.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)

@@ -1,15 +1,11 @@
 package devicehost_test
 
 import (
-	"context"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
@@ -18,31 +14,9 @@ import (
 // watcher, the host's DRA manager prepares a pod's claim, and the
 // PodResources API on the host's socket reports it in dynamic_resources.
 func TestHostRunsDRADriver(t *testing.T) {
-	root, err := os.MkdirTemp("", "dh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	claims := dratest.Claims(filepath.Join(root, "claims"))
-	host, err := devicehost.New(devicehost.Config{Root: root, Claims: claims})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := host.Start(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer host.Stop()
-
-	d := dratest.Start(t, root, claims)
-	for {
-		ch := host.DRA.PluginsChanged()
-		if ps := host.DRA.Plugins(); len(ps) == 1 && ps[0].Connected {
-			break
-		}
-		<-ch
-	}
+	h := startDRAHost(t)
+	host, claims, d := h.host, h.claims, h.drv
+	ctx := t.Context()
 	claims.Add(t, "default", "gpu", "uid-gpu", []types.UID{"pod-1"}, "dev-1")
 	pod := dratest.Pod("default", "p", "pod-1", "gpu")
 	if err := host.DRA.PrepareResources(ctx, pod); err != nil {

@@ -3,7 +3,6 @@ package devicehost_test
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
@@ -43,22 +43,22 @@ func (richDevices) Allocate(_ context.Context, ids []string) (*pluginapi.Contain
 	return resp, nil
 }
 
-// admitHost is a started host with claims read from the fake DRA driver's
-// claim files, the fake driver registered with it, and richDevices serving
-// example.com/foo.
+// admitHost is a started host on a short root, with claims read from the
+// fake DRA driver's claim files and the fake driver registered with it;
+// startAdmitHost adds richDevices serving example.com/foo.
 type admitHost struct {
+	root   string
 	host   *devicehost.Host
 	claims dratest.Claims
 	drv    *dratest.Driver
 }
 
-func startAdmitHost(t *testing.T) *admitHost {
+// startDRAHost starts a host and the fake DRA driver, and waits until the
+// driver has registered through the host's plugin watcher. Both stop when
+// the test ends.
+func startDRAHost(t *testing.T) *admitHost {
 	t.Helper()
-	root, err := os.MkdirTemp("", "dh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testdir.Short(t, "dh")
 	claims := dratest.Claims(filepath.Join(root, "claims"))
 	host, err := devicehost.New(devicehost.Config{Root: root, Claims: claims})
 	if err != nil {
@@ -79,10 +79,18 @@ func startAdmitHost(t *testing.T) *admitHost {
 		}
 		<-ch
 	}
+	return &admitHost{root: root, host: host, claims: claims, drv: drv}
+}
+
+// startAdmitHost is startDRAHost with richDevices registered as
+// example.com/foo, once its two devices are allocatable.
+func startAdmitHost(t *testing.T) *admitHost {
+	t.Helper()
+	h := startDRAHost(t)
 	srv, err := deviceplugin.NewServer(deviceplugin.Config{
-		PluginDir:    filepath.Join(root, "device-plugins"),
+		PluginDir:    filepath.Join(h.root, "device-plugins"),
 		Registration: deviceplugin.RegistrationRegistry,
-		RegistryDir:  filepath.Join(root, "plugins_registry"),
+		RegistryDir:  filepath.Join(h.root, "plugins_registry"),
 		InstanceID:   "t",
 	}, deviceplugin.Resource{Name: "example.com/foo", Plugin: richDevices{}})
 	if err != nil {
@@ -97,8 +105,8 @@ func startAdmitHost(t *testing.T) *admitHost {
 			t.Error(err)
 		}
 	})
-	waitAllocatableFoo(t, host, 2)
-	return &admitHost{host: host, claims: claims, drv: drv}
+	waitAllocatableFoo(t, h.host, 2)
+	return h
 }
 
 // waitAllocatableFoo waits until example.com/foo has n allocatable

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // TestDRABackedExtendedResourceSkipped: a container whose request of an
@@ -15,7 +17,7 @@ import (
 // kubelet's isDRAExtendedResource; the same name asked by another
 // container that the mapping does not name is allocated.
 func TestDRABackedExtendedResourceSkipped(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2"))
 	p.register(t, m.SocketPath())

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 )
 
@@ -38,7 +39,7 @@ func (p *stubPlugin) registerErr(t testing.TB, kubeletSock string) error {
 // and the first connection keeps serving; once that plugin is gone the same
 // path registers again.
 func TestSameEndpointRefusedWhileConnected(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("a", "b"))
 	p.register(t, m.SocketPath())
@@ -82,7 +83,7 @@ func TestPreStartWithoutPlugin(t *testing.T) {
 		{"required", true, "device plugin PreStartContainer rpc failed with err: endpoint of " + res + " has been stopped"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testdir.Short(t, "dm")
 			m := startManager(t, Config{Root: dir})
 			p := newStub(t, PluginDir(dir), res, "dev.sock", &pluginapi.DevicePluginOptions{PreStartRequired: tc.required}, devs("a", "b"))
 			p.register(t, m.SocketPath())
@@ -160,7 +161,7 @@ func TestStreamEndLogged(t *testing.T) {
 		{"plugin dies", (*stubPlugin).stop, "ERROR ListAndWatch ended"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testdir.Short(t, "dm")
 			logs := &levels{}
 			m := startManager(t, Config{Root: dir, Logger: slog.New(logs)})
 			p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("a", "b"))

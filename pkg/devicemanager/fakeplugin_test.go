@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
@@ -139,7 +140,7 @@ func TestFakePluginOverSockets(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testdir.Short(t, "dm")
 			cfg := fake.Config{Resources: []fake.ResourceConfig{tc.res}}
 			cfg.Default()
 			resources, err := fake.New(cfg, plugins.Options{Logger: testLogger(t)})

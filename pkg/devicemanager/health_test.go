@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // gatedPlugin serves ListAndWatch only once release is closed, so a test
@@ -91,7 +93,7 @@ func healthByContainer(t *testing.T, st map[string][]corev1.ResourceStatus) map[
 // resource's removal after the grace period. Every container holding
 // devices is reported, init and sidecar containers included.
 func TestAllocatedResourcesStatus(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	m := startManager(t, Config{Root: dir, Clock: fc, GracePeriod: time.Minute})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2", "d3", "d4"))

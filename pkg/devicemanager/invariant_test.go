@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // TestInvariantRandomOperations interleaves admissions, deletions, health
@@ -20,7 +22,7 @@ func TestInvariantRandomOperations(t *testing.T) {
 	seed := int64(20260101)
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	ids := []string{"d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7"}
 	health := map[string]bool{}
 	for _, id := range ids {

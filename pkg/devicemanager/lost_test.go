@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 )
 
@@ -17,7 +18,7 @@ import (
 // is refused (the kubelet would hand it their devices) until those pods
 // are gone; other resources are admitted as usual.
 func TestLostCheckpointHoldsResourcesBack(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	if err := os.MkdirAll(PluginDir(dir), 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestLostCheckpointHoldsResourcesBack(t *testing.T) {
 // lists the same pod, container and resource twice is restored with the
 // first entry only, so removing the pod frees every device.
 func TestDuplicateCheckpointEntriesLeakNothing(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	if err := os.MkdirAll(PluginDir(dir), 0o750); err != nil {
 		t.Fatal(err)
 	}

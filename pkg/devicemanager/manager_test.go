@@ -18,6 +18,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
@@ -62,7 +63,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestRegistrationValidation(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir, DialTimeout: time.Second})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("a"))
 	conn := func(req *pluginapi.RegisterRequest) error {
@@ -114,7 +115,7 @@ func TestRegistrationValidation(t *testing.T) {
 }
 
 func TestAccountingAndHealth(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("a", "b", "c"))
 	p.register(t, m.SocketPath())
@@ -301,7 +302,7 @@ func TestAdmit(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testdir.Short(t, "dm")
 			m := startManager(t, Config{Root: dir, TopologyPolicy: tc.policy, TopologyScope: tc.scope, NUMANodes: []int{0, 1}})
 			p := newStub(t, PluginDir(dir), res, "dev.sock", tc.opts, tc.devices)
 			p.prefer = tc.prefer
@@ -423,7 +424,7 @@ func checkInvariant(t testing.TB, m *Manager) {
 }
 
 func TestZeroContainerResponsesDoesNotLeak(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2"))
 	p.allocate = func([]string) (*pluginapi.AllocateResponse, error) { return &pluginapi.AllocateResponse{}, nil }
@@ -444,7 +445,7 @@ func TestZeroContainerResponsesDoesNotLeak(t *testing.T) {
 }
 
 func TestAllocateDeadline(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir, AllocateTimeout: 200 * time.Millisecond})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1"))
 	block := make(chan struct{})
@@ -465,7 +466,7 @@ func TestAllocateDeadline(t *testing.T) {
 }
 
 func TestAllocateErrorReleasesAndRollsBackPod(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	a := newStub(t, PluginDir(dir), res, "a.sock", nil, devs("d1", "d2"))
 	b := newStub(t, PluginDir(dir), "example.com/other", "b.sock", nil, devs("o1"))
@@ -487,7 +488,7 @@ func TestAllocateErrorReleasesAndRollsBackPod(t *testing.T) {
 }
 
 func TestContainerOptionsAndPreStart(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	a := newStub(t, PluginDir(dir), "example.com/a", "a.sock", &pluginapi.DevicePluginOptions{PreStartRequired: true}, devs("a1"))
 	b := newStub(t, PluginDir(dir), "example.com/b", "b.sock", nil, devs("b1"))
@@ -555,7 +556,7 @@ func TestContainerOptionsAndPreStart(t *testing.T) {
 }
 
 func TestDisconnectAndGracePeriod(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	m := startManager(t, Config{Root: dir, Clock: fc, GracePeriod: time.Minute})
 	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2"))
@@ -586,7 +587,7 @@ func TestDisconnectAndGracePeriod(t *testing.T) {
 }
 
 func TestNewInstanceNotDisconnectedWhenOldExits(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	old := newStub(t, PluginDir(dir), res, "old.sock", nil, devs("d1"))
 	old.register(t, m.SocketPath())
@@ -611,7 +612,7 @@ func TestNewInstanceNotDisconnectedWhenOldExits(t *testing.T) {
 }
 
 func TestPluginHandler(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	h := m.PluginHandler()
 	ctx := context.Background()
@@ -621,7 +622,7 @@ func TestPluginHandler(t *testing.T) {
 	if err := h.ValidatePlugin(ctx, "bad", "/x", []string{"v1beta1"}); err == nil || err.Error() != `invalid name of device plugin socket: the ResourceName "bad" is invalid` {
 		t.Fatalf("ValidatePlugin name: %v", err)
 	}
-	pdir := shortDir(t)
+	pdir := testdir.Short(t, "dm")
 	p := newStub(t, pdir, res, "w.sock", nil, devs("d1"))
 	if err := h.RegisterPlugin(ctx, res, p.socket, []string{"v1beta1"}); err != nil {
 		t.Fatal(err)
@@ -632,7 +633,7 @@ func TestPluginHandler(t *testing.T) {
 }
 
 func TestRestartRestoresCheckpoint(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m, err := New(Config{Root: dir, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -706,7 +707,7 @@ func TestCorruptCheckpointIgnored(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testdir.Short(t, "dm")
 			if err := os.MkdirAll(PluginDir(dir), 0o750); err != nil {
 				t.Fatal(err)
 			}

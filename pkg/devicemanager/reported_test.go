@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager/checkpoint"
 )
 
@@ -59,7 +60,7 @@ func (p *heldPlugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_L
 // asking for it is admitted without devices. A plugin that goes away
 // before its first list leaves the resource at zero.
 func TestResourceWithoutListIsNotReported(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})
 	register := func(resource, sock string) *heldPlugin {
 		t.Helper()

@@ -3,7 +3,6 @@ package deviceplugin_test
 import (
 	"context"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 )
@@ -48,11 +48,7 @@ func (bareServer) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*
 // BenchmarkAllocateBareGRPC is the same round trip against a bare gRPC
 // server doing nothing, over a unix socket.
 func BenchmarkAllocateBareGRPC(b *testing.B) {
-	dir, err := os.MkdirTemp("", "dpb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testdir.Short(b, "dpb")
 	sock := filepath.Join(dir, "bare.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {

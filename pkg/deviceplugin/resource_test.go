@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 type noDevices struct{}
@@ -24,11 +26,7 @@ func (noDevices) Allocate(context.Context, []string) (*pluginapi.ContainerAlloca
 // caller is registering. Repeated, because the callers race.
 func TestRelistenOncePerRemoval(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "dpl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testdir.Short(t, "dpl")
 	m, err := newMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -82,11 +80,7 @@ func TestRelistenOncePerRemoval(t *testing.T) {
 // registration that is not in place, still asks for one.
 func TestSocketRemovedNeedsRegistration(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "dpl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testdir.Short(t, "dpl")
 	m, err := newMetrics(nil)
 	if err != nil {
 		t.Fatal(err)

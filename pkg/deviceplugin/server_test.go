@@ -25,6 +25,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/dpkit/dpkit/internal/syncbuf"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 )
@@ -630,11 +631,7 @@ func TestStartRemovesStaleSocketsOfEarlierInstances(t *testing.T) {
 // and the context the server runs under.
 func runRegistryServer(t *testing.T, cfg deviceplugin.Config, plugin deviceplugin.Plugin) (*deviceplugin.Server, *grpc.ClientConn, context.Context) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "dpr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testdir.Short(t, "dpr")
 	registry := filepath.Join(dir, "plugins_registry")
 	if err := os.Mkdir(registry, 0o755); err != nil {
 		t.Fatal(err)

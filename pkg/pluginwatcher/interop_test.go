@@ -10,6 +10,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher/pwtest"
 )
@@ -30,7 +31,7 @@ func (onePlugin) Allocate(context.Context, []string) (*pluginapi.ContainerAlloca
 // registry mode is found, registered and deregistered by the watcher.
 func TestSDKPluginInRegistryMode(t *testing.T) {
 	t.Parallel()
-	root := shortDir(t)
+	root := testdir.Short(t, "pw")
 	registry := filepath.Join(root, "reg")
 	h := &pwtest.Handler{}
 	w := startWatcher(t, Config{Dir: registry, Handlers: map[string]Handler{DevicePlugin: h}})

@@ -16,6 +16,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher/pwtest"
 )
 
@@ -53,7 +54,7 @@ func TestDeregistrationOnRemoval(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dir := shortDir(t)
+			dir := testdir.Short(t, "pw")
 			h := &pwtest.Handler{}
 			w := startWatcher(t, Config{Dir: dir, Handlers: map[string]Handler{DevicePlugin: h}})
 			socket := filepath.Join(dir, tc.socket)
@@ -98,7 +99,7 @@ func TestReRegistration(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dir := shortDir(t)
+			dir := testdir.Short(t, "pw")
 			h := &pwtest.Handler{}
 			w := startWatcher(t, Config{Dir: dir, Handlers: map[string]Handler{DevicePlugin: h}})
 			socket := filepath.Join(dir, "a.sock")
@@ -154,7 +155,7 @@ func desiredPaths(w *Watcher) []string {
 
 func TestInitialScanAndIgnoredFiles(t *testing.T) {
 	t.Parallel()
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	a := filepath.Join(dir, "a.sock")
 	b := filepath.Join(dir, "vendor", "b.sock")
 	pa := startPlugin(t, a, devicePluginInfo("example.com/a", ""))
@@ -207,7 +208,7 @@ func TestInitialScanAndIgnoredFiles(t *testing.T) {
 
 func TestHandlerAddedAfterUnknownType(t *testing.T) {
 	t.Parallel()
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	w := startWatcher(t, Config{Dir: dir, InitialBackoff: time.Hour})
 	p := startPlugin(t, filepath.Join(dir, "dra.sock"), &registerapi.PluginInfo{Type: DRAPlugin, Name: "dra.example.com", SupportedVersions: []string{"v1"}})
 	st, err := p.WaitStatuses(waitCtx(t), 1)
@@ -237,7 +238,7 @@ func TestHandlerAddedAfterUnknownType(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	socket := filepath.Join(dir, "a.sock")
 	startPlugin(t, socket, devicePluginInfo("example.com/a", ""))
 	info, err := os.Lstat(socket)
@@ -385,7 +386,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestStartTwiceAndBadDir(t *testing.T) {
 	t.Parallel()
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	created := filepath.Join(dir, "plugins_registry")
 	w := startWatcher(t, Config{Dir: created})
 	// Created like the kubelet creates it: no access for others.
@@ -411,7 +412,7 @@ func TestStartTwiceAndBadDir(t *testing.T) {
 
 func TestHealthCheck(t *testing.T) {
 	t.Parallel()
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	socket := filepath.Join(dir, "a.sock")
 	p := startPlugin(t, socket, devicePluginInfo("example.com/a", ""))
 	info, err := os.Lstat(socket)
@@ -500,7 +501,7 @@ func TestHealthCheck(t *testing.T) {
 
 func TestHealthCheckDisabled(t *testing.T) {
 	t.Parallel()
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	socket := filepath.Join(dir, "a.sock")
 	p := startPlugin(t, socket, devicePluginInfo("example.com/a", ""))
 	info, err := os.Lstat(socket)
@@ -549,7 +550,7 @@ func staleSocket(t *testing.T, path string) os.FileInfo {
 // deregistered and forgotten instead of probed forever. Not parallel: it
 // counts goroutines.
 func TestStaleSocketsForgotten(t *testing.T) {
-	dir := shortDir(t)
+	dir := testdir.Short(t, "pw")
 	live := filepath.Join(dir, "live.sock")
 	p := startPlugin(t, live, devicePluginInfo("example.com/live", ""))
 	const stale = 50

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher/pwtest"
 )
 
@@ -24,18 +25,6 @@ func TestMain(m *testing.M) {
 // waitTimeout bounds every wait for the watcher; a healthy run takes
 // milliseconds.
 const waitTimeout = 20 * time.Second
-
-// shortDir returns a fresh directory with a path short enough for unix
-// sockets below it.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "pw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
 
 func waitCtx(t *testing.T) context.Context {
 	t.Helper()
@@ -153,7 +142,7 @@ func TestRegistration(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dir := shortDir(t)
+			dir := testdir.Short(t, "pw")
 			h := &pwtest.Handler{
 				ValidateErr: func(string, string, []string) error { return tc.validateErr },
 				RegisterErr: func(string, string, []string) error { return tc.registerErr },

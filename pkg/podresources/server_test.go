@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
@@ -114,11 +115,7 @@ func fixture() (fakePods, *fakeDevices) {
 // returns a connected client.
 func serve(t *testing.T, cfg Config) podresourcesv1.PodResourcesListerClient {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "pr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := testdir.Short(t, "pr")
 	socket := SocketPath(dir)
 	s, err := NewServer(cfg)
 	if err != nil {
@@ -384,11 +381,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestServeSocketHandling(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "pr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := testdir.Short(t, "pr")
 	s, err := NewServer(Config{Providers: Providers{Pods: fakePods{}}})
 	if err != nil {
 		t.Fatal(err)

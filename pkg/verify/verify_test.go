@@ -17,6 +17,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/verify"
 )
 
@@ -292,11 +293,7 @@ func TestPrivateMount(t *testing.T) {
 // TestSocketDir verifies a plugin that was started before verify.
 func TestSocketDir(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "dpvs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testdir.Short(t, "dpvs")
 	cmd := exec.Command(bins.broken, "-dir", dir)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
@@ -73,7 +74,7 @@ func claimHealth(pod *corev1.Pod) map[string]string {
 // status shows the devices' health as claim:<name>/<request> and follows
 // the driver's reports; and the claim is unprepared once the pod ended.
 func TestPodClaimsPrepared(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	ctx, claims, p, rec := startDRAProvider(t, root)
 	got := recordStatuses(ctx, p)
 
@@ -144,7 +145,7 @@ func TestPodClaimsPrepared(t *testing.T) {
 // deleted ends Failed without ever reaching the backend, and that its
 // claims are not prepared when the driver registers afterwards.
 func TestPodClaimsWaitingDeleted(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	ctx, claims, p, _ := startDRAProvider(t, root)
 	got := recordStatuses(ctx, p)
 	claims.Add(t, "ns", "gpu", "uid-gpu", []types.UID{"uid-pod"}, "dev-0")
@@ -196,7 +197,7 @@ func (cdiPlugin) Allocate(_ context.Context, ids []string) (*pluginapi.Container
 // plugin's device gets the claim's CDI devices first, then the device
 // plugin's, as the kubelet's containerManagerImpl.GetResources merges them.
 func TestContainerDevicesCDIOrder(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	ctx, claims, p, _ := startDRAProvider(t, root)
 	got := recordStatuses(ctx, p)
 	changes, unsubscribe := p.host.Manager.Subscribe()

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
@@ -167,7 +168,7 @@ func limits(kv ...any) corev1.ResourceRequirements {
 // away makes its devices Unknown; and the pod's terminal status keeps the
 // last health after its devices are freed.
 func TestPodStatusDeviceHealth(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	ctx, host, p := startProvider(t, root)
 	p.be = sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify, PreStart: p.preStart}})
 	got := recordStatuses(ctx, p)
@@ -246,7 +247,7 @@ func TestPodStatusDeviceHealth(t *testing.T) {
 // watcher's, say), the controller is left with the last state stored,
 // whichever hand-over finishes first.
 func TestPublishKeepsLastState(t *testing.T) {
-	_, _, p := startProvider(t, shortRoot(t))
+	_, _, p := startProvider(t, testdir.Short(t, "vnp"))
 	release := make(chan struct{})
 	var mu sync.Mutex
 	calls, last := 0, ""

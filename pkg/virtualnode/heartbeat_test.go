@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
@@ -29,7 +30,7 @@ func TestRunHeartbeatsOnHeartbeatClient(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Config{
-			Name: "vn-hb", Root: shortRoot(t), Client: main, HeartbeatClient: hb, Port: -1,
+			Name: "vn-hb", Root: testdir.Short(t, "vnp"), Client: main, HeartbeatClient: hb, Port: -1,
 			EventRecorder: record.NewFakeRecorder(100),
 			NewBackend: func(_, _ string, c backend.Config) (backend.Backend, error) {
 				return sim.New(sim.Config{Config: c}), nil

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
@@ -48,7 +49,7 @@ func TestDefaultNodeIP(t *testing.T) {
 // last-applied status) and that are not declared stay at 0; resources set
 // on the Node by others are left alone.
 func TestRemovedResourceStaysAtZero(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	mgr, err := devicemanager.New(devicemanager.Config{Root: root, Clock: fc, GracePeriod: time.Minute})
 	if err != nil {
@@ -166,7 +167,7 @@ func TestNotifyNodeStopping(t *testing.T) {
 // virtual-kubelet gives its status callback (a plugin in the same process
 // is quick) reach it once it does, and every later change too.
 func TestStatusChangeBeforeCallback(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	mgr, err := devicemanager.New(devicemanager.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func TestRunPortInUse(t *testing.T) {
 	client := fake.NewClientset()
 	backendStarted := false
 	err = Run(context.Background(), Config{
-		Name: "vn-port", Root: shortRoot(t), Client: client, NodeIP: "127.0.0.1", Port: port,
+		Name: "vn-port", Root: testdir.Short(t, "vnp"), Client: client, NodeIP: "127.0.0.1", Port: port,
 		NewBackend: func(string, string, backend.Config) (backend.Backend, error) {
 			backendStarted = true
 			return nil, errors.New("the backend must not start")

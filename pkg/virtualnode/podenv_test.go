@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
@@ -71,7 +72,7 @@ func assertNoSecrets(t *testing.T, what string, v any) {
 // After a restart (a fresh provider adopting the backend's pods) a
 // container waits for them until virtual-kubelet offers the pod again.
 func TestProviderKeepsResolvedEnvInMemory(t *testing.T) {
-	ctx, host, p := startProvider(t, shortRoot(t))
+	ctx, host, p := startProvider(t, testdir.Short(t, "vnp"))
 	be := &givenBackend{Backend: sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})}
 	p.be = be
 	api, resolved := secretPods()

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/process"
@@ -185,7 +186,7 @@ type preStartNode struct {
 
 func startPreStartNode(t *testing.T, b preStartBackend) *preStartNode {
 	t.Helper()
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	hold := filepath.Join(root, "hold")
 	if err := os.WriteFile(hold, nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package virtualnode
 import (
 	"context"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/plugins"
@@ -21,18 +21,6 @@ import (
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
-
-// shortRoot returns a fresh directory with a short path (unix socket paths
-// have a length limit), removed when the test ends.
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", "vnp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	return root
-}
 
 // startProvider runs a device host on root and a provider (no backend)
 // keeping its pods in the host's store, until the test ends.
@@ -56,7 +44,7 @@ func startProvider(t *testing.T, root string) (context.Context, *devicehost.Host
 // after "Pod was rejected: ", the QoS class kept, and a Warning event with
 // the reason and message.
 func TestCreatePodRejected(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "vnp")
 	ctx, host, p := startProvider(t, root)
 	rec := record.NewFakeRecorder(10)
 	p.recorder = rec
@@ -134,7 +122,7 @@ func TestCreatePodRejected(t *testing.T) {
 // the backend never gets the pod. The same pod runs on a node with a
 // runtime, and a pod without such a field on the host-process node.
 func TestCreatePodHostProcessSecurity(t *testing.T) {
-	ctx, _, p := startProvider(t, shortRoot(t))
+	ctx, _, p := startProvider(t, testdir.Short(t, "vnp"))
 	sb := sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})
 	p.be = sb
 	rec := record.NewFakeRecorder(10)
@@ -208,7 +196,7 @@ func TestCreatePodHostProcessSecurity(t *testing.T) {
 // and a pod whose UID differs from the one the node knows under that name
 // is created (by CreatePod or UpdatePod), not taken for an update.
 func TestPodReplacedBySameName(t *testing.T) {
-	ctx, _, p := startProvider(t, shortRoot(t))
+	ctx, _, p := startProvider(t, testdir.Short(t, "vnp"))
 	p.be = sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify}})
 	apiUID := types.UID("")
 	p.api.Store(&apiView{inAPI: func(_, _ string, uid types.UID) bool { return uid == apiUID }})

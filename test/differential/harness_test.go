@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // waitTimeout bounds every wait for a state; a side that does not reach
@@ -196,7 +198,7 @@ func (s *side) setLive(spec podSpec, live bool) {
 // runScenario runs sc on both sides, step by step, and compares what
 // they observe after each step.
 func runScenario(t *testing.T, sc scenario, upstreamBin, dpkitBin string) {
-	dir := shortTempDir(t)
+	dir := testdir.Short(t, "diff")
 	var sides [2]*side
 	for i, def := range []struct{ name, bin, sub string }{{"upstream", upstreamBin, "u"}, {"dpkit", dpkitBin, "d"}} {
 		s, err := newSide(def.name, def.bin, filepath.Join(dir, def.sub))
@@ -272,21 +274,6 @@ func indent(lines []string) string {
 		return " (nothing)"
 	}
 	return "\n  " + strings.Join(lines, "\n  ")
-}
-
-// shortTempDir returns a temporary directory short enough for the unix
-// sockets below it (at most 108 bytes with their names).
-func shortTempDir(t *testing.T) string {
-	dir := t.TempDir()
-	if len(dir) <= 60 {
-		return dir
-	}
-	dir, err := os.MkdirTemp("", "diff")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
 }
 
 func logTails(t *testing.T, s *side) {

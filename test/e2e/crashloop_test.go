@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 )
 
@@ -31,7 +32,7 @@ func TestPluginCrashLoopLeavesNothingBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := upstreamTempDir(t)
+	root := testdir.Short(t, "dpup")
 	ctx, cancel := context.WithCancel(testContext(t))
 	started := make(chan *emulator.Emulator, 1)
 	done := make(chan error, 1)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -138,7 +139,7 @@ spec:
 
 	// dpkit's side: a cri-backed node with the same plugin in process.
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	vn := unique("vncri-side")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, vn, root, "127.0.0.1", freePort(t))
 	rtm.use(&o)

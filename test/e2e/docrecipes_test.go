@@ -15,6 +15,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/internal/repopath"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -126,7 +127,7 @@ func TestDocRecipes(t *testing.T) {
 			shell := map[bool]string{false: "script", true: "interactive"}[interactive]
 			t.Run(strings.TrimSuffix(r.page, ".md")+"/"+r.name+"/"+shell, func(t *testing.T) {
 				ctx := testContext(t)
-				tmp := shortTempDir(t)
+				tmp := testdir.Short(t, "vn")
 				env := append(os.Environ(),
 					"KUBECONFIG="+cp.Kubeconfig, "CLIENT_CA="+cp.ClientCAFile,
 					"PATH="+bin+string(os.PathListSeparator)+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"),

@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
@@ -144,7 +145,7 @@ func sbsUID(pod string) types.UID { return types.UID("sbs-" + pod) }
 // a fresh root, with a fresh fake driver, and returns what each step showed.
 func runSBSScenarios(t *testing.T, side string, claims *sbsClaims, start func(root string) draSide) []sbsStep {
 	t.Helper()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	m := start(root)
 	var steps []sbsStep
 	record := func(step, got string) { steps = append(steps, sbsStep{step, got}) }

@@ -27,6 +27,7 @@ import (
 	"k8s.io/streaming/pkg/httpstream"
 
 	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
 
@@ -40,7 +41,7 @@ func TestVirtualNodeResourceMetrics(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-top")
 	access := newNodeAccess(t, cp)
 	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *noderun.Options) { o.NodeIP = access.ip })
@@ -182,7 +183,7 @@ func TestVirtualNodeAttach(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-attach")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	startFakePlugin(t, ctx, c, name, root)
@@ -250,7 +251,7 @@ func TestVirtualNodePortForward(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-pf")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	startFakePlugin(t, ctx, c, name, root)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/nodeapi"
 )
@@ -58,7 +59,7 @@ func TestVirtualNodeTokenFlood(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	name := unique("vn-flood")
-	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, shortTempDir(t), "127.0.0.1", freePort(t))
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, testdir.Short(t, "vn"), "127.0.0.1", freePort(t))
 	n := runQuietNode(t, ctx, o)
 	ns := createNamespaceTB(t, c, "flood")
 
@@ -292,7 +293,7 @@ func TestVirtualNodeAdmissionPredicates(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-pred")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	ns := createNamespace(t, c, "vn-pred")
@@ -389,7 +390,7 @@ func TestVirtualNodeAdmissionPredicates(t *testing.T) {
 func TestRootPreparedByAnother(t *testing.T) {
 	bin := dpkitBinary(t)
 	ctx := testContext(t)
-	dir := shortTempDir(t)
+	dir := testdir.Short(t, "vn")
 	victim := filepath.Join(dir, "bashrc")
 	if err := os.WriteFile(victim, []byte("export PATH\n"), 0o600); err != nil {
 		t.Fatal(err)

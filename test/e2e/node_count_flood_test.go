@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // floodNodes is how many nodes the termination message flood's process
@@ -37,7 +38,7 @@ func TestVirtualNodeCountTerminationFlood(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	prefix := unique("vnflood")
 	// Registered first, so they run once the node process has stopped.
 	t.Cleanup(func() { deleteNodes(t, c, prefix, floodNodes) })

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -69,7 +70,7 @@ func TestVirtualNodeCRIStreams(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-api")
 	access := newNodeAccess(t, cp)
 	port := freePort(t)

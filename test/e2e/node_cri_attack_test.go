@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/internal/procfs"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -30,7 +31,7 @@ func TestVirtualNodeCRIAttacks(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-atk")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	rtm.use(&o)
@@ -113,7 +114,7 @@ func TestVirtualNodeCRIAttacks(t *testing.T) {
 	// directory and a node file: while the node writes the pod's volumes
 	// again (every second here), neither gets the pod's group or g+rw.
 	t.Run("fsgroup-link", func(t *testing.T) {
-		victim := filepath.Join(shortTempDir(t), "victim")
+		victim := filepath.Join(testdir.Short(t, "vn"), "victim")
 		if err := os.Mkdir(victim, 0o700); err != nil {
 			t.Fatal(err)
 		}

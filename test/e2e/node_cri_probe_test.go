@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -29,7 +30,7 @@ func TestVirtualNodeCRIProbes(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncriprobe")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	rtm.use(&o)

@@ -29,6 +29,7 @@ import (
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/ociimage"
 	"github.com/dpkit/dpkit/internal/procfs"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
@@ -313,7 +314,7 @@ func TestVirtualNodeCRI(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri")
 	const zero = corev1.ResourceName("example.com/zero")
 
@@ -507,7 +508,7 @@ func TestVirtualNodeCRIDRA(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-dra")
 	// The CDI spec a real driver would write: each device /dev/zero at
 	// /dev/dra-<device>, and a variable naming it.
@@ -566,7 +567,7 @@ func TestVirtualNodeCRIFakeAllocate(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-fake")
 	const res = corev1.ResourceName("example.com/fakecri")
 	share := filepath.Join(root, "share")

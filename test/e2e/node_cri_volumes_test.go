@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -35,7 +36,7 @@ func TestVirtualNodeCRIVolumes(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-vol")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	rtm.use(&o)
@@ -236,7 +237,7 @@ func TestVirtualNodeCRIHostPort(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-port")
 	hostIP := globalIPv4(t)
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
@@ -297,7 +298,7 @@ func TestVirtualNodeCRISubPathEscape(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 	rtm := startContainerd(t, ctx)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vncri-sub")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	rtm.use(&o)

@@ -26,6 +26,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/syncbuf"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
@@ -113,7 +114,7 @@ func TestVirtualNodeDRA(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-dra")
 	node, _ := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0", "dev-1", "dev-2")
@@ -227,7 +228,7 @@ func TestVirtualNodeDRAExtendedResource(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-drax")
 	const res = corev1.ResourceName("example.com/dra-foo")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
@@ -276,7 +277,7 @@ func TestVirtualNodeDRARestart(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-drar")
 	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
 	n, stop := runNode(t, ctx, o)
@@ -343,7 +344,7 @@ func TestVirtualNodeDRADeleteWaitsForUnprepare(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-drad")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
@@ -402,7 +403,7 @@ func TestVirtualNodeDRADriverKilled(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-drak")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	drv := startDRADriver(t, ctx, c, cp.Kubeconfig, name, root, "dev-0")
@@ -490,7 +491,7 @@ func TestVirtualNodeDRASlicesWiped(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-draw")
 	other := unique("vn-draw-other")
 	staleSlice(t, ctx, c, name, dratest.DriverName, "stale-0")
@@ -530,7 +531,7 @@ func TestVirtualNodeDRAPrefersDevicePlugin(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-drap")
 	res := corev1.ResourceName("example.com/" + unique("both"))
 	class := deviceClass(t, ctx, c, string(res))

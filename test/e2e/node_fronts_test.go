@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/draplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
@@ -184,7 +185,7 @@ func TestVirtualNodeBothFronts(t *testing.T) {
 	cp := controlplane.StartForTest(t, controlplane.Options{Scheduler: true, ControllerManager: true})
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	node := unique("vn-fronts")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, node, root, nil)
 	f := startBothFronts(t, ctx, c, cp.Kubeconfig, node, root, 4)
@@ -409,7 +410,7 @@ func TestVirtualNodeDRAFirstAvailable(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	node := unique("vn-first")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, node, root, nil)
 	f := startBothFronts(t, ctx, c, cp.Kubeconfig, node, root, 2)

@@ -14,6 +14,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // TestVirtualNodeKubeconfigFromEnv runs the dpkit binary's "node" with no
@@ -35,7 +37,7 @@ func TestVirtualNodeKubeconfigFromEnv(t *testing.T) {
 	env = append(env, "KUBECONFIG="+cp.Kubeconfig, "HOME="+t.TempDir())
 
 	var logs bytes.Buffer
-	cmd := exec.Command(dpkitBinary(t), "node", "--name", name, "--root", shortTempDir(t), "--backend", "sim", "--port", "-1", "--node-ip", "127.0.0.1")
+	cmd := exec.Command(dpkitBinary(t), "node", "--name", name, "--root", testdir.Short(t, "vn"), "--backend", "sim", "--port", "-1", "--node-ip", "127.0.0.1")
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

@@ -32,6 +32,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -47,7 +48,7 @@ func TestVirtualNodeAdmissionFailure(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-admit")
 	n, _ := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	startFakePlugin(t, ctx, c, name, root)
@@ -117,7 +118,7 @@ func TestVirtualNodeExec(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-exec")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	startFakePlugin(t, ctx, c, name, root)
@@ -161,7 +162,7 @@ func TestVirtualNodeStats(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-stats")
 	access := newNodeAccess(t, cp)
 	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, func(o *noderun.Options) { o.NodeIP = access.ip })
@@ -223,7 +224,7 @@ func TestVirtualNodeRestart(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-restart")
 	port, access := freePort(t), newNodeAccess(t, cp)
 	n, stop := startStoppableNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, access.ip, port)
@@ -346,7 +347,7 @@ func TestVirtualNodeSameNameAgain(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-again")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 	startFakePlugin(t, ctx, c, name, root)

@@ -28,6 +28,7 @@ import (
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/internal/syncbuf"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 	"github.com/dpkit/dpkit/test/upstream"
@@ -58,11 +59,7 @@ type scale struct {
 // allocatable.
 func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kubernetes.Interface, s *scale) {
 	tb.Helper()
-	root, err := os.MkdirTemp("", "vns")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(root) })
+	root := testdir.Short(tb, "vns")
 	s.root = root
 	cfg := filepath.Join(root, "plugin.yaml")
 	body := fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: %d\n", s.resource, s.devices)
@@ -567,7 +564,7 @@ func TestVirtualNodeInProcessPluginsQuietStop(t *testing.T) {
 	// other go first: stop it a few times.
 	for i := range 3 {
 		prefix := unique("quiet")
-		root := shortTempDir(t)
+		root := testdir.Short(t, "vn")
 		cfg := filepath.Join(root, "plugin.yaml")
 		res := corev1.ResourceName("e2e.dpkit.io/" + prefix)
 		writeFile(t, cfg, fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: 2\n", res))

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
 
@@ -26,7 +27,7 @@ func TestVirtualNodeSecretsRedacted(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-secret")
 	port, access := freePort(t), newNodeAccess(t, cp)
 	_, stop := startStoppableNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, access.ip, port)

@@ -28,6 +28,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -142,16 +143,6 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "vn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestVirtualNodeDevices is the must-show flow: a virtual node with the
 // process backend, the fake device plugin registering with it, a pod that
 // gets two devices, its logs through the API server, PodResources while it
@@ -161,7 +152,7 @@ func TestVirtualNodeDevices(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn")
 
 	n, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
@@ -333,7 +324,7 @@ func TestVirtualNodeDevices(t *testing.T) {
 func TestVirtualNodeAuthz(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	name := unique("vn-authz")
 	_, port := startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, root, nil)
 
@@ -402,11 +393,7 @@ func BenchmarkVirtualNodeSim(b *testing.B) {
 			cp, c := benchControlPlane(b, s.qps, s.burst)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			root, err := os.MkdirTemp("", "vnb")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer os.RemoveAll(root)
+			root := testdir.Short(b, "vnb")
 			prefix := unique("sim")
 			o := noderun.Options{
 				Kubeconfig: cp.Kubeconfig, Name: prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",

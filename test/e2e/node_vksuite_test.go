@@ -10,6 +10,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/ociimage"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -38,7 +39,7 @@ func TestVirtualNodeVKSuite(t *testing.T) {
 	ctx := testContext(t)
 	access := vkSuiteAccess(t, cp)
 	name := unique("vn-vk")
-	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, shortTempDir(t), func(o *noderun.Options) {
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, testdir.Short(t, "vn"), func(o *noderun.Options) {
 		o.Backend, o.NodeIP = "sim", access.ip
 	})
 	runVKSuite(t, cp, name, "vn-vk")
@@ -94,7 +95,7 @@ func TestVirtualNodeVKSuiteCRI(t *testing.T) {
 	reg := serveRegistry(t, imgs...)
 	rtm := startContainerd(t, ctx, withDockerHubMirror(reg.addr))
 	name := unique("vn-vkcri")
-	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, shortTempDir(t), func(o *noderun.Options) {
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, name, testdir.Short(t, "vn"), func(o *noderun.Options) {
 		rtm.use(o)
 		o.NodeIP = access.ip
 	})

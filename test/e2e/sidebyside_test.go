@@ -19,6 +19,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/cli/app"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
@@ -85,7 +86,7 @@ spec:
 	d.apply(t, ctx, cp)
 	d.waitPluginReady(t, ctx, c, n.Name, "2")
 
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	vn := unique("sbs")
 	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, vn, root, nil)
 	cfg := filepath.Join(root, "plugin.yaml")

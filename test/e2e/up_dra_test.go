@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 )
@@ -128,7 +129,7 @@ func TestUpDRAKubeconfig(t *testing.T) {
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	node := unique("up-dra")
 	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -259,7 +260,7 @@ func TestUpDRAFront(t *testing.T) {
 		t.Errorf("dpkit up of a DRA front without --kubeconfig: exit %d\n%s\nwant exit 2 naming plugins[0].fronts and --kubeconfig", code, errOut)
 	}
 
-	root := shortTempDir(t)
+	root := testdir.Short(t, "vn")
 	node := unique("up-front")
 	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -329,7 +330,7 @@ spec:
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.CoreV1().Nodes().Delete(context.Background(), node2, metav1.DeleteOptions{}) })
-	startUp(t, ctx, "--config", only, "--root", shortTempDir(t), "--kubeconfig", cp.Kubeconfig, "--node-name", node2)
+	startUp(t, ctx, "--config", only, "--root", testdir.Short(t, "vn"), "--kubeconfig", cp.Kubeconfig, "--node-name", node2)
 	poll(t, ctx, "the DRA-only front's ResourceSlice", func(ctx context.Context) (bool, string, error) {
 		sl, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourcev1.ResourceSliceSelectorNodeName + "=" + node2})
 		if err != nil {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 // TestUpProcess runs the built dpkit binary as "dpkit up" (no control
@@ -22,11 +24,7 @@ import (
 func TestUpProcess(t *testing.T) {
 	bin := dpkitBinary(t)
 	ctx := testContext(t)
-	root, err := os.MkdirTemp("", "e2eup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := testdir.Short(t, "e2eup")
 
 	up := exec.CommandContext(ctx, bin, "up", "--root", root)
 	up.Dir = filepath.Join("..", "..")                           // a checkout: the banner names examples/pod.yaml

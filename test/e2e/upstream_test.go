@@ -31,6 +31,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/test/upstream"
 )
 
@@ -64,7 +65,7 @@ func TestUpstreamKubeletRegistersDpkitPlugin(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t)
-			dir := upstreamTempDir(t)
+			dir := testdir.Short(t, "dpup")
 			pluginDir := filepath.Join(dir, "device-plugins")
 			registryDir := filepath.Join(dir, "plugins_registry")
 			args := []string{"--plugin-dir", pluginDir}
@@ -189,7 +190,7 @@ func privateMountNamespace(t *testing.T) string {
 
 func checkSampleWithDpkitKubelet(t *testing.T, dpkit string, registry bool, startPlugin func(t *testing.T, dir, root string)) {
 	ctx := testContext(t)
-	dir := upstreamTempDir(t)
+	dir := testdir.Short(t, "dpup")
 	root := filepath.Join(dir, "root")
 
 	startProc(t, filepath.Join(dir, "kubelet.log"), nil, dpkit, "kubelet", "--root", root)
@@ -301,7 +302,7 @@ func TestSamplePluginRegistersWithUpstreamKubelet(t *testing.T) {
 	sample := upstream.SamplePlugin(t)
 	dm := upstream.DeviceManager(t)
 	ctx := testContext(t)
-	dir := upstreamTempDir(t)
+	dir := testdir.Short(t, "dpup")
 	registryDir := filepath.Join(dir, "plugins_registry")
 	k := startDeviceManager(t, ctx, dm, filepath.Join(dir, "kubelet.log"),
 		"--plugin-dir", filepath.Join(dir, "device-plugins"), "--registry-dir", registryDir)
@@ -378,17 +379,6 @@ func socketsIn(t *testing.T, dir string) []string {
 		}
 	}
 	return out
-}
-
-// upstreamTempDir is a directory short enough for unix socket paths.
-func upstreamTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "dpup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
 }
 
 // proc is a process a test started, with its output in a log file shown
@@ -627,7 +617,7 @@ func TestUpstreamKubeletSocketDeletedThenPluginStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := testContext(t)
-	dir := upstreamTempDir(t)
+	dir := testdir.Short(t, "dpup")
 	pluginDir := filepath.Join(dir, "device-plugins")
 	k := startDeviceManager(t, ctx, dm, filepath.Join(dir, "kubelet.log"), "--plugin-dir", pluginDir)
 	k.next(t, ctx, "ready", isEvent("ready"))

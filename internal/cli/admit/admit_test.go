@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/dpkit/dpkit/internal/config"
 	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/internal/pluginrun"
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -44,11 +44,7 @@ plugins:
 // are allocatable.
 func startNode(t *testing.T) string {
 	t.Helper()
-	root, err := os.MkdirTemp("", "adm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := testdir.Short(t, "adm")
 	cfg, err := config.DecodePluginConfig([]byte(fakeConfig))
 	if err != nil {
 		t.Fatal(err)

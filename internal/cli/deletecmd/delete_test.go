@@ -18,16 +18,13 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/testdir"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestDelete(t *testing.T) {
-	root, err := os.MkdirTemp("", "kd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = os.RemoveAll(root) }()
+	root := testdir.Short(t, "kd")
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan struct{})
 	done := make(chan error, 1)
@@ -90,11 +87,7 @@ func TestDelete(t *testing.T) {
 // TestDeleteKubectlHabits checks -f, several names, -o json, usage errors,
 // $DPKIT_ROOT and the completion of pod names.
 func TestDeleteKubectlHabits(t *testing.T) {
-	root, err := os.MkdirTemp("", "kd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = os.RemoveAll(root) }()
+	root := testdir.Short(t, "kd")
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan struct{})
 	done := make(chan error, 1)

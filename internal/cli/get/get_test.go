@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -40,11 +40,7 @@ func runKubelet(t *testing.T) string {
 // runEmulator is runKubelet that also returns the emulator.
 func runEmulator(t *testing.T) (string, *emulator.Emulator) {
 	t.Helper()
-	root, err := os.MkdirTemp("", "kg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := testdir.Short(t, "kg")
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan *emulator.Emulator, 1)
 	done := make(chan error, 1)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
+	"github.com/dpkit/dpkit/internal/testdir"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -47,15 +49,11 @@ func execute(ctx context.Context, env *cli.Env, args ...string) error {
 func TestNUMANodesFromSysfs(t *testing.T) {
 	sysfs := t.TempDir()
 	for _, n := range []string{"node0", "node1"} {
-		if err := os.MkdirAll(filepath.Join(sysfs, emulator.NUMANodesDir, n), 0o750); err != nil {
+		if err := os.MkdirAll(filepath.Join(sysfs, numa.NodesDir, n), 0o750); err != nil {
 			t.Fatal(err)
 		}
 	}
-	root, err := os.MkdirTemp("", "kb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := testdir.Short(t, "kb")
 	state := t.TempDir()
 	getenv := func(k string) string { return map[string]string{"XDG_STATE_HOME": state}[k] }
 	logs := make(records, 100)

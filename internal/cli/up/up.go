@@ -31,6 +31,7 @@ import (
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/discovery/numa"
 	"github.com/dpkit/dpkit/pkg/dramanager"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/topology"
@@ -417,9 +418,9 @@ func describeTopology(t cli.Topology, nodes []int) string {
 	case len(t.NUMANodes) > 0:
 		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (--numa-nodes)"
 	case len(nodes) > 0:
-		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (from " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir) + ")"
+		return s + ", NUMA nodes " + strings.Join(ids, ",") + " (from " + filepath.Join(t.SysfsRoot, numa.NodesDir) + ")"
 	}
-	return s + ", no NUMA nodes found in " + filepath.Join(t.SysfsRoot, emulator.NUMANodesDir)
+	return s + ", no NUMA nodes found in " + filepath.Join(t.SysfsRoot, numa.NodesDir)
 }
 
 // waitDRA waits until ready (every DRA driver registered with the

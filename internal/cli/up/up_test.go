@@ -25,6 +25,7 @@ import (
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/emulator"
 	"github.com/dpkit/dpkit/internal/syncbuf"
+	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
 	"github.com/dpkit/dpkit/pkg/topology"
 )
@@ -194,18 +195,8 @@ func sockets(t *testing.T, root string) []string {
 	return out
 }
 
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", "up")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return root
-}
-
 func TestUp(t *testing.T) {
-	cfg := filepath.Join(shortRoot(t), "three.yaml")
+	cfg := filepath.Join(testdir.Short(t, "up"), "three.yaml")
 	if err := os.WriteFile(cfg, []byte("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nregistration: registry\nplugins:\n- fake: {resources: [{name: example.com/bar, count: 3}]}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +223,7 @@ func TestUp(t *testing.T) {
 			args := tc.args
 			root := ""
 			if tc.givenRoot {
-				root = shortRoot(t)
+				root = testdir.Short(t, "up")
 				args = append(args, "--root", root)
 			}
 			u := startUp(t, args...)
@@ -435,7 +426,7 @@ func TestCommandFor(t *testing.T) {
 // first, and leaves the first working (it still admits a pod, and its
 // sockets are where they were).
 func TestUpSecondOnSameRoot(t *testing.T) {
-	root := shortRoot(t)
+	root := testdir.Short(t, "up")
 	first := exec.Command(os.Args[0], "-test.run=^$")
 	first.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{"--root", root}, "\x1f"), "XDG_STATE_HOME="+t.TempDir())
 	stdout, err := first.StdoutPipe()

@@ -3,8 +3,12 @@
 package numa
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -12,6 +16,38 @@ import (
 // None is the node of a device the host reports no locality for (sysfs
 // numa_node -1, a missing file, or a host without NUMA).
 const None = -1
+
+// NodesDir is where sysfs lists the machine's NUMA nodes, below the sysfs
+// root: one directory node<N> per node.
+const NodesDir = "devices/system/node"
+
+// ReadNodes returns the IDs of the NUMA nodes sysfs (mounted at sysfsRoot)
+// lists, sorted; none when the directory is missing (a kernel without NUMA
+// support). The kubelet reads them from the same place, through cAdvisor.
+func ReadNodes(sysfsRoot string) ([]int, error) {
+	dir := filepath.Join(sysfsRoot, NodesDir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the NUMA nodes: %w", err)
+	}
+	var ids []int
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), "node")
+		if !ok || !e.IsDir() && e.Type()&fs.ModeSymlink == 0 {
+			continue
+		}
+		id, err := strconv.Atoi(digits)
+		if err != nil || id < 0 || strconv.Itoa(id) != digits {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
 
 // ReadNode reads dir/numa_node. A missing or unreadable file, -1 or junk
 // give None.

@@ -46,3 +46,30 @@ func TestReadNode(t *testing.T) {
 		t.Errorf("Nodes: %v %v", Nodes(1), Nodes(None))
 	}
 }
+
+func TestReadNodes(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	nodes := filepath.Join(root, NodesDir)
+	if err := os.MkdirAll(nodes, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"node10", "node1", "node0", "nodex", "node01", "power"} {
+		if err := os.Mkdir(filepath.Join(nodes, d), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Files beside the node directories, one of them named like a node.
+	for _, f := range []string{"possible", "online", "node7"} {
+		if err := os.WriteFile(filepath.Join(nodes, f), []byte("0-1\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ReadNodes(root)
+	if err != nil || !slices.Equal(got, []int{0, 1, 10}) {
+		t.Errorf("ReadNodes = %v, %v; want [0 1 10]", got, err)
+	}
+	if got, err := ReadNodes(t.TempDir()); err != nil || got != nil {
+		t.Errorf("ReadNodes without NUMA = %v, %v; want none", got, err)
+	}
+}
