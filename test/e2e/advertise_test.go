@@ -235,6 +235,7 @@ func TestAdvertiseController(t *testing.T) {
 // DaemonSet does, with the resources of deploy/advertise/configmap.yaml, and
 // stops it with SIGTERM.
 func TestAdvertiseControllerProcess(t *testing.T) {
+	bin := dpkitBinary(t) // before the test's deadline starts: a cold build takes minutes
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()
@@ -245,7 +246,6 @@ func TestAdvertiseControllerProcess(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "resources.yaml")
 	writeFile(t, file, cm.Data["resources.yaml"])
 
-	bin := dpkitBinary(t)
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "advertise", "--kubeconfig", cp.Kubeconfig, "--file", file, "--watch", "--remove-on-exit", "--log-level=debug")
 	cmd.Env = append(os.Environ(), "NODE_NAME="+node)

@@ -118,12 +118,12 @@ func runView(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name
 // with an image that runs as root, and a subPath end the same way on both.
 func TestCRISideBySideWithKubelet(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
 	const res = "e2e.dpkit.io/zero-side"
 
 	// The kubelet's side: the plugin DaemonSet on the real node only.
-	importPluginImage(t, n)
 	d := deployOverlay(t, "generic", res, zeroConfig(res), `apiVersion: apps/v1
 kind: DaemonSet
 metadata:

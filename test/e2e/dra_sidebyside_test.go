@@ -70,6 +70,7 @@ type sbsClaims struct {
 // call, the unprepare after).
 func TestDRASideBySideWithKubelet(t *testing.T) {
 	bin := upstream.DRAManager(t)
+	dratest.Binary(t) // built before the test's deadline starts
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()

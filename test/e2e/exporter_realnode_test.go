@@ -23,9 +23,9 @@ import (
 // listing it.
 func TestExporterOnRealNode(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	// The chart renders into dpkit-system and creates no namespace.
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dpkit-system"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)

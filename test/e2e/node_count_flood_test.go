@@ -34,6 +34,7 @@ const floodNodes = 50
 // way with a one-line message, and with the flood, is logged for
 // docs/security.md; nothing is timed.
 func TestVirtualNodeCountTerminationFlood(t *testing.T) {
+	dpkitBinary(t) // before the test's deadline starts: a cold build takes minutes
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()

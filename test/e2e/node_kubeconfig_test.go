@@ -23,6 +23,7 @@ import (
 // ~/.kube/config), as a newcomer's shell would, and checks that the node
 // joins the cluster and becomes Ready.
 func TestVirtualNodeKubeconfigFromEnv(t *testing.T) {
+	dpkitBinary(t) // before the test's deadline starts: a cold build takes minutes
 	cp := cluster.Get(t)
 	ctx := testContext(t)
 	c := cp.Client()

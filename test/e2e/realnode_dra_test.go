@@ -75,6 +75,7 @@ func importFullImage(t *testing.T, n *controlplane.Node) {
 // runs the pod without its device, which the test checks too).
 func TestRealNodeDRA(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importFullImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
 	res := "e2e.dpkit.io/zero-dra"
@@ -245,6 +246,7 @@ func rollToPort(ctx context.Context, c kubernetes.Interface, d deployment, port 
 // with its device.
 func TestRealNodeRollingUpdateDRA(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importFullImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
 	// One plugin process with both fronts, each on a resource of its own:

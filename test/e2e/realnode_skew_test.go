@@ -49,6 +49,7 @@ func skewGroup(res, path, fronts string) string {
 // Unhealthy); older ones write none, and the test checks that too.
 func TestRealNodeSkew(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importFullImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
 	version := controlplane.KubeletVersion()

@@ -415,9 +415,9 @@ func TestRealNodeHelm(t *testing.T) {
 
 func testRealNodeDeploy(t *testing.T, deploy func(*testing.T) deployment) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	d := deploy(t)
 	d.apply(t, ctx, cp)
 	d.waitPluginReady(t, ctx, c, n.Name, "2")
@@ -442,9 +442,9 @@ func testRealNodeDeploy(t *testing.T, deploy func(*testing.T) deployment) {
 // injected by containerd 2.x.
 func TestRealNodeCDI(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	res := "e2e.dpkit.io/zero-cdi"
 	d := deployKustomizeConfig(t, res, zeroConfigCDI(res, true))
 	d.apply(t, ctx, cp)
@@ -476,9 +476,9 @@ func TestRealNodeCDI(t *testing.T) {
 // so that the spec carries device numbers a container can use.
 func TestRealNodeNvidiaCDI(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 
 	host := t.TempDir()
 	if out, err := exec.Command("cp", "-a", filepath.Join("..", "..", "pkg", "discovery", "testdata", "hosts", "dgx-h100")+"/.", host).CombinedOutput(); err != nil {
@@ -588,9 +588,9 @@ spec:
 // admitted and gets the other device.
 func TestRealNodeKubeletRestart(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	d := deployKustomize(t, "e2e.dpkit.io/zero-restart")
 	d.apply(t, ctx, cp)
 	d.waitPluginReady(t, ctx, c, n.Name, "2")
@@ -686,9 +686,9 @@ func podDevices(t *testing.T, ctx context.Context, n *controlplane.Node, ns, nam
 // devices away).
 func TestRealNodeRollingUpdate(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	d := deployKustomize(t, "e2e.dpkit.io/zero-rolling")
 	for _, o := range d.objs {
 		if o.GetKind() == "DaemonSet" {
@@ -814,9 +814,9 @@ func waitRolledOut(ctx context.Context, c kubernetes.Interface, d deployment, ol
 // apiserver, with the device the pod holds.
 func TestRealNodeGetPods(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	d := deployHelm(t, "e2e.dpkit.io/zero-get")
 	d.apply(t, ctx, cp)
 	d.waitPluginReady(t, ctx, c, n.Name, "2")
@@ -889,9 +889,9 @@ func keys(m map[string]bool) []string {
 // dpkit.io/fuse gets /dev/fuse.
 func TestRealNodeShippedGenericOverlay(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 	overlay := filepath.Join("..", "..", "deploy", "overlays", "generic")
 	cfg, err := config.LoadPluginConfig(filepath.Join(overlay, "config.yaml"), "config")
 	if err != nil {

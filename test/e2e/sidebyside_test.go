@@ -64,9 +64,9 @@ type sbsRow struct {
 // real node").
 func TestRealNodeSideBySide(t *testing.T) {
 	cp, n := realNode.Get(t)
+	importPluginImage(t, n) // before the test's deadline starts: a cold build takes minutes
 	ctx := testContext(t)
 	c := cp.Client()
-	importPluginImage(t, n)
 
 	const res = corev1.ResourceName("e2e.dpkit.io/zero-sbs")
 	config := zeroConfig(string(res))
