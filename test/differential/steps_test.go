@@ -308,7 +308,11 @@ func registeredAgain(name string) step {
 			st := p.srv.Status()[0]
 			return []string{fmt.Sprintf("%s: not registered again within %v; last error: %v", name, waitTimeout, st.LastError)}, nil
 		}
-		return []string{name + ": registered again"}, nil
+		// The manager lists the plugin's devices on the new connection
+		// and writes the checkpoint; wait for that write, so that a list
+		// the next step sends is not folded into the first one (the
+		// plugin would then send one list, and the managers write once).
+		return append([]string{name + ": registered again"}, s.awaitWrites()...), nil
 	}}
 }
 
