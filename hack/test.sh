@@ -40,4 +40,4 @@ go vet ./...
 pkgs=(./...)
 for a in "$@"; do [[ "$a" == ./* ]] && pkgs=(); done
 echo "== go test -race"
-go test -race -count=1 -cover -timeout 30m "$@" "${pkgs[@]}"
+go test -race -count=1 -cover -timeout 45m "$@" "${pkgs[@]}"

@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMakeImagesReproducible runs `make images` twice, into two bin
@@ -19,7 +21,11 @@ func TestMakeImagesReproducible(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Fatalf("make images needs make: %v (apt-get install make)", err)
 	}
-	ctx := testContext(t)
+	// Its own budget, not testContext's: a cold `make images` builds
+	// dpkit and dpkit-cluster from scratch, which takes minutes on a slow
+	// machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
 	build := func(bin string) (printed string, archives map[string][]byte) {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, "make", "images", "BIN="+bin)
