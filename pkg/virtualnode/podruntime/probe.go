@@ -216,28 +216,31 @@ func (w *ProbeWorker) Trigger() {
 	}
 }
 
-// StartProbes starts a worker for every probe of the pod's containers
-// (specs), each with the target target returns for its container. It
+// StartProbes starts a worker for every probe of the pod's init and app
+// containers, each with the target target returns for its container. It
 // returns the readiness workers by container name, which Probed
 // triggers, and what stops every worker and waits for them.
-func StartProbes(ctx context.Context, pod *corev1.Pod, specs []*corev1.Container, target func(*corev1.Container) ProbeTarget, tick Ticker) (readiness map[string]*ProbeWorker, stop func()) {
+func StartProbes(ctx context.Context, pod *corev1.Pod, target func(*corev1.Container) ProbeTarget, tick Ticker) (readiness map[string]*ProbeWorker, stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	readiness = map[string]*ProbeWorker{}
-	for _, c := range specs {
-		for _, k := range ProbeKinds {
-			if k.Spec(c) == nil {
-				continue
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			c := &cs[i]
+			for _, k := range ProbeKinds {
+				if k.Spec(c) == nil {
+					continue
+				}
+				w := NewProbeWorker(pod, c, k, target(c), tick)
+				if k == Readiness {
+					readiness[c.Name] = w
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w.Run(ctx)
+				}()
 			}
-			w := NewProbeWorker(pod, c, k, target(c), tick)
-			if k == Readiness {
-				readiness[c.Name] = w
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				w.Run(ctx)
-			}()
 		}
 	}
 	return readiness, func() {

@@ -55,13 +55,11 @@ func (pr *podRun) probedLocked(name string) (started, ready bool) {
 // startProbes starts a worker for every probe of the pod's containers and
 // returns what stops them and waits for them.
 func (pr *podRun) startProbes(ctx context.Context) (stop func()) {
-	specs := make([]*corev1.Container, 0, len(pr.ctrs))
 	byName := map[string]*ctr{}
 	for _, c := range pr.ctrs {
-		specs = append(specs, &c.spec)
 		byName[c.spec.Name] = c
 	}
-	readiness, stop := podruntime.StartProbes(ctx, pr.pod, specs, func(spec *corev1.Container) podruntime.ProbeTarget {
+	readiness, stop := podruntime.StartProbes(ctx, pr.pod, func(spec *corev1.Container) podruntime.ProbeTarget {
 		return probeTarget{pr, byName[spec.Name]}
 	}, pr.b.cfg.probeTicker)
 	pr.mu.Lock()

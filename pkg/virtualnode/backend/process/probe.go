@@ -48,13 +48,7 @@ func (pr *podRun) probedLocked(name string) (started, ready bool) {
 // startProbes starts a worker for every probe of the pod's containers and
 // returns what stops them and waits for them.
 func (pr *podRun) startProbes(ctx context.Context, pod *corev1.Pod) (stop func()) {
-	var specs []*corev1.Container
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range cs {
-			specs = append(specs, &cs[i])
-		}
-	}
-	readiness, stop := podruntime.StartProbes(ctx, pod, specs, func(c *corev1.Container) podruntime.ProbeTarget {
+	readiness, stop := podruntime.StartProbes(ctx, pod, func(c *corev1.Container) podruntime.ProbeTarget {
 		return procTarget{pr, c}
 	}, pr.b.cfg.probeTicker)
 	pr.mu.Lock()
