@@ -30,12 +30,8 @@ func (b *Backend) runningID(namespace, name, container string) (string, error) {
 	if pr == nil {
 		return "", fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
 	}
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	for _, c := range pr.ctrs {
-		if c.spec.Name == container && c.id != "" && !c.exited {
-			return c.id, nil
-		}
+	if c, ok := pr.w.Container(container); ok && c.Running {
+		return c.ID, nil
 	}
 	return "", fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
 }

@@ -97,8 +97,8 @@ func int64Value(v *int64) *runtimeapi.Int64Value {
 // device plugins' variables), the devices, mounts, annotations and CDI
 // devices of its device plugins and claims, its limits and security
 // context.
-func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, imageRef string) (*runtimeapi.ContainerConfig, error) {
-	pod, spec := pr.pod, c.spec
+func (pr *podRun) containerConfig(ctx context.Context, c *corev1.Container, attempt uint32, imageRef string) (*runtimeapi.ContainerConfig, error) {
+	pod, spec := pr.pod, *c
 	var env podruntime.Env
 	if err := env.AddContainerEnv(ctx, pod, &spec, pr.b.cfg.ContainerEnv, func(name string) bool { return name == cdiEnv }); err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func (pr *podRun) containerConfig(ctx context.Context, c *ctr, attempt uint32, i
 	}
 	// Then, as the kubelet's makeMounts, the volumes, the managed
 	// /etc/hosts and the termination message file.
-	mounts, err := pr.volumeMounts(&spec, env.Vars())
+	mounts, err := pr.mounts(&spec, env.Vars())
 	if err != nil {
 		return nil, err
 	}

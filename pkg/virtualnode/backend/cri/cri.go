@@ -42,6 +42,7 @@ import (
 	"github.com/dpkit/dpkit/internal/procfs"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/volume"
 )
 
 // Labels and annotations on the sandboxes and containers the backend
@@ -63,7 +64,7 @@ const (
 	DefaultPollInterval   = time.Second
 	DefaultBackoffInitial = podruntime.DefaultBackoffInitial
 	// DefaultVolumeResync is the kubelet's sync period.
-	DefaultVolumeResync = time.Minute
+	DefaultVolumeResync = volume.DefaultResync
 	// DefaultGracePeriod applies when a pod names none.
 	DefaultGracePeriod = podruntime.DefaultGracePeriod
 	// cdiEnv is the variable in which the node gives the process backend
@@ -399,7 +400,7 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	if !added {
 		return nil
 	}
-	pr.publish()
+	pr.w.Publish()
 	b.start(pr)
 	return nil
 }
@@ -408,8 +409,7 @@ func (b *Backend) start(pr *podRun) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		defer close(pr.done)
-		pr.run(b.ctx)
+		pr.w.Run(b.ctx)
 	}()
 }
 
@@ -417,7 +417,7 @@ func (b *Backend) start(pr *podRun) {
 // the pod's grace period, then the sandbox is stopped and removed.
 func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
 	if pr, ok := b.pods.Get(pod.UID); ok {
-		pr.stop(podruntime.GracePeriod(pod))
+		pr.w.Stop(podruntime.GracePeriod(pod))
 	}
 	return nil
 }
@@ -442,9 +442,9 @@ func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
 		delete(b.forgetting, pod.UID)
 		b.mu.Unlock()
 	}()
-	pr.stop(0)
+	pr.w.Stop(0)
 	select {
-	case <-pr.done:
+	case <-pr.w.Done():
 	case <-b.ctx.Done():
 		return nil
 	case <-ctx.Done():
@@ -453,7 +453,7 @@ func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
 	if err := os.RemoveAll(pr.logDir()); err != nil {
 		return fmt.Errorf("removing the pod's logs: %w", err)
 	}
-	if err := removePodDir(pr.podDir()); err != nil {
+	if err := volume.RemovePodDir(pr.podDir()); err != nil {
 		return fmt.Errorf("removing the pod's directory: %w", err)
 	}
 	return nil
@@ -492,7 +492,7 @@ func (b *Backend) CleanupOrphans(_ context.Context, known func(types.UID) bool) 
 			if logs {
 				err = os.RemoveAll(path)
 			} else {
-				err = removePodDir(path)
+				err = volume.RemovePodDir(path)
 			}
 			if err != nil {
 				errs = append(errs, err)

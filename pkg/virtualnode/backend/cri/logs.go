@@ -33,19 +33,11 @@ func (b *Backend) Logs(ctx context.Context, namespace, name, container string, o
 	if pr == nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, ErrNotFound)
 	}
-	pr.mu.Lock()
-	var c *ctr
-	for _, x := range pr.ctrs {
-		if x.spec.Name == container {
-			c = x
-		}
-	}
-	if c == nil {
-		pr.mu.Unlock()
+	c, ok := pr.w.Container(container)
+	if !ok {
 		return nil, fmt.Errorf("container %s in pod %s/%s: %w", container, namespace, name, ErrNotFound)
 	}
-	attempt, id, running := c.restarts, c.id, c.id != "" && !c.exited
-	pr.mu.Unlock()
+	attempt, id, running := c.Restarts, c.ID, c.Running
 	if opts.Previous {
 		if attempt == 0 || id == "" {
 			return nil, fmt.Errorf("previous terminated container %q in pod %q: %w", container, name, ErrNotFound)
@@ -64,9 +56,8 @@ func (b *Backend) Logs(ctx context.Context, namespace, name, container string, o
 		if !running {
 			return false
 		}
-		pr.mu.Lock()
-		defer pr.mu.Unlock()
-		return c.id == id && !c.exited
+		c, _ := pr.w.Container(container)
+		return c.ID == id && c.Running
 	}
 	rd, wr := io.Pipe()
 	go func() {
@@ -88,14 +79,10 @@ func (b *Backend) Exec(ctx context.Context, namespace, name, container string, c
 	if len(cmd) == 0 {
 		return errors.New("exec: no command given")
 	}
-	pr.mu.Lock()
 	var id string
-	for _, c := range pr.ctrs {
-		if c.spec.Name == container && !c.exited {
-			id = c.id
-		}
+	if c, ok := pr.w.Container(container); ok && c.Running {
+		id = c.ID
 	}
-	pr.mu.Unlock()
 	if id == "" {
 		return fmt.Errorf("container %s in pod %s/%s is not running", container, namespace, name)
 	}

@@ -43,7 +43,7 @@ func TestCleanupOrphans(t *testing.T) {
 		}
 	}
 	secret := filepath.Join(b.cfg.PodDir, "uid-gone", "volumes", "kubernetes.io~secret", "s")
-	mounted := os.Getuid() == 0 && mountTmpfs(secret, 0) == nil
+	mounted := os.Getuid() == 0 && unix.Mount("tmpfs", secret, "tmpfs", 0, "") == nil
 	if mounted {
 		t.Cleanup(func() { _ = unix.Unmount(secret, unix.MNT_DETACH) })
 	}
@@ -58,9 +58,7 @@ func TestCleanupOrphans(t *testing.T) {
 			t.Errorf("%s: kept %v, want %v (err %v)", d, err == nil, kept, err)
 		}
 	}
-	if mounted && isMountPoint(secret) {
-		t.Errorf("%s is still mounted", secret)
-	}
+	// A directory still mounted could not have been removed.
 	for _, d := range []string{filepath.Join(b.cfg.PodDir, "uid-gone"), filepath.Join(b.cfg.LogDir, "ns_gone_uid-gone")} {
 		if _, err := os.Stat(d); err == nil {
 			t.Errorf("%s is still there", d)

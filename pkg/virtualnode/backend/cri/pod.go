@@ -5,251 +5,78 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/dpkit/dpkit/internal/podspec"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime/volume"
 )
 
-// ctr is one container of the pod spec and the runtime container that
-// currently runs it.
-type ctr struct {
-	spec    corev1.Container
-	init    bool
-	sidecar bool
-
-	id       string // the runtime's container, "" before the first start
-	prevID   string // the one before, kept for previous logs
-	exited   bool
-	restarts int32
-	started  time.Time // when the current one started
-
-	state     corev1.ContainerState
-	lastState corev1.ContainerState
-	imageID   string
-
-	backoff    podruntime.Backoff
-	next       time.Time // no start before
-	pullFailed string    // the last image pull error, while backing off
-
-	probe probeState // what its probes found (probe.go)
-}
-
-// podRun runs one pod: its sandbox, then its containers.
+// podRun is one pod on the runtime: its sandbox and volumes, and the
+// runtime containers podruntime's worker asks for (it implements
+// podruntime.Runner).
 type podRun struct {
-	b *Backend
+	b   *Backend
+	w   *podruntime.Worker
+	pod *corev1.Pod // as admitted; the worker has its status
 
 	mu        sync.Mutex
-	pod       *corev1.Pod // status included
 	sandboxID string
 	sandbox   *runtimeapi.PodSandboxConfig
 	// sandboxNext is when a sandbox that failed to be created is tried
 	// again.
 	sandboxNext time.Time
 	podIP       string
-	ctrs        []*ctr
-	// readiness are the readiness probe workers by container name.
-	readiness map[string]*podruntime.ProbeWorker
-	stopping  bool
-	grace     time.Duration
-	ended     bool // the pod reached a terminal phase
-	last      *corev1.PodStatus
-	vols      podVolumes // the run goroutine's only
-
-	stopCh   chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
+	vols        *volume.Manager // the worker goroutine's only
 }
 
 func newPodRun(b *Backend, pod *corev1.Pod) *podRun {
-	pr := &podRun{b: b, pod: pod, stopCh: make(chan struct{}), done: make(chan struct{})}
-	for _, c := range pod.Spec.InitContainers {
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, init: true, sidecar: podspec.IsSidecar(&c), backoff: pr.newBackoff()})
-	}
-	for _, c := range pod.Spec.Containers {
-		pr.ctrs = append(pr.ctrs, &ctr{spec: c, backoff: pr.newBackoff()})
-	}
-	init, app := podruntime.WaitingStatuses(pod)
-	for i, c := range pr.ctrs {
-		if i < len(init) {
-			c.state = init[i].State
-		} else {
-			c.state = app[i-len(init)].State
-		}
-	}
+	pr := &podRun{b: b, pod: pod}
 	pr.sandbox = pr.sandboxConfig()
+	pr.vols = volume.New(pod, volume.Config{
+		Dir: pr.podDir(), Source: b.cfg.Volumes, NodeAllocatable: b.cfg.NodeAllocatable,
+		DiskBacked: b.cfg.DiskBackedVolumes, Resync: b.cfg.VolumeResync, Logger: b.log,
+		Event: pr.podEvent,
+	})
+	pr.w = podruntime.NewWorker(pod, pr, podruntime.WorkerConfig{
+		NodeIP: b.cfg.NodeIP, BackoffInitial: b.cfg.BackoffInitial, PollInterval: b.cfg.PollInterval,
+		Notify: b.cfg.Notify, Event: b.cfg.Event, Logger: b.log, ProbeTicker: b.cfg.probeTicker,
+	})
 	return pr
 }
 
-// newBackoff is a container's restart back-off: from BackoffInitial up to
-// the kubelet's 5 minutes.
-func (pr *podRun) newBackoff() podruntime.Backoff {
-	return podruntime.Backoff{Initial: pr.b.cfg.BackoffInitial, Max: podruntime.DefaultBackoffMax}
-}
-
 func (pr *podRun) logDir() string { return podLogDir(pr.b.cfg.LogDir, pr.pod) }
-
-func (pr *podRun) stop(grace time.Duration) {
-	pr.mu.Lock()
-	if !pr.stopping || grace < pr.grace {
-		pr.grace = grace
-	}
-	pr.stopping = true
-	pr.mu.Unlock()
-	pr.stopOnce.Do(func() { close(pr.stopCh) })
-}
 
 // Pod implements podruntime.Run.
 func (pr *podRun) Pod() *corev1.Pod { return pr.pod }
 
 // Snapshot implements podruntime.Run.
-func (pr *podRun) Snapshot() *corev1.Pod {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	p := pr.pod.DeepCopy()
-	p.Status = *pr.statusLocked()
-	return p
-}
-
-// statusLocked computes the pod status from the containers' states.
-func (pr *podRun) statusLocked() *corev1.PodStatus {
-	st := pr.pod.Status.DeepCopy()
-	st.InitContainerStatuses, st.ContainerStatuses = nil, nil
-	for _, c := range pr.ctrs {
-		cs := corev1.ContainerStatus{
-			Name: c.spec.Name, Image: c.spec.Image, ImageID: c.imageID,
-			ContainerID: pr.b.containerID(c.id), RestartCount: c.restarts,
-			State: c.state, LastTerminationState: c.lastState,
-		}
-		if c.init {
-			st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
-		} else {
-			st.ContainerStatuses = append(st.ContainerStatuses, cs)
-		}
-	}
-	podruntime.ComputeProbedStatus(pr.pod, st, pr.b.cfg.NodeIP, pr.stopping, pr.probedLocked)
-	if pr.podIP != "" {
-		st.PodIP = pr.podIP
-		st.PodIPs = []corev1.PodIP{{IP: pr.podIP}}
-	}
-	pr.pod.Status.StartTime = st.StartTime
-	pr.pod.Status.Conditions = st.Conditions
-	return st
-}
-
-// publish reports the pod's status when it changed.
-func (pr *podRun) publish() {
-	pr.mu.Lock()
-	st := pr.statusLocked()
-	if pr.last != nil && equality.Semantic.DeepEqual(pr.last, st) {
-		pr.mu.Unlock()
-		return
-	}
-	pr.last = st.DeepCopy()
-	p := pr.pod.DeepCopy()
-	p.Status = *st
-	pr.mu.Unlock()
-	if pr.b.cfg.Notify != nil {
-		pr.b.cfg.Notify(p)
-	}
-}
-
-func (pr *podRun) phase() corev1.PodPhase {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.statusLocked().Phase
-}
-
-// run creates the sandbox, then starts, follows and restarts the
-// containers until the pod is deleted.
-func (pr *podRun) run(ctx context.Context) {
-	defer pr.startProbes(ctx)()
-	t := time.NewTicker(pr.b.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-pr.stopCh:
-			pr.terminate(ctx)
-			return
-		case <-ctx.Done():
-			return
-		default:
-		}
-		pr.sync(ctx)
-		pr.publish()
-		if ph := pr.phase(); !pr.ended && (ph == corev1.PodSucceeded || ph == corev1.PodFailed) {
-			// As the kubelet: a pod that ended has its sandbox stopped;
-			// its containers stay, for their logs, until it is deleted.
-			pr.ended = true
-			if pr.sandboxID != "" {
-				if err := pr.b.rt.StopPodSandbox(pr.b.logctx(ctx), pr.sandboxID); err != nil {
-					pr.b.log.Warn("Stopping the sandbox of an ended pod", "pod", pr.key(), "err", err)
-				}
-			}
-		}
-		if pr.ended {
-			select {
-			case <-pr.stopCh:
-			case <-ctx.Done():
-			}
-			continue
-		}
-		select {
-		case <-pr.stopCh:
-		case <-ctx.Done():
-		case <-t.C:
-		}
-	}
-}
+func (pr *podRun) Snapshot() *corev1.Pod { return pr.w.Snapshot() }
 
 func (pr *podRun) key() string { return pr.pod.Namespace + "/" + pr.pod.Name }
 
-// sync does one round: the sandbox when there is none, the containers'
-// states, then what should start.
-func (pr *podRun) sync(ctx context.Context) {
-	if !pr.syncVolumes(ctx) && pr.sandboxID == "" {
-		return
+// Prepare implements podruntime.Runner: the volumes, then the sandbox.
+func (pr *podRun) Prepare(ctx context.Context) (bool, error) {
+	pr.mu.Lock()
+	hasSandbox := pr.sandboxID != ""
+	pr.mu.Unlock()
+	if !pr.vols.Sync(ctx) && !hasSandbox {
+		return false, nil
 	}
-	if pr.sandboxID == "" {
-		if time.Now().Before(pr.sandboxNext) {
-			return
-		}
-		if !pr.runSandbox(ctx) {
-			return
-		}
+	if hasSandbox {
+		return true, nil
 	}
-	pr.refresh(ctx)
-	now := time.Now()
-	for _, c := range pr.ctrs {
-		if !c.init {
-			continue
-		}
-		if c.sidecar {
-			pr.ensure(ctx, c, now)
-			if c.id == "" || c.exited || !pr.started(c) {
-				return // the next waits for the sidecar to have started
-			}
-			continue
-		}
-		if c.exited && c.state.Terminated != nil && c.state.Terminated.ExitCode == 0 {
-			continue
-		}
-		pr.ensure(ctx, c, now)
-		return
+	if time.Now().Before(pr.sandboxNext) {
+		return false, nil
 	}
-	for _, c := range pr.ctrs {
-		if !c.init {
-			pr.ensure(ctx, c, now)
-		}
-	}
+	return pr.runSandbox(ctx)
 }
 
 // runSandbox creates the pod's sandbox. On failure, as the kubelet: a
@@ -257,30 +84,21 @@ func (pr *podRun) sync(ctx context.Context) {
 // waiting (ContainerCreating, the error as message), and the sandbox is
 // tried again after the back-off (the kubelet's pod worker requeues a
 // pod whose sync failed after backOffPeriod, 10s).
-func (pr *podRun) runSandbox(ctx context.Context) bool {
+func (pr *podRun) runSandbox(ctx context.Context) (bool, error) {
 	id, err := pr.createSandbox(ctx)
 	if err != nil {
-		msg := podruntime.CreatePodSandboxMessage(status.Convert(err).Message())
 		pr.b.log.Warn("Creating a pod sandbox", "pod", pr.key(), "err", err)
-		pr.mu.Lock()
 		pr.sandboxNext = time.Now().Add(pr.b.cfg.BackoffInitial)
-		for _, c := range pr.ctrs {
-			if c.state.Waiting != nil {
-				// A new state: the one before went out with a notification.
-				c.state = waiting(c.state.Waiting.Reason, msg)
-			}
-		}
-		pr.mu.Unlock()
 		if pr.b.cfg.Event != nil {
 			pr.b.cfg.Event(pr.pod, "", corev1.EventTypeWarning, podruntime.EventFailedCreatePodSandBox, podruntime.CreatePodSandboxMessage(err.Error()))
 		}
-		return false
+		return false, errors.New(podruntime.CreatePodSandboxMessage(status.Convert(err).Message()))
 	}
 	pr.mu.Lock()
 	pr.sandboxID = id
 	pr.mu.Unlock()
 	pr.readPodIP(ctx)
-	return true
+	return true, nil
 }
 
 func (pr *podRun) readPodIP(ctx context.Context) {
@@ -296,60 +114,42 @@ func (pr *podRun) readPodIP(ctx context.Context) {
 	pr.mu.Unlock()
 }
 
-// refresh reads the state of every container from the runtime.
-func (pr *podRun) refresh(ctx context.Context) {
-	for _, c := range pr.ctrs {
-		if c.id == "" || c.exited {
-			continue
-		}
-		resp, err := pr.b.rt.ContainerStatus(pr.b.logctx(ctx), c.id, false)
-		if status.Code(err) == codes.NotFound {
-			pr.mu.Lock()
-			pr.exit(c, unknownTermination(c))
-			pr.mu.Unlock()
-			continue
-		}
-		if err != nil || resp.Status == nil {
-			pr.b.log.Warn("Reading a container's status", "pod", pr.key(), "container", c.spec.Name, "err", err)
-			continue
-		}
-		s := resp.Status
+// PodIP implements podruntime.Runner.
+func (pr *podRun) PodIP() string {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.podIP
+}
+
+// ContainerID implements podruntime.Runner.
+func (pr *podRun) ContainerID(id string) string { return pr.b.containerID(id) }
+
+// Observe implements podruntime.Runner through ContainerStatus; an exited
+// container's termination message is read as the kubelet reads it.
+func (pr *podRun) Observe(ctx context.Context, c *corev1.Container, id string) (podruntime.Observed, error) {
+	resp, err := pr.b.rt.ContainerStatus(pr.b.logctx(ctx), id, false)
+	if status.Code(err) == codes.NotFound {
+		return podruntime.Observed{}, fmt.Errorf("container %s: %w", id, podruntime.ErrContainerGone)
+	}
+	if err != nil {
+		return podruntime.Observed{}, err
+	}
+	s := resp.Status
+	if s == nil {
+		return podruntime.Observed{}, fmt.Errorf("container %s: the runtime gave no status", id)
+	}
+	o := podruntime.Observed{ImageID: s.ImageRef}
+	switch s.State {
+	case runtimeapi.ContainerState_CONTAINER_RUNNING:
+		o.Running, o.StartedAt = true, time.Unix(0, s.StartedAt)
+	case runtimeapi.ContainerState_CONTAINER_EXITED, runtimeapi.ContainerState_CONTAINER_UNKNOWN:
 		var msg string
 		if s.State == runtimeapi.ContainerState_CONTAINER_EXITED {
-			msg = terminationMessage(&c.spec, s, pr.containerDir(c.spec.Name))
+			msg = terminationMessage(c, s, pr.containerDir(c.Name))
 		}
-		pr.mu.Lock()
-		if s.ImageRef != "" {
-			c.imageID = s.ImageRef
-		}
-		switch s.State {
-		case runtimeapi.ContainerState_CONTAINER_RUNNING:
-			c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: nsTime(s.StartedAt)}}
-		case runtimeapi.ContainerState_CONTAINER_EXITED, runtimeapi.ContainerState_CONTAINER_UNKNOWN:
-			pr.exit(c, podruntime.WithTerminationMessage(terminated(s, pr.b.containerID(c.id)), msg))
-		}
-		pr.mu.Unlock()
+		o.Terminated = podruntime.WithTerminationMessage(terminated(s, pr.b.containerID(id)), msg)
 	}
-}
-
-// exit records that c's current container ended, and when it may start
-// again.
-func (pr *podRun) exit(c *ctr, t *corev1.ContainerStateTerminated) {
-	c.exited = true
-	c.state = corev1.ContainerState{Terminated: t}
-	if !c.started.IsZero() {
-		c.backoff.Ran(time.Since(c.started))
-	}
-	c.next = t.FinishedAt.Add(c.backoff.Delay())
-}
-
-func unknownTermination(c *ctr) *corev1.ContainerStateTerminated {
-	now := podruntime.Now()
-	return &corev1.ContainerStateTerminated{
-		ExitCode: 137, Reason: podruntime.ReasonContainerStatusUnknown,
-		Message:   podruntime.MessageContainerStatusUnknown,
-		StartedAt: metav1.NewTime(c.started), FinishedAt: now,
-	}
+	return o, nil
 }
 
 func terminated(s *runtimeapi.ContainerStatus, id string) *corev1.ContainerStateTerminated {
@@ -370,126 +170,52 @@ func nsTime(ns int64) metav1.Time {
 	return metav1.NewTime(time.Unix(0, ns).Truncate(time.Second))
 }
 
-// shouldRestart applies the restart policy to an exited container.
-func (pr *podRun) shouldRestart(c *ctr) bool {
-	code := int32(0)
-	if c.state.Terminated != nil {
-		code = c.state.Terminated.ExitCode
-	}
-	return podruntime.ShouldRestart(pr.pod, &c.spec, c.init, code)
-}
-
-// ensure starts c when it has not run yet or should run again and its
-// back-off has passed, and reports the waiting reason otherwise.
-func (pr *podRun) ensure(ctx context.Context, c *ctr, now time.Time) {
-	if c.id != "" && !c.exited {
-		return
-	}
-	if c.exited && !pr.shouldRestart(c) {
-		return
-	}
-	if now.Before(c.next) {
-		pr.mu.Lock()
-		switch {
-		case c.exited:
-			if c.state.Terminated != nil {
-				c.lastState = c.state
-			}
-			c.state = waiting(podruntime.ReasonCrashLoopBackOff, podruntime.CrashLoopBackOffMessage(c.backoff.Delay(), pr.pod, c.spec.Name))
-		case c.pullFailed != "":
-			c.state = waiting(podruntime.ReasonImagePullBackOff, podruntime.ImagePullBackOffMessage(c.spec.Image, c.pullFailed))
-		}
-		pr.mu.Unlock()
-		return
-	}
-	if err := pr.start(ctx, c); err != nil {
-		pr.mu.Lock()
-		var we *waitError
-		if errors.As(err, &we) {
-			c.state = waiting(we.reason, we.message)
-		} else {
-			c.state = waiting(podruntime.ReasonRunContainerError, err.Error())
-		}
-		c.next = now.Add(c.backoff.Delay())
-		c.backoff.Step()
-		pr.mu.Unlock()
-		pr.b.log.Warn("Starting a container", "pod", pr.key(), "container", c.spec.Name, "err", err)
-	}
-}
-
-// waitError is a start failure reported as a Waiting reason.
-type waitError struct{ reason, message string }
-
-func (e *waitError) Error() string { return e.reason + ": " + e.message }
-
-func waiting(reason, message string) corev1.ContainerState {
-	return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: message}}
-}
-
-// start creates and starts one run of c.
-func (pr *podRun) start(ctx context.Context, c *ctr) error {
-	restart := c.id != ""
-	attempt := c.restarts
-	if restart {
-		attempt++
-	}
+// Start implements podruntime.Runner: the image as the pull policy says,
+// the container's configuration, PreStartContainer, then CreateContainer
+// and StartContainer.
+func (pr *podRun) Start(ctx context.Context, c *corev1.Container, attempt int32) (podruntime.Started, error) {
 	imageRef, err := pr.ensureImage(ctx, c)
 	if err != nil {
-		return err
+		return podruntime.Started{}, err
 	}
 	cfg, err := pr.containerConfig(ctx, c, uint32(attempt), imageRef) //nolint:gosec // restart counts are small
 	if err != nil {
-		return &waitError{podruntime.ReasonCreateContainerConfigError, err.Error()}
+		return podruntime.Started{}, &podruntime.WaitError{Reason: podruntime.ReasonCreateContainerConfigError, Message: err.Error()}
 	}
 	if pr.b.cfg.PreStart != nil {
-		if err := pr.b.cfg.PreStart(ctx, pr.pod, c.spec.Name); err != nil {
+		if err := pr.b.cfg.PreStart(ctx, pr.pod, c.Name); err != nil {
 			pr.removeTerminationFiles(cfg.Mounts)
-			return &waitError{podruntime.ReasonCreateContainerConfigError, "PreStartContainer: " + err.Error()}
+			return podruntime.Started{}, &podruntime.WaitError{Reason: podruntime.ReasonCreateContainerConfigError, Message: "PreStartContainer: " + err.Error()}
 		}
 	}
-	id, err := pr.b.rt.CreateContainer(pr.b.logctx(ctx), pr.sandboxID, cfg, pr.sandbox)
+	pr.mu.Lock()
+	sandboxID := pr.sandboxID
+	pr.mu.Unlock()
+	id, err := pr.b.rt.CreateContainer(pr.b.logctx(ctx), sandboxID, cfg, pr.sandbox)
 	if err != nil {
 		pr.removeTerminationFiles(cfg.Mounts)
-		return &waitError{podruntime.ReasonCreateContainerError, status.Convert(err).Message()}
+		return podruntime.Started{}, &podruntime.WaitError{Reason: podruntime.ReasonCreateContainerError, Message: status.Convert(err).Message()}
 	}
 	if err := pr.b.rt.StartContainer(pr.b.logctx(ctx), id); err != nil {
-		pr.mu.Lock()
-		c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
-		pr.mu.Unlock()
-		return &waitError{podruntime.ReasonRunContainerError, status.Convert(err).Message()}
+		return podruntime.Started{ID: id}, &podruntime.WaitError{Reason: podruntime.ReasonRunContainerError, Message: status.Convert(err).Message()}
 	}
-	// Only the last dead container is kept (for previous logs), as the
-	// kubelet's garbage collector keeps one per container by default.
-	if c.prevID != "" {
-		pr.removeContainer(ctx, c.prevID)
-	}
-	pr.mu.Lock()
-	if restart {
-		c.restarts = attempt
-		c.lastState = corev1.ContainerState{Terminated: c.lastTerminated()}
-		c.backoff.Step()
-	}
-	c.prevID, c.id, c.exited, c.started = c.id, id, false, time.Now()
-	c.pullFailed, c.imageID = "", imageRef
-	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: podruntime.Now()}}
-	pr.mu.Unlock()
-	pr.postStart(ctx, c)
-	return nil
+	return podruntime.Started{ID: id, ImageID: imageRef}, nil
 }
 
-func (c *ctr) lastTerminated() *corev1.ContainerStateTerminated {
-	if c.state.Terminated != nil {
-		return c.state.Terminated
+// Stop implements podruntime.Runner through StopContainer.
+func (pr *podRun) Stop(ctx context.Context, id string, grace int64) {
+	err := pr.b.rt.StopContainer(pr.b.logctx(ctx), id, grace)
+	if err != nil && status.Code(err) != codes.NotFound {
+		pr.b.log.Warn("Stopping a container", "pod", pr.key(), "container", id, "err", err)
 	}
-	return c.lastState.Terminated
 }
 
-// removeContainer removes a dead container and its termination message
-// file. The kubelet makes that file per run and leaves it until the pod
-// goes, so a crash-looping container adds one file (of any size it
-// wrote) a restart; here the file goes with its container, and a pod
-// keeps at most the current and the previous run's.
-func (pr *podRun) removeContainer(ctx context.Context, id string) {
+// Remove implements podruntime.Runner: a dead container and its
+// termination message file. The kubelet makes that file per run and
+// leaves it until the pod goes, so a crash-looping container adds one
+// file (of any size it wrote) a restart; here the file goes with its
+// container, and a pod keeps at most the current and the previous run's.
+func (pr *podRun) Remove(ctx context.Context, id string) {
 	if resp, err := pr.b.rt.ContainerStatus(pr.b.logctx(ctx), id, false); err == nil && resp.Status != nil {
 		pr.removeTerminationFiles(resp.Status.Mounts)
 	}
@@ -498,20 +224,47 @@ func (pr *podRun) removeContainer(ctx context.Context, id string) {
 	}
 }
 
+// Ended implements podruntime.Runner: as the kubelet, a pod that ended
+// has its sandbox stopped; its containers stay, for their logs, until it
+// is deleted.
+func (pr *podRun) Ended(ctx context.Context) {
+	pr.mu.Lock()
+	id := pr.sandboxID
+	pr.mu.Unlock()
+	if id == "" {
+		return
+	}
+	if err := pr.b.rt.StopPodSandbox(pr.b.logctx(ctx), id); err != nil {
+		pr.b.log.Warn("Stopping the sandbox of an ended pod", "pod", pr.key(), "err", err)
+	}
+}
+
+// Teardown implements podruntime.Runner: the sandbox, then the pod's
+// cgroup.
+func (pr *podRun) Teardown(ctx context.Context) {
+	pr.mu.Lock()
+	id := pr.sandboxID
+	pr.mu.Unlock()
+	if id != "" {
+		pr.b.removeSandbox(ctx, id)
+	}
+	pr.b.removePodCgroup(pr.pod)
+}
+
 // ensureImage returns the image to run, pulling it as the container's
 // pull policy says.
-func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
-	image := c.spec.Image
+func (pr *podRun) ensureImage(ctx context.Context, c *corev1.Container) (string, error) {
+	image := c.Image
 	spec := &runtimeapi.ImageSpec{Image: withDefaultTag(image)}
 	st, err := pr.b.img.ImageStatus(pr.b.logctx(ctx), spec, false)
 	if err != nil {
-		return "", &waitError{podruntime.ReasonErrImageInspect, podruntime.ImageInspectMessage(image, status.Convert(err).Message())}
+		return "", &podruntime.WaitError{Reason: podruntime.ReasonErrImageInspect, Message: podruntime.ImageInspectMessage(image, status.Convert(err).Message())}
 	}
 	present := st.Image != nil
-	switch policy(c.spec) {
+	switch policy(*c) {
 	case corev1.PullNever:
 		if !present {
-			return "", &waitError{podruntime.ReasonErrImageNeverPull, podruntime.ImageNeverPullMessage(image)}
+			return "", &podruntime.WaitError{Reason: podruntime.ReasonErrImageNeverPull, Message: podruntime.ImageNeverPullMessage(image)}
 		}
 		return st.Image.Id, nil
 	case corev1.PullIfNotPresent:
@@ -521,11 +274,7 @@ func (pr *podRun) ensureImage(ctx context.Context, c *ctr) (string, error) {
 	}
 	ref, err := pr.b.img.PullImage(pr.b.logctx(ctx), spec, nil, pr.sandbox)
 	if err != nil {
-		msg := status.Convert(err).Message()
-		pr.mu.Lock()
-		c.pullFailed = msg
-		pr.mu.Unlock()
-		return "", &waitError{podruntime.ReasonErrImagePull, msg}
+		return "", &podruntime.WaitError{Reason: podruntime.ReasonErrImagePull, Message: status.Convert(err).Message()}
 	}
 	return ref, nil
 }
@@ -574,45 +323,6 @@ func tagLatest(image string) bool {
 	return true
 }
 
-// terminate stops every container with the grace period, then the
-// sandbox, and removes them; containers that never ran are reported as
-// the kubelet reports them.
-func (pr *podRun) terminate(ctx context.Context) {
-	pr.mu.Lock()
-	grace := pr.grace
-	pr.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, c := range pr.ctrs {
-		if c.id == "" || c.exited {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pr.killContainer(ctx, c, c.id, "", int64(grace/time.Second))
-		}()
-	}
-	wg.Wait()
-	pr.refresh(ctx)
-	pr.mu.Lock()
-	for _, c := range pr.ctrs {
-		if c.state.Terminated == nil {
-			if c.state.Waiting != nil && c.lastState.Terminated != nil {
-				c.state = corev1.ContainerState{Terminated: c.lastState.Terminated}
-				continue
-			}
-			c.state = corev1.ContainerState{Terminated: unknownTermination(c)}
-		}
-	}
-	id := pr.sandboxID
-	pr.mu.Unlock()
-	if id != "" {
-		pr.b.removeSandbox(ctx, id)
-	}
-	pr.b.removePodCgroup(pr.pod)
-	pr.publish()
-}
-
 // adoptContainers finds the containers of an adopted sandbox: per
 // container name the newest is current, the one before it previous.
 func (pr *podRun) adoptContainers(ctx context.Context) error {
@@ -620,10 +330,10 @@ func (pr *podRun) adoptContainers(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cri backend: listing the containers of sandbox %s: %w", pr.sandboxID, err)
 	}
-	for _, c := range pr.ctrs {
+	for _, c := range pr.w.Containers() {
 		var cur, prev *runtimeapi.Container
 		for _, rc := range ctrs {
-			if rc.Labels[LabelContainer] != c.spec.Name || rc.Metadata == nil {
+			if rc.Labels[LabelContainer] != c.Name || rc.Metadata == nil {
 				continue
 			}
 			switch {
@@ -636,12 +346,11 @@ func (pr *podRun) adoptContainers(ctx context.Context) error {
 		if cur == nil {
 			continue
 		}
-		c.id, c.restarts = cur.Id, int32(cur.Metadata.Attempt) //nolint:gosec // restart counts are small
-		c.started = time.Unix(0, cur.CreatedAt)
+		a := podruntime.Adopted{ID: cur.Id, Restarts: int32(cur.Metadata.Attempt), StartedAt: time.Unix(0, cur.CreatedAt)} //nolint:gosec // restart counts are small
 		if prev != nil {
-			c.prevID = prev.Id
+			a.PrevID = prev.Id
 		}
-		c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: nsTime(cur.CreatedAt)}}
+		pr.w.Adopt(c.Name, a)
 	}
 	pr.readPodIP(ctx)
 	return nil
@@ -659,3 +368,43 @@ func podAnnotation(pod *corev1.Pod) string {
 	}
 	return string(b)
 }
+
+// podDir is the pod's directory, as the kubelet's pods/<uid>.
+func (pr *podRun) podDir() string { return filepath.Join(pr.b.cfg.PodDir, string(pr.pod.UID)) }
+
+// mounts are the container's mounts of the pod's volumes, for the
+// runtime.
+func (pr *podRun) mounts(spec *corev1.Container, vars map[string]string) ([]*runtimeapi.Mount, error) {
+	ms, err := pr.vols.Mounts(spec, vars)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*runtimeapi.Mount, 0, len(ms))
+	for _, m := range ms {
+		prop := runtimeapi.MountPropagation_PROPAGATION_PRIVATE
+		switch m.Propagation {
+		case corev1.MountPropagationHostToContainer:
+			prop = runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER
+		case corev1.MountPropagationBidirectional:
+			prop = runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL
+		}
+		out = append(out, &runtimeapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, Readonly: m.ReadOnly, Propagation: prop})
+	}
+	return out, nil
+}
+
+// podEvent records an event about the pod itself.
+func (pr *podRun) podEvent(eventType, reason, message string) {
+	if pr.b.cfg.Event != nil {
+		pr.b.cfg.Event(pr.pod, "", eventType, reason, message)
+	}
+}
+
+// UnmountPods unmounts what the pods under podDir (a Backend's
+// Config.PodDir) left mounted: their memory-backed volumes and subPath
+// bind mounts. A Backend that closes leaves them, as a kubelet that stops
+// does, for the next Backend on the same directory to adopt the pods;
+// UnmountPods is for when no node will (a node taken out of service, a
+// test ending). Call it only when no Backend runs on podDir; the running
+// containers keep their own mounts.
+func UnmountPods(podDir string) error { return volume.UnmountPods(podDir) }

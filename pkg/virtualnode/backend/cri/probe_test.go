@@ -566,9 +566,7 @@ func TestExecProbeOutcomes(t *testing.T) {
 	}
 	rec.wait(t, pod.UID, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	pr := b.get(pod.UID)
-	pr.mu.Lock()
-	id := pr.ctrs[0].id
-	pr.mu.Unlock()
+	id := pr.w.Containers()[0].ID
 	for _, tc := range []struct {
 		name   string
 		resp   *runtimeapi.ExecSyncResponse
@@ -585,7 +583,7 @@ func TestExecProbeOutcomes(t *testing.T) {
 		f.setExec(func(string, *runtimeapi.ExecSyncRequest) (*runtimeapi.ExecSyncResponse, error) {
 			return tc.resp, tc.err
 		})
-		out, output, err := podruntime.ExecProbe(context.Background(), pr.execSync, id, []string{"check"}, time.Second)
+		out, output, err := podruntime.ExecProbe(context.Background(), pr.Exec, id, []string{"check"}, time.Second)
 		if out != tc.want || output != tc.output || (err != nil) != tc.errs {
 			t.Errorf("%s: %s %.40q %v, want %s %.40q (error %v)", tc.name, out, output, err, tc.want, tc.output, tc.errs)
 		}

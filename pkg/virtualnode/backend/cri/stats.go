@@ -13,6 +13,7 @@ import (
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
 var _ backend.StatsProvider = (*Backend)(nil)
@@ -134,25 +135,21 @@ func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error
 	for _, pr := range prs {
 		pr.mu.Lock()
 		sandboxID := pr.sandboxID
+		pr.mu.Unlock()
 		ps := statsv1alpha1.PodStats{
 			PodRef: statsv1alpha1.PodReference{Name: pr.pod.Name, Namespace: pr.pod.Namespace, UID: string(pr.pod.UID)},
 		}
-		if pr.pod.Status.StartTime != nil {
-			ps.StartTime = *pr.pod.Status.StartTime
+		if t := pr.w.StartTime(); t != nil {
+			ps.StartTime = *t
 		}
 		// The running containers, by runtime ID (the kubelet's
 		// removeTerminatedContainers).
-		running := map[string]*ctr{}
-		for _, c := range pr.ctrs {
-			if c.id != "" && !c.exited {
-				running[c.id] = c
+		running := map[string]podruntime.ContainerRun{}
+		for _, c := range pr.w.Containers() {
+			if c.Running {
+				running[c.ID] = c
 			}
 		}
-		started := map[string]time.Time{}
-		for id, c := range running {
-			started[id] = c.started
-		}
-		pr.mu.Unlock()
 		if sandboxID == "" {
 			continue
 		}
@@ -165,11 +162,11 @@ func (b *Backend) PodStats(ctx context.Context) ([]statsv1alpha1.PodStats, error
 		}
 		for _, cs := range sb.GetLinux().GetContainers() {
 			id := cs.GetAttributes().GetId()
-			c := running[id]
-			if c == nil {
+			c, ok := running[id]
+			if !ok {
 				continue
 			}
-			ps.Containers = append(ps.Containers, b.containerStats(c.spec.Name, started[id], cs))
+			ps.Containers = append(ps.Containers, b.containerStats(c.Name, c.StartedAt, cs))
 		}
 		if l := sb.GetLinux(); l != nil && l.Cpu != nil {
 			ps.CPU = &statsv1alpha1.CPUStats{

@@ -225,19 +225,12 @@ func (pr *podRun) startProc(pod *corev1.Pod, c corev1.Container, restart int32, 
 
 // adoptProc follows a process started by a previous run, or returns nil
 // when it is gone.
-func (pr *podRun) adoptProc(container string, ps procState) *proc {
+func (pr *podRun) adoptProc(container string, ps procState, started metav1.Time) *proc {
 	ticks, err := procStartTicks(ps.PID)
 	if err != nil || ticks != ps.StartTicks {
 		return nil
 	}
-	p := &proc{pid: ps.PID, startTicks: ticks, exited: make(chan struct{})}
-	st := pr.containerStatus(container, false)
-	if st.State.Running == nil {
-		st = pr.containerStatus(container, true)
-	}
-	if st.State.Running != nil {
-		p.started = st.State.Running.StartedAt
-	}
+	p := &proc{pid: ps.PID, startTicks: ticks, started: started, exited: make(chan struct{})}
 	p.env, p.dir = procEnv(ps.PID), ""
 	var readers []*os.File
 	for _, stream := range []string{"stdout", "stderr"} {

@@ -143,11 +143,7 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	if err := os.MkdirAll(pr.dir, 0o750); err != nil {
 		return fmt.Errorf("pod directory: %w", err)
 	}
-	init, app := podruntime.WaitingStatuses(pr.pod)
-	pr.mu.Lock()
-	pr.pod.Status.InitContainerStatuses, pr.pod.Status.ContainerStatuses = init, app
-	pr.mu.Unlock()
-	pr.publish()
+	pr.w.Publish()
 	b.start(pr)
 	return nil
 }
@@ -156,14 +152,14 @@ func (b *Backend) start(pr *podRun) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		pr.run(b.ctx)
+		pr.w.Run(b.ctx)
 	}()
 }
 
 // DeletePod implements backend.Backend.
 func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
 	if pr, ok := b.pods.Get(pod.UID); ok {
-		pr.stop(podruntime.GracePeriod(pod))
+		pr.w.Stop(podruntime.GracePeriod(pod))
 	}
 	return nil
 }
@@ -175,9 +171,9 @@ func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
 	if !ok {
 		return nil
 	}
-	pr.stop(0)
+	pr.w.Stop(0)
 	select {
-	case <-pr.done:
+	case <-pr.w.Done():
 	case <-b.ctx.Done():
 		return nil
 	}
@@ -232,9 +228,7 @@ func (b *Backend) restore() error {
 			continue
 		}
 		pr := newPodRun(b, st.Pod)
-		for name, ps := range st.Procs {
-			pr.adopt[name] = ps
-		}
+		pr.restore(st.Procs)
 		b.pods.Add(st.Pod.UID, func() *podRun { return pr })
 		b.log.Info("Adopting pod from a previous run", "namespace", st.Pod.Namespace, "name", st.Pod.Name, "uid", st.Pod.UID, "phase", st.Pod.Status.Phase)
 		b.start(pr)

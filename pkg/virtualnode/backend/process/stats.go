@@ -45,13 +45,13 @@ func (b *Backend) PodStats(context.Context) ([]statsv1alpha1.PodStats, error) {
 	prs := b.pods.All()
 	var out []statsv1alpha1.PodStats
 	for _, pr := range prs {
-		pr.mu.Lock()
 		ps := statsv1alpha1.PodStats{
 			PodRef: statsv1alpha1.PodReference{Name: pr.pod.Name, Namespace: pr.pod.Namespace, UID: string(pr.pod.UID)},
 		}
-		if pr.pod.Status.StartTime != nil {
-			ps.StartTime = *pr.pod.Status.StartTime
+		if t := pr.w.StartTime(); t != nil {
+			ps.StartTime = *t
 		}
+		pr.mu.Lock()
 		var podCPU, podMem uint64
 		for name, p := range pr.procs {
 			if !p.running() {

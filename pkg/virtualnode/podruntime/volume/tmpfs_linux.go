@@ -1,4 +1,4 @@
-package cri
+package volume
 
 import (
 	"errors"
@@ -28,7 +28,7 @@ func mountTmpfs(dir string, size int64) error {
 		opts += ",size=" + strconv.FormatInt(size, 10)
 	}
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mounting a tmpfs at %s (the cri backend needs root for secret, projected and downwardAPI volumes, unless Config.DiskBackedVolumes): %w", dir, err)
+		return fmt.Errorf("mounting a tmpfs at %s (secret, projected and downwardAPI volumes and emptyDir{medium: Memory} need root to mount, unless written to disk: cri.Config.DiskBackedVolumes): %w", dir, err)
 	}
 	return nil
 }

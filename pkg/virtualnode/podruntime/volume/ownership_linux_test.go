@@ -1,4 +1,4 @@
-package cri
+package volume
 
 import (
 	"context"
@@ -9,8 +9,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestGroupTreeFollowsNoLink: the fsGroup walk gives the tree's files and
@@ -157,13 +156,11 @@ func TestGroupTreeSwapRace(t *testing.T) {
 func TestEmptyDirOwnershipOnce(t *testing.T) {
 	t.Parallel()
 	gid := int64(os.Getgid())
-	f := newFakeRuntime(t)
-	b := newVolumeBackend(t, f, newRecorder(), backend.Config{}, nil)
-	pod := testPod("once", corev1.RestartPolicyAlways, corev1.Container{Name: "app", Image: "busybox:1"})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "once", UID: "uid"}}
 	pod.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroup: &gid}
 	vol := corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
-	pr := newPodRun(b, pod)
-	hv, err := pr.setupVolume(context.Background(), vol)
+	m := New(pod, Config{Dir: t.TempDir()})
+	hv, err := m.setupVolume(context.Background(), vol)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +168,7 @@ func TestEmptyDirOwnershipOnce(t *testing.T) {
 	if err := os.WriteFile(written, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pr.setupVolume(context.Background(), vol); err != nil {
+	if _, err := m.setupVolume(context.Background(), vol); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(written); err != nil || fi.Mode() != 0o600 {

@@ -1,4 +1,4 @@
-package cri
+package volume
 
 import (
 	"errors"

@@ -1,10 +1,11 @@
-package cri
+package volume
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -18,10 +19,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/dpkit/dpkit/internal/podspec"
-	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
 
@@ -50,8 +49,51 @@ type hostVolume struct {
 	readOnly bool
 }
 
-// podVolumes is what the backend set up for a pod's volumes.
-type podVolumes struct {
+// Source reads what a pod's volumes show, authorized as the node (a
+// backend.VolumeSource). Errors about objects that do not exist satisfy
+// apierrors.IsNotFound.
+type Source interface {
+	ConfigMap(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error)
+	Secret(ctx context.Context, namespace, name string) (*corev1.Secret, error)
+	ServiceAccountToken(ctx context.Context, namespace, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
+}
+
+// Config configures a pod's Manager.
+type Config struct {
+	// Dir is the pod's directory, as the kubelet's pods/<uid>: volumes
+	// go to volumes/<plugin>/<name> below it, subPaths to
+	// volume-subpaths/.
+	Dir string
+	// Source reads ConfigMaps and Secrets and issues tokens; without one
+	// such volumes fail to mount.
+	Source Source
+	// Event records an event about the pod (FailedMount). May be nil.
+	Event func(eventType, reason, message string)
+	// NodeAllocatable sizes memory-backed volumes. May be nil.
+	NodeAllocatable func() corev1.ResourceList
+	// DiskBacked writes secret, projected and downwardAPI volumes and
+	// emptyDir{medium: Memory} to plain directories instead of a tmpfs
+	// each (which needs the privilege to mount).
+	DiskBacked bool
+	// Resync is how often ConfigMap, Secret, downward API and token
+	// contents are written again (the kubelet's sync period). Default a
+	// minute.
+	Resync time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// DefaultResync is the kubelet's sync period.
+const DefaultResync = time.Minute
+
+// Manager sets up and keeps up one pod's volumes, as the kubelet's
+// volume manager does for it, and gives each container its mounts. It is
+// used by one goroutine, the pod worker's.
+type Manager struct {
+	cfg Config
+	pod *corev1.Pod
+	log *slog.Logger
+
 	mounted map[string]hostVolume // nil until every volume is set up
 	synced  time.Time
 	failed  string // the last FailedMount message
@@ -61,81 +103,92 @@ type podVolumes struct {
 	ready   map[string]bool                           // emptyDirs set up (mode, fsGroup)
 }
 
+// New returns the volume manager of pod.
+func New(pod *corev1.Pod, cfg Config) *Manager {
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{cfg: cfg, pod: pod, log: log}
+}
+
+func (m *Manager) key() string { return m.pod.Namespace + "/" + m.pod.Name }
+
 // subPathDir is where, below a pod's directory, its subPaths are
 // bind-mounted for the runtime (the kubelet's volume-subpaths).
 const subPathDir = "volume-subpaths"
 
-func (pr *podRun) podDir() string { return filepath.Join(pr.b.cfg.PodDir, string(pr.pod.UID)) }
-
-func (pr *podRun) volumeDir(plugin, name string) string {
-	return filepath.Join(pr.podDir(), "volumes", plugin, name)
+func (m *Manager) volumeDir(plugin, name string) string {
+	return filepath.Join(m.cfg.Dir, "volumes", plugin, name)
 }
 
-// syncVolumes sets up the pod's volumes before its sandbox, as the
+// Sync sets up the pod's volumes before its sandbox, as the
 // kubelet waits for them to be mounted (WaitForAttachAndMount), and
 // rewrites the ConfigMap, Secret, downward API and token contents every
-// VolumeResync so that running containers see updates. It reports
+// Config.Resync so that running containers see updates. It reports
 // whether the containers may start.
-func (pr *podRun) syncVolumes(ctx context.Context) bool {
+func (m *Manager) Sync(ctx context.Context) bool {
 	now := time.Now()
-	v := &pr.vols
-	if v.mounted != nil && now.Sub(v.synced) < pr.b.cfg.VolumeResync {
+	if m.mounted != nil && now.Sub(m.synced) < m.cfg.Resync {
 		return true
 	}
-	if now.Before(v.retryAt) {
-		return v.mounted != nil
+	if now.Before(m.retryAt) {
+		return m.mounted != nil
 	}
-	m, err := pr.setupVolumes(ctx)
+	mounted, err := m.setupVolumes(ctx)
 	if err == nil {
-		v.mounted, v.synced, v.failed, v.retry = m, now, "", 0
+		m.mounted, m.synced, m.failed, m.retry = mounted, now, "", 0
 		return true
 	}
 	// As the kubelet: the failure is an event on the pod, retried with
 	// an exponential back-off; a volume that was set up keeps what it
 	// showed.
-	v.retry = min(max(2*v.retry, firstMountRetry), maxMountRetry)
-	v.retryAt = now.Add(v.retry)
-	if msg := err.Error(); msg != v.failed {
-		v.failed = msg
-		pr.podEvent(corev1.EventTypeWarning, podruntime.EventFailedMount, msg)
+	m.retry = min(max(2*m.retry, firstMountRetry), maxMountRetry)
+	m.retryAt = now.Add(m.retry)
+	if msg := err.Error(); msg != m.failed {
+		m.failed = msg
+		m.podEvent(corev1.EventTypeWarning, podruntime.EventFailedMount, msg)
 	}
-	pr.b.log.Warn("Setting up a volume", "pod", pr.key(), "err", err)
-	return v.mounted != nil
+	m.log.Warn("Setting up a volume", "pod", m.key(), "err", err)
+	return m.mounted != nil
 }
 
 // podEvent records an event about the pod itself.
-func (pr *podRun) podEvent(eventType, reason, message string) {
-	if pr.b.cfg.Event != nil {
-		pr.b.cfg.Event(pr.pod, "", eventType, reason, message)
+func (m *Manager) podEvent(eventType, reason, message string) {
+	if m.cfg.Event != nil {
+		m.cfg.Event(eventType, reason, message)
 	}
 }
 
-func (pr *podRun) setupVolumes(ctx context.Context) (map[string]hostVolume, error) {
-	m := map[string]hostVolume{}
-	for _, vol := range pr.pod.Spec.Volumes {
-		hv, err := pr.setupVolume(ctx, vol)
+func (m *Manager) setupVolumes(ctx context.Context) (map[string]hostVolume, error) {
+	out := map[string]hostVolume{}
+	for _, vol := range m.pod.Spec.Volumes {
+		hv, err := m.setupVolume(ctx, vol)
 		if err != nil {
 			return nil, podruntime.MountFailedError(vol.Name, err)
 		}
-		m[vol.Name] = hv
+		out[vol.Name] = hv
 	}
-	return m, nil
+	return out, nil
 }
 
-func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolume, error) {
+func (m *Manager) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolume, error) {
 	src := vol.VolumeSource
 	switch {
 	case src.EmptyDir != nil:
-		dir := pr.volumeDir(pluginEmptyDir, vol.Name)
+		dir := m.volumeDir(pluginEmptyDir, vol.Name)
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return hostVolume{}, err
 		}
 		if src.EmptyDir.Medium == corev1.StorageMediumMemory {
-			if err := pr.memoryBacked(dir, src.EmptyDir.SizeLimit); err != nil {
+			if err := m.memoryBacked(dir, src.EmptyDir.SizeLimit); err != nil {
 				return hostVolume{}, err
 			}
 		}
-		if pr.vols.ready[vol.Name] {
+		if m.ready[vol.Name] {
 			// Set up before: as the kubelet's emptyDir (its ready
 			// marker), not walked again while the pod writes it.
 			return hostVolume{path: dir}, nil
@@ -143,56 +196,56 @@ func (pr *podRun) setupVolume(ctx context.Context, vol corev1.Volume) (hostVolum
 		if err := os.Chmod(dir, 0o777); err != nil { //nolint:gosec // the kubelet's mode for emptyDir
 			return hostVolume{}, err
 		}
-		if err := pr.setOwnership(dir, false); err != nil {
+		if err := m.setOwnership(dir, false); err != nil {
 			return hostVolume{}, err
 		}
-		if pr.vols.ready == nil {
-			pr.vols.ready = map[string]bool{}
+		if m.ready == nil {
+			m.ready = map[string]bool{}
 		}
-		pr.vols.ready[vol.Name] = true
+		m.ready[vol.Name] = true
 		return hostVolume{path: dir}, nil
 	case src.HostPath != nil:
 		return hostVolume{path: src.HostPath.Path}, checkHostPathType(src.HostPath.Path, src.HostPath.Type)
 	case src.ConfigMap != nil:
-		payload, err := pr.configMapPayload(ctx, src.ConfigMap.Name, src.ConfigMap.Items, src.ConfigMap.DefaultMode, src.ConfigMap.Optional)
-		return pr.writeVolume(pluginConfigMap, vol.Name, payload, err)
+		payload, err := m.configMapPayload(ctx, src.ConfigMap.Name, src.ConfigMap.Items, src.ConfigMap.DefaultMode, src.ConfigMap.Optional)
+		return m.writeVolume(pluginConfigMap, vol.Name, payload, err)
 	case src.Secret != nil:
-		payload, err := pr.secretPayload(ctx, src.Secret.SecretName, src.Secret.Items, src.Secret.DefaultMode, src.Secret.Optional)
-		return pr.writeMemoryVolume(pluginSecret, vol.Name, payload, err)
+		payload, err := m.secretPayload(ctx, src.Secret.SecretName, src.Secret.Items, src.Secret.DefaultMode, src.Secret.Optional)
+		return m.writeMemoryVolume(pluginSecret, vol.Name, payload, err)
 	case src.DownwardAPI != nil:
-		payload, err := pr.downwardAPIPayload(src.DownwardAPI.Items, src.DownwardAPI.DefaultMode)
-		return pr.writeMemoryVolume(pluginDownwardAPI, vol.Name, payload, err)
+		payload, err := m.downwardAPIPayload(src.DownwardAPI.Items, src.DownwardAPI.DefaultMode)
+		return m.writeMemoryVolume(pluginDownwardAPI, vol.Name, payload, err)
 	case src.Projected != nil:
-		payload, err := pr.projectedPayload(ctx, vol.Name, src.Projected)
-		return pr.writeMemoryVolume(pluginProjected, vol.Name, payload, err)
+		payload, err := m.projectedPayload(ctx, vol.Name, src.Projected)
+		return m.writeMemoryVolume(pluginProjected, vol.Name, payload, err)
 	}
-	return hostVolume{}, errors.New("dpkit node's cri backend sets up emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes only")
+	return hostVolume{}, errors.New("dpkit node sets up emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes only")
 }
 
 // writeMemoryVolume is writeVolume on a tmpfs: the kubelet backs secret,
 // projected and downwardAPI volumes with memory (their wrapped
 // emptyDir{medium: Memory}), so that Secrets and tokens never reach the
 // node's disk.
-func (pr *podRun) writeMemoryVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {
+func (m *Manager) writeMemoryVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {
 	if err != nil {
 		return hostVolume{}, err
 	}
-	if err := pr.memoryBacked(pr.volumeDir(plugin, name), nil); err != nil {
+	if err := m.memoryBacked(m.volumeDir(plugin, name), nil); err != nil {
 		return hostVolume{}, err
 	}
-	return pr.writeVolume(plugin, name, payload, nil)
+	return m.writeVolume(plugin, name, payload, nil)
 }
 
-// memoryBacked mounts a tmpfs at dir, unless Config.DiskBackedVolumes.
-func (pr *podRun) memoryBacked(dir string, sizeLimit *resource.Quantity) error {
-	if pr.b.cfg.DiskBackedVolumes {
+// memoryBacked mounts a tmpfs at dir, unless Config.DiskBacked.
+func (m *Manager) memoryBacked(dir string, sizeLimit *resource.Quantity) error {
+	if m.cfg.DiskBacked {
 		return os.MkdirAll(dir, 0o750)
 	}
 	var alloc corev1.ResourceList
-	if pr.b.cfg.NodeAllocatable != nil {
-		alloc = pr.b.cfg.NodeAllocatable()
+	if m.cfg.NodeAllocatable != nil {
+		alloc = m.cfg.NodeAllocatable()
 	}
-	return mountTmpfs(dir, tmpfsSize(pr.pod, alloc, sizeLimit))
+	return mountTmpfs(dir, tmpfsSize(m.pod, alloc, sizeLimit))
 }
 
 // tmpfsSize is the kubelet's calculateEmptyDirMemorySize: the node's
@@ -242,15 +295,15 @@ func podMemoryLimit(pod *corev1.Pod) (int64, bool) {
 	return max(total, initMax) + pod.Spec.Overhead.Memory().Value(), true
 }
 
-func (pr *podRun) writeVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {
+func (m *Manager) writeVolume(plugin, name string, payload map[string]file, err error) (hostVolume, error) {
 	if err != nil {
 		return hostVolume{}, err
 	}
-	dir := pr.volumeDir(plugin, name)
+	dir := m.volumeDir(plugin, name)
 	if err := writeAtomic(dir, payload); err != nil {
 		return hostVolume{}, fmt.Errorf("writing the volume's files: %w", err)
 	}
-	return hostVolume{path: dir, readOnly: true}, pr.setOwnership(dir, true)
+	return hostVolume{path: dir, readOnly: true}, m.setOwnership(dir, true)
 }
 
 // The kubelet's SetVolumeOwnership masks.
@@ -265,8 +318,8 @@ const (
 // write, unless the volume is read-only) permission; directories also
 // setgid and group search. Links only change group, and none is followed
 // (groupTree).
-func (pr *podRun) setOwnership(dir string, readOnly bool) error {
-	psc := pr.pod.Spec.SecurityContext
+func (m *Manager) setOwnership(dir string, readOnly bool) error {
+	psc := m.pod.Spec.SecurityContext
 	if psc == nil || psc.FSGroup == nil {
 		return nil
 	}
@@ -290,22 +343,22 @@ func mode(m *int32, def *int32) fs.FileMode {
 	return defaultVolumeMode
 }
 
-func (pr *podRun) volumeSource() (backend.VolumeSource, error) {
-	if pr.b.cfg.Volumes == nil {
+func (m *Manager) volumeSource() (Source, error) {
+	if m.cfg.Source == nil {
 		return nil, errors.New("the node reads no ConfigMaps, Secrets or tokens (backend.Config.Volumes is nil)")
 	}
-	return pr.b.cfg.Volumes, nil
+	return m.cfg.Source, nil
 }
 
 // configMapPayload is the kubelet's configmap.MakePayload: every key, or
 // the items asked for; a missing key fails unless optional.
-func (pr *podRun) configMapPayload(ctx context.Context, name string, items []corev1.KeyToPath, defMode *int32, optional *bool) (map[string]file, error) {
-	src, err := pr.volumeSource()
+func (m *Manager) configMapPayload(ctx context.Context, name string, items []corev1.KeyToPath, defMode *int32, optional *bool) (map[string]file, error) {
+	src, err := m.volumeSource()
 	if err != nil {
 		return nil, err
 	}
 	opt := optional != nil && *optional
-	cm, err := readOptional(ctx, src.ConfigMap, pr.pod.Namespace, name, opt)
+	cm, err := readOptional(ctx, src.ConfigMap, m.pod.Namespace, name, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -320,13 +373,13 @@ func (pr *podRun) configMapPayload(ctx context.Context, name string, items []cor
 }
 
 // secretPayload is the kubelet's secret.MakePayload.
-func (pr *podRun) secretPayload(ctx context.Context, name string, items []corev1.KeyToPath, defMode *int32, optional *bool) (map[string]file, error) {
-	src, err := pr.volumeSource()
+func (m *Manager) secretPayload(ctx context.Context, name string, items []corev1.KeyToPath, defMode *int32, optional *bool) (map[string]file, error) {
+	src, err := m.volumeSource()
 	if err != nil {
 		return nil, err
 	}
 	opt := optional != nil && *optional
-	s, err := readOptional(ctx, src.Secret, pr.pod.Namespace, name, opt)
+	s, err := readOptional(ctx, src.Secret, m.pod.Namespace, name, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +421,7 @@ func keyPayload(data map[string][]byte, items []corev1.KeyToPath, defMode *int32
 }
 
 // downwardAPIPayload is the kubelet's downwardapi.CollectData.
-func (pr *podRun) downwardAPIPayload(items []corev1.DownwardAPIVolumeFile, defMode *int32) (map[string]file, error) {
+func (m *Manager) downwardAPIPayload(items []corev1.DownwardAPIVolumeFile, defMode *int32) (map[string]file, error) {
 	payload := map[string]file{}
 	var errs []error
 	for _, it := range items {
@@ -376,13 +429,13 @@ func (pr *podRun) downwardAPIPayload(items []corev1.DownwardAPIVolumeFile, defMo
 		var err error
 		switch {
 		case it.FieldRef != nil:
-			value, err = fieldValue(pr.pod, it.FieldRef.FieldPath)
+			value, err = fieldValue(m.pod, it.FieldRef.FieldPath)
 		case it.ResourceFieldRef != nil:
 			var alloc corev1.ResourceList
-			if pr.b.cfg.NodeAllocatable != nil {
-				alloc = pr.b.cfg.NodeAllocatable()
+			if m.cfg.NodeAllocatable != nil {
+				alloc = m.cfg.NodeAllocatable()
 			}
-			value, err = resourceValue(pr.pod, it.ResourceFieldRef, alloc)
+			value, err = resourceValue(m.pod, it.ResourceFieldRef, alloc)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -486,7 +539,7 @@ func resourceValue(pod *corev1.Pod, ref *corev1.ResourceFieldSelector, alloc cor
 // files together; a service account token comes from the TokenRequest
 // API, bound to the pod, and is asked for again once 80% of its lifetime
 // has passed or it is a day old (the kubelet's token manager).
-func (pr *podRun) projectedPayload(ctx context.Context, volName string, p *corev1.ProjectedVolumeSource) (map[string]file, error) {
+func (m *Manager) projectedPayload(ctx context.Context, volName string, p *corev1.ProjectedVolumeSource) (map[string]file, error) {
 	payload := map[string]file{}
 	var errs []error
 	add := func(part map[string]file, err error) {
@@ -501,37 +554,37 @@ func (pr *podRun) projectedPayload(ctx context.Context, volName string, p *corev
 	for _, s := range p.Sources {
 		switch {
 		case s.ConfigMap != nil:
-			add(pr.configMapPayload(ctx, s.ConfigMap.Name, s.ConfigMap.Items, p.DefaultMode, s.ConfigMap.Optional))
+			add(m.configMapPayload(ctx, s.ConfigMap.Name, s.ConfigMap.Items, p.DefaultMode, s.ConfigMap.Optional))
 		case s.Secret != nil:
-			add(pr.secretPayload(ctx, s.Secret.Name, s.Secret.Items, p.DefaultMode, s.Secret.Optional))
+			add(m.secretPayload(ctx, s.Secret.Name, s.Secret.Items, p.DefaultMode, s.Secret.Optional))
 		case s.DownwardAPI != nil:
-			add(pr.downwardAPIPayload(s.DownwardAPI.Items, p.DefaultMode))
+			add(m.downwardAPIPayload(s.DownwardAPI.Items, p.DefaultMode))
 		case s.ServiceAccountToken != nil:
-			tok, err := pr.token(ctx, volName, s.ServiceAccountToken)
+			tok, err := m.token(ctx, volName, s.ServiceAccountToken)
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			// As the kubelet: with an fsGroup the token is for the
 			// owner, and the group gets read access from setOwnership.
-			m := mode(nil, p.DefaultMode)
-			if psc := pr.pod.Spec.SecurityContext; psc != nil && psc.FSGroup != nil {
-				m = 0o600
+			fm := mode(nil, p.DefaultMode)
+			if psc := m.pod.Spec.SecurityContext; psc != nil && psc.FSGroup != nil {
+				fm = 0o600
 			}
-			payload[s.ServiceAccountToken.Path] = file{data: []byte(tok), mode: m}
+			payload[s.ServiceAccountToken.Path] = file{data: []byte(tok), mode: fm}
 		default:
-			errs = append(errs, errors.New("dpkit node's cri backend projects configMap, secret, downwardAPI and serviceAccountToken sources only"))
+			errs = append(errs, errors.New("dpkit node projects configMap, secret, downwardAPI and serviceAccountToken sources only"))
 		}
 	}
 	return payload, errors.Join(errs...)
 }
 
-func (pr *podRun) token(ctx context.Context, volName string, tp *corev1.ServiceAccountTokenProjection) (string, error) {
+func (m *Manager) token(ctx context.Context, volName string, tp *corev1.ServiceAccountTokenProjection) (string, error) {
 	key := volName + "/" + tp.Path
-	if tr := pr.vols.tokens[key]; tr != nil && !tokenNeedsRefresh(tr, time.Now()) {
+	if tr := m.tokens[key]; tr != nil && !tokenNeedsRefresh(tr, time.Now()) {
 		return tr.Status.Token, nil
 	}
-	src, err := pr.volumeSource()
+	src, err := m.volumeSource()
 	if err != nil {
 		return "", err
 	}
@@ -541,19 +594,19 @@ func (pr *podRun) token(ctx context.Context, volName string, tp *corev1.ServiceA
 	}
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 		Audiences: auds, ExpirationSeconds: tp.ExpirationSeconds,
-		BoundObjectRef: &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pr.pod.Name, UID: pr.pod.UID},
+		BoundObjectRef: &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: m.pod.Name, UID: m.pod.UID},
 	}}
-	tr, err := src.ServiceAccountToken(ctx, pr.pod.Namespace, pr.pod.Spec.ServiceAccountName, req)
+	tr, err := src.ServiceAccountToken(ctx, m.pod.Namespace, m.pod.Spec.ServiceAccountName, req)
 	if err != nil {
 		return "", err
 	}
-	if pr.vols.tokens == nil {
-		pr.vols.tokens = map[string]*authenticationv1.TokenRequest{}
+	if m.tokens == nil {
+		m.tokens = map[string]*authenticationv1.TokenRequest{}
 	}
 	if tr.Spec.ExpirationSeconds == nil {
 		tr.Spec.ExpirationSeconds = tp.ExpirationSeconds
 	}
-	pr.vols.tokens[key] = tr
+	m.tokens[key] = tr
 	return tr.Status.Token, nil
 }
 
@@ -622,26 +675,36 @@ func checkHostPathType(path string, t *corev1.HostPathType) error {
 	return nil
 }
 
-// volumeMounts are the container's mounts of the pod's volumes, as the
+// Mount is a container's mount of a pod's volume.
+type Mount struct {
+	ContainerPath, HostPath string
+	ReadOnly                bool
+	// Propagation is the mount's, validated: None, HostToContainer or
+	// Bidirectional.
+	Propagation corev1.MountPropagationMode
+}
+
+// Mounts are the container's mounts of the pod's volumes, as the
 // kubelet's makeMounts makes them: subPath (and subPathExpr, expanded
-// from the container's environment) within the volume, created as a
-// directory when missing; read-only when the mount or the volume is;
-// mountPropagation as the runtime's propagation.
-func (pr *podRun) volumeMounts(spec *corev1.Container, vars map[string]string) ([]*runtimeapi.Mount, error) {
-	var out []*runtimeapi.Mount
-	for i, m := range spec.VolumeMounts {
-		hv, ok := pr.vols.mounted[m.Name]
+// from the container's environment vars) within the volume, created as
+// a directory when missing; read-only when the mount or the volume is;
+// mountPropagation checked (Bidirectional for a privileged container
+// only). Call it once Sync reported the volumes ready.
+func (m *Manager) Mounts(spec *corev1.Container, vars map[string]string) ([]Mount, error) {
+	var out []Mount
+	for i, vm := range spec.VolumeMounts {
+		hv, ok := m.mounted[vm.Name]
 		if !ok {
-			return nil, fmt.Errorf("cannot find volume %q to mount into container %q", m.Name, spec.Name)
+			return nil, fmt.Errorf("cannot find volume %q to mount into container %q", vm.Name, spec.Name)
 		}
 		host := hv.path
-		sub := m.SubPath
-		if m.SubPathExpr != "" {
-			sub = podruntime.Expand(m.SubPathExpr, vars)
+		sub := vm.SubPath
+		if vm.SubPathExpr != "" {
+			sub = podruntime.Expand(vm.SubPathExpr, vars)
 		}
 		if sub != "" {
 			if err := validatePath(filepath.Clean(sub)); err != nil || filepath.IsAbs(sub) {
-				return nil, fmt.Errorf("subPath %q of volume %q: must be a relative path within the volume", sub, m.Name)
+				return nil, fmt.Errorf("subPath %q of volume %q: must be a relative path within the volume", sub, vm.Name)
 			}
 			// As the kubelet: the subPath is opened without following a
 			// link out of the volume (a link another container of the
@@ -654,51 +717,45 @@ func (pr *podRun) volumeMounts(spec *corev1.Container, vars map[string]string) (
 			}
 			fd, err := openSubPath(hv.path, sub, perm)
 			if err != nil {
-				return nil, fmt.Errorf("failed to prepare subPath for volumeMount %q of container %q: %w", m.Name, spec.Name, err)
+				return nil, fmt.Errorf("failed to prepare subPath for volumeMount %q of container %q: %w", vm.Name, spec.Name, err)
 			}
-			host = filepath.Join(pr.podDir(), subPathDir, m.Name, spec.Name, strconv.Itoa(i))
+			host = filepath.Join(m.cfg.Dir, subPathDir, vm.Name, spec.Name, strconv.Itoa(i))
 			err = bindSubPath(fd, host)
 			_ = syscall.Close(fd)
 			if err != nil {
-				return nil, fmt.Errorf("failed to prepare subPath for volumeMount %q of container %q: %w", m.Name, spec.Name, err)
+				return nil, fmt.Errorf("failed to prepare subPath for volumeMount %q of container %q: %w", vm.Name, spec.Name, err)
 			}
 		}
-		prop, err := propagation(m.MountPropagation, spec)
+		prop, err := propagation(vm.MountPropagation, spec)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, &runtimeapi.Mount{ContainerPath: m.MountPath, HostPath: host, Readonly: m.ReadOnly || hv.readOnly, Propagation: prop})
+		out = append(out, Mount{ContainerPath: vm.MountPath, HostPath: host, ReadOnly: vm.ReadOnly || hv.readOnly, Propagation: prop})
 	}
 	return out, nil
 }
 
-// propagation is the kubelet's translation of mountPropagation; only a
+// propagation is the kubelet's check of mountPropagation; only a
 // privileged container may ask for Bidirectional.
-func propagation(p *corev1.MountPropagationMode, c *corev1.Container) (runtimeapi.MountPropagation, error) {
+func propagation(p *corev1.MountPropagationMode, c *corev1.Container) (corev1.MountPropagationMode, error) {
 	if p == nil {
-		return runtimeapi.MountPropagation_PROPAGATION_PRIVATE, nil
+		return corev1.MountPropagationNone, nil
 	}
 	switch *p {
-	case corev1.MountPropagationHostToContainer:
-		return runtimeapi.MountPropagation_PROPAGATION_HOST_TO_CONTAINER, nil
+	case corev1.MountPropagationHostToContainer, corev1.MountPropagationNone:
+		return *p, nil
 	case corev1.MountPropagationBidirectional:
 		if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
-			return 0, errors.New("bidirectional mount propagation is available only to privileged containers")
+			return "", errors.New("bidirectional mount propagation is available only to privileged containers")
 		}
-		return runtimeapi.MountPropagation_PROPAGATION_BIDIRECTIONAL, nil
-	case corev1.MountPropagationNone:
-		return runtimeapi.MountPropagation_PROPAGATION_PRIVATE, nil
+		return *p, nil
 	}
-	return 0, fmt.Errorf("invalid MountPropagation mode: %q", *p)
+	return "", fmt.Errorf("invalid MountPropagation mode: %q", *p)
 }
 
-// UnmountPods unmounts what the pods under podDir (a Backend's
-// Config.PodDir) left mounted: their memory-backed volumes and subPath
-// bind mounts. A Backend that closes leaves them, as a kubelet that stops
-// does, for the next Backend on the same directory to adopt the pods;
-// UnmountPods is for when no node will (a node taken out of service, a
-// test ending). Call it only when no Backend runs on podDir; the running
-// containers keep their own mounts.
+// UnmountPods unmounts what the pods whose directories are under
+// podDir left mounted: their memory-backed volumes and subPath bind
+// mounts. Call it only when no pod worker runs on podDir.
 func UnmountPods(podDir string) error {
 	dirs, _ := filepath.Glob(filepath.Join(podDir, "*"))
 	var errs []error
@@ -710,10 +767,10 @@ func UnmountPods(podDir string) error {
 	return errors.Join(errs...)
 }
 
-// removePodDir unmounts the pod's memory-backed volumes and removes what
+// RemovePodDir unmounts the pod's memory-backed volumes and removes what
 // its volumes and files left; a directory still mounted fails the
 // removal.
-func removePodDir(dir string) error {
+func RemovePodDir(dir string) error {
 	if err := unmountVolumes(dir); err != nil {
 		return err
 	}
