@@ -1,6 +1,7 @@
 package podruntime
 
 import (
+	"context"
 	"sort"
 	"sync"
 
@@ -100,3 +101,74 @@ func (s *Runs[R]) Pods() []*corev1.Pod {
 	})
 	return out
 }
+
+// WorkerRun is a run whose pod a Worker runs.
+type WorkerRun interface {
+	Run
+	Worker() *Worker
+}
+
+// Workers are a backend's pod workers: each pod's run, and the goroutine
+// that runs its Worker until the backend closes. The zero value is empty
+// and ready.
+type Workers[R WorkerRun] struct {
+	Runs[R]
+	wg sync.WaitGroup
+}
+
+// Create adds the run newRun returns for uid unless uid has one; prepare,
+// when not nil, readies it (its directory) before its first status is
+// published and its worker runs with ctx. It is the backend's CreatePod.
+func (s *Workers[R]) Create(ctx context.Context, uid types.UID, newRun func() R, prepare func(R) error) error {
+	r, added := s.Add(uid, newRun)
+	if !added {
+		return nil
+	}
+	if prepare != nil {
+		if err := prepare(r); err != nil {
+			return err
+		}
+	}
+	r.Worker().Publish()
+	s.Go(ctx, r)
+	return nil
+}
+
+// Go runs r's worker with ctx (a run added, or one adopted after a
+// restart).
+func (s *Workers[R]) Go(ctx context.Context, r R) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		r.Worker().Run(ctx)
+	}()
+}
+
+// Delete asks the worker of pod to stop its containers with the pod's
+// grace period. It is the backend's DeletePod.
+func (s *Workers[R]) Delete(pod *corev1.Pod) {
+	if r, ok := s.Get(pod.UID); ok {
+		r.Worker().Stop(GracePeriod(pod))
+	}
+}
+
+// Forget removes the run of uid and stops what it runs at once, then
+// waits for its worker to return: found is false when uid had no run,
+// err ctx's error when ctx ended first. It is the start of the backend's
+// Forget.
+func (s *Workers[R]) Forget(ctx context.Context, uid types.UID) (r R, found bool, err error) {
+	r, found = s.Remove(uid)
+	if !found {
+		return r, false, nil
+	}
+	r.Worker().Stop(0)
+	select {
+	case <-r.Worker().Done():
+		return r, true, nil
+	case <-ctx.Done():
+		return r, true, ctx.Err()
+	}
+}
+
+// Wait waits for every worker to return (the backend's context ended).
+func (s *Workers[R]) Wait() { s.wg.Wait() }

@@ -160,9 +160,8 @@ type Backend struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
 
-	pods podruntime.Runs[*podRun]
+	pods podruntime.Workers[*podRun]
 	mu   sync.Mutex
 	// forgetting are the pods Forget is removing, left alone by
 	// CleanupOrphans.
@@ -342,7 +341,7 @@ func (b *Backend) adopt(ctx context.Context) error {
 		b.log.Info("Adopted a pod", "pod", pod.Namespace+"/"+pod.Name, "sandbox", sb.Id)
 	}
 	for _, pr := range b.pods.All() {
-		b.start(pr)
+		b.pods.Go(b.ctx, pr)
 	}
 	return nil
 }
@@ -390,35 +389,19 @@ func (b *Backend) removePodCgroup(pod *corev1.Pod) {
 // the next run adopts them.
 func (b *Backend) Close() error {
 	b.cancel()
-	b.wg.Wait()
+	b.pods.Wait()
 	return b.closeClients()
 }
 
 // CreatePod implements backend.Backend.
 func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
-	pr, added := b.pods.Add(pod.UID, func() *podRun { return newPodRun(b, pod.DeepCopy()) })
-	if !added {
-		return nil
-	}
-	pr.w.Publish()
-	b.start(pr)
-	return nil
-}
-
-func (b *Backend) start(pr *podRun) {
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		pr.w.Run(b.ctx)
-	}()
+	return b.pods.Create(b.ctx, pod.UID, func() *podRun { return newPodRun(b, pod.DeepCopy()) }, nil)
 }
 
 // DeletePod implements backend.Backend: the containers are stopped with
 // the pod's grace period, then the sandbox is stopped and removed.
 func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
-	if pr, ok := b.pods.Get(pod.UID); ok {
-		pr.w.Stop(podruntime.GracePeriod(pod))
-	}
+	b.pods.Delete(pod)
 	return nil
 }
 
@@ -430,25 +413,21 @@ func (b *Backend) Forget(ctx context.Context, pod *corev1.Pod) error {
 	b.mu.Lock()
 	b.forgetting[pod.UID] = true
 	b.mu.Unlock()
-	pr, ok := b.pods.Remove(pod.UID)
-	if !ok {
-		b.mu.Lock()
-		delete(b.forgetting, pod.UID)
-		b.mu.Unlock()
-		return nil
-	}
 	defer func() {
 		b.mu.Lock()
 		delete(b.forgetting, pod.UID)
 		b.mu.Unlock()
 	}()
-	pr.w.Stop(0)
-	select {
-	case <-pr.w.Done():
-	case <-b.ctx.Done():
+	// Not past the backend's end: what still runs is the next run's.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(b.ctx, cancel)()
+	pr, found, err := b.pods.Forget(ctx, pod.UID)
+	if !found || b.ctx.Err() != nil {
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	}
+	if err != nil {
+		return err
 	}
 	if err := os.RemoveAll(pr.logDir()); err != nil {
 		return fmt.Errorf("removing the pod's logs: %w", err)

@@ -408,3 +408,6 @@ func (pr *podRun) podEvent(eventType, reason, message string) {
 // test ending). Call it only when no Backend runs on podDir; the running
 // containers keep their own mounts.
 func UnmountPods(podDir string) error { return volume.UnmountPods(podDir) }
+
+// Worker implements podruntime.WorkerRun.
+func (pr *podRun) Worker() *podruntime.Worker { return pr.w }

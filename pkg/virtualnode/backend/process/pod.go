@@ -246,3 +246,6 @@ func (pr *podRun) Ended(context.Context) {}
 // Teardown implements podruntime.Runner: the pod's directory goes when
 // the pod is forgotten.
 func (pr *podRun) Teardown(context.Context) {}
+
+// Worker implements podruntime.WorkerRun.
+func (pr *podRun) Worker() *podruntime.Worker { return pr.w }

@@ -70,9 +70,8 @@ type Backend struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
 
-	pods podruntime.Runs[*podRun]
+	pods podruntime.Workers[*podRun]
 
 	// isoMu guards noPIDNamespace, set once creating a PID namespace
 	// was refused (see startIsolated).
@@ -130,52 +129,32 @@ func New(cfg Config) (*Backend, error) {
 // adopted by the next Backend on the same Dir.
 func (b *Backend) Close() error {
 	b.cancel()
-	b.wg.Wait()
+	b.pods.Wait()
 	return nil
 }
 
 // CreatePod implements backend.Backend.
 func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
-	pr, added := b.pods.Add(pod.UID, func() *podRun { return newPodRun(b, pod.DeepCopy()) })
-	if !added {
+	return b.pods.Create(b.ctx, pod.UID, func() *podRun { return newPodRun(b, pod.DeepCopy()) }, func(pr *podRun) error {
+		if err := os.MkdirAll(pr.dir, 0o750); err != nil {
+			return fmt.Errorf("pod directory: %w", err)
+		}
 		return nil
-	}
-	if err := os.MkdirAll(pr.dir, 0o750); err != nil {
-		return fmt.Errorf("pod directory: %w", err)
-	}
-	pr.w.Publish()
-	b.start(pr)
-	return nil
-}
-
-func (b *Backend) start(pr *podRun) {
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		pr.w.Run(b.ctx)
-	}()
+	})
 }
 
 // DeletePod implements backend.Backend.
 func (b *Backend) DeletePod(_ context.Context, pod *corev1.Pod) error {
-	if pr, ok := b.pods.Get(pod.UID); ok {
-		pr.w.Stop(podruntime.GracePeriod(pod))
-	}
+	b.pods.Delete(pod)
 	return nil
 }
 
 // Forget implements backend.Backend: it kills what still runs and removes
 // the pod's directory, logs included.
 func (b *Backend) Forget(_ context.Context, pod *corev1.Pod) error {
-	pr, ok := b.pods.Remove(pod.UID)
-	if !ok {
-		return nil
-	}
-	pr.w.Stop(0)
-	select {
-	case <-pr.w.Done():
-	case <-b.ctx.Done():
-		return nil
+	pr, found, err := b.pods.Forget(b.ctx, pod.UID)
+	if !found || err != nil {
+		return nil // err: the backend closes; what runs is the next run's
 	}
 	if err := os.RemoveAll(pr.dir); err != nil {
 		return fmt.Errorf("removing pod directory: %w", err)
@@ -231,7 +210,7 @@ func (b *Backend) restore() error {
 		pr.restore(st.Procs)
 		b.pods.Add(st.Pod.UID, func() *podRun { return pr })
 		b.log.Info("Adopting pod from a previous run", "namespace", st.Pod.Namespace, "name", st.Pod.Name, "uid", st.Pod.UID, "phase", st.Pod.Status.Phase)
-		b.start(pr)
+		b.pods.Go(b.ctx, pr)
 	}
 	return nil
 }
