@@ -87,6 +87,11 @@ type Options struct {
 	// the devices published for it. Default the host's name, as the
 	// kubelet's.
 	NodeName string
+	// AdmissionWait holds an admission while a resource the pod requests
+	// is known but its plugin does not serve it yet, up to this long
+	// (devicehost.Config.AdmissionWait); 0 refuses at once, as the
+	// kubelet.
+	AdmissionWait time.Duration
 }
 
 // Emulator is a running emulated kubelet: the host (device manager, DRA
@@ -164,6 +169,7 @@ func Run(ctx context.Context, opts Options, started func(*Emulator)) error {
 		TopologyScope:  opts.TopologyScope,
 		NUMANodes:      opts.NUMANodes,
 		Claims:         opts.Claims,
+		AdmissionWait:  opts.AdmissionWait,
 	})
 	if err != nil {
 		return err

@@ -88,6 +88,10 @@ type Options struct {
 	// DeviceGracePeriod is how long a resource whose device plugins are
 	// all gone keeps its capacity; 0 means the kubelet's 5m.
 	DeviceGracePeriod time.Duration
+	// DeviceAdmissionWait is --device-admission-wait
+	// (virtualnode.Config.DeviceAdmissionWait); 0 refuses at once, as the
+	// kubelet.
+	DeviceAdmissionWait time.Duration
 	// PluginConfig is --plugin-config: a dpkit plugin config served in
 	// this process for every node (device plugin front only), each
 	// instance on its node's device-plugins directory, so N nodes need no
@@ -134,6 +138,9 @@ func (o *Options) Validate() error {
 		if net.ParseIP(ip) == nil {
 			errs = append(errs, field.Invalid(field.NewPath("--cluster-dns").Index(i), ip, "want an IP address"))
 		}
+	}
+	if o.DeviceAdmissionWait < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--device-admission-wait"), o.DeviceAdmissionWait.String(), "must not be negative; 0 refuses a pod whose plugin is not back at once, as the kubelet"))
 	}
 	if o.DeviceGracePeriod < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
@@ -384,8 +391,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			TLSKeyFile:    o.TLSKeyFile,
 			Logger:        log,
 
-			DeviceGracePeriod: o.DeviceGracePeriod,
-			DRAWipingDelay:    o.DRAWipingDelay,
+			DeviceGracePeriod:   o.DeviceGracePeriod,
+			DeviceAdmissionWait: o.DeviceAdmissionWait,
+			DRAWipingDelay:      o.DRAWipingDelay,
 		}
 		cfg.HeartbeatClient = clients.Heartbeat
 		cfg.TokenReviewClient, cfg.SubjectAccessReviewClient = clients.TokenReviews, clients.SubjectAccessReviews

@@ -54,12 +54,12 @@ func TestParseTaints(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second}
+	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second, DeviceAdmissionWait: -time.Second}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"10 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-grace-period", "\n  - --count", "\n  - --qps", "\n  - --burst",
+	for _, want := range []string{"11 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-admission-wait", "\n  - --device-grace-period", "\n  - --count", "\n  - --qps", "\n  - --burst",
 		"\n  - --cpu: Invalid value: \"x\": not a quantity", "\n  - --resource[0]: Invalid value: \"example.com/a\": must be NAME=QUANTITY",
 		"\n  - --taint[0]: Invalid value: \"bad\": want key[=value]:Effect"} {
 		if !strings.Contains(err.Error(), want) {

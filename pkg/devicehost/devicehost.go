@@ -82,6 +82,11 @@ type Config struct {
 	// whose plugins are all gone (devicemanager.Config.GracePeriod).
 	// Default 5m, the kubelet's.
 	GracePeriod time.Duration
+	// AdmissionWait holds a pod's admission while a resource it requests
+	// is known but its plugin does not serve it yet, up to this long
+	// (devicemanager.Config.AdmissionWait). Zero refuses at once, as the
+	// kubelet.
+	AdmissionWait time.Duration
 	// Claims gives the DRA manager the ResourceClaims of the pods it
 	// prepares (dramanager.Config.Claims). Nil: DRA drivers register,
 	// but a pod with claims cannot be prepared, and says so.
@@ -143,6 +148,7 @@ func New(cfg Config) (*Host, error) {
 		TopologyScope:  cfg.TopologyScope,
 		NUMANodes:      cfg.NUMANodes,
 		GracePeriod:    cfg.GracePeriod,
+		AdmissionWait:  cfg.AdmissionWait,
 	})
 	if err != nil {
 		return nil, err

@@ -24,6 +24,9 @@ import (
 // error is an *AdmissionError whose Reason is UnexpectedAdmissionError or
 // TopologyAffinityError.
 func (m *Manager) Admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
+	if m.cfg.AdmissionWait > 0 {
+		m.waitForPlugins(ctx, pod)
+	}
 	m.admitMu.Lock()
 	defer m.admitMu.Unlock()
 	m.mu.Lock()

@@ -47,7 +47,16 @@ type Config struct {
 	PreStartTimeout time.Duration
 	// DialTimeout bounds connecting to a registering plugin. Default 10s.
 	DialTimeout time.Duration
-	// Clock drives the grace period; nil means the real clock.
+	// AdmissionWait, when positive, holds a pod's admission up to that
+	// long while a resource it requests is known but its plugin does not
+	// serve it: restored from the checkpoint after a restart, or whose
+	// plugins all went away within GracePeriod, and not yet registered
+	// and listed again. The kubelet does not wait: it refuses such a pod
+	// at once (UnexpectedAdmissionError) and it fails for good. Zero (the
+	// default) is the kubelet's behaviour.
+	AdmissionWait time.Duration
+	// Clock drives the grace period and the admission wait; nil means
+	// the real clock.
 	Clock clock.WithTicker
 }
 
@@ -104,6 +113,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := topology.NewPolicy(c.TopologyPolicy, c.NUMANodes); err != nil {
 		errs = append(errs, field.Invalid(p.Child("topologyPolicy"), c.TopologyPolicy, err.Error()))
+	}
+	if c.AdmissionWait < 0 {
+		errs = append(errs, field.Invalid(p.Child("admissionWait"), c.AdmissionWait.String(), "must not be negative; 0 refuses at once, as the kubelet"))
 	}
 	for i, n := range c.NUMANodes {
 		if n < 0 || n >= topology.MaxNUMANodes {

@@ -53,6 +53,9 @@ type Manager struct {
 	pods    map[string]*podState
 	subs    map[int]chan struct{}
 	nextSub int
+	// held are the pods whose admission waits for their resources'
+	// plugins (Config.AdmissionWait), by UID: "namespace/name".
+	held map[string]string
 
 	server *grpc.Server
 	ctx    context.Context // cancelled by Stop; parent of plugin streams
@@ -134,6 +137,7 @@ func New(cfg Config) (*Manager, error) {
 		owner:     make(map[string]map[string]string),
 		pods:      make(map[string]*podState),
 		subs:      make(map[int]chan struct{}),
+		held:      make(map[string]string),
 		wake:      make(chan struct{}, 1),
 	}, nil
 }
@@ -250,7 +254,8 @@ func (m *Manager) cleanupSockets() error {
 }
 
 // Subscribe returns a channel that receives a value whenever a resource is
-// added or removed or its devices, health or plugin connection change.
+// added or removed or its devices, health or plugin connection change, or
+// a pod's admission starts or stops waiting for its plugins (HeldPods).
 // Notifications are coalesced: read Resources for the current state. The
 // channel is closed by cancel or Stop.
 func (m *Manager) Subscribe() (<-chan struct{}, func()) {

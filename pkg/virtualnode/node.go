@@ -130,6 +130,13 @@ type Config struct {
 	// plugins are all gone keeps its capacity (with zero allocatable)
 	// before it drops to zero. Default 5m, the kubelet's.
 	DeviceGracePeriod time.Duration
+	// DeviceAdmissionWait holds a pod's admission while a device-plugin
+	// resource it requests is known (from the checkpoint after a
+	// restart, or a plugin gone within DeviceGracePeriod) but its plugin
+	// does not serve it yet, up to this long, instead of failing the pod
+	// with UnexpectedAdmissionError as the kubelet does. Zero (the
+	// default) is the kubelet's behaviour.
+	DeviceAdmissionWait time.Duration
 	// DRAWipingDelay is how long a DRA driver may stay unusable (no
 	// plugin registered and connected) before the node deletes its
 	// ResourceSlices. Default 30s, the kubelet's. Every driver's slices
@@ -316,6 +323,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		TopologyScope:  cfg.TopologyScope,
 		NUMANodes:      cfg.NUMANodes,
 		GracePeriod:    cfg.DeviceGracePeriod,
+		AdmissionWait:  cfg.DeviceAdmissionWait,
 		Claims:         apiClaims{cfg.Client},
 		Slices:         apiSlices{client: cfg.Client, node: cfg.Name},
 		WipingDelay:    cfg.DRAWipingDelay,

@@ -16,7 +16,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -389,13 +391,22 @@ func startStoppableNode(t *testing.T, ctx context.Context, kubeconfig, clientCA,
 // example.com/foo in the node's capacity and allocatable.
 func startFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, node, root string) {
 	t.Helper()
+	startStoppableFakePlugin(t, ctx, c, node, root)
+}
+
+// startStoppableFakePlugin is startFakePlugin that also returns what stops
+// the plugin and waits until it has.
+func startStoppableFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, node, root string) (stop func()) {
+	t.Helper()
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		var out, logs bytes.Buffer
 		done <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
 	}()
-	t.Cleanup(func() { cancel(); <-done })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
 	poll(t, ctx, "8 example.com/foo in the node's capacity and allocatable", func(ctx context.Context) (bool, string, error) {
 		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
@@ -405,6 +416,52 @@ func startFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, 
 		cp, ok2 := n.Status.Capacity[foo]
 		return ok && ok2 && a.Value() == 8 && cp.Value() == 8, fmt.Sprintf("capacity %v allocatable %v", n.Status.Capacity, n.Status.Allocatable), nil
 	})
+	return stop
+}
+
+// TestVirtualNodeAdmissionWait: dpkit node --device-admission-wait,
+// restarted while its device plugin is not back yet (a node's reboot, a
+// plugin's update). The checkpoint knows example.com/foo, but no plugin
+// serves it: a kubelet fails a pod bound to the node and asking for one
+// at once (UnexpectedAdmissionError, for good); the node holds it, and it
+// runs once the plugin has registered and listed its devices again.
+func TestVirtualNodeAdmissionWait(t *testing.T) {
+	cp := cluster.Get(t)
+	ctx := testContext(t)
+	c := cp.Client()
+	root := testdir.Short(t, "vn")
+	name := unique("vn-hold")
+	o := nodeOptions(cp.Kubeconfig, cp.ClientCAFile, name, root, "127.0.0.1", freePort(t))
+	o.DeviceAdmissionWait = 5 * time.Minute
+	_, stopNode := runNode(t, ctx, o)
+	stopPlugin := startStoppableFakePlugin(t, ctx, c, name, root)
+	stopPlugin()
+	stopNode()
+
+	n, _ := runNode(t, ctx, o)
+	ns := createNamespace(t, c, "vn-hold")
+	pod := boundPod(devicePod(ns, "held", name, "1", []string{"sh", "-c", "echo devices=$DPKIT_FAKE_DEVICES"}), name)
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, ctx, "the pod's admission held", func(context.Context) (bool, string, error) {
+		held := n.DeviceManager().HeldPods()
+		return slices.Contains(held, ns+"/held"), fmt.Sprintf("held %v", held), nil
+	})
+	startFakePlugin(t, ctx, c, name, root)
+	done := waitPod(t, ctx, c, ns, "held", "Succeeded", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	})
+	if done.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("held pod: phase %s reason %q message %q, want Succeeded", done.Status.Phase, done.Status.Reason, done.Status.Message)
+	}
+	b, err := c.CoreV1().Pods(ns).GetLogs("held", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := logDevices(t, string(b)); len(ids) != 1 {
+		t.Errorf("held pod got devices %v, want 1", ids)
+	}
 }
 
 // boundPod binds pod to node itself, as a controller or a user may,

@@ -50,6 +50,7 @@ must have allocated them and reserved them for the pod. Without
   dpkit kubelet --root /tmp/kubelet --topology-policy single-numa-node
   dpkit kubelet --root /tmp/kubelet --topology-policy restricted --numa-nodes 0,1
   dpkit kubelet --root /tmp/kubelet --kubeconfig k.conf
+  dpkit kubelet --root /tmp/kubelet --device-admission-wait 2m
   curl --unix-socket /tmp/kubelet/dpkit/admin.sock --data-binary @pod.yaml http://dpkit/v1/pods`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -59,6 +60,9 @@ must have allocated them and reserved them for the pod. Without
 			}
 			if err := topo.Validate(); err != nil {
 				return err
+			}
+			if o.AdmissionWait < 0 {
+				return cli.Exit(2, fmt.Errorf("--device-admission-wait %s: must not be negative; 0 refuses a pod whose plugin is not back at once, as the kubelet", o.AdmissionWait))
 			}
 			o.TopologyPolicy, o.TopologyScope, o.NUMANodes, o.SysfsRoot = topo.Policy, topo.Scope, topo.NUMANodes, topo.SysfsRoot
 			if kubeconfig != "" {
@@ -89,6 +93,7 @@ must have allocated them and reserved them for the pod. Without
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "read the ResourceClaims of admitted pods from the API server of this kubeconfig, allocate those not allocated for --node-name with the scheduler's allocator, and prepare them through their DRA drivers (runs dpkit-cluster; default: pods with claims are refused)")
 	fl.StringVar(&o.NodeName, "node-name", "", "the node this kubelet is: claims are allocated from the devices published for it (default: the host's name)")
 	fl.StringVar(&o.AdminSocket, "admin-socket", "", "admin API socket (default <root>/dpkit/admin.sock)")
+	fl.DurationVar(&o.AdmissionWait, "device-admission-wait", 0, "hold an admission asking for a device-plugin resource the checkpoint knows until its plugin serves it again, up to this long, instead of refusing it with UnexpectedAdmissionError as the kubelet does (0: the kubelet's behaviour)")
 	cmd.SetFlagErrorFunc(cli.FlagError)
 	return cmd
 }

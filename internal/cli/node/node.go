@@ -99,6 +99,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.Var(&quantityFlag{&o.LogMaxSize}, "container-log-max-size", "process backend: rotate a container's log file at this size (like the kubelet's containerLogMaxSize)")
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
 	f.DurationVar(&o.DeviceGracePeriod, "device-grace-period", devicemanager.DefaultGracePeriod, "how long a resource whose device plugins are all gone keeps its capacity (with 0 allocatable) before it drops to 0; the kubelet's is 5m")
+	f.DurationVar(&o.DeviceAdmissionWait, "device-admission-wait", 0, "hold a pod asking for a device-plugin resource the node knows (from its checkpoint after a restart) until the resource's plugin serves it again, up to this long, instead of failing it with UnexpectedAdmissionError as the kubelet does (0: the kubelet's behaviour)")
 	return cmd
 }
 

@@ -1,0 +1,86 @@
+package devicemanager
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dpkit/dpkit/internal/testdir"
+)
+
+// TestAdmissionWait: after a restart the checkpoint knows the resource
+// but no plugin serves it yet. As the kubelet, a pod asking for it is
+// refused at once (UnexpectedAdmissionError); with an admission wait the
+// pod is held until the plugin has registered and listed its devices,
+// then admitted. A resource no plugin ever served is not waited for.
+func TestAdmissionWait(t *testing.T) {
+	t.Parallel()
+	dir := testdir.Short(t, "dmw")
+	m := startManager(t, Config{Root: dir})
+	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2", "d3"))
+	p.register(t, m.SocketPath())
+	waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 3 })
+	m.Stop()
+	p.stop()
+
+	// The kubelet's answer: refused, for good.
+	m2 := startManager(t, Config{Root: dir})
+	var ae *AdmissionError
+	if _, err := m2.Admit(context.Background(), makePod("early", c("app", 1))); !errors.As(err, &ae) || ae.Reason != ReasonUnexpectedAdmissionError {
+		t.Fatalf("admission before the plugin is back without a wait: %v, want UnexpectedAdmissionError", err)
+	}
+	m2.Stop()
+
+	m3 := startManager(t, Config{Root: dir, AdmissionWait: time.Hour})
+	admitted := make(chan error, 1)
+	go func() {
+		_, err := m3.Admit(context.Background(), makePod("held", c("app", 2)))
+		admitted <- err
+	}()
+	// Held while the plugin is away: nothing answers until it is back.
+	waitFor(t, m3, "the pod held", func() bool { return slices.Equal(m3.HeldPods(), []string{"default/held"}) })
+	select {
+	case err := <-admitted:
+		t.Fatalf("admitted before the plugin registered: %v", err)
+	default:
+	}
+	p2 := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2", "d3"))
+	p2.register(t, m3.SocketPath())
+	if err := <-admitted; err != nil {
+		t.Fatalf("held pod once the plugin is back: %v", err)
+	}
+	if pa := m3.PodAllocation("held"); pa == nil {
+		t.Fatal("held pod has no allocation")
+	}
+	if held := m3.HeldPods(); len(held) != 0 {
+		t.Errorf("still held after admission: %v", held)
+	}
+
+	// Never served here: not waited for (an hour's wait would hang
+	// the test); the device manager leaves it to whoever advertises it,
+	// as the kubelet's.
+	other := makePod("other", ctr{name: "app", req: map[string]int64{"example.com/never": 1}})
+	if _, err := m3.Admit(context.Background(), other); err != nil {
+		t.Fatalf("a resource no plugin ever served: %v", err)
+	}
+}
+
+// TestAdmissionWaitEnds: a wait that ends admits with what there is, and
+// so refuses as the kubelet.
+func TestAdmissionWaitEnds(t *testing.T) {
+	t.Parallel()
+	dir := testdir.Short(t, "dme")
+	m := startManager(t, Config{Root: dir})
+	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1"))
+	p.register(t, m.SocketPath())
+	waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 1 })
+	m.Stop()
+	p.stop()
+	m2 := startManager(t, Config{Root: dir, AdmissionWait: time.Millisecond})
+	var ae *AdmissionError
+	if _, err := m2.Admit(context.Background(), makePod("p", c("app", 1))); !errors.As(err, &ae) || ae.Reason != ReasonUnexpectedAdmissionError {
+		t.Fatalf("after the wait: %v, want UnexpectedAdmissionError", err)
+	}
+}
