@@ -25,8 +25,12 @@ import (
 // TopologyAffinityError.
 func (m *Manager) Admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
 	if m.cfg.AdmissionWait > 0 {
-		m.waitForPlugins(ctx, pod)
+		return m.admitHeld(ctx, pod)
 	}
+	return m.admit(ctx, pod)
+}
+
+func (m *Manager) admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
 	m.admitMu.Lock()
 	defer m.admitMu.Unlock()
 	m.mu.Lock()

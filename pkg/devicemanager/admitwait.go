@@ -5,22 +5,55 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 )
 
-// waitForPlugins holds pod's admission, up to Config.AdmissionWait,
-// while a resource it requests is known to the manager but not served by
-// its plugin: restored from the checkpoint after a restart and not
-// registered again, or whose plugins all went away within the grace
-// period, or registered without having listed its devices since. A
-// resource the manager does not know is not waited for: it was never
-// served here, or its plugin has been gone longer than the grace period.
-// Admission then goes on with what there is, and refuses as the kubelet
-// would.
-func (m *Manager) waitForPlugins(ctx context.Context, pod *corev1.Pod) {
+// admitHeld is Admit with Config.AdmissionWait: the admission waits for
+// the plugins of the resources pod requests (waitForPlugins), and one
+// whose Allocate found its plugin going away (codes.Unavailable: it was
+// stopping, its connection closed) waits for the plugin to be back and is
+// tried again, within the same wait.
+func (m *Manager) admitHeld(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
+	deadline := m.cfg.Clock.Now().Add(m.cfg.AdmissionWait)
+	for {
+		m.waitForPlugins(ctx, pod, deadline)
+		// Subscribed before the admission: the plugin's going away
+		// notifies after its Allocate failed.
+		changed, cancel := m.Subscribe()
+		pa, err := m.admit(ctx, pod)
+		if err == nil || status.Code(err) != codes.Unavailable || !m.cfg.Clock.Now().Before(deadline) {
+			cancel()
+			return pa, err
+		}
+		m.log.Info("Holding a pod's admission: a plugin went away during its Allocate", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		timer := m.cfg.Clock.NewTimer(deadline.Sub(m.cfg.Clock.Now()))
+		select {
+		case <-changed:
+		case <-timer.C():
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		cancel()
+		if ctx.Err() != nil {
+			return pa, err
+		}
+	}
+}
+
+// waitForPlugins holds pod's admission, until deadline, while a resource
+// it requests is known to the manager but not served by its plugin:
+// restored from the checkpoint after a restart and not registered again,
+// or whose plugins all went away within the grace period, or registered
+// without having listed its devices since. A resource the manager does
+// not know is not waited for: it was never served here, or its plugin has
+// been gone longer than the grace period. Admission then goes on with
+// what there is, and refuses as the kubelet would.
+func (m *Manager) waitForPlugins(ctx context.Context, pod *corev1.Pod, deadline time.Time) {
 	changed, cancel := m.Subscribe()
 	defer cancel()
-	timer := m.cfg.Clock.NewTimer(m.cfg.AdmissionWait)
+	timer := m.cfg.Clock.NewTimer(deadline.Sub(m.cfg.Clock.Now()))
 	defer timer.Stop()
 	start := m.cfg.Clock.Now()
 	var held []string
@@ -46,7 +79,7 @@ func (m *Manager) waitForPlugins(ctx context.Context, pod *corev1.Pod) {
 			m.held[string(pod.UID)] = pod.Namespace + "/" + pod.Name
 			m.notifyLocked()
 			m.mu.Unlock()
-			m.log.Info("Holding a pod's admission until the plugins of the resources it requests serve them again", "pod", pod.Namespace+"/"+pod.Name, "resources", waiting, "atMost", m.cfg.AdmissionWait)
+			m.log.Info("Holding a pod's admission until the plugins of the resources it requests serve them again", "pod", pod.Namespace+"/"+pod.Name, "resources", waiting, "until", deadline)
 		}
 		select {
 		case _, ok := <-changed:
@@ -54,7 +87,7 @@ func (m *Manager) waitForPlugins(ctx context.Context, pod *corev1.Pod) {
 				return // the manager stops
 			}
 		case <-timer.C():
-			m.log.Warn("Admitting a held pod without its resources' plugins: the admission wait ended", "pod", pod.Namespace+"/"+pod.Name, "resources", waiting, "waited", m.cfg.AdmissionWait)
+			m.log.Warn("Admitting a held pod without its resources' plugins: the admission wait ended", "pod", pod.Namespace+"/"+pod.Name, "resources", waiting, "waited", m.cfg.Clock.Since(start).Round(time.Millisecond))
 			return
 		case <-ctx.Done():
 			return

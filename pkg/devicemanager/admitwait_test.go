@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
 	"github.com/dpkit/dpkit/internal/testdir"
 )
 
@@ -82,5 +86,46 @@ func TestAdmissionWaitEnds(t *testing.T) {
 	var ae *AdmissionError
 	if _, err := m2.Admit(context.Background(), makePod("p", c("app", 1))); !errors.As(err, &ae) || ae.Reason != ReasonUnexpectedAdmissionError {
 		t.Fatalf("after the wait: %v, want UnexpectedAdmissionError", err)
+	}
+}
+
+// TestAdmissionWaitPluginGoingAway: with an admission wait, an Allocate
+// that finds its plugin going away (Unavailable: the plugin is stopping)
+// does not fail the pod: the admission waits for the plugin to be back
+// and is tried again. Without the wait it fails, as the kubelet's.
+func TestAdmissionWaitPluginGoingAway(t *testing.T) {
+	t.Parallel()
+	for _, wait := range []time.Duration{0, time.Hour} {
+		dir := testdir.Short(t, "dmg")
+		m := startManager(t, Config{Root: dir, AdmissionWait: wait})
+		p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2"))
+		p.mu.Lock()
+		p.allocate = func([]string) (*pluginapi.AllocateResponse, error) {
+			// What a plugin in its graceful stop answers; it is then gone.
+			go p.stop()
+			return nil, status.Error(codes.Unavailable, "closing transport due to: graceful_stop")
+		}
+		p.mu.Unlock()
+		p.register(t, m.SocketPath())
+		waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 2 })
+		admitted := make(chan error, 1)
+		go func() {
+			_, err := m.Admit(context.Background(), makePod("p", c("app", 1)))
+			admitted <- err
+		}()
+		if wait == 0 {
+			var ae *AdmissionError
+			if err := <-admitted; !errors.As(err, &ae) || status.Code(err) != codes.Unavailable {
+				t.Fatalf("without a wait: %v, want the Allocate's Unavailable as an admission error", err)
+			}
+			continue
+		}
+		// Held until a plugin serves the resource again.
+		waitFor(t, m, "the plugin gone and the pod held", func() bool { return slices.Equal(m.HeldPods(), []string{"default/p"}) })
+		p2 := newStub(t, PluginDir(dir), res, "dev2.sock", nil, devs("d1", "d2"))
+		p2.register(t, m.SocketPath())
+		if err := <-admitted; err != nil {
+			t.Fatalf("with a wait, once the plugin is back: %v", err)
+		}
 	}
 }
