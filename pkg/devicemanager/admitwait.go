@@ -12,9 +12,8 @@ import (
 
 // admitHeld is Admit with Config.AdmissionWait: the admission waits for
 // the plugins of the resources pod requests (waitForPlugins), and one
-// whose Allocate found its plugin going away (codes.Unavailable: it was
-// stopping, its connection closed) waits for the plugin to be back and is
-// tried again, within the same wait.
+// whose Allocate found its plugin going away (pluginGoingAway) waits for
+// the plugin to be back and is tried again, within the same wait.
 func (m *Manager) admitHeld(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
 	deadline := m.cfg.Clock.Now().Add(m.cfg.AdmissionWait)
 	for {
@@ -23,7 +22,7 @@ func (m *Manager) admitHeld(ctx context.Context, pod *corev1.Pod) (*PodAllocatio
 		// notifies after its Allocate failed.
 		changed, cancel := m.Subscribe()
 		pa, err := m.admit(ctx, pod)
-		if err == nil || status.Code(err) != codes.Unavailable || !m.cfg.Clock.Now().Before(deadline) {
+		if err == nil || !pluginGoingAway(ctx, err) || !m.cfg.Clock.Now().Before(deadline) {
 			cancel()
 			return pa, err
 		}
@@ -40,6 +39,21 @@ func (m *Manager) admitHeld(ctx context.Context, pod *corev1.Pod) (*PodAllocatio
 			return pa, err
 		}
 	}
+}
+
+// pluginGoingAway reports whether an admission failed because its
+// plugin's connection went away during Allocate: the plugin answered
+// Unavailable (it is in its graceful stop), or the manager closed the
+// connection of a plugin that went away (Canceled, while the admission's
+// own ctx goes on).
+func pluginGoingAway(ctx context.Context, err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable:
+		return true
+	case codes.Canceled:
+		return ctx.Err() == nil
+	}
+	return false
 }
 
 // waitForPlugins holds pod's admission, until deadline, while a resource

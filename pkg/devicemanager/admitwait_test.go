@@ -90,12 +90,21 @@ func TestAdmissionWaitEnds(t *testing.T) {
 }
 
 // TestAdmissionWaitPluginGoingAway: with an admission wait, an Allocate
-// that finds its plugin going away (Unavailable: the plugin is stopping)
-// does not fail the pod: the admission waits for the plugin to be back
+// that finds its plugin going away (Unavailable: the plugin is stopping;
+// Canceled: the connection to it closed) does not fail the pod: the admission waits for the plugin to be back
 // and is tried again. Without the wait it fails, as the kubelet's.
 func TestAdmissionWaitPluginGoingAway(t *testing.T) {
 	t.Parallel()
-	for _, wait := range []time.Duration{0, time.Hour} {
+	for _, tc := range []struct {
+		wait time.Duration
+		code codes.Code // what Allocate fails with
+		msg  string
+	}{
+		{0, codes.Unavailable, "closing transport due to: graceful_stop"},
+		{time.Hour, codes.Unavailable, "closing transport due to: graceful_stop"},
+		{time.Hour, codes.Canceled, "grpc: the client connection is closing"},
+	} {
+		wait := tc.wait
 		dir := testdir.Short(t, "dmg")
 		m := startManager(t, Config{Root: dir, AdmissionWait: wait})
 		p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1", "d2"))
@@ -103,7 +112,7 @@ func TestAdmissionWaitPluginGoingAway(t *testing.T) {
 		p.allocate = func([]string) (*pluginapi.AllocateResponse, error) {
 			// What a plugin in its graceful stop answers; it is then gone.
 			go p.stop()
-			return nil, status.Error(codes.Unavailable, "closing transport due to: graceful_stop")
+			return nil, status.Error(tc.code, tc.msg)
 		}
 		p.mu.Unlock()
 		p.register(t, m.SocketPath())
@@ -115,7 +124,7 @@ func TestAdmissionWaitPluginGoingAway(t *testing.T) {
 		}()
 		if wait == 0 {
 			var ae *AdmissionError
-			if err := <-admitted; !errors.As(err, &ae) || status.Code(err) != codes.Unavailable {
+			if err := <-admitted; !errors.As(err, &ae) || status.Code(err) != tc.code {
 				t.Fatalf("without a wait: %v, want the Allocate's Unavailable as an admission error", err)
 			}
 			continue
