@@ -11,9 +11,11 @@ import (
 )
 
 // admitHeld is Admit with Config.AdmissionWait: the admission waits for
-// the plugins of the resources pod requests (waitForPlugins), and one
-// whose Allocate found its plugin going away (pluginGoingAway) waits for
-// the plugin to be back and is tried again, within the same wait.
+// the plugins of the resources pod requests (waitForPlugins). One that
+// failed because a plugin went away meanwhile (a resource awaited again
+// after it, or an Allocate that found its plugin going away:
+// pluginGoingAway) waits for the plugin to be back and is tried again,
+// within the same wait.
 func (m *Manager) admitHeld(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
 	deadline := m.cfg.Clock.Now().Add(m.cfg.AdmissionWait)
 	for {
@@ -22,22 +24,29 @@ func (m *Manager) admitHeld(ctx context.Context, pod *corev1.Pod) (*PodAllocatio
 		// notifies after its Allocate failed.
 		changed, cancel := m.Subscribe()
 		pa, err := m.admit(ctx, pod)
-		if err == nil || !pluginGoingAway(ctx, err) || !m.cfg.Clock.Now().Before(deadline) {
+		retry := err != nil && ctx.Err() == nil && m.cfg.Clock.Now().Before(deadline)
+		switch {
+		case !retry:
+		case len(m.awaitedResources(pod)) > 0:
+			// A plugin went away between the wait and the admission:
+			// waitForPlugins holds it again.
+			m.log.Info("Holding a pod's admission: a plugin went away while it was admitted", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 			cancel()
-			return pa, err
+			continue
+		case pluginGoingAway(ctx, err):
+			m.log.Info("Holding a pod's admission: a plugin went away during its Allocate", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+			timer := m.cfg.Clock.NewTimer(deadline.Sub(m.cfg.Clock.Now()))
+			select {
+			case <-changed:
+			case <-timer.C():
+			case <-ctx.Done():
+			}
+			timer.Stop()
+			cancel()
+			continue
 		}
-		m.log.Info("Holding a pod's admission: a plugin went away during its Allocate", "pod", pod.Namespace+"/"+pod.Name, "err", err)
-		timer := m.cfg.Clock.NewTimer(deadline.Sub(m.cfg.Clock.Now()))
-		select {
-		case <-changed:
-		case <-timer.C():
-		case <-ctx.Done():
-		}
-		timer.Stop()
 		cancel()
-		if ctx.Err() != nil {
-			return pa, err
-		}
+		return pa, err
 	}
 }
 

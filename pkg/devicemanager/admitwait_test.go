@@ -138,3 +138,48 @@ func TestAdmissionWaitPluginGoingAway(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmissionWaitPluginGoneMidAdmission: a plugin that goes away after
+// the wait let the admission through and before its resource is
+// allocated (here while another resource of the pod is) leaves that
+// resource without healthy devices; with an admission wait the pod is
+// held again rather than refused, and admitted once the plugin is back.
+func TestAdmissionWaitPluginGoneMidAdmission(t *testing.T) {
+	t.Parallel()
+	const other = "example.com/other"
+	dir := testdir.Short(t, "dmm")
+	m := startManager(t, Config{Root: dir, AdmissionWait: time.Hour})
+	pod := makePod("p", ctr{name: "app", req: map[string]int64{res: 1, other: 1}})
+	a := newStub(t, PluginDir(dir), res, "a.sock", nil, devs("a1"))
+	b := newStub(t, PluginDir(dir), other, "b.sock", nil, devs("b1"))
+	once := false
+	a.mu.Lock()
+	a.allocate = func(ids []string) (*pluginapi.AllocateResponse, error) {
+		if !once {
+			once = true
+			// b goes away while a allocates.
+			b.endStreams()
+			gone, cancel := m.Subscribe()
+			defer cancel()
+			for len(m.awaitedResources(pod)) == 0 {
+				<-gone
+			}
+		}
+		return &pluginapi.AllocateResponse{ContainerResponses: []*pluginapi.ContainerAllocateResponse{{}}}, nil
+	}
+	a.mu.Unlock()
+	a.register(t, m.SocketPath())
+	b.register(t, m.SocketPath())
+	waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 1 && allocatable(m, other) == 1 })
+	admitted := make(chan error, 1)
+	go func() {
+		_, err := m.Admit(context.Background(), pod)
+		admitted <- err
+	}()
+	waitFor(t, m, "the pod held again", func() bool { return slices.Equal(m.HeldPods(), []string{"default/p"}) })
+	b2 := newStub(t, PluginDir(dir), other, "b2.sock", nil, devs("b1"))
+	b2.register(t, m.SocketPath())
+	if err := <-admitted; err != nil {
+		t.Fatalf("once the plugin is back: %v", err)
+	}
+}
