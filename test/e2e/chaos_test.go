@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -19,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/dpkit/dpkit/internal/cli/app"
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -126,17 +123,7 @@ type chaosNode struct {
 
 func (n *chaosNode) startNode() { n.node, n.stopN = runNode(n.t, n.ctx, n.o) }
 
-func (n *chaosNode) startPlugin() {
-	pctx, cancel := context.WithCancel(n.ctx)
-	done := make(chan error, 1)
-	go func() {
-		var out, logs bytes.Buffer
-		done <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(n.o.Root, "device-plugins")}, strings.NewReader(""), &out, &logs)
-	}()
-	var once sync.Once
-	n.stopP = func() { once.Do(func() { cancel(); <-done }) }
-	n.t.Cleanup(n.stopP)
-}
+func (n *chaosNode) startPlugin() { n.stopP = runFakePlugin(n.t, n.ctx, n.o.Root) }
 
 // later runs f after d, or at once when d is 0.
 func later(ctx context.Context, d time.Duration, f func()) {

@@ -93,17 +93,7 @@ func TestVirtualNodeAdmissionFailure(t *testing.T) {
 	if _, err := c.CoreV1().Pods(ns).Create(ctx, all, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	done := waitPod(t, ctx, c, ns, "all", "Succeeded", func(p *corev1.Pod) bool {
-		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-	})
-	if done.Status.Phase != corev1.PodSucceeded {
-		t.Fatalf("pod asking for all 8: phase %s reason %q message %q", done.Status.Phase, done.Status.Reason, done.Status.Message)
-	}
-	b, err := c.CoreV1().Pods(ns).GetLogs("all", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ids := logDevices(t, string(b)); len(ids) != 8 || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != 8 {
+	if ids := succeededWithDevices(t, ctx, c, ns, "all"); len(ids) != 8 || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != 8 {
 		t.Errorf("pod asking for all 8 got devices %v", ids)
 	}
 	poll(t, ctx, "the devices to be free again", func(context.Context) (bool, string, error) {
@@ -398,15 +388,7 @@ func startFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, 
 // the plugin and waits until it has.
 func startStoppableFakePlugin(t *testing.T, ctx context.Context, c kubernetes.Interface, node, root string) (stop func()) {
 	t.Helper()
-	pctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		var out, logs bytes.Buffer
-		done <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
+	stop = runFakePlugin(t, ctx, root)
 	poll(t, ctx, "8 example.com/foo in the node's capacity and allocatable", func(ctx context.Context) (bool, string, error) {
 		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
@@ -416,6 +398,23 @@ func startStoppableFakePlugin(t *testing.T, ctx context.Context, c kubernetes.In
 		cp, ok2 := n.Status.Capacity[foo]
 		return ok && ok2 && a.Value() == 8 && cp.Value() == 8, fmt.Sprintf("capacity %v allocatable %v", n.Status.Capacity, n.Status.Allocatable), nil
 	})
+	return stop
+}
+
+// runFakePlugin runs the fake device plugin (examples/fake.yaml) against
+// root's plugin directory until the test ends or stop is called, which
+// waits until it has returned.
+func runFakePlugin(t *testing.T, ctx context.Context, root string) (stop func()) {
+	t.Helper()
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		var out, logs bytes.Buffer
+		done <- app.Run(pctx, []string{"plugin", "--config", filepath.Join("..", "..", "examples", "fake.yaml"), "--plugin-dir", filepath.Join(root, "device-plugins")}, strings.NewReader(""), &out, &logs)
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
 	return stop
 }
 
@@ -449,17 +448,7 @@ func TestVirtualNodeAdmissionWait(t *testing.T) {
 		return slices.Contains(held, ns+"/held"), fmt.Sprintf("held %v", held), nil
 	})
 	startFakePlugin(t, ctx, c, name, root)
-	done := waitPod(t, ctx, c, ns, "held", "Succeeded", func(p *corev1.Pod) bool {
-		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-	})
-	if done.Status.Phase != corev1.PodSucceeded {
-		t.Fatalf("held pod: phase %s reason %q message %q, want Succeeded", done.Status.Phase, done.Status.Reason, done.Status.Message)
-	}
-	b, err := c.CoreV1().Pods(ns).GetLogs("held", &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ids := logDevices(t, string(b)); len(ids) != 1 {
+	if ids := succeededWithDevices(t, ctx, c, ns, "held"); len(ids) != 1 {
 		t.Errorf("held pod got devices %v, want 1", ids)
 	}
 }
@@ -544,6 +533,23 @@ func waitPodDevices(t *testing.T, ctx context.Context, root, ns, pod string, n i
 	})
 	slices.Sort(ids)
 	return ids
+}
+
+// succeededWithDevices waits for the pod to end, fails the test unless it
+// succeeded, and returns the devices its logs' devices= line names.
+func succeededWithDevices(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name string) []string {
+	t.Helper()
+	done := waitPod(t, ctx, c, ns, name, "Succeeded", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	})
+	if done.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod %s: phase %s reason %q message %q, want Succeeded", name, done.Status.Phase, done.Status.Reason, done.Status.Message)
+	}
+	b, err := c.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: "app"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return logDevices(t, string(b))
 }
 
 // logDevices returns the IDs of the logs' devices= line.
