@@ -311,13 +311,6 @@ func (w *Worker) Wake() {
 	}
 }
 
-// Stopping reports whether the pod is being deleted.
-func (w *Worker) Stopping() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.stopping
-}
-
 // Stop asks for the pod's deletion with grace, the shortest asked
 // winning: a shorter one while the containers are being killed kills
 // them again with it (the pod is forgotten: 0 kills at once).
