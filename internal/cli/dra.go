@@ -64,6 +64,12 @@ type ClaimDevice struct {
 	// CDIDeviceIDs are what the driver prepared for the device, when the
 	// node's PodResources API says.
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// ShareID is the claim's share of a shared device (its allocation's
+	// shareID); empty for a device held whole.
+	ShareID string `json:"shareID,omitempty"`
+	// Consumed is what the share takes of the device's capacities, as
+	// the allocation says (capacity -> quantity).
+	Consumed map[string]string `json:"consumed,omitempty"`
 }
 
 // Slice is a ResourceSlice as dpkit get slices shows it.

@@ -85,6 +85,9 @@ type Options struct {
 	// logs, like the kubelet's containerLogMaxSize and containerLogMaxFiles.
 	LogMaxSize  resource.Quantity
 	LogMaxFiles int
+	// CDISpecDirs are where the process backend reads the CDI specs of
+	// containers' CDI devices, for the environment they give.
+	CDISpecDirs []string
 	// DeviceGracePeriod is how long a resource whose device plugins are
 	// all gone keeps its capacity; 0 means the kubelet's 5m.
 	DeviceGracePeriod time.Duration
@@ -323,7 +326,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	default:
 		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {
 			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
-				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles})
+				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles, CDISpecDirs: o.CDISpecDirs})
 		}
 	}
 	if err := checkInotify(o, inotifyLimit, "/proc"); err != nil {

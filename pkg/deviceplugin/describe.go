@@ -17,6 +17,9 @@ type DeviceInfo struct {
 	// Capacity holds quantities such as "memory": "80Gi", published under
 	// the driver's domain.
 	Capacity map[string]string
+	// Sharing, when set, says how the device shares a physical device
+	// with others or is shared; nil is a device one holder holds whole.
+	Sharing *Sharing
 }
 
 // Attribute is one typed attribute value; exactly one field is set. Use
@@ -47,4 +50,70 @@ func VersionAttr(v string) Attribute { return Attribute{Version: &v} }
 // it.
 type Describer interface {
 	Describe(id string) (DeviceInfo, bool)
+}
+
+// Sharing says how a device shares a physical device with other devices,
+// or is shared itself. The inventory's arbiter (pkg/inventory) admits a
+// grant only while what it takes still fits, whichever front asks; the DRA
+// front publishes the same rules to the scheduler (shared counters,
+// consumable capacity). Amounts are whole numbers of the base unit: bytes
+// for memory, a count for slices or compute units.
+type Sharing struct {
+	// Consumes is what holding the device takes from the plugin's counter
+	// sets (CounterSetter): a partition takes its slices and memory from
+	// its GPU's set, the whole GPU takes all of it. A shared device takes
+	// it once, however many hold shares of it.
+	Consumes []CounterUse
+	// Shared, when not empty, lets many holders hold the device at once:
+	// each share takes an amount of every capacity named here, and the
+	// shares never add up to more than its total.
+	Shared map[string]SharedCapacity
+	// ShareOf makes the device a fixed share of another device of the same
+	// plugin, which must be Shared: a device plugin replica of a GPU.
+	// Holding it takes ShareAmounts of that device's capacities. The DRA
+	// front publishes the shared device, not its replicas.
+	ShareOf string
+	// ShareAmounts is what a ShareOf device takes: capacity -> amount.
+	// A capacity left out takes its default.
+	ShareAmounts map[string]int64
+}
+
+// CounterUse is what a device takes from one counter set.
+type CounterUse struct {
+	// Set names the counter set (CounterSetter).
+	Set string
+	// Counters maps counter names to the amounts taken.
+	Counters map[string]int64
+}
+
+// SharedCapacity is one capacity of a shared device, and how a share asks
+// for part of it: a share takes Default when it asks nothing, and an
+// amount asked is rounded up to Min + n*Step.
+type SharedCapacity struct {
+	// Total is the device's whole capacity.
+	Total int64
+	// Default is what a share that asks nothing takes; Total makes such
+	// a share the whole device.
+	Default int64
+	// Min is the least a share takes; Step the granule above it (1 when
+	// zero).
+	Min, Step int64
+}
+
+// CounterSet is a named set of counters that devices consume: one per
+// physical device that can be partitioned.
+type CounterSet struct {
+	// Name is a DNS label, unique among the plugin's sets.
+	Name string
+	// Counters maps counter names (DNS labels) to the physical device's
+	// totals, such as {memory: 85899345920, slices: 7}.
+	Counters map[string]int64
+}
+
+// CounterSetter is implemented by plugins whose devices consume counters
+// (Sharing.Consumes): it returns the counter sets of the devices the
+// latest Scan reported. It is optional and found by type assertion on the
+// Plugin.
+type CounterSetter interface {
+	CounterSets() []CounterSet
 }

@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
+	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
 // CheckpointFile is the checkpoint's name in <PluginsDir>/<DriverName>.
@@ -26,6 +28,10 @@ type preparedClaim struct {
 	UID       string `json:"uid"`
 	// DeviceIDs are the inventory IDs the claim holds.
 	DeviceIDs []string `json:"deviceIDs"`
+	// Grants are what the claim holds of them: shares of shared devices
+	// with their amounts. A checkpoint written before shares existed has
+	// none; its claims hold DeviceIDs whole.
+	Grants []inventory.Grant `json:"grants,omitempty"`
 	// Devices is the answer to NodePrepareResources.
 	Devices []preparedDevice `json:"devices"`
 	// Spec is the claim's CDI spec.
@@ -37,14 +43,32 @@ type preparedDevice struct {
 	Pool         string   `json:"pool"`
 	Device       string   `json:"device"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// ShareID is the share of a shared device the claim was allocated.
+	ShareID string `json:"shareID,omitempty"`
+}
+
+// grants returns what the claim holds in the arbiter.
+func (p *preparedClaim) grants() []inventory.Grant {
+	if len(p.Grants) > 0 {
+		return p.Grants
+	}
+	gs := make([]inventory.Grant, len(p.DeviceIDs))
+	for i, id := range p.DeviceIDs {
+		gs[i] = inventory.Grant{Device: id}
+	}
+	return gs
 }
 
 func (p *preparedClaim) result() kubeletplugin.PrepareResult {
 	out := kubeletplugin.PrepareResult{Devices: make([]kubeletplugin.Device, 0, len(p.Devices))}
 	for _, dev := range p.Devices {
-		out.Devices = append(out.Devices, kubeletplugin.Device{
+		kd := kubeletplugin.Device{
 			Requests: dev.Requests, PoolName: dev.Pool, DeviceName: dev.Device, CDIDeviceIDs: dev.CDIDeviceIDs,
-		})
+		}
+		if dev.ShareID != "" {
+			kd.ShareID = new(types.UID(dev.ShareID))
+		}
+		out.Devices = append(out.Devices, kd)
 	}
 	return out
 }

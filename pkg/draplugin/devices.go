@@ -64,33 +64,91 @@ func PCIeRoot(sysfsRoot, pciBusID string) (string, error) {
 	return *attr.Value.StringValue, nil
 }
 
-// sliceDevices returns the ResourceSlice devices of a snapshot: every
-// device not held through the device plugin front, by name.
-func (d *Driver) sliceDevices() ([]resourcev1.Device, bool) {
-	devs, known := d.inv.Devices()
+// sliceDevices returns the ResourceSlice devices of a snapshot and the
+// counter sets they consume: the inventory's DRA view (pkg/inventory),
+// which leaves out what the device plugin front holds, by name.
+func (d *Driver) sliceDevices() ([]resourcev1.Device, []resourcev1.CounterSet, bool) {
+	view, sets, known := d.inv.DRAView()
 	if !known {
-		return nil, false
+		return nil, nil, false
 	}
-	names := nameDevices(devs, d.log)
+	all, _ := d.inv.Devices()
+	names := nameDevices(all, d.log)
 	describer, _ := d.inv.Plugin().(deviceplugin.Describer)
-	out := make([]resourcev1.Device, 0, len(devs))
-	for _, dev := range devs {
+	out := make([]resourcev1.Device, 0, len(view))
+	for _, dev := range view {
 		name, ok := names.byID[dev.ID]
 		if !ok {
-			continue
-		}
-		if h, held := d.inv.HeldBy(dev.ID); held && h.Front == inventory.FrontDevicePlugin {
 			continue
 		}
 		out = append(out, d.sliceDevice(name, dev, describer))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, true
+	counterSets := make([]resourcev1.CounterSet, 0, len(sets))
+	for _, set := range sets {
+		cs := resourcev1.CounterSet{Name: CounterSetName(set.Name), Counters: make(map[string]resourcev1.Counter, len(set.Counters))}
+		for c, v := range set.Counters {
+			cs.Counters[c] = resourcev1.Counter{Value: quantity(v)}
+		}
+		counterSets = append(counterSets, cs)
+	}
+	return out, counterSets, true
+}
+
+// CounterSetName returns the published name of a plugin's counter set: a
+// DNS label made from it as DeviceName makes one from a device ID.
+func CounterSetName(set string) string { return DeviceName(set) }
+
+// quantity writes an amount in binary units when it is a whole number of
+// them (80Gi), and as a plain number otherwise (7).
+func quantity(v int64) resource.Quantity {
+	if v >= 1024 && v%1024 == 0 {
+		return *resource.NewQuantity(v, resource.BinarySI)
+	}
+	return *resource.NewQuantity(v, resource.DecimalSI)
 }
 
 func str(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: &s} }
 
-func (d *Driver) sliceDevice(name string, dev deviceplugin.Device, describer deviceplugin.Describer) resourcev1.Device {
+func (d *Driver) sliceDevice(name string, dev inventory.DRADevice, describer deviceplugin.Describer) resourcev1.Device {
+	out := d.describedDevice(name, dev.Device, describer)
+	if dev.Sharing == nil {
+		return out
+	}
+	if dev.ChargesCounters {
+		for _, use := range dev.Sharing.Consumes {
+			cc := resourcev1.DeviceCounterConsumption{CounterSet: CounterSetName(use.Set), Counters: make(map[string]resourcev1.Counter, len(use.Counters))}
+			for c, v := range use.Counters {
+				cc.Counters[c] = resourcev1.Counter{Value: quantity(v)}
+			}
+			out.ConsumesCounters = append(out.ConsumesCounters, cc)
+		}
+	}
+	if len(dev.Sharing.Shared) == 0 {
+		return out
+	}
+	// A shared device: every holder takes a share of its capacities,
+	// what is left of them after the device plugin front's holds.
+	// Every capacity of a shared device is consumed by each share, the
+	// whole value of one without a request policy: it carries only its
+	// shared capacities.
+	out.AllowMultipleAllocations = new(true)
+	out.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{}
+	for _, c := range sortedKeys(dev.Sharing.Shared) {
+		sc := dev.Sharing.Shared[c]
+		def := quantity(sc.Default)
+		out.Capacity[resourcev1.QualifiedName(d.cfg.DriverName+"/"+c)] = resourcev1.DeviceCapacity{
+			Value: quantity(dev.Capacity[c]),
+			RequestPolicy: &resourcev1.CapacityRequestPolicy{
+				Default:    &def,
+				ValidRange: &resourcev1.CapacityRequestPolicyRange{Min: new(quantity(sc.Min)), Step: new(quantity(max(sc.Step, 1)))},
+			},
+		}
+	}
+	return out
+}
+
+func (d *Driver) describedDevice(name string, dev deviceplugin.Device, describer deviceplugin.Describer) resourcev1.Device {
 	drv := d.cfg.DriverName
 	log := d.log.With("device", dev.ID)
 	out := resourcev1.Device{Name: name, Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{}}

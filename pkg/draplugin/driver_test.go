@@ -186,7 +186,14 @@ func (n *node) startDriver(t *testing.T, p *plugin, first []deviceplugin.Device)
 // instance of a rolling update.
 func (n *node) startInstance(t *testing.T, p *plugin, first []deviceplugin.Device, podUID types.UID) *driver {
 	t.Helper()
-	inv := inventory.New("example.com/dev", p, nil)
+	return n.startServing(t, p, p, first, podUID)
+}
+
+// startServing starts an instance whose inventory serves served, a
+// plugin that wraps p (to add Describe, CounterSets).
+func (n *node) startServing(t *testing.T, p *plugin, served deviceplugin.Plugin, first []deviceplugin.Device, podUID types.UID) *driver {
+	t.Helper()
+	inv := inventory.New("example.com/dev", served, nil)
 	drv, err := draplugin.New(draplugin.Config{
 		DriverName:  driverName,
 		NodeName:    "node-1",

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-
-	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
 // WatchHealthStatus reports the health of every device the driver
@@ -51,16 +49,14 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 // to claims' devices by pool and name; dpkit verify --dra,
 // dra.health.published-devices).
 func (d *Driver) healthReport() (kubeletplugin.DeviceHealthReport, bool) {
-	devs, known := d.inv.Devices()
-	names := nameDevices(devs, d.log)
+	view, _, known := d.inv.DRAView()
+	all, _ := d.inv.Devices()
+	names := nameDevices(all, d.log)
 	now := d.cfg.Clock.Now().Truncate(time.Second)
 	var out kubeletplugin.DeviceHealthReport
-	for _, dev := range devs {
+	for _, dev := range view {
 		name, ok := names.byID[dev.ID]
 		if !ok {
-			continue
-		}
-		if h, held := d.inv.HeldBy(dev.ID); held && h.Front == inventory.FrontDevicePlugin {
 			continue
 		}
 		dh := kubeletplugin.DeviceHealth{

@@ -12,12 +12,14 @@ import (
 	"strings"
 
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/dpkit/dpkit/internal/fileutil"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
@@ -136,7 +138,7 @@ func (d *Driver) syncLocked() error {
 	}
 	for uid, p := range onDisk {
 		if _, ok := d.prepared[uid]; !ok {
-			if err := d.inv.Acquire(p.DeviceIDs, inventory.ClaimHolder(p.Namespace, p.Name, p.UID)); err != nil {
+			if err := d.inv.AcquireGrants(p.grants(), inventory.ClaimHolder(p.Namespace, p.Name, p.UID)); err != nil {
 				d.log.Error("A claim the other instance prepared holds devices this one gave out", "uid", uid, "err", err)
 			}
 		}
@@ -153,12 +155,15 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceCla
 	}
 	devs, _ := d.inv.Devices()
 	names := nameDevices(devs, d.log)
-	type picked struct{ name, id string }
+	type picked struct {
+		name, id, shareID string
+		consumed          map[resourcev1.QualifiedName]resource.Quantity
+	}
 	byRequest := map[string][]picked{}
-	// ids are the devices the claim holds in the arbiter; an admin-access
+	// grants are what the claim holds in the arbiter; an admin-access
 	// result observes its device without holding it (another claim or a
 	// device plugin container may hold it, and may take it after).
-	var ids []string
+	var grants []inventory.Grant
 	observed := 0
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName {
@@ -171,32 +176,44 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceCla
 		if !ok {
 			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is not among this node's devices of %s (was it removed?)", claim.Namespace, claim.Name, r.Device, d.inv.Resource())
 		}
+		pk := picked{name: r.Device, id: id, consumed: r.ConsumedCapacity}
+		if r.ShareID != nil {
+			pk.shareID = string(*r.ShareID)
+		}
 		req := baseRequest(r.Request)
-		byRequest[req] = append(byRequest[req], picked{r.Device, id})
+		byRequest[req] = append(byRequest[req], pk)
 		if r.AdminAccess != nil && *r.AdminAccess {
 			observed++
 			continue
 		}
-		if !slices.Contains(ids, id) {
-			ids = append(ids, id)
+		g := inventory.Grant{Device: id, ShareID: pk.shareID, Amounts: d.amounts(id, r.ConsumedCapacity)}
+		if !slices.ContainsFunc(grants, func(o inventory.Grant) bool { return o.Device == g.Device && o.ShareID == g.ShareID }) {
+			grants = append(grants, g)
 		}
 	}
-	if len(ids) == 0 && observed == 0 {
+	if len(grants) == 0 && observed == 0 {
 		return nil, fmt.Errorf("ResourceClaim %s/%s allocates no device of driver %s", claim.Namespace, claim.Name, d.cfg.DriverName)
 	}
 	holder := inventory.ClaimHolder(claim.Namespace, claim.Name, uid)
-	if err := d.inv.Acquire(ids, holder); err != nil {
+	if err := d.inv.AcquireGrants(grants, holder); err != nil {
 		return nil, fmt.Errorf("ResourceClaim %s/%s cannot be prepared: %w", claim.Namespace, claim.Name, err)
 	}
 	p := &preparedClaim{
-		Namespace: claim.Namespace, Name: claim.Name, UID: uid, DeviceIDs: ids,
+		Namespace: claim.Namespace, Name: claim.Name, UID: uid, Grants: grants,
 		Spec: &cdispec.Spec{Kind: CDIKind(d.cfg.DriverName)},
+	}
+	for _, g := range grants {
+		if !slices.Contains(p.DeviceIDs, g.Device) {
+			p.DeviceIDs = append(p.DeviceIDs, g.Device)
+		}
 	}
 	requests := sortedKeys(byRequest)
 	for _, req := range requests {
-		devIDs := make([]string, len(byRequest[req]))
-		for i, pk := range byRequest[req] {
-			devIDs[i] = pk.id
+		var devIDs []string
+		for _, pk := range byRequest[req] {
+			if !slices.Contains(devIDs, pk.id) {
+				devIDs = append(devIDs, pk.id)
+			}
 		}
 		resp, err := d.inv.Plugin().Allocate(ctx, devIDs)
 		if err != nil {
@@ -210,7 +227,16 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceCla
 			cdiIDs = append(cdiIDs, cd.GetName())
 		}
 		for _, pk := range byRequest[req] {
-			p.Devices = append(p.Devices, preparedDevice{Requests: []string{req}, Pool: d.cfg.PoolName, Device: pk.name, CDIDeviceIDs: cdiIDs})
+			ids := cdiIDs
+			if pk.shareID != "" {
+				// Each share gets a CDI device of its own that tells
+				// the container its share: what a driver hands the
+				// runtime to enforce it (an MPS limit, a cgroup).
+				share := CDIDeviceName(uid, req) + "-" + pk.shareID
+				p.Spec.Devices = append(p.Spec.Devices, cdispec.Device{Name: share, ContainerEdits: d.shareEdits(pk.name, pk.shareID, pk.consumed)})
+				ids = append([]string{CDIKind(d.cfg.DriverName) + "=" + share}, cdiIDs...)
+			}
+			p.Devices = append(p.Devices, preparedDevice{Requests: []string{req}, Pool: d.cfg.PoolName, Device: pk.name, CDIDeviceIDs: ids, ShareID: pk.shareID})
 		}
 	}
 	version, err := cdispec.MinimumRequiredVersion(p.Spec)
@@ -224,6 +250,71 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceCla
 		return nil, err
 	}
 	return p, nil
+}
+
+// Environment variables of a share's CDI device.
+const (
+	// EnvShareID is the share's ID (the allocation's shareID).
+	EnvShareID = "DPKIT_SHARE_ID"
+	// EnvShareDevice is the DRA device the share is of.
+	EnvShareDevice = "DPKIT_SHARE_DEVICE"
+	// EnvSharePrefix starts one variable per capacity the share took,
+	// such as DPKIT_SHARE_MEMORY=20Gi.
+	EnvSharePrefix = "DPKIT_SHARE_"
+)
+
+// shareEdits are the container edits of one share: its ID, its device,
+// and what it took of each capacity.
+func (d *Driver) shareEdits(device, shareID string, consumed map[resourcev1.QualifiedName]resource.Quantity) cdispec.ContainerEdits {
+	e := cdispec.ContainerEdits{Env: []string{EnvShareID + "=" + shareID, EnvShareDevice + "=" + device}}
+	names := make([]string, 0, len(consumed))
+	for k := range consumed {
+		names = append(names, string(k))
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		q := consumed[resourcev1.QualifiedName(k)]
+		short := strings.TrimPrefix(k, d.cfg.DriverName+"/")
+		e.Env = append(e.Env, EnvSharePrefix+envName(short)+"="+q.String())
+	}
+	return e
+}
+
+// envName makes an environment variable's name part of a capacity name:
+// upper case, every other character '_'.
+func envName(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// amounts turns an allocation's consumed capacity of device id into the
+// arbiter's amounts: its shared capacities, named without the driver's
+// domain, in base units.
+func (d *Driver) amounts(id string, consumed map[resourcev1.QualifiedName]resource.Quantity) map[string]int64 {
+	if len(consumed) == 0 {
+		return nil
+	}
+	var shared map[string]deviceplugin.SharedCapacity
+	if describer, ok := d.inv.Plugin().(deviceplugin.Describer); ok {
+		if info, ok := describer.Describe(id); ok && info.Sharing != nil {
+			shared = info.Sharing.Shared
+		}
+	}
+	out := make(map[string]int64, len(consumed))
+	for k, q := range consumed {
+		name := strings.TrimPrefix(string(k), d.cfg.DriverName+"/")
+		if _, ok := shared[name]; ok {
+			out[name] = q.Value()
+		}
+	}
+	return out
 }
 
 // containerEdits turns a device plugin answer into CDI container edits.
@@ -288,7 +379,7 @@ func (d *Driver) writeSpec(p *preparedClaim) error {
 
 // ensure puts a prepared claim's holds and CDI spec file back in place.
 func (d *Driver) ensure(p *preparedClaim) error {
-	if err := d.inv.Acquire(p.DeviceIDs, inventory.ClaimHolder(p.Namespace, p.Name, p.UID)); err != nil {
+	if err := d.inv.AcquireGrants(p.grants(), inventory.ClaimHolder(p.Namespace, p.Name, p.UID)); err != nil {
 		return fmt.Errorf("ResourceClaim %s/%s was prepared, but its devices are taken: %w", p.Namespace, p.Name, err)
 	}
 	if _, err := os.Stat(d.specPath(p.UID)); errors.Is(err, os.ErrNotExist) {

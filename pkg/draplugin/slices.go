@@ -36,13 +36,24 @@ func SplitDevices(devices []resourcev1.Device) [][]resourcev1.Device {
 	return out
 }
 
-// Resources returns the ResourceSlices' content for a pool's devices, as
-// the helper's ResourceSlice controller takes it.
-func Resources(pool string, devices []resourcev1.Device) resourceslice.DriverResources {
-	parts := SplitDevices(devices)
-	slices := make([]resourceslice.Slice, len(parts))
-	for i, devs := range parts {
-		slices[i] = resourceslice.Slice{Devices: devs}
+// MaxCounterSetsPerSlice is how many counter sets one ResourceSlice may
+// carry.
+const MaxCounterSetsPerSlice = resourcev1.ResourceSliceMaxCounterSets
+
+// Resources returns the ResourceSlices' content for a pool's devices and
+// the counter sets they consume, as the helper's ResourceSlice controller
+// takes it. Counter sets go in slices of their own, before the devices'
+// (the API takes a slice of devices or of counter sets, never both, and
+// the scheduler reads a pool's sets from all its slices).
+func Resources(pool string, devices []resourcev1.Device, sets []resourcev1.CounterSet) resourceslice.DriverResources {
+	var slices []resourceslice.Slice
+	for i := 0; i < len(sets); i += MaxCounterSetsPerSlice {
+		slices = append(slices, resourceslice.Slice{SharedCounters: sets[i:min(i+MaxCounterSetsPerSlice, len(sets))]})
+	}
+	if len(devices) > 0 || len(slices) == 0 {
+		for _, devs := range SplitDevices(devices) {
+			slices = append(slices, resourceslice.Slice{Devices: devs})
+		}
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{pool: {Slices: slices}}}
 }
@@ -56,17 +67,19 @@ func (d *Driver) publishLoop(ctx context.Context, h *kubeletplugin.Helper) {
 	ch, stop := d.inv.Watch()
 	defer stop()
 	var last []resourcev1.Device
+	var lastSets []resourcev1.CounterSet
 	published := false
 	for {
-		if devs, known := d.sliceDevices(); known && (!published || !apiequality.Semantic.DeepEqual(devs, last)) {
-			if err := h.PublishResources(ctx, Resources(d.cfg.PoolName, devs)); err != nil {
+		devs, sets, known := d.sliceDevices()
+		if known && (!published || !apiequality.Semantic.DeepEqual(devs, last) || !apiequality.Semantic.DeepEqual(sets, lastSets)) {
+			if err := h.PublishResources(ctx, Resources(d.cfg.PoolName, devs, sets)); err != nil {
 				// Only a helper without a node name fails here, and
 				// New refuses that.
 				d.log.Error("Publishing ResourceSlices failed", "err", err)
 			} else {
 				d.metrics.publishes.Inc()
 				d.log.Debug("ResourceSlices handed to the controller", "devices", len(devs))
-				last, published = devs, true
+				last, lastSets, published = devs, sets, true
 			}
 		}
 		select {

@@ -82,7 +82,7 @@ func TestResources(t *testing.T) {
 		{10, false, []int{10}},
 		{0, false, []int{0}},
 	} {
-		r := draplugin.Resources("pool", devices(tc.n, tc.tainted))
+		r := draplugin.Resources("pool", devices(tc.n, tc.tainted), nil)
 		got := r.Pools["pool"].Slices
 		if len(r.Pools) != 1 || len(got) != len(tc.sizes) {
 			t.Fatalf("%d devices (tainted %v): %d pools, %d slices, want 1 pool of %d slices", tc.n, tc.tainted, len(r.Pools), len(got), len(tc.sizes))

@@ -10,7 +10,7 @@ import (
 )
 
 // AMDCollector reads the use of AMD GPUs from the amdgpu driver's sysfs
-// files, without ROCm: busy_ratio (gpu_busy_percent), memory_used_bytes
+// files, without ROCm: utilization_ratio (gpu_busy_percent), memory_used_bytes
 // and memory_total_bytes (VRAM), power_watts and temperature_celsius
 // (hwmon). It knows the devices of the KFD topology under its sysfs root
 // by the IDs dpkit's amdgpu plugin gives them (the PCI address, with -p<n>
@@ -61,7 +61,7 @@ func (c AMDCollector) Collect(_ context.Context, devices []Device) ([]Reading, e
 				out = append(out, Reading{Device: d, Name: name, Help: help, Value: *v * scale})
 			}
 		}
-		add("busy_ratio", "Share of time the device was busy (0 to 1).", u.BusyPercent, 0.01)
+		add("utilization_ratio", "Share of time the device was busy, its utilization (0 to 1).", u.BusyPercent, 0.01)
 		add("memory_used_bytes", "Device memory in use.", u.VRAMUsedBytes, 1)
 		add("memory_total_bytes", "Device memory.", u.VRAMTotalBytes, 1)
 		add("power_watts", "Power the device draws.", u.PowerWatts, 1)

@@ -28,13 +28,13 @@ func TestAMDCollector(t *testing.T) {
 		got[x.Device.ID+" "+x.Name] = x.Value
 	}
 	for key, want := range map[string]float64{
-		"0000:29:00.0 busy_ratio":                                   0.2,
+		"0000:29:00.0 utilization_ratio":                            0.2,
 		"0000:29:00.0 power_watts":                                  102,
 		"0000:29:00.0 temperature_celsius":                          42,
 		"0000:29:00.0 memory_used_bytes":                            2 << 30,
 		"0000:29:00.0 memory_total_bytes":                           68702699520,
-		"0000:2c:00.0-p1 busy_ratio":                                0.3,
-		"gpu.amd.com/n/0000-a9-00-0-0123456789 busy_ratio":          0.4,
+		"0000:2c:00.0-p1 utilization_ratio":                         0.3,
+		"gpu.amd.com/n/0000-a9-00-0-0123456789 utilization_ratio":   0.4,
 		"gpu.amd.com/n/0000-a9-00-0-0123456789 temperature_celsius": 44,
 	} {
 		if v, ok := got[key]; !ok || v != want {
@@ -62,7 +62,7 @@ func TestReadingsCarryPodLabels(t *testing.T) {
 	serve(t, n, socket)
 	e, _ := newExporter(t, Config{Socket: socket, Collectors: []DeviceCollector{constCollector{}}})
 	pods := map[string]string{}
-	for _, s := range gather(t, e, "dpkit_device_busy_ratio") {
+	for _, s := range gather(t, e, "dpkit_device_utilization_ratio") {
 		pods[s.labels["device_id"]] = s.labels["pod"]
 	}
 	if len(pods) != 2 || pods["gpu0"] != "a" || pods["gpu1"] != "" {
@@ -80,7 +80,7 @@ func (constCollector) Name() string { return "const" }
 func (constCollector) Collect(_ context.Context, devs []Device) ([]Reading, error) {
 	var out []Reading
 	for _, d := range devs {
-		out = append(out, Reading{Device: d, Name: "busy_ratio", Value: 0.5}, Reading{Device: d, Name: "Bad-Name", Value: 1})
+		out = append(out, Reading{Device: d, Name: "utilization_ratio", Value: 0.5}, Reading{Device: d, Name: "Bad-Name", Value: 1})
 	}
 	return out, nil
 }

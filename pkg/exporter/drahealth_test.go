@@ -158,9 +158,9 @@ func TestDRAHealth(t *testing.T) {
 	e, _ := newExporter(t, Config{Socket: socket, Health: h})
 	if err := testutil.CollectAndCompare(e, strings.NewReader(`# HELP dpkit_pod_device_health 1 for the health a held device has (Healthy, Unhealthy, Unknown), 0 for the others; only for devices whose health is known.
 # TYPE dpkit_pod_device_health gauge
-dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",health="Healthy",namespace="ns",numa_node="",pod="train",pool="node-1",resource=""} 0
-dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",health="Unhealthy",namespace="ns",numa_node="",pod="train",pool="node-1",resource=""} 1
-dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",health="Unknown",namespace="ns",numa_node="",pod="train",pool="node-1",resource=""} 0
+dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",health="Healthy",namespace="ns",numa_node="",pod="train",pool="node-1",resource="",share=""} 0
+dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",health="Unhealthy",namespace="ns",numa_node="",pod="train",pool="node-1",resource="",share=""} 1
+dpkit_pod_device_health{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",health="Unknown",namespace="ns",numa_node="",pod="train",pool="node-1",resource="",share=""} 0
 `), "dpkit_pod_device_health"); err != nil {
 		t.Error(err)
 	}

@@ -59,6 +59,9 @@ type Device struct {
 	ClaimNamespace, Claim, Driver, Pool, Name string
 	// ID is the device plugin's device ID, or driver/pool/device for DRA.
 	ID string
+	// Share is the DRA share of a shared device the claim holds (its
+	// shareID); empty for a device held whole.
+	Share string
 	// CDIDevices are the DRA device's fully qualified CDI device names.
 	CDIDevices []string
 	// NUMANodes the device is on, as PodResources reports them.
@@ -104,7 +107,7 @@ type Reading struct {
 	// Device is the device read, as the collector was given it.
 	Device Device
 	// Name is the metric's name below dpkit_device_ (lower case, digits
-	// and underscores): "busy_ratio", "memory_used_bytes", ...
+	// and underscores): "utilization_ratio", "memory_used_bytes", ...
 	Name string
 	// Help describes the metric; the first reading of a name sets it.
 	Help string
@@ -220,7 +223,7 @@ type Exporter struct {
 
 // deviceLabels are the labels of every per-device metric, before the pod
 // labels.
-var deviceLabels = []string{"namespace", "pod", "container", "resource", "claim_namespace", "claim", "driver", "pool", "device", "device_id", "numa_node"}
+var deviceLabels = []string{"namespace", "pod", "container", "resource", "claim_namespace", "claim", "driver", "pool", "device", "device_id", "share", "numa_node"}
 
 // New returns an Exporter for cfg; it connects to the socket on the first
 // scrape. Close releases the connection.
@@ -461,7 +464,7 @@ func Devices(pods []*podresourcesv1.PodResources) []Device {
 					d := Device{Namespace: p.GetNamespace(), Pod: p.GetName(), Container: c.GetName(),
 						ClaimNamespace: dr.GetClaimNamespace(), Claim: dr.GetClaimName(),
 						Driver: cr.GetDriverName(), Pool: cr.GetPoolName(), Name: cr.GetDeviceName(),
-						ID: cr.GetDriverName() + "/" + cr.GetPoolName() + "/" + cr.GetDeviceName()}
+						ID: cr.GetDriverName() + "/" + cr.GetPoolName() + "/" + cr.GetDeviceName(), Share: cr.GetShareId()}
 					for _, cdi := range cr.GetCdiDevices() {
 						d.CDIDevices = append(d.CDIDevices, cdi.GetName())
 					}
@@ -486,7 +489,7 @@ func (d Device) labelValues() []string {
 	for i, n := range d.NUMANodes {
 		numa[i] = strconv.FormatInt(n, 10)
 	}
-	return []string{d.Namespace, d.Pod, d.Container, d.Resource, d.ClaimNamespace, d.Claim, d.Driver, d.Pool, d.Name, d.ID, strings.Join(numa, ",")}
+	return []string{d.Namespace, d.Pod, d.Container, d.Resource, d.ClaimNamespace, d.Claim, d.Driver, d.Pool, d.Name, d.ID, d.Share, strings.Join(numa, ",")}
 }
 
 func (e *Exporter) emit(s *snapshot, ch chan<- prometheus.Metric) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -198,9 +200,9 @@ func TestMetrics(t *testing.T) {
 			}
 			return out
 		})})
-	want := deviceHelp + `dpkit_pod_device_allocated{claim="",claim_namespace="",container="main",device="",device_id="gpu0",driver="",label_app_kubernetes_io_name="trainer",namespace="ns",numa_node="0",pod="train",pool="",resource="example.com/gpu"} 1
-dpkit_pod_device_allocated{claim="",claim_namespace="",container="main",device="",device_id="gpu1",driver="",label_app_kubernetes_io_name="trainer",namespace="ns",numa_node="0",pod="train",pool="",resource="example.com/gpu"} 1
-dpkit_pod_device_allocated{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",label_app_kubernetes_io_name="trainer",namespace="ns",numa_node="",pod="train",pool="node-1",resource=""} 1
+	want := deviceHelp + `dpkit_pod_device_allocated{claim="",claim_namespace="",container="main",device="",device_id="gpu0",driver="",label_app_kubernetes_io_name="trainer",namespace="ns",numa_node="0",pod="train",pool="",resource="example.com/gpu",share=""} 1
+dpkit_pod_device_allocated{claim="",claim_namespace="",container="main",device="",device_id="gpu1",driver="",label_app_kubernetes_io_name="trainer",namespace="ns",numa_node="0",pod="train",pool="",resource="example.com/gpu",share=""} 1
+dpkit_pod_device_allocated{claim="c1",claim_namespace="ns",container="main",device="dev-0",device_id="fake.dpkit.io/node-1/dev-0",driver="fake.dpkit.io",label_app_kubernetes_io_name="trainer",namespace="ns",numa_node="",pod="train",pool="node-1",resource="",share=""} 1
 # HELP dpkit_node_resource_allocatable Devices of each device plugin resource the kubelet can give out (GetAllocatableResources).
 # TYPE dpkit_node_resource_allocatable gauge
 dpkit_node_resource_allocatable{resource="example.com/gpu"} 4
@@ -413,5 +415,27 @@ func TestDashboardMetrics(t *testing.T) {
 		if !served[name] {
 			t.Errorf("the dashboard queries %s, which the exporter does not serve", name)
 		}
+	}
+}
+
+// TestSharedDeviceSeries: two pods holding shares of one DRA device get
+// a series each, told apart by their share.
+func TestSharedDeviceSeries(t *testing.T) {
+	t.Parallel()
+	socket := filepath.Join(t.TempDir(), "kubelet.sock")
+	n := &fakeNode{}
+	for i, pod := range []string{"a", "b"} {
+		c := claim("ns", "c-"+pod, "gpu-0")
+		c[0].ClaimResources[0].ShareId = new(fmt.Sprintf("share-%d", i))
+		n.addPod("ns", pod, "main", nil, c)
+	}
+	serve(t, n, socket)
+	e, _ := newExporter(t, Config{Socket: socket})
+	shares := map[string]string{}
+	for _, m := range gather(t, e, "dpkit_pod_device_allocated") {
+		shares[m.labels["pod"]] = m.labels["share"]
+	}
+	if want := map[string]string{"a": "share-0", "b": "share-1"}; !maps.Equal(shares, want) {
+		t.Errorf("shares by pod %v, want %v", shares, want)
 	}
 }

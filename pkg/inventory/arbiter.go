@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,10 +47,14 @@ func ClaimHolder(namespace, name, uid string) Holder {
 // ErrHeld is wrapped by every ConflictError.
 var ErrHeld = errors.New("device is held")
 
-// ConflictError is Acquire's refusal: Device is held by Holder.
+// ConflictError is the arbiter's refusal of a grant of Device: it is held
+// by Holder (the first of Holders), or, when Reason is set, what it takes
+// no longer fits beside what Holders hold (Reason says what is left).
 type ConflictError struct {
-	Device string
-	Holder Holder
+	Device  string
+	Holder  Holder
+	Holders []Holder
+	Reason  string
 }
 
 func (e *ConflictError) Error() string {
@@ -59,57 +65,139 @@ func (e *ConflictError) Error() string {
 	case FrontDevicePlugin:
 		hint = "it is offered again once the kubelet no longer lists it for any container"
 	}
-	return fmt.Sprintf("device %q is held by %s; %s", e.Device, e.Holder, hint)
+	by := e.Holder.String()
+	if len(e.Holders) > 1 {
+		names := make([]string, len(e.Holders))
+		for i, h := range e.Holders {
+			names[i] = h.String()
+		}
+		by = strings.Join(names, ", ")
+		hint = "it is offered again once enough of them release what they hold"
+	}
+	if e.Reason != "" {
+		return fmt.Sprintf("device %q does not fit: %s; held by %s; %s", e.Device, e.Reason, by, hint)
+	}
+	return fmt.Sprintf("device %q is held by %s; %s", e.Device, by, hint)
 }
 
 // Unwrap makes errors.Is(err, ErrHeld) true.
 func (e *ConflictError) Unwrap() error { return ErrHeld }
 
+// Grant is one device given to a holder: the whole device, or one share
+// of a shared device (deviceplugin.Sharing).
+type Grant struct {
+	// Device is the device's ID.
+	Device string `json:"device"`
+	// ShareID tells apart the shares one holder holds of one shared
+	// device: DRA's shareID. Empty for a whole device.
+	ShareID string `json:"shareID,omitempty"`
+	// Amounts is what a share asks of the device's shared capacities;
+	// one not asked takes its default, and each is rounded up to the
+	// capacity's granule. Ignored for a device that is not shared.
+	Amounts map[string]int64 `json:"amounts,omitempty"`
+}
+
 // Acquire gives every device in ids to h, or none of them: when one is
-// held by another holder it returns a *ConflictError naming the first such
-// device and its holder. Acquiring a device h already holds succeeds.
+// held by another holder, or what it takes no longer fits, it returns a
+// *ConflictError naming the device and its holders. A shared device is
+// given as a share of its default amounts. Acquiring a device h already
+// holds succeeds. Before Scan's first report a share is taken as given
+// (a checkpoint's), and judged by the rules once they come.
 func (inv *Inventory) Acquire(ids []string, h Holder) error {
-	_, err := inv.acquire(ids, h)
+	_, err := inv.acquire(grantsOf(ids), h)
 	return err
 }
 
-// acquire is Acquire that also returns the IDs that were not held by h
-// before.
-func (inv *Inventory) acquire(ids []string, h Holder) ([]string, error) {
+// AcquireGrants is Acquire for grants: shares of shared devices, with the
+// amounts they take.
+func (inv *Inventory) AcquireGrants(gs []Grant, h Holder) error {
+	_, err := inv.acquire(gs, h)
+	return err
+}
+
+func grantsOf(ids []string) []Grant {
+	gs := make([]Grant, len(ids))
+	for i, id := range ids {
+		gs[i] = Grant{Device: id}
+	}
+	return gs
+}
+
+// acquire is AcquireGrants that also returns the grants that h did not
+// hold before.
+func (inv *Inventory) acquire(gs []Grant, h Holder) ([]Grant, error) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	for _, id := range ids {
-		if cur, ok := inv.holds[id]; ok && cur.Holder != h {
-			return nil, &ConflictError{Device: id, Holder: cur.Holder}
-		}
+	// Each grant is judged beside the holds and the grants before it in
+	// gs, on a copy that replaces the holds only when all fit.
+	next := make(map[string][]hold, len(inv.holds)+len(gs))
+	for id, hs := range inv.holds {
+		next[id] = hs
 	}
 	now := inv.opts.clock.Now()
-	var added []string
-	for _, id := range ids {
-		cur, ok := inv.holds[id]
-		if !ok {
-			added = append(added, id)
-			cur = hold{Holder: h}
+	var added []Grant
+	for _, g := range gs {
+		nh, isNew, err := inv.ledger.admit(next, g, h)
+		if !inv.known && g.ShareID != "" {
+			// Before the first snapshot there are no rules to judge a
+			// share by: one acquired then is what a driver's checkpoint
+			// says was given out. Its amounts are set when the rules
+			// come. A whole device is held by one holder, as ever.
+			nh, isNew, err = hold{Holder: h, ShareID: g.ShareID, asked: g.Amounts}, !slices.ContainsFunc(next[g.Device], func(cur hold) bool {
+				return cur.Holder == h && cur.ShareID == g.ShareID
+			}), nil
+		}
+		if err != nil {
+			return nil, err
 		}
 		// A new Allocate starts a new wait for the kubelet to record it.
-		cur.acquired, cur.recorded = now, false
-		inv.holds[id] = cur
+		nh.acquired, nh.recorded = now, false
+		hs := slices.Clone(next[g.Device])
+		if isNew {
+			added = append(added, g)
+			hs = append(hs, nh)
+		} else {
+			for i := range hs {
+				if hs[i].Holder == nh.Holder && hs[i].ShareID == nh.ShareID {
+					hs[i] = nh
+				}
+			}
+		}
+		next[g.Device] = hs
 	}
+	inv.holds = next
 	if len(added) > 0 {
 		inv.wakeLocked()
 	}
 	return added, nil
 }
 
-// Release frees every device h holds.
+// Release frees everything h holds.
 func (inv *Inventory) Release(h Holder) {
+	inv.releaseWhere(func(_ string, cur hold) bool { return cur.Holder == h })
+}
+
+// releaseGrants frees the grants in gs that h holds.
+func (inv *Inventory) releaseGrants(gs []Grant, h Holder) {
+	inv.releaseWhere(func(id string, cur hold) bool {
+		return cur.Holder == h && slices.ContainsFunc(gs, func(g Grant) bool { return g.Device == id && g.ShareID == cur.ShareID })
+	})
+}
+
+func (inv *Inventory) releaseWhere(drop func(id string, cur hold) bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	changed := false
-	for id, cur := range inv.holds {
-		if cur.Holder == h {
+	for id, hs := range inv.holds {
+		kept := slices.DeleteFunc(slices.Clone(hs), func(cur hold) bool { return drop(id, cur) })
+		if len(kept) == len(hs) {
+			continue
+		}
+		changed = true
+		if len(kept) == 0 {
 			delete(inv.holds, id)
-			changed = true
+		} else {
+			inv.holds[id] = kept
 		}
 	}
 	if changed {
@@ -117,28 +205,21 @@ func (inv *Inventory) Release(h Holder) {
 	}
 }
 
-// releaseIDs frees the devices in ids that h holds.
-func (inv *Inventory) releaseIDs(ids []string, h Holder) {
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	changed := false
-	for _, id := range ids {
-		if cur, ok := inv.holds[id]; ok && cur.Holder == h {
-			delete(inv.holds, id)
-			changed = true
-		}
-	}
-	if changed {
-		inv.wakeLocked()
-	}
-}
-
-// HeldBy returns the holder of a device, and false when it is free.
+// HeldBy returns a holder of a device (the first, by name, of a shared
+// device's), and false when it is free.
 func (inv *Inventory) HeldBy(id string) (Holder, bool) {
+	hs := inv.Holders(id)
+	if len(hs) == 0 {
+		return Holder{}, false
+	}
+	return hs[0], true
+}
+
+// Holders returns every holder of a device, sorted by name.
+func (inv *Inventory) Holders(id string) []Holder {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	cur, ok := inv.holds[id]
-	return cur.Holder, ok
+	return holders(inv.holds[id], nil)
 }
 
 // Held returns the IDs of the devices held through front, sorted.
@@ -146,8 +227,8 @@ func (inv *Inventory) Held(front Front) []string {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	var out []string
-	for id, cur := range inv.holds {
-		if cur.Front == front {
+	for id, hs := range inv.holds {
+		if slices.ContainsFunc(hs, func(cur hold) bool { return cur.Front == front }) {
 			out = append(out, id)
 		}
 	}
@@ -216,27 +297,42 @@ func (inv *Inventory) applyListed(listed map[string]bool) {
 	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
 	changed := false
 	for id := range listed {
-		cur, ok := inv.holds[id]
-		switch {
-		case !ok:
-			inv.holds[id] = hold{Holder: dp, acquired: now, recorded: true}
-			changed = true
-		case cur.Holder == dp:
-			cur.recorded = true
-			inv.holds[id] = cur
-		default:
-			inv.log.Error("The kubelet lists a device for a device plugin container that a claim holds; two users share it",
-				"device", id, "holder", cur.String())
-		}
-	}
-	for id, cur := range inv.holds {
-		if cur.Holder != dp || listed[id] {
+		hs := inv.holds[id]
+		i := slices.IndexFunc(hs, func(cur hold) bool { return cur.Holder == dp })
+		if i >= 0 {
+			hs[i].recorded = true
 			continue
 		}
-		if cur.recorded || now.Sub(cur.acquired) >= inv.opts.grace {
+		nh, _, err := inv.ledger.admit(inv.holds, Grant{Device: id}, dp)
+		if err != nil {
+			// The kubelet says a container has it: it is held, whatever
+			// else holds it. Two users of one device is a conflict only
+			// a person can settle.
+			inv.log.Error("The kubelet lists a device for a device plugin container beside other holders it does not fit with; both keep it",
+				"device", id, "err", err)
+			amounts, _ := inv.ledger.amounts(Grant{Device: id})
+			nh = hold{Holder: dp, amounts: amounts}
+		}
+		nh.acquired, nh.recorded = now, true
+		inv.holds[id] = append(slices.Clone(hs), nh)
+		changed = true
+	}
+	for id, hs := range inv.holds {
+		if listed[id] {
+			continue
+		}
+		kept := slices.DeleteFunc(slices.Clone(hs), func(cur hold) bool {
+			return cur.Holder == dp && (cur.recorded || now.Sub(cur.acquired) >= inv.opts.grace)
+		})
+		if len(kept) == len(hs) {
+			continue
+		}
+		changed = true
+		inv.log.Debug("Device plugin hold released", "device", id)
+		if len(kept) == 0 {
 			delete(inv.holds, id)
-			changed = true
-			inv.log.Debug("Device plugin hold released", "device", id, "recorded", cur.recorded)
+		} else {
+			inv.holds[id] = kept
 		}
 	}
 	if changed {

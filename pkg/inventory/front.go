@@ -63,13 +63,17 @@ func (f *front) Scan(ctx context.Context, notify func([]deviceplugin.Device)) er
 	}
 }
 
-// devicePluginView is the snapshot without the devices held through DRA.
+// devicePluginView is the snapshot less the devices the device plugin
+// front could not be given now: those held through DRA, and those whose
+// share or counters no longer fit beside what others hold. A device the
+// front holds stays.
 func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
+	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
 	out := make([]deviceplugin.Device, 0, len(inv.devices))
 	for _, d := range inv.devices {
-		if h, ok := inv.holds[d.ID]; ok && h.Front == FrontDRA {
+		if _, _, err := inv.ledger.admit(inv.holds, Grant{Device: d.ID}, dp); err != nil {
 			continue
 		}
 		out = append(out, d)
@@ -81,7 +85,7 @@ func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
 // real plugin; when that fails, the holds it took are released.
 func (f *front) Allocate(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
-	added, err := f.inv.acquire(ids, dp)
+	added, err := f.inv.acquire(grantsOf(ids), dp)
 	if err != nil {
 		var ce *ConflictError
 		if errors.As(err, &ce) {
@@ -91,7 +95,7 @@ func (f *front) Allocate(ctx context.Context, ids []string) (*pluginapi.Containe
 	}
 	resp, err := f.inv.plugin.Allocate(ctx, ids)
 	if err != nil {
-		f.inv.releaseIDs(added, dp)
+		f.inv.releaseGrants(added, dp)
 		return nil, err
 	}
 	return resp, nil

@@ -46,7 +46,8 @@ type Inventory struct {
 	mu       sync.Mutex
 	devices  []deviceplugin.Device
 	known    bool
-	holds    map[string]hold // device ID -> its hold
+	ledger   ledger
+	holds    map[string][]hold // device ID -> its holds (several for a shared device)
 	watchers map[chan struct{}]struct{}
 
 	// refreshMu makes one PodResources refresh at a time, and guards
@@ -59,11 +60,15 @@ type Inventory struct {
 	podResourcesDown codes.Code
 }
 
-// hold is one device's holder. For device plugin holds, acquired is when
-// the last Allocate named the device, and recorded whether the kubelet has
-// listed it for a container since.
+// hold is one holder's hold of a device: the whole device, or one share
+// of a shared device (ShareID, and the amounts it takes). For device
+// plugin holds, acquired is when the last Allocate named the device, and
+// recorded whether the kubelet has listed it for a container since.
 type hold struct {
 	Holder
+	ShareID  string
+	asked    map[string]int64 // the grant's amounts, as asked
+	amounts  map[string]int64 // what it takes, by the ledger
 	acquired time.Time
 	recorded bool
 }
@@ -127,7 +132,7 @@ func New(resource string, p deviceplugin.Plugin, log *slog.Logger, opts ...Optio
 		plugin:   p,
 		log:      log.With("resource", resource),
 		opts:     o,
-		holds:    make(map[string]hold),
+		holds:    make(map[string][]hold),
 		watchers: make(map[chan struct{}]struct{}),
 	}
 }
@@ -184,12 +189,20 @@ func (inv *Inventory) refreshLoop(ctx context.Context) {
 // notify is handed to the plugin's Scan.
 func (inv *Inventory) notify(devs []deviceplugin.Device) {
 	devs = dedupe(devs)
+	l := readLedger(inv.plugin, devs)
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	if inv.known && sameDevices(inv.devices, devs) {
+	if inv.known && sameDevices(inv.devices, devs) && sameLedger(inv.ledger, l) {
 		return
 	}
-	inv.devices, inv.known = devs, true
+	inv.devices, inv.known, inv.ledger = devs, true, l
+	// What a hold takes follows the rules of the snapshot: holds taken
+	// before the first one (a driver's checkpoint) get their amounts now.
+	for id, hs := range inv.holds {
+		for i := range hs {
+			hs[i].amounts, _ = l.amounts(Grant{Device: id, Amounts: hs[i].asked})
+		}
+	}
 	inv.wakeLocked()
 }
 

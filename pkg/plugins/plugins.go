@@ -9,7 +9,9 @@
 package plugins
 
 import (
+	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -97,3 +99,28 @@ var quantityRE = regexp.MustCompile(`^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]
 // ValidQuantity reports whether s is a Kubernetes quantity, such as
 // "80Gi" or "500m".
 func ValidQuantity(s string) bool { return quantityRE.MatchString(s) }
+
+// amountRE is a whole-number quantity: digits and an optional binary or
+// decimal multiplier.
+var amountRE = regexp.MustCompile(`^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$`)
+
+var amountUnits = map[string]int64{
+	"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
+	"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}
+
+// ParseAmount reads a quantity that is a whole number of base units, such
+// as "80Gi" or "7", as sharing rules take them (deviceplugin.Sharing).
+// The error says what is accepted.
+func ParseAmount(s string) (int64, error) {
+	m := amountRE.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("%q is not a whole-number quantity: write digits and an optional suffix (Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E), e.g. 80Gi or 7", s)
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	unit := amountUnits[m[2]]
+	if err != nil || n > math.MaxInt64/unit {
+		return 0, fmt.Errorf("%q is too large: at most %d base units", s, int64(math.MaxInt64))
+	}
+	return n * unit, nil
+}

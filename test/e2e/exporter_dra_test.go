@@ -62,7 +62,7 @@ func TestExporterDRAOnVirtualNode(t *testing.T) {
 		t.Fatalf("PodResources lists %v, want a device of %s in pool %s", dev, dratest.DriverName, name)
 	}
 	id := dratest.DriverName + "/" + name + "/" + dev.DeviceName
-	series := fmt.Sprintf(`dpkit_pod_device_allocated{claim="one",claim_namespace=%q,container="app",device=%q,device_id=%q,driver=%q,namespace=%q,numa_node="",pod="dra",pool=%q,resource=""} 1`,
+	series := fmt.Sprintf(`dpkit_pod_device_allocated{claim="one",claim_namespace=%q,container="app",device=%q,device_id=%q,driver=%q,namespace=%q,numa_node="",pod="dra",pool=%q,resource="",share=""} 1`,
 		ns, dev.DeviceName, id, dratest.DriverName, ns, name)
 	for flag, addr := range exporters {
 		out, err := scrapeExporter(ctx, addr)

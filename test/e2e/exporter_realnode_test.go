@@ -46,7 +46,7 @@ func TestExporterOnRealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		fmt.Sprintf(`dpkit_pod_device_allocated{claim="",claim_namespace="",container="app",device="",device_id=%q,driver="",namespace=%q,numa_node="",pod="holder",pool="",resource=%q} 1`, ids[0], ns, d.resource),
+		fmt.Sprintf(`dpkit_pod_device_allocated{claim="",claim_namespace="",container="app",device="",device_id=%q,driver="",namespace=%q,numa_node="",pod="holder",pool="",resource=%q,share=""} 1`, ids[0], ns, d.resource),
 		fmt.Sprintf(`dpkit_node_resource_allocatable{resource=%q} 2`, d.resource),
 		fmt.Sprintf(`dpkit_node_resource_allocated{resource=%q} 1`, d.resource),
 	} {

@@ -63,7 +63,7 @@ func TestExporterOnVirtualNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	device := func(pod, id string) string {
-		return fmt.Sprintf(`dpkit_pod_device_allocated{claim="",claim_namespace="",container="app",device="",device_id=%q,driver="",label_app_kubernetes_io_name="train-%s",namespace=%q,numa_node="",pod=%q,pool="",resource="%s"} 1`, id, pod, ns, pod, foo)
+		return fmt.Sprintf(`dpkit_pod_device_allocated{claim="",claim_namespace="",container="app",device="",device_id=%q,driver="",label_app_kubernetes_io_name="train-%s",namespace=%q,numa_node="",pod=%q,pool="",resource="%s",share=""} 1`, id, pod, ns, pod, foo)
 	}
 	for pod, devices := range ids {
 		for _, id := range devices {

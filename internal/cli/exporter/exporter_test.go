@@ -79,7 +79,7 @@ func TestExporterServes(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	for _, want := range []string{
-		`dpkit_pod_device_allocated{claim="",claim_namespace="",container="main",device="",device_id="gpu0",driver="",namespace="default",numa_node="",pod="trainer",pool="",resource="example.com/gpu"} 1`,
+		`dpkit_pod_device_allocated{claim="",claim_namespace="",container="main",device="",device_id="gpu0",driver="",namespace="default",numa_node="",pod="trainer",pool="",resource="example.com/gpu",share=""} 1`,
 		`dpkit_node_resource_allocatable{resource="example.com/gpu"} 2`,
 		`dpkit_exporter_podresources_up 1`,
 	} {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -100,7 +101,7 @@ func claimsFromList(resp *podresourcesv1.ListPodResourcesResponse) []cli.Claim {
 					cl.ReservedFor = append(cl.ReservedFor, p.GetName())
 				}
 				for _, r := range dr.GetClaimResources() {
-					d := cli.ClaimDevice{Driver: r.GetDriverName(), Pool: r.GetPoolName(), Device: r.GetDeviceName()}
+					d := cli.ClaimDevice{Driver: r.GetDriverName(), Pool: r.GetPoolName(), Device: r.GetDeviceName(), ShareID: r.GetShareId()}
 					for _, cdi := range r.GetCdiDevices() {
 						d.CDIDeviceIDs = append(d.CDIDeviceIDs, cdi.GetName())
 					}
@@ -120,7 +121,7 @@ func claimsFromList(resp *podresourcesv1.ListPodResourcesResponse) []cli.Claim {
 }
 
 func sameDevice(a, b cli.ClaimDevice) bool {
-	return a.Driver == b.Driver && a.Pool == b.Pool && a.Device == b.Device
+	return a.Driver == b.Driver && a.Pool == b.Pool && a.Device == b.Device && a.ShareID == b.ShareID
 }
 
 // mergePrepared marks the claims the node prepared and gives their
@@ -198,6 +199,13 @@ func writeClaims(t io.Writer, cs []cli.Claim) {
 		devs := make([]string, len(c.Devices))
 		for i, d := range c.Devices {
 			devs[i] = d.Driver + "/" + d.Pool + "/" + output.ID(d.Device)
+			if d.ShareID != "" {
+				devs[i] += "[share " + output.ID(d.ShareID)
+				for _, k := range slices.Sorted(maps.Keys(d.Consumed)) {
+					devs[i] += " " + k[strings.LastIndex(k, "/")+1:] + "=" + d.Consumed[k]
+				}
+				devs[i] += "]"
+			}
 		}
 		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Namespace, c.Name, c.State, orDash(c.Node),
 			orDash(strings.Join(devs, ",")), orDash(strings.Join(c.ReservedFor, ",")))

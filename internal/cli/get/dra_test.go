@@ -219,3 +219,18 @@ func TestClaimsAndSlicesFromAPIServer(t *testing.T) {
 // normalize collapses runs of spaces, for tables whose widths do not
 // matter to a test.
 func normalize(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// TestClaimsShowShares: a claim holding a share of a shared device shows
+// the share and what it takes.
+func TestClaimsShowShares(t *testing.T) {
+	c := fakeCluster{claims: []cli.Claim{{Namespace: "ml", Name: "s", State: cli.ClaimAllocated, Node: "node-a", Devices: []cli.ClaimDevice{{
+		Driver: "gpu.example.com", Pool: "node-a", Device: "gpu-0", ShareID: "0b5c", Consumed: map[string]string{"gpu.example.com/memory": "20Gi"},
+	}}}}}
+	out, _, err := runCluster(t, c, "claims", "--kubeconfig", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "gpu.example.com/node-a/gpu-0[share 0b5c memory=20Gi]") {
+		t.Errorf("get claims:\n%s\nwant the share and its memory", out)
+	}
+}

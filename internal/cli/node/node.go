@@ -32,7 +32,8 @@ their resources appear in the node's capacity and allocatable. Pods bound to
 the node get their devices at admission and are run by the backend:
 
   process  each container's command and args run as a host process with the
-           pod's environment plus the device plugins' (no image, no isolation)
+           pod's environment plus the device plugins' and what its CDI
+           devices' specs set (--cdi-spec-dir) (no image, no isolation)
   sim      nothing runs; pods go Pending -> Running (-> Succeeded) on timings
   cri      pods run as containers through a container runtime's CRI API
            (--cri-endpoint): sandbox, images present or pulled, the device
@@ -97,6 +98,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.DurationVar(&o.BackoffStart, "restart-backoff", process.DefaultBackoffInitial, "process and cri backends: first restart back-off (doubles up to 5m)")
 	o.LogMaxSize = *resource.NewQuantity(process.DefaultContainerLogMaxSize, resource.BinarySI)
 	f.Var(&quantityFlag{&o.LogMaxSize}, "container-log-max-size", "process backend: rotate a container's log file at this size (like the kubelet's containerLogMaxSize)")
+	f.StringSliceVar(&o.CDISpecDirs, "cdi-spec-dir", []string{"/etc/cdi", "/var/run/cdi"}, "process backend: where the CDI specs of containers' CDI devices are read, for the environment they give (repeat, or comma-separate; a runtime's cdi_spec_dirs)")
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
 	f.DurationVar(&o.DeviceGracePeriod, "device-grace-period", devicemanager.DefaultGracePeriod, "how long a resource whose device plugins are all gone keeps its capacity (with 0 allocatable) before it drops to 0; the kubelet's is 5m")
 	f.DurationVar(&o.DeviceAdmissionWait, "device-admission-wait", 0, "hold a pod asking for a device-plugin resource the node knows (from its checkpoint after a restart) until the resource's plugin serves it again, up to this long, instead of failing it with UnexpectedAdmissionError as the kubelet does (0: the kubelet's behaviour)")

@@ -67,6 +67,38 @@ type ResourceConfig struct {
 	// Capacity gives every device quantities, e.g. {memory: 80Gi}. Names
 	// follow the rule of Attributes.
 	Capacity map[string]string `json:"capacity,omitempty"`
+	// Partitions cut every device into parts, as MIG or compute
+	// partitions do: each profile adds devices that take part of the
+	// device's capacity (its counters). The whole device takes all of it,
+	// so it is never given while a partition is, nor a partition while
+	// it is. See docs/sharing.md.
+	Partitions []PartitionConfig `json:"partitions,omitempty"`
+	// Shared lets many holders share every device at once, each taking
+	// part of the capacities named here (capacity -> how a share asks).
+	Shared map[string]SharePolicy `json:"shared,omitempty"`
+}
+
+// PartitionConfig is one partition profile of a fake device, e.g.
+// {profile: 1g-10gb, count: 7, consumes: {memory: 10Gi, slices: 1}}.
+type PartitionConfig struct {
+	// Profile names the partition, a DNS label: partition devices are
+	// <device>-<profile>-<n>, and carry the attribute profile.
+	Profile string `json:"profile"`
+	// Count is how many partitions of this profile each device offers:
+	// the most that fit the device at once.
+	Count int `json:"count"`
+	// Consumes is what one partition takes of the device's capacities
+	// (whole-number quantities, each a capacity of the resource).
+	Consumes map[string]string `json:"consumes"`
+}
+
+// SharePolicy is how a share of a shared device asks for a capacity:
+// Default when it asks nothing (default: the whole capacity), an amount
+// asked rounded up to Min + n*Step (Step default 1, Min default Step).
+type SharePolicy struct {
+	Default string `json:"default,omitempty"`
+	Min     string `json:"min,omitempty"`
+	Step    string `json:"step,omitempty"`
 }
 
 // AttributeValue is one fake device attribute: a string, a whole number
@@ -261,6 +293,7 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 			errs = append(errs, field.NotSupported(rp.Child("preferredAllocation"), r.PreferredAllocation, []string{PreferNone, PreferNUMAPacked, PreferFirst}))
 		}
 		errs = append(errs, r.validateDescription(rp)...)
+		errs = append(errs, r.validateSharing(rp)...)
 		errs = append(errs, r.Allocate.validate(rp.Child("allocate"))...)
 	}
 	return errs

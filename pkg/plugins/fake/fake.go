@@ -46,6 +46,16 @@ func NewWithClock(cfg Config, opts plugins.Options, clk clock.WithTicker) ([]dev
 		for i := range rc.Count {
 			p.index[deviceID(rc.IDPattern, i)] = i
 		}
+		if p.share = rc.sharing(); p.share != nil {
+			p.parts = map[string]part{}
+			for i := range rc.Count {
+				for _, pc := range rc.Partitions {
+					for n := range pc.Count {
+						p.parts[partitionID(deviceID(rc.IDPattern, i), pc.Profile, n)] = part{parent: i, profile: pc.Profile}
+					}
+				}
+			}
+		}
 		var plugin deviceplugin.Plugin = p
 		switch {
 		case rc.PreferredAllocation != PreferNone && rc.PreStartRequired:
@@ -65,12 +75,20 @@ type Plugin struct {
 	cfg   ResourceConfig
 	clock clock.WithTicker
 	log   *slog.Logger
-	index map[string]int // device ID -> its number
+	index map[string]int  // device ID -> its number
+	share *sharing        // nil: devices are held whole
+	parts map[string]part // partition device ID -> what it is
 
 	mu       sync.Mutex
 	prestart [][]string
 	start    time.Time // the plugin's start, for the scripted failures
 	failLeft []int     // calls left to fail per failure; -1: every call
+}
+
+// part is one partition device: of device number parent, of a profile.
+type part struct {
+	parent  int
+	profile string
 }
 
 // Scan reports the devices, then applies the health changes as their time
@@ -91,13 +109,29 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 		}
 		index[id] = i
 	}
+	// Partitions follow their device: its health, its NUMA node.
+	withParts := func(devs []deviceplugin.Device) []deviceplugin.Device {
+		if len(rc.Partitions) == 0 {
+			return devs
+		}
+		out := make([]deviceplugin.Device, 0, len(devs)*(1+sumCounts(rc.Partitions)))
+		for _, d := range devs {
+			out = append(out, d)
+			for _, pc := range rc.Partitions {
+				for n := range pc.Count {
+					out = append(out, deviceplugin.Device{ID: partitionID(d.ID, pc.Profile, n), Healthy: d.Healthy, NUMANodes: d.NUMANodes})
+				}
+			}
+		}
+		return out
+	}
 	// Times count from before the first report, so a clock that moves
 	// right after it cannot be missed.
 	start := p.clock.Now()
 	p.mu.Lock()
 	p.start = start
 	p.mu.Unlock()
-	notify(devs)
+	notify(withParts(devs))
 
 	for _, hc := range rc.schedule() {
 		wait := hc.After.Duration - p.clock.Since(start)
@@ -113,7 +147,7 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 		devs = slices.Clone(devs)
 		devs[index[hc.Device]].Healthy = hc.Health == pluginapi.Healthy
 		p.log.Info("Health changed", "device", hc.Device, "health", hc.Health)
-		notify(devs)
+		notify(withParts(devs))
 	}
 	<-ctx.Done()
 	return nil
@@ -124,11 +158,15 @@ var _ deviceplugin.Describer = (*Plugin)(nil)
 // Describe returns the configured attributes and capacity of device id,
 // with the attribute index, the device's number.
 func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
-	i, ok := p.index[id]
-	if !ok {
+	i, whole := p.index[id]
+	pt, isPart := p.parts[id]
+	if !whole && !isPart {
 		return deviceplugin.DeviceInfo{}, false
 	}
-	info := deviceplugin.DeviceInfo{Attributes: make(map[string]deviceplugin.Attribute, len(p.cfg.Attributes)+1)}
+	if isPart {
+		i = pt.parent
+	}
+	info := deviceplugin.DeviceInfo{Attributes: make(map[string]deviceplugin.Attribute, len(p.cfg.Attributes)+3)}
 	for name, v := range p.cfg.Attributes {
 		info.Attributes[name] = v.Attribute
 	}
@@ -136,6 +174,26 @@ func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	if len(p.cfg.Capacity) > 0 {
 		info.Capacity = maps.Clone(p.cfg.Capacity)
 	}
+	if p.share == nil {
+		return info, true
+	}
+	set := deviceID(p.cfg.IDPattern, i)
+	if len(p.cfg.Partitions) > 0 {
+		info.Attributes[PartitionAttribute] = deviceplugin.BoolAttr(isPart)
+	}
+	if !isPart {
+		info.Sharing = of(p.share.whole, set)
+		return info, true
+	}
+	// A partition has what it takes of the device's capacities.
+	info.Attributes[ProfileAttribute] = deviceplugin.StringAttr(pt.profile)
+	info.Attributes[ParentAttribute] = deviceplugin.StringAttr(set)
+	for _, pc := range p.cfg.Partitions {
+		if pc.Profile == pt.profile {
+			info.Capacity = maps.Clone(pc.Consumes)
+		}
+	}
+	info.Sharing = of(p.share.partitions[pt.profile], set)
 	return info, true
 }
 

@@ -152,7 +152,9 @@ func (r *run) checkConsumableCapacity(ctx context.Context, sl []resourcev1.Resou
 		note = "; no device allows even one share that names no amount, so none was prepared"
 	default:
 		var skip string
+		restore := r.makeRoomFor(ctx, sl, *dev)
 		shares, problems, warnings, skip = r.prepareShares(ctx, *dev, consumed, two, problems)
+		restore()
 		if skip != "" {
 			r.set(id, verify.Skip, "%s", skip)
 			return nil
@@ -263,4 +265,39 @@ func (r *run) prepareShares(ctx context.Context, dev shareable, consumed map[res
 		}
 	}
 	return shares, problems, warnings, ""
+}
+
+// makeRoomFor unprepares claim-a and claim-b when the devices they hold
+// take counters the shared device dev needs (partitions of the GPU it
+// is): the scheduler would give no share of it while they are held, and
+// a driver that keeps its counters refuses one. The returned function
+// prepares them again.
+func (r *run) makeRoomFor(ctx context.Context, sl []resourcev1.ResourceSlice, dev shareable) func() {
+	if len(dev.dev.ConsumesCounters) == 0 {
+		return func() {}
+	}
+	var held []string
+	var claims []*resourcev1.ResourceClaim
+	for _, role := range []string{"claim-a", "claim-b"} {
+		c := r.claims[role]
+		if c == nil || c.Status.Allocation == nil {
+			continue
+		}
+		claims = append(claims, c)
+		for _, res := range c.Status.Allocation.Devices.Results {
+			if res.Pool == dev.pool {
+				held = append(held, res.Device)
+			}
+		}
+	}
+	want := append(slices.Clone(held), dev.dev.Name)
+	if len(fitTogether(newestPools(sl)[dev.pool], want)) == len(want) || len(claims) == 0 {
+		return func() {}
+	}
+	refs := make([]*drav1.Claim, len(claims))
+	for i, c := range claims {
+		refs[i] = ref(c)
+	}
+	_, _ = r.unprepare(ctx, refs...)
+	return func() { _, _ = r.prepare(ctx, claims...) }
 }

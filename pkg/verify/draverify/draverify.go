@@ -162,9 +162,12 @@ type run struct {
 	plugin dramanager.Client
 	// nodeObj is the run's Node as the API server has it, for matching
 	// the ResourceSlices' node selectors.
-	nodeObj     *corev1.Node
-	pool        string
-	devices     []string
+	nodeObj *corev1.Node
+	pool    string
+	devices []string
+	// published are the devices the pool lists for the node; devices
+	// are those of them the checks hold, all of which fit at once.
+	published   []string
 	generation  int64
 	prepared    map[string]*drav1.NodePrepareResourceResponse // claim UID -> answer
 	claims      map[string]*resourcev1.ResourceClaim          // role -> claim

@@ -2,6 +2,7 @@ package draverify
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -121,4 +122,65 @@ func (r *run) checkPartitions(sl []resourcev1.ResourceSlice, listErr error) {
 	default:
 		r.set(id, verify.Pass, "%s; every set and counter consumed is defined once in its pool, and each device's consumption fits its counter", strings.Join(used, "; "))
 	}
+}
+
+// fitTogether keeps, of names (devices of one pool's newest slices sl),
+// devices whose counters all fit their sets at once: a whole GPU and its
+// partitions are never allocated together, so a check that holds several
+// devices at once takes the partitions that fit (the smallest first, as
+// many as fit). Devices that consume no counters are all kept; the order
+// of names is kept.
+func fitTogether(sl []resourcev1.ResourceSlice, names []string) []string {
+	left := map[string]map[string]int64{}
+	for _, s := range sl {
+		for _, cs := range s.Spec.SharedCounters {
+			left[cs.Name] = map[string]int64{}
+			for n, c := range cs.Counters {
+				left[cs.Name][n] = c.Value.MilliValue()
+			}
+		}
+	}
+	consumes := map[string][]resourcev1.DeviceCounterConsumption{}
+	for _, s := range sl {
+		for _, d := range s.Spec.Devices {
+			consumes[d.Name] = d.ConsumesCounters
+		}
+	}
+	// A device's size: the largest share of a set's counter it takes.
+	size := func(name string) float64 {
+		var most float64
+		for _, c := range consumes[name] {
+			for n, q := range c.Counters {
+				if total := left[c.CounterSet][n]; total > 0 {
+					most = max(most, float64(q.Value.MilliValue())/float64(total))
+				}
+			}
+		}
+		return most
+	}
+	order := slices.Clone(names)
+	sort.SliceStable(order, func(i, j int) bool { return size(order[i]) < size(order[j]) })
+	kept := map[string]bool{}
+	for _, name := range order {
+		fits := true
+		for _, c := range consumes[name] {
+			for n, q := range c.Counters {
+				if left[c.CounterSet][n] < q.Value.MilliValue() {
+					fits = false
+				}
+			}
+		}
+		if !fits {
+			continue
+		}
+		for _, c := range consumes[name] {
+			for n, q := range c.Counters {
+				if left[c.CounterSet] != nil {
+					left[c.CounterSet][n] -= q.Value.MilliValue()
+				}
+			}
+		}
+		kept[name] = true
+	}
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool { return !kept[n] })
 }

@@ -388,17 +388,17 @@ func (r *run) checkDriverRestart(ctx context.Context) bool {
 	wait := 2 * r.cfg.CallTimeout
 	node := r.nodeObject(ctx)
 	sl, err := r.waitSlices(ctx, wait, func(sl []resourcev1.ResourceSlice) bool {
-		return complete(sl) && slices.Equal(deviceNames(sl, r.pool, node), r.devices)
+		return complete(sl) && slices.Equal(deviceNames(sl, r.pool, node), r.published)
 	})
 	switch now := deviceNames(sl, r.pool, node); {
 	case err != nil:
 		r.set(verify.CheckDRASlicesRestart, verify.Fail, "listing the ResourceSlices: %v", err)
 	case !complete(sl):
 		r.set(verify.CheckDRASlicesRestart, verify.Fail, "no complete pool %s for node %s within %s after the restart", r.pool, r.node, wait)
-	case !slices.Equal(now, r.devices):
-		r.set(verify.CheckDRASlicesRestart, verify.Fail, "pool %s lists %q after the restart, %q before", r.pool, now, r.devices)
+	case !slices.Equal(now, r.published):
+		r.set(verify.CheckDRASlicesRestart, verify.Fail, "pool %s lists %q after the restart, %q before", r.pool, now, r.published)
 	default:
-		r.set(verify.CheckDRASlicesRestart, verify.Pass, "pool %s: %d device(s), generation %d (was %d)", r.pool, len(r.devices), newestGeneration(sl, r.pool), r.generation)
+		r.set(verify.CheckDRASlicesRestart, verify.Pass, "pool %s: %d device(s), generation %d (was %d)", r.pool, len(r.published), newestGeneration(sl, r.pool), r.generation)
 	}
 	r.checkReboot(ctx)
 	return true

@@ -139,6 +139,11 @@ func (r *run) checkSlices(ctx context.Context) bool {
 		r.set(verify.CheckDRASlices, verify.Pass, "%d slice(s) for the node by %s, %d pool(s), %d device(s) in pool %s (generation %d)", len(sl), strings.Join(how, ", "), len(pools), len(r.devices), r.pool, r.generation)
 	}
 	r.devices = slices.Compact(r.devices)
+	// The checks hold several devices at once, as the scheduler could
+	// give them: of partitions of one device, only those that fit it
+	// together.
+	r.published = r.devices
+	r.devices = fitTogether(newestPools(sl)[r.pool], r.devices)
 	if len(r.devices) == 0 {
 		return r.stop("no devices: see " + verify.CheckDRASlices)
 	}

@@ -87,7 +87,17 @@ func claimRow(c *resourcev1.ResourceClaim) cli.Claim {
 		row.State = cli.ClaimAllocated
 		row.Node = selectedNode(a.NodeSelector)
 		for _, res := range a.Devices.Results {
-			row.Devices = append(row.Devices, cli.ClaimDevice{Request: res.Request, Driver: res.Driver, Pool: res.Pool, Device: res.Device})
+			d := cli.ClaimDevice{Request: res.Request, Driver: res.Driver, Pool: res.Pool, Device: res.Device}
+			if res.ShareID != nil {
+				d.ShareID = string(*res.ShareID)
+			}
+			for name, q := range res.ConsumedCapacity {
+				if d.Consumed == nil {
+					d.Consumed = map[string]string{}
+				}
+				d.Consumed[string(name)] = q.String()
+			}
+			row.Devices = append(row.Devices, d)
 		}
 	}
 	for _, ref := range c.Status.ReservedFor {

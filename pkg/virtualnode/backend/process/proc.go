@@ -87,13 +87,22 @@ func (pr *podRun) fifo(container, stream string) string {
 
 // containerEnv builds the process environment: the literal values of the
 // container's env, then what Config.ContainerEnv gives (the values the node
-// resolved, the device plugins'), then HOSTNAME and a PATH when none is
-// set.
+// resolved, the device plugins'), then what its CDI devices' specs give,
+// then HOSTNAME and a PATH when none is set.
 func (pr *podRun) containerEnv(ctx context.Context, pod *corev1.Pod, c corev1.Container) ([]string, map[string]string, error) {
 	var vars podruntime.Env
 	vars.Set("HOSTNAME", pod.Name)
 	if err := vars.AddContainerEnv(ctx, pod, &c, pr.b.cfg.ContainerEnv, nil); err != nil {
 		return nil, nil, err
+	}
+	cdiEnv, err := pr.cdiEnv(ctx, pod, c.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, kv := range cdiEnv {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars.Set(k, v)
+		}
 	}
 	if !vars.Has("PATH") {
 		vars.Set("PATH", envOr("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))

@@ -57,6 +57,10 @@ type Config struct {
 	// containerLogMaxSize and containerLogMaxFiles. Defaults 10 MiB and 5.
 	ContainerLogMaxSize  int64
 	ContainerLogMaxFiles int
+	// CDISpecDirs are where the CDI specs of containers' CDI devices are
+	// read, for the environment they give (a container runtime's
+	// cdi_spec_dirs). None: CDI devices give no environment.
+	CDISpecDirs []string
 
 	// probeTicker, when set, paces the probe workers instead of their
 	// period, the first probe included (tests).
