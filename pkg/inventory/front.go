@@ -66,14 +66,19 @@ func (f *front) Scan(ctx context.Context, notify func([]deviceplugin.Device)) er
 // devicePluginView is the snapshot less the devices the device plugin
 // front could not be given now: those held through DRA, and those whose
 // share or counters no longer fit beside what others hold. A device the
-// front holds stays.
+// front holds stays. A shared device with replicas is offered through
+// its replicas only.
 func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
 	out := make([]deviceplugin.Device, 0, len(inv.devices))
 	for _, d := range inv.devices {
-		if _, _, err := inv.ledger.admit(inv.holds, Grant{Device: d.ID}, dp); err != nil {
+		nh, isNew, err := inv.ledger.admit(inv.holds, Grant{Device: d.ID}, dp)
+		if err != nil {
+			continue
+		}
+		if held := !isNew && nh.Holder == dp; !held && inv.ledger.shared(d.ID) && len(inv.ledger.children[d.ID]) > 0 {
 			continue
 		}
 		out = append(out, d)

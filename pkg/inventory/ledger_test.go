@@ -157,6 +157,9 @@ func TestLedgerShares(t *testing.T) {
 func TestLedgerReplicasAndShares(t *testing.T) {
 	inv := newGPUInventory(t)
 	f := &front{inv: inv}
+	if view, _ := inv.devicePluginView(); slices.ContainsFunc(view, func(d deviceplugin.Device) bool { return d.ID == "gpu-0" }) {
+		t.Error("the device plugin front offers gpu-0 itself; a shared device with replicas is offered through them")
+	}
 	if _, err := f.Allocate(t.Context(), []string{"gpu-0-r0"}); err != nil {
 		t.Fatal(err)
 	}

@@ -208,10 +208,8 @@ func TestVirtualNodeBothFronts(t *testing.T) {
 	defer closer.Close()
 
 	var (
-		mu       sync.Mutex
-		checks   int
-		ran      = map[string]int{}
-		refusals []string
+		mu     sync.Mutex
+		checks int
 	)
 	check := func() {
 		h, err := holders(ctx, c, prc, ns, f)
@@ -233,43 +231,7 @@ func TestVirtualNodeBothFronts(t *testing.T) {
 	if testing.Short() {
 		total = 40
 	}
-	const workers = 6
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 1))
-			for i := w; i < total; i += workers {
-				name := fmt.Sprintf("p%03d", i)
-				kind := "deviceplugin"
-				pod := devicePod(ns, name, node, "0", []string{"sleep", "600"})
-				if rng.IntN(2) == 0 {
-					kind = "dra"
-					pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "dev"}}}
-					pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: ptr("one")}}
-				} else {
-					q := resource.MustParse("1")
-					pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(f.resource): q}}
-				}
-				if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-					t.Errorf("create %s: %v", name, err)
-					return
-				}
-				outcome := waitOutcome(ctx, c, ns, name, rng.IntN(4) == 0)
-				mu.Lock()
-				ran[kind+" "+outcome]++
-				if strings.HasPrefix(outcome, "refused") {
-					refusals = append(refusals, name+": "+outcome)
-				}
-				mu.Unlock()
-				check()
-				if err := c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
-					t.Errorf("delete %s: %v", name, err)
-				}
-				check()
-			}
-		})
-	}
-	wg.Wait()
+	ran, refusals := churnFronts(t, ctx, c, ns, node, f.resource, "one", total, 1, check)
 	// Every pod gone, every device back in both fronts.
 	poll(t, ctx, "every pod of "+ns+" gone", func(ctx context.Context) (bool, string, error) {
 		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -450,4 +412,56 @@ func TestVirtualNodeDRAFirstAvailable(t *testing.T) {
 	if !strings.Contains(string(b), want) {
 		t.Fatalf("log of the container naming request dev: %q, want %q (the claim's CDI device)", b, want)
 	}
+}
+
+// churnFronts runs total pods on node through 6 workers: each pod asks, at
+// random, one device of the extended resource res or a claim from the
+// template tmpl; it is created, waited for (running, refused, or given up;
+// a quarter are deleted while pending), checked, deleted at once and
+// checked again. It returns the outcomes by "deviceplugin <outcome>" and
+// "dra <outcome>", and the refusals.
+func churnFronts(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, node, res, tmpl string, total int, seed uint64, check func()) (map[string]int, []string) {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		ran      = map[string]int{}
+		refusals []string
+	)
+	const workers = 6
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
+			for i := w; i < total; i += workers {
+				name := fmt.Sprintf("p%03d", i)
+				kind := "deviceplugin"
+				pod := devicePod(ns, name, node, "0", []string{"sleep", "600"})
+				if rng.IntN(2) == 0 {
+					kind = "dra"
+					pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "dev"}}}
+					pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: ptr(tmpl)}}
+				} else {
+					pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(res): resource.MustParse("1")}}
+				}
+				if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+					t.Errorf("create %s: %v", name, err)
+					return
+				}
+				outcome := waitOutcome(ctx, c, ns, name, rng.IntN(4) == 0)
+				mu.Lock()
+				ran[kind+" "+outcome]++
+				if strings.HasPrefix(outcome, "refused") {
+					refusals = append(refusals, name+": "+outcome)
+				}
+				mu.Unlock()
+				check()
+				if err := c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
+					t.Errorf("delete %s: %v", name, err)
+				}
+				check()
+			}
+		})
+	}
+	wg.Wait()
+	return ran, refusals
 }

@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,11 +17,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/dpkit/dpkit/internal/noderun"
 	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/draplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
+	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -42,34 +46,15 @@ func TestVirtualNodeSharing(t *testing.T) {
 	})
 	res := "e2e.dpkit.io/gpu"
 	driver := resourcename.DriverName(res)
-	cfg := fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
-kind: PluginConfig
-pluginDir: %[1]s/device-plugins
-registryDir: %[1]s/plugins_registry
-dra:
-  pluginsDir: %[1]s/plugins
-  cdiDir: %[1]s/cdi
-  nodeName: %[2]s
-  kubeconfig: %[3]s
-  podResourcesSocket: %[4]s
-plugins:
-- fake:
-    resources:
-    - name: %[5]s
+	startFakeFronts(t, root, node, cp.Kubeconfig, "dra", fmt.Sprintf(`
+    - name: %s
       count: 1
       idPattern: gpu-{index}
       capacity: {memory: 80Gi, slices: 7}
       partitions:
       - {profile: 1g-10gb, count: 7, consumes: {memory: 10Gi, slices: 1}}
       shared:
-        memory: {min: 1Gi, step: 1Gi}
-  fronts: [dra]
-`, root, node, cp.Kubeconfig, podresources.SocketPath(root), res)
-	config := filepath.Join(root, "plugin.yaml")
-	if err := os.WriteFile(config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	startProc(t, filepath.Join(root, "plugin.log"), os.Environ(), dpkitBinary(t), "plugin", "--config", config, "--log-level", "debug")
+        memory: {min: 1Gi, step: 1Gi}`, res))
 	whole := draplugin.DeviceName("gpu-0")
 	poll(t, ctx, "the GPU and its 7 partitions published", func(ctx context.Context) (bool, string, error) {
 		names, err := sliceDevices(ctx, c, node, driver)
@@ -173,7 +158,40 @@ plugins:
 	// The whole GPU waits while any partition is held...
 	run("whole", "whole")
 	unschedulable("whole")
-	deleteAll(append(migs, "mig-7")...)
+	deleteAll("mig-7", "mig-6")
+	// An admin-access claim observes the partition mig-0 holds: it is
+	// prepared, and mig-0 keeps it. The scheduler charges the counters of
+	// an admin-access request too (v1.37), so one partition is freed
+	// first.
+	nsObj, err := c.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels[resourcev1.DRAAdminNamespaceLabelKey] = "true"
+	if _, err := c.CoreV1().Namespaces().Update(ctx, nsObj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	admin := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "admin"},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{
+				DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1, AdminAccess: ptr(true),
+				Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("%s.id == %q", attrs, deviceOf(t, ctx, c, ns, "mig-0"))}}},
+			}}},
+		}}},
+	}
+	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, admin, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run("monitor", "admin")
+	running("monitor")
+	for _, n := range migs[:6] {
+		if p, err := c.CoreV1().Pods(ns).Get(ctx, n, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("%s beside the admin-access claim: %v %v, want it Running still", n, p.Status.Phase, err)
+		}
+	}
+	deleteAll("monitor")
+	deleteAll(migs[:6]...)
 	// ... and runs once they are gone.
 	running("whole")
 	deleteAll("whole")
@@ -236,6 +254,7 @@ plugins:
 			t.Errorf("%s's share %s is not in any claim's allocation (%v)", pod, id, ids)
 		}
 	}
+
 	deleteAll(shares[0])
 	running("share-4")
 }
@@ -282,4 +301,171 @@ func checkSharingSlices(t *testing.T, ctx context.Context, c kubernetes.Interfac
 	if sets != 1 || devices != 8 {
 		t.Errorf("%d counter sets and %d devices published, want 1 and 8", sets, devices)
 	}
+}
+
+// TestVirtualNodeSharedBothFronts: one fake 80Gi GPU served through both
+// fronts at once: the device plugin front as four 20Gi replicas, DRA as a
+// shared device. Pods asking a replica (the extended resource) or a 20Gi
+// share (a claim from a template) are created and deleted by 6 workers;
+// after every change the node's PodResources is read, and the replicas
+// and shares held at once never add up to more than 80Gi.
+func TestVirtualNodeSharedBothFronts(t *testing.T) {
+	cp := controlplane.StartForTest(t, controlplane.Options{Scheduler: true, ControllerManager: true})
+	ctx := testContext(t)
+	c := cp.Client()
+	root := testdir.Short(t, "vn")
+	node := unique("vn-shared")
+	startVirtualNode(t, ctx, cp.Kubeconfig, cp.ClientCAFile, node, root, nil)
+	res := "e2e.dpkit.io/shared"
+	driver := resourcename.DriverName(res)
+	config := startFakeFronts(t, root, node, cp.Kubeconfig, "deviceplugin, dra", fmt.Sprintf(`
+    - name: %s
+      count: 1
+      idPattern: gpu-{index}
+      capacity: {memory: 80Gi}
+      shared:
+        memory: {min: 1Gi, step: 1Gi}
+      replicas: 4`, res))
+	poll(t, ctx, "4 replicas allocatable and the GPU published", func(ctx context.Context) (bool, string, error) {
+		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		names, err := sliceDevices(ctx, c, node, driver)
+		q := n.Status.Allocatable[corev1.ResourceName(res)]
+		return q.Value() == 4 && slices.Equal(names, []string{"gpu-0"}), fmt.Sprintf("allocatable %s, devices %v", q.String(), names), err
+	})
+	class := applyDeviceClasses(t, ctx, c, "--config", config)[0]
+	ns := createNamespace(t, c, "vn-shared")
+	tmpl := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "share"},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name: "gpu",
+			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+				Capacity: &resourcev1.CapacityRequirements{Requests: map[resourcev1.QualifiedName]resource.Quantity{
+					resourcev1.QualifiedName(driver + "/memory"): resource.MustParse("20Gi"),
+				}}},
+		}}}}},
+	}
+	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+
+	var (
+		mu         sync.Mutex
+		checks     int
+		most       int
+		violations []string
+	)
+	// check counts the 20Gi parts the node says pods hold: replicas
+	// through the device plugin front, shares through DRA.
+	check := func() {
+		resp, err := prc.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+		if err != nil {
+			t.Errorf("PodResources List: %v", err)
+			return
+		}
+		var held []string
+		for _, p := range resp.GetPodResources() {
+			for _, ctr := range p.GetContainers() {
+				for _, d := range ctr.GetDevices() {
+					if d.GetResourceName() == res {
+						for _, id := range d.GetDeviceIds() {
+							held = append(held, p.GetName()+" replica "+id)
+						}
+					}
+				}
+				for _, dr := range ctr.GetDynamicResources() {
+					for _, cr := range dr.GetClaimResources() {
+						if cr.GetDriverName() == driver {
+							held = append(held, p.GetName()+" share "+cr.GetShareId())
+						}
+					}
+				}
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		checks++
+		most = max(most, len(held))
+		if len(held) > 4 {
+			violations = append(violations, strings.Join(held, ", "))
+		}
+	}
+	total := 100
+	if testing.Short() {
+		total = 40
+	}
+	ran, refusals := churnFronts(t, ctx, c, ns, node, res, "share", total, 2, check)
+	poll(t, ctx, "the 4 replicas allocatable again", func(ctx context.Context) (bool, string, error) {
+		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		q := n.Status.Allocatable[corev1.ResourceName(res)]
+		return q.Value() == 4, "allocatable " + q.String(), nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	kinds := slices.Sorted(maps.Keys(ran))
+	for _, k := range kinds {
+		t.Logf("%s: %d pods", k, ran[k])
+	}
+	t.Logf("%d reads of PodResources; at most %d of the 4 20Gi parts held at once; %d violations; refusals: %v", checks, most, len(violations), refusals)
+	for _, v := range violations {
+		t.Errorf("more than 80Gi held at once: %s", v)
+	}
+	if ran["deviceplugin running"] == 0 || ran["dra running"] == 0 {
+		t.Errorf("both fronts must have run pods: %v", ran)
+	}
+}
+
+// deviceOf returns the ID (the id attribute) of the device pod's claim
+// was allocated.
+func deviceOf(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, pod string) string {
+	t.Helper()
+	p, err := c.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil || len(p.Status.ResourceClaimStatuses) == 0 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+		t.Fatalf("the claim of %s: %v", pod, err)
+	}
+	cl, err := c.ResourceV1().ResourceClaims(ns).Get(ctx, *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+	if err != nil || cl.Status.Allocation == nil {
+		t.Fatalf("the claim of %s: %v", pod, err)
+	}
+	// The fake's device names are their IDs.
+	return cl.Status.Allocation.Devices.Results[0].Device
+}
+
+// startFakeFronts writes a plugin config for the dpkit node at root (the
+// fake plugin with the resources in the YAML list resources, served
+// through fronts) and runs "dpkit plugin" on it; it returns the config's
+// path.
+func startFakeFronts(t *testing.T, root, node, kubeconfig, fronts, resources string) string {
+	t.Helper()
+	cfg := fmt.Sprintf(`apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+pluginDir: %[1]s/device-plugins
+registryDir: %[1]s/plugins_registry
+dra:
+  pluginsDir: %[1]s/plugins
+  cdiDir: %[1]s/cdi
+  nodeName: %[2]s
+  kubeconfig: %[3]s
+  podResourcesSocket: %[4]s
+plugins:
+- fake:
+    resources:%[5]s
+  fronts: [%[6]s]
+`, root, node, kubeconfig, podresources.SocketPath(root), resources, fronts)
+	config := filepath.Join(root, "plugin.yaml")
+	if err := os.WriteFile(config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startProc(t, filepath.Join(root, "plugin.log"), os.Environ(), dpkitBinary(t), "plugin", "--config", config, "--log-level", "debug")
+	return config
 }

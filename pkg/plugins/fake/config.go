@@ -76,6 +76,12 @@ type ResourceConfig struct {
 	// Shared lets many holders share every device at once, each taking
 	// part of the capacities named here (capacity -> how a share asks).
 	Shared map[string]SharePolicy `json:"shared,omitempty"`
+	// Replicas, with shared, offers each device to the device plugin
+	// front as this many replicas <device>::<n>, each a fixed share of
+	// it (every shared capacity divided by replicas); the device itself
+	// is then offered through DRA only. Replicas and DRA shares of a
+	// device never add up to more than it has.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // PartitionConfig is one partition profile of a fake device, e.g.

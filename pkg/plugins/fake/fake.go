@@ -54,6 +54,9 @@ func NewWithClock(cfg Config, opts plugins.Options, clk clock.WithTicker) ([]dev
 						p.parts[partitionID(deviceID(rc.IDPattern, i), pc.Profile, n)] = part{parent: i, profile: pc.Profile}
 					}
 				}
+				for n := range rc.Replicas {
+					p.parts[replicaID(deviceID(rc.IDPattern, i), n)] = part{parent: i}
+				}
 			}
 		}
 		var plugin deviceplugin.Plugin = p
@@ -85,7 +88,8 @@ type Plugin struct {
 	failLeft []int     // calls left to fail per failure; -1: every call
 }
 
-// part is one partition device: of device number parent, of a profile.
+// part is one partition device (of a profile) or replica (profile "")
+// of device number parent.
 type part struct {
 	parent  int
 	profile string
@@ -109,18 +113,22 @@ func (p *Plugin) Scan(ctx context.Context, notify func([]deviceplugin.Device)) e
 		}
 		index[id] = i
 	}
-	// Partitions follow their device: its health, its NUMA node.
+	// Partitions and replicas follow their device: its health, its NUMA
+	// node.
 	withParts := func(devs []deviceplugin.Device) []deviceplugin.Device {
-		if len(rc.Partitions) == 0 {
+		if len(rc.Partitions) == 0 && rc.Replicas == 0 {
 			return devs
 		}
-		out := make([]deviceplugin.Device, 0, len(devs)*(1+sumCounts(rc.Partitions)))
+		out := make([]deviceplugin.Device, 0, len(devs)*(1+sumCounts(rc.Partitions)+rc.Replicas))
 		for _, d := range devs {
 			out = append(out, d)
 			for _, pc := range rc.Partitions {
 				for n := range pc.Count {
 					out = append(out, deviceplugin.Device{ID: partitionID(d.ID, pc.Profile, n), Healthy: d.Healthy, NUMANodes: d.NUMANodes})
 				}
+			}
+			for n := range rc.Replicas {
+				out = append(out, deviceplugin.Device{ID: replicaID(d.ID, n), Healthy: d.Healthy, NUMANodes: d.NUMANodes})
 			}
 		}
 		return out
@@ -165,6 +173,13 @@ func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	}
 	if isPart {
 		i = pt.parent
+		if pt.profile == "" {
+			// A replica: a fixed share of its device, for the device
+			// plugin front only.
+			return deviceplugin.DeviceInfo{Sharing: &deviceplugin.Sharing{
+				ShareOf: deviceID(p.cfg.IDPattern, i), ShareAmounts: maps.Clone(p.share.replica),
+			}}, true
+		}
 	}
 	info := deviceplugin.DeviceInfo{Attributes: make(map[string]deviceplugin.Attribute, len(p.cfg.Attributes)+3)}
 	for name, v := range p.cfg.Attributes {

@@ -27,6 +27,20 @@ var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 // partitioned reports whether the resource's devices share anything.
 func (r ResourceConfig) partitioned() bool { return len(r.Partitions) > 0 || len(r.Shared) > 0 }
 
+// replicaID names replica n of device id, as nvidia's are named.
+func replicaID(id string, n int) string { return fmt.Sprintf("%s::%d", id, n) }
+
+// replicaAmount is a replica's share of capacity c: an equal part, down
+// to the granule.
+func replicaAmount(c deviceplugin.SharedCapacity, replicas int) int64 {
+	part := c.Total / int64(replicas)
+	step := max(c.Step, 1)
+	if part < c.Min {
+		return part
+	}
+	return c.Min + (part-c.Min)/step*step
+}
+
 // partitionID names partition n of a profile of device id.
 func partitionID(id, profile string, n int) string { return fmt.Sprintf("%s-%s-%d", id, profile, n) }
 
@@ -54,6 +68,45 @@ func (r ResourceConfig) validateSharing(rp *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(rp.Child("attributes"), len(r.Attributes), fmt.Sprintf("a partition device has index, partition, profile and parent besides these: %d attributes and capacities, at most %d; remove some", n, maxAttributes)))
 		}
 	}
+	errs = append(errs, r.validatePartitions(rp, capacity)...)
+	for _, n := range slices.Sorted(maps.Keys(r.Shared)) {
+		sp := rp.Child("shared").Key(n)
+		total, ok := capacity[n]
+		if !ok {
+			errs = append(errs, field.NotFound(sp, n+" (a share takes part of a capacity of the resource; add it there)"))
+			continue
+		}
+		if _, err := r.sharedCapacity(n, total); err != nil {
+			errs = append(errs, field.Invalid(sp, r.Shared[n], err.Error()))
+		}
+	}
+	switch {
+	case r.Replicas < 0 || r.Replicas > 64:
+		errs = append(errs, field.Invalid(rp.Child("replicas"), r.Replicas, "must be between 1 and 64, or left out"))
+	case r.Replicas > 0 && len(r.Shared) == 0:
+		errs = append(errs, field.Required(rp.Child("shared"), "replicas are shares of a shared device: say which capacities they share, e.g. {memory: {min: 1Gi}}"))
+	case r.Replicas > 0:
+		for _, n := range slices.Sorted(maps.Keys(r.Shared)) {
+			c, err := r.sharedCapacity(n, capacity[n])
+			if err == nil && replicaAmount(c, r.Replicas) < c.Min {
+				errs = append(errs, field.Invalid(rp.Child("replicas"), r.Replicas, fmt.Sprintf("a replica's share of %s (%s/%d) is below the share policy's min", n, r.Capacity[n], r.Replicas)))
+			}
+		}
+	}
+	if len(r.Partitions) > 0 {
+		// What the DRA API takes: one device per partition, every
+		// device of a slice consuming counters, 64 per slice.
+		if per := 1 + sumCounts(r.Partitions); per*r.Count > 100_000 {
+			errs = append(errs, field.Invalid(rp.Child("partitions"), per, fmt.Sprintf("%d devices with their partitions is too many; at most 100000", per*r.Count)))
+		}
+	}
+	return errs
+}
+
+// validatePartitions checks each partition profile against the device's
+// capacity.
+func (r ResourceConfig) validatePartitions(rp *field.Path, capacity map[string]int64) field.ErrorList {
+	var errs field.ErrorList
 	profiles := map[string]bool{}
 	for i, pc := range r.Partitions {
 		pp := rp.Child("partitions").Index(i)
@@ -84,24 +137,6 @@ func (r ResourceConfig) validateSharing(rp *field.Path) field.ErrorList {
 			case v <= 0 || v > total:
 				errs = append(errs, field.Invalid(cp, pc.Consumes[n], fmt.Sprintf("must be more than 0 and at most the device's %s", r.Capacity[n])))
 			}
-		}
-	}
-	for _, n := range slices.Sorted(maps.Keys(r.Shared)) {
-		sp := rp.Child("shared").Key(n)
-		total, ok := capacity[n]
-		if !ok {
-			errs = append(errs, field.NotFound(sp, n+" (a share takes part of a capacity of the resource; add it there)"))
-			continue
-		}
-		if _, err := r.sharedCapacity(n, total); err != nil {
-			errs = append(errs, field.Invalid(sp, r.Shared[n], err.Error()))
-		}
-	}
-	if len(r.Partitions) > 0 {
-		// What the DRA API takes: one device per partition, every
-		// device of a slice consuming counters, 64 per slice.
-		if per := 1 + sumCounts(r.Partitions); per*r.Count > 100_000 {
-			errs = append(errs, field.Invalid(rp.Child("partitions"), per, fmt.Sprintf("%d devices with their partitions is too many; at most 100000", per*r.Count)))
 		}
 	}
 	return errs
@@ -152,6 +187,7 @@ func (r ResourceConfig) sharedCapacity(n string, total int64) (deviceplugin.Shar
 // sharing is the resource's sharing rules, read once from the validated
 // config.
 type sharing struct {
+	replica    map[string]int64                 // what a replica takes of each shared capacity
 	whole      *deviceplugin.Sharing            // the rules of every whole device but its counter set's name
 	partitions map[string]*deviceplugin.Sharing // profile -> rules but the set's name
 	counters   map[string]int64                 // every device's counter totals
@@ -182,6 +218,12 @@ func (r ResourceConfig) sharing() *sharing {
 		s.whole.Shared = map[string]deviceplugin.SharedCapacity{}
 		for n := range r.Shared {
 			s.whole.Shared[n], _ = r.sharedCapacity(n, s.capacity[n])
+		}
+	}
+	if r.Replicas > 0 {
+		s.replica = map[string]int64{}
+		for n, c := range s.whole.Shared {
+			s.replica[n] = replicaAmount(c, r.Replicas)
 		}
 	}
 	return s

@@ -115,3 +115,29 @@ func TestValidateSharing(t *testing.T) {
 		t.Errorf("ParseAmount(1.5Gi) = %v, want it refused", err)
 	}
 }
+
+// TestReplicas: with replicas, each device is also offered as replicas
+// <id>::<n>, each a fixed share of it.
+func TestReplicas(t *testing.T) {
+	t.Parallel()
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{
+		Name: "example.com/gpu", Count: 1, IDPattern: "gpu-{index}", Capacity: map[string]string{"memory": "80Gi"},
+		Shared: map[string]fake.SharePolicy{"memory": {Min: "1Gi", Step: "1Gi"}}, Replicas: 3,
+	}}}
+	cfg.Default()
+	resources, err := fake.New(cfg, plugins.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, ok := resources[0].Plugin.(deviceplugin.Describer).Describe("gpu-0::2")
+	// 80Gi / 3, down to the 1Gi granule.
+	if !ok || info.Sharing == nil || info.Sharing.ShareOf != "gpu-0" || info.Sharing.ShareAmounts["memory"] != 26*gi {
+		t.Errorf("gpu-0::2: %s, want a 26Gi share of gpu-0", dump(info))
+	}
+	bad := cfg
+	bad.Resources = []fake.ResourceConfig{cfg.Resources[0]}
+	bad.Resources[0].Shared = nil
+	if errs := bad.Validate(nil); len(errs) == 0 || errs[0].Field != "resources[0].shared" {
+		t.Errorf("replicas without shared: %v, want resources[0].shared required", errs)
+	}
+}
