@@ -196,8 +196,15 @@ func (l *ledger) admit(holds map[string][]hold, g Grant, h Holder) (hold, bool, 
 			return hold{}, false, &ConflictError{Device: g.Device, Holder: others[0], Holders: others}
 		}
 	}
+	key := l.chargeKey(g.Device)
+	target := l.chargeKeyShared(g.Device)
+	if target == "" && l.sharing[key] == nil {
+		// A device held whole, taking no counters: nothing more to
+		// judge (most devices; no walk over the holds).
+		return hold{Holder: h, ShareID: g.ShareID, asked: g.Amounts}, true, nil
+	}
 	u := l.usage(holds, nil)
-	if target := l.chargeKeyShared(g.Device); target != "" {
+	if target != "" {
 		caps := l.sharing[target].Shared
 		for _, name := range sortedNames(caps) {
 			c, used := caps[name], u.capacity[target][name]
@@ -209,7 +216,6 @@ func (l *ledger) admit(holds map[string][]hold, g Grant, h Holder) (hold, bool, 
 			}
 		}
 	}
-	key := l.chargeKey(g.Device)
 	if s := l.sharing[key]; s != nil && !u.charged[key] {
 		for _, use := range s.Consumes {
 			for _, name := range sortedNames(use.Counters) {
