@@ -231,6 +231,9 @@ func (c *PluginConfig) validateFronts() field.ErrorList {
 			names = append(names, rf.Resource)
 		}
 		dra := slices.Contains(spec.Fronts, FrontDRA)
+		if spec.NVIDIA != nil && spec.NVIDIA.MIG != "" && !dra {
+			errs = append(errs, field.Forbidden(pp.Child("nvidia", "mig"), "MIG partitions are served through DRA only (the device plugin API would count them as GPUs); add dra to fronts, or remove mig"))
+		}
 		if spec.DRA == nil {
 			continue
 		}

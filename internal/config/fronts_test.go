@@ -86,6 +86,9 @@ dra: {pluginDir: /x}
 			"plugins[0].dra.driverName: Forbidden: this entry serves 2 resources (example.com/foo, example.com/bar), which cannot share one driverName; split them into one plugins entry each",
 			"plugins[0].dra.deviceClass: Forbidden: this entry serves 2 resources",
 		}},
+		{"MIG partitions without the dra front", `plugins:
+- nvidia: {mig: partitions}
+`, []string{"plugins[0].nvidia.mig: Forbidden: MIG partitions are served through DRA only"}},
 		{"dra without the dra front", `plugins:
 - nvidia: {}
   dra: {driverName: gpu.example.com}

@@ -76,6 +76,10 @@ type Sharing struct {
 	// ShareAmounts is what a ShareOf device takes: capacity -> amount.
 	// A capacity left out takes its default.
 	ShareAmounts map[string]int64
+	// DRAOnly keeps the device from the device plugin front: a partition
+	// the kubelet's device plugin API could not tell from a whole device
+	// under the same resource name.
+	DRAOnly bool
 }
 
 // CounterUse is what a device takes from one counter set.

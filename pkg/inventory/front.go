@@ -67,7 +67,7 @@ func (f *front) Scan(ctx context.Context, notify func([]deviceplugin.Device)) er
 // front could not be given now: those held through DRA, and those whose
 // share or counters no longer fit beside what others hold. A device the
 // front holds stays. A shared device with replicas is offered through
-// its replicas only.
+// its replicas only, and a DRAOnly device not at all.
 func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
@@ -78,7 +78,11 @@ func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
 		if err != nil {
 			continue
 		}
-		if held := !isNew && nh.Holder == dp; !held && inv.ledger.shared(d.ID) && len(inv.ledger.children[d.ID]) > 0 {
+		held := !isNew && nh.Holder == dp
+		if !held && inv.ledger.shared(d.ID) && len(inv.ledger.children[d.ID]) > 0 {
+			continue
+		}
+		if s := inv.ledger.sharing[d.ID]; !held && s != nil && s.DRAOnly {
 			continue
 		}
 		out = append(out, d)

@@ -308,7 +308,7 @@ func sameLedger(a, b ledger) bool {
 }
 
 func sameSharing(a, b *deviceplugin.Sharing) bool {
-	return a.ShareOf == b.ShareOf && maps.Equal(a.ShareAmounts, b.ShareAmounts) && maps.Equal(a.Shared, b.Shared) &&
+	return a.ShareOf == b.ShareOf && a.DRAOnly == b.DRAOnly && maps.Equal(a.ShareAmounts, b.ShareAmounts) && maps.Equal(a.Shared, b.Shared) &&
 		slices.EqualFunc(a.Consumes, b.Consumes, func(x, y deviceplugin.CounterUse) bool {
 			return x.Set == y.Set && maps.Equal(x.Counters, y.Counters)
 		})

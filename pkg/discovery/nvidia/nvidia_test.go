@@ -108,3 +108,32 @@ func TestDriverVersion(t *testing.T) {
 		t.Errorf("DriverVersion of a line without a version = %q, want an error", v)
 	}
 }
+
+// TestMIGLayouts: the profiles of the H100 80GB and the A100 40GB, as
+// NVIDIA's MIG user guide lists them, and every profile's instances fit
+// the GPU's slices at once.
+func TestMIGLayouts(t *testing.T) {
+	for model, want := range map[string]string{
+		"NVIDIA H100 80GB HBM3": "1g.10gb×7 1g.20gb×4 2g.20gb×3 3g.40gb×2 4g.40gb×1 7g.80gb×1",
+		"NVIDIA A100-SXM4-40GB": "1g.5gb×7 1g.10gb×4 2g.10gb×3 3g.20gb×2 4g.20gb×1 7g.40gb×1",
+		"NVIDIA A100 80GB PCIe": "1g.10gb×7 1g.20gb×4 2g.20gb×3 3g.40gb×2 4g.40gb×1 7g.80gb×1",
+	} {
+		l, ok := MIGLayoutOf(model)
+		if !ok {
+			t.Fatalf("%s: no MIG layout", model)
+		}
+		var got []string
+		for _, p := range l.Profiles {
+			got = append(got, fmt.Sprintf("%s×%d", p.Name, p.Instances))
+			if p.Instances*p.ComputeSlices > l.ComputeSlices || p.Instances*p.MemorySlices > l.MemorySlices {
+				t.Errorf("%s %s: %d instances do not fit %d compute and %d memory slices", model, p.Name, p.Instances, l.ComputeSlices, l.MemorySlices)
+			}
+		}
+		if strings.Join(got, " ") != want {
+			t.Errorf("%s: %s, want %s", model, strings.Join(got, " "), want)
+		}
+	}
+	if _, ok := MIGLayoutOf("NVIDIA GeForce RTX 4090"); ok {
+		t.Error("a GPU without MIG has a layout")
+	}
+}

@@ -32,6 +32,9 @@ const (
 	DefaultResourceName   = "nvidia.com/gpu"
 	DefaultCDIKind        = "nvidia.com/gpu"
 	DefaultRescanInterval = 10 * time.Second
+	// MIGPartitions is the value of Config.MIG that publishes MIG
+	// partitions.
+	MIGPartitions = "partitions"
 	// MaxReplicas bounds time-slicing replicas per GPU.
 	MaxReplicas = 256
 )
@@ -66,6 +69,17 @@ type Config struct {
 	// replica when time-slicing (a request for two replicas gives no more
 	// GPU time than one).
 	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
+	// MIG, set to "partitions", publishes every GPU whose model has MIG
+	// profiles dpkit knows (H100 80GB, A100 40GB and 80GB) as a
+	// partitionable device: the whole GPU and, beside it, one partition
+	// <UUID>::<profile>-<n> per instance of each profile it can hold,
+	// taking its compute and memory slices, so that the DRA front never
+	// gives the GPU and its partitions, or more partitions than fit, at
+	// once (docs/sharing.md). dpkit creates no MIG instances: preparing a
+	// partition hands out its GPU, as for the whole GPU. It is for
+	// scheduling against the partition layout: simulated clusters and
+	// fixture hosts. Partitions are served through DRA only.
+	MIG string `json:"mig,omitempty"`
 	// RescanInterval is how often /proc/driver/nvidia is read again;
 	// /dev changes are seen at once. Default 10s.
 	RescanInterval plugins.Duration `json:"rescanInterval,omitempty"`
@@ -129,6 +143,12 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 	}
 	if c.FailRequestsGreaterThanOne && c.Replicas == 1 {
 		errs = append(errs, field.Forbidden(p.Child("failRequestsGreaterThanOne"), "applies only to time-slicing; set replicas above 1 or remove it"))
+	}
+	switch {
+	case c.MIG != "" && c.MIG != MIGPartitions:
+		errs = append(errs, field.NotSupported(p.Child("mig"), c.MIG, []string{MIGPartitions}))
+	case c.MIG != "" && c.Replicas > 1:
+		errs = append(errs, field.Forbidden(p.Child("mig"), "a GPU is time-sliced into replicas or cut into MIG partitions, not both; remove replicas or mig"))
 	}
 	if c.RescanInterval.Duration < 100*time.Millisecond {
 		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.String(), "must be at least 100ms, e.g. 10s"))

@@ -202,7 +202,7 @@ func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g, ok := p.gpus[GPUOf(id)]
-	if !ok || !slices.Contains(p.ids(g.UUID), id) {
+	if !ok || !slices.Contains(p.ids(g), id) {
 		return deviceplugin.DeviceInfo{}, false
 	}
 	info := deviceplugin.DeviceInfo{
@@ -218,6 +218,7 @@ func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	if p.driver != "" {
 		info.Attributes["driverVersion"] = plugins.VersionAttr(p.driver)
 	}
+	p.describeMIG(g, id, &info)
 	return info, true
 }
 
@@ -277,7 +278,7 @@ func (p *Plugin) snapshot() []deviceplugin.Device {
 		if reason != "" {
 			p.log.Debug("GPU unhealthy", "uuid", g.UUID, "bus", g.BusID, "reason", reason)
 		}
-		for _, id := range p.ids(g.UUID) {
+		for _, id := range p.ids(g) {
 			out = append(out, deviceplugin.Device{ID: id, Healthy: reason == "", NUMANodes: numa.Nodes(g.NUMANode)})
 		}
 	}
@@ -285,9 +286,19 @@ func (p *Plugin) snapshot() []deviceplugin.Device {
 }
 
 // ids returns the IDs advertised for a GPU: its UUID, or its replicas
-// <UUID>::0 ... when time-sliced.
-func (p *Plugin) ids(uuid string) []string {
-	return plugins.Sharing{N: p.cfg.Replicas, Sep: ReplicaSeparator}.IDs(uuid)
+// <UUID>::0 ... when time-sliced; with MIG partitions, its UUID and its
+// partitions <UUID>::<profile>-<n>.
+func (p *Plugin) ids(g gpu) []string {
+	if l, ok := p.migLayout(g); ok {
+		out := []string{g.UUID}
+		for _, pr := range l.Profiles {
+			for n := range pr.Instances {
+				out = append(out, migID(g.UUID, pr.Name, n))
+			}
+		}
+		return out
+	}
+	return plugins.Sharing{N: p.cfg.Replicas, Sep: ReplicaSeparator}.IDs(g.UUID)
 }
 
 // GPUOf returns the UUID behind a device or replica ID. Unlike

@@ -23,6 +23,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	nv "github.com/dpkit/dpkit/pkg/discovery/nvidia"
+	"github.com/dpkit/dpkit/pkg/inventory"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/nvidia"
 )
@@ -104,6 +105,18 @@ func TestValidate(t *testing.T) {
 		tc.cfg.Default()
 		if errs := tc.cfg.Validate(nil); len(errs) != 1 || errs[0].Field != "cdiSpecDir" || !strings.Contains(errs[0].Error(), tc.want) {
 			t.Errorf("cdiSpecDir %q with %v: %v, want one error saying %q", tc.cfg.CDISpecDir, tc.cfg.DeviceListStrategy, errs, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		cfg  nvidia.Config
+		want string
+	}{
+		{nvidia.Config{MIG: "mixed"}, `supported values: "partitions"`},
+		{nvidia.Config{MIG: nvidia.MIGPartitions, Replicas: 2}, "remove replicas or mig"},
+	} {
+		tc.cfg.Default()
+		if errs := tc.cfg.Validate(nil); len(errs) != 1 || errs[0].Field != "mig" || !strings.Contains(errs[0].Error(), tc.want) {
+			t.Errorf("mig %q, replicas %d: %v, want one error saying %q", tc.cfg.MIG, tc.cfg.Replicas, errs, tc.want)
 		}
 	}
 }
@@ -428,4 +441,75 @@ func TestDescribe(t *testing.T) {
 func dump(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestMIGPartitions: with mig: partitions, each H100 of the DGX fixture
+// is published with its MIG partitions (NVIDIA's table for the model) and
+// a counter set of its slices; through the inventory, seven 1g.10gb
+// partitions of a GPU fit and then nothing else of it, the whole GPU is
+// refused while they are held, and the device plugin front offers whole
+// GPUs only.
+func TestMIGPartitions(t *testing.T) {
+	t.Parallel()
+	cfg := nvidia.Config{MIG: nvidia.MIGPartitions}
+	cfg.Default()
+	r, err := nvidia.New(cfg, opts(filepath.Join(hosts, "dgx-h100")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := inventory.New(res, r[0].Plugin, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = inv.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	ch, stop := inv.Watch()
+	defer stop()
+	for {
+		if _, known := inv.Devices(); known {
+			break
+		}
+		<-ch
+	}
+	devs, sets, _ := inv.DRAView()
+	// Per GPU: itself, 7 1g.10gb, 4 1g.20gb, 3 2g.20gb, 2 3g.40gb, 4g.40gb, 7g.80gb.
+	if len(devs) != 8*19 || len(sets) != 8 || sets[0].Counters[nvidia.CounterComputeSlices] != 7 || sets[0].Counters[nvidia.CounterMemorySlices] != 8 {
+		t.Fatalf("%d devices and sets %s published, want 152 and 8 sets of 7 compute and 8 memory slices", len(devs), dump(sets))
+	}
+	info, ok := r[0].Plugin.(deviceplugin.Describer).Describe(uuid(0) + "::3g.40gb-1")
+	if !ok || *info.Attributes[nvidia.AttrProfile].String != "3g.40gb" || !*info.Attributes[nvidia.AttrPartition].Bool ||
+		info.Sharing.Consumes[0].Counters[nvidia.CounterMemorySlices] != 4 {
+		t.Errorf("3g.40gb partition: %s", dump(info))
+	}
+	claim := func(n int) inventory.Holder {
+		return inventory.ClaimHolder("ml", fmt.Sprint("c", n), fmt.Sprint("u", n))
+	}
+	for n := range 7 {
+		if err := inv.Acquire([]string{fmt.Sprintf("%s::1g.10gb-%d", uuid(0), n)}, claim(n)); err != nil {
+			t.Fatalf("1g.10gb-%d: %v", n, err)
+		}
+	}
+	for _, id := range []string{uuid(0) + "::1g.20gb-0", uuid(0) + "::7g.80gb-0", uuid(0)} {
+		if err := inv.Acquire([]string{id}, claim(9)); err == nil || !strings.Contains(err.Error(), "compute-slices") {
+			t.Errorf("%s beside seven 1g.10gb: %v, want refused for want of compute slices", id, err)
+		}
+	}
+	front := inv.DevicePluginFront()
+	got := make(chan []deviceplugin.Device, 1)
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	go func() {
+		_ = front.Scan(sctx, func(d []deviceplugin.Device) {
+			select {
+			case got <- d:
+			default:
+			}
+		})
+	}()
+	var ids []string
+	for _, d := range <-got {
+		ids = append(ids, d.ID)
+	}
+	if len(ids) != 7 || slices.Contains(ids, uuid(0)) || slices.ContainsFunc(ids, func(id string) bool { return strings.Contains(id, "::") }) {
+		t.Errorf("device plugin front offers %v, want the 7 whole GPUs not partitioned", ids)
+	}
 }
