@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -257,6 +258,55 @@ func TestVirtualNodeSharing(t *testing.T) {
 
 	deleteAll(shares[0])
 	running("share-4")
+	deleteAll("mig-beside-shares")
+
+	// A DeviceTaintRule with NoExecute on the GPU: kube-controller-manager
+	// evicts the pods whose claims hold it, the node unprepares their
+	// claims, and only a claim that tolerates the taint gets the GPU
+	// after.
+	const taintKey = "example.com/maintenance"
+	rule := &resourcev1.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{Name: unique("gpu-maintenance")},
+		Spec: resourcev1.DeviceTaintRuleSpec{
+			DeviceSelector: &resourcev1.DeviceTaintSelector{Driver: &driver, Pool: &node, Device: &whole},
+			Taint:          resourcev1.DeviceTaint{Key: taintKey, Value: "true", Effect: resourcev1.DeviceTaintEffectNoExecute},
+		},
+	}
+	if _, err := c.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.ResourceV1().DeviceTaintRules().Delete(context.Background(), rule.Name, metav1.DeleteOptions{})
+	})
+	for _, n := range append(shares[1:], "share-4") {
+		poll(t, ctx, n+" evicted for the taint", func(ctx context.Context) (bool, string, error) {
+			p, err := c.CoreV1().Pods(ns).Get(ctx, n, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return true, "gone", nil
+			}
+			if err != nil {
+				return false, "", err
+			}
+			return false, fmt.Sprintf("phase %s, deleting %v", p.Status.Phase, p.DeletionTimestamp != nil), nil
+		})
+	}
+	tolerant := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tolerant"},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{
+				DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+				Selectors:   []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: attrs + ".partition == false"}}},
+				Tolerations: []resourcev1.DeviceToleration{{Key: taintKey, Operator: resourcev1.DeviceTolerationOpExists, Effect: resourcev1.DeviceTaintEffectNoExecute}},
+			}}},
+		}}},
+	}
+	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tolerant, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run("after-taint", "share")
+	unschedulable("after-taint")
+	run("tolerates", "tolerant")
+	running("tolerates")
 }
 
 // checkSharingSlices checks the layout the scheduler needs: the counter
