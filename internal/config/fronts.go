@@ -93,6 +93,11 @@ type ResourceFront struct {
 	// it has, or would have with the dra front.
 	DriverName  string `json:"driverName"`
 	DeviceClass string `json:"deviceClass"`
+	// Partitioned is set when the resource's DRA devices include
+	// partitions of its devices (the attribute partition tells them
+	// apart): its DeviceClass selects whole devices, so that a pod asking
+	// the extended resource gets a whole one.
+	Partitioned bool `json:"partitioned,omitempty"`
 }
 
 // Has reports whether front serves the resource.
@@ -121,10 +126,26 @@ func (p *PluginSpec) fronts() []ResourceFront {
 			if p.DRA != nil && p.DRA.DeviceClass != "" {
 				rf.DeviceClass = p.DRA.DeviceClass
 			}
+			rf.Partitioned = p.partitioned(name)
 			out = append(out, rf)
 		}
 	}
 	return out
+}
+
+// partitioned reports whether resource's devices include partitions.
+func (p *PluginSpec) partitioned(resource string) bool {
+	if p.NVIDIA != nil && p.NVIDIA.MIG != "" {
+		return true
+	}
+	if p.Fake != nil {
+		for _, r := range p.Fake.Resources {
+			if r.Name == resource && len(r.Partitions) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Dirs returns the plugins and CDI directories of the DRA front:

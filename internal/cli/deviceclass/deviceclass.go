@@ -70,6 +70,10 @@ served with the dra front: named after the resource's device class name
 (default the driver name, gpu.nvidia.com for nvidia.com/gpu), selecting the
 driver's devices, and with extendedResourceName set to the resource, so
 that pods asking for the extended resource get its devices through DRA.
+A resource whose devices include partitions (nvidia mig: partitions, fake
+partitions) gets two: the class of all its devices, for claims, and
+<class>-whole, its whole devices, which carries extendedResourceName, so
+that a pod asking the extended resource gets a whole device.
 With --all, every resource of the config gets one, whatever its fronts:
 for moving a device plugin's users to DRA. With --no-extended-resource the
 classes leave extendedResourceName out: kubelets before v1.36 run a pod the
@@ -88,11 +92,12 @@ YAML documents (kubectl apply -f -), or a List with -o json.`,
 			var items []deviceClass
 			for _, rf := range cfg.Fronts() {
 				if all || rf.Has(config.FrontDRA) {
-					dc := build(rf)
-					if noExt {
-						dc.Spec.ExtendedResourceName = ""
+					for _, dc := range build(rf) {
+						if noExt {
+							dc.Spec.ExtendedResourceName = ""
+						}
+						items = append(items, dc)
 					}
-					items = append(items, dc)
 				}
 			}
 			if len(items) == 0 {
@@ -110,17 +115,33 @@ YAML documents (kubectl apply -f -), or a List with -o json.`,
 	return cmd
 }
 
-// build returns the DeviceClass of one resource.
-func build(rf config.ResourceFront) deviceClass {
-	return deviceClass{
-		APIVersion: "resource.k8s.io/v1",
-		Kind:       "DeviceClass",
-		Metadata:   metadata{Name: rf.DeviceClass},
-		Spec: deviceClassSpec{
-			Selectors:            []selector{{CEL: celSelector{Expression: "device.driver == " + strconv.Quote(rf.DriverName)}}},
-			ExtendedResourceName: rf.Resource,
-		},
+// WholeSuffix ends the name of the DeviceClass of a partitioned
+// resource's whole devices.
+const WholeSuffix = "-whole"
+
+// build returns the DeviceClasses of one resource: one selecting the
+// driver's devices, with extendedResourceName. A partitioned resource
+// gets two: the driver's devices (partitions included, for claims), and
+// <class>-whole, its whole devices only, with extendedResourceName, so
+// that a pod asking the extended resource gets a whole device.
+func build(rf config.ResourceFront) []deviceClass {
+	class := func(name, expr, ext string) deviceClass {
+		return deviceClass{
+			APIVersion: "resource.k8s.io/v1",
+			Kind:       "DeviceClass",
+			Metadata:   metadata{Name: name},
+			Spec: deviceClassSpec{
+				Selectors:            []selector{{CEL: celSelector{Expression: expr}}},
+				ExtendedResourceName: ext,
+			},
+		}
 	}
+	driver := "device.driver == " + strconv.Quote(rf.DriverName)
+	if !rf.Partitioned {
+		return []deviceClass{class(rf.DeviceClass, driver, rf.Resource)}
+	}
+	whole := driver + " && device.attributes[" + strconv.Quote(rf.DriverName) + "].partition == false"
+	return []deviceClass{class(rf.DeviceClass, driver, ""), class(rf.DeviceClass+WholeSuffix, whole, rf.Resource)}
 }
 
 // write prints items as YAML documents, or as a JSON List.

@@ -165,3 +165,22 @@ func TestDeviceClassBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceClassPartitioned: a resource whose devices include
+// partitions gets a class of all its devices for claims, and a -whole
+// class of its whole devices that serves the extended resource.
+func TestDeviceClassPartitioned(t *testing.T) {
+	t.Parallel()
+	out, stderr, err := run(t, "--config", "../../../examples/fake-sharing.yaml")
+	if err != nil || stderr != "" {
+		t.Fatalf("err %v, stderr %q", err, stderr)
+	}
+	dcs := decodeYAML(t, out)
+	if len(dcs) != 2 || dcs[0].Name != "gpu.example.com" || dcs[0].Spec.ExtendedResourceName != nil || dcs[1].Name != "gpu.example.com-whole" {
+		t.Fatalf("classes %+v, want gpu.example.com without extendedResourceName and gpu.example.com-whole", dcs)
+	}
+	want := `device.driver == "gpu.example.com" && device.attributes["gpu.example.com"].partition == false`
+	if got := dcs[1].Spec.Selectors[0].CEL.Expression; got != want || dcs[1].Spec.ExtendedResourceName == nil || *dcs[1].Spec.ExtendedResourceName != "example.com/gpu" {
+		t.Errorf("whole class: %q, %v; want %q and example.com/gpu", got, dcs[1].Spec.ExtendedResourceName, want)
+	}
+}

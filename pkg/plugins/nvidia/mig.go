@@ -41,8 +41,14 @@ func (p *Plugin) migLayout(g gpu) (nv.MIGLayout, bool) {
 // describeMIG adds what a GPU or partition id takes of the GPU's slices.
 // p.mu is held.
 func (p *Plugin) describeMIG(g gpu, id string, info *deviceplugin.DeviceInfo) {
-	l, ok := p.migLayout(g)
+	if p.cfg.MIG != MIGPartitions {
+		return
+	}
+	l, ok := nv.MIGLayoutOf(g.Model)
 	if !ok {
+		// Every GPU says whether it is a partition, so that selectors
+		// (the DeviceClass's) may read the attribute of every device.
+		info.Attributes[AttrPartition] = deviceplugin.BoolAttr(false)
 		return
 	}
 	if id == g.UUID {
