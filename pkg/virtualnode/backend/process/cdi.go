@@ -14,7 +14,9 @@ import (
 // device plugins'), as a container runtime applies them: each spec's
 // common edits, then the device's own. Device nodes, mounts and hooks are
 // not for processes; the process backend leaves them out. A CDI device
-// that no spec names fails the start, as a runtime fails it.
+// that no spec names gives no environment: a process needs none of what
+// a runtime would refuse to start without (its device nodes), and the
+// container still learns its CDI devices from DPKIT_CDI_DEVICES.
 func (pr *podRun) cdiEnv(ctx context.Context, pod *corev1.Pod, container string) ([]string, error) {
 	if len(pr.b.cfg.CDISpecDirs) == 0 || pr.b.cfg.ContainerDevices == nil {
 		return nil, nil
@@ -31,7 +33,9 @@ func (pr *podRun) cdiEnv(ctx context.Context, pod *corev1.Pod, container string)
 	for _, id := range cd.CDIDevices {
 		dev := cache.GetDevice(id)
 		if dev == nil {
-			return nil, fmt.Errorf("unresolvable CDI device %s: no spec in %s names it", id, strings.Join(pr.b.cfg.CDISpecDirs, ", "))
+			pr.b.log.Debug("No CDI spec names the device; it gives no environment", "pod", pod.Namespace+"/"+pod.Name, "container", container,
+				"device", id, "specDirs", strings.Join(pr.b.cfg.CDISpecDirs, ", "))
+			continue
 		}
 		env = append(env, dev.GetSpec().ContainerEdits.Env...)
 		env = append(env, dev.ContainerEdits.Env...)
