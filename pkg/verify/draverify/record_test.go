@@ -120,9 +120,10 @@ func TestRunProcesses(t *testing.T) {
 	p := startDriver(t, "procs1", me)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		i := slices.IndexFunc(runProcesses(), func(q runProcess) bool { return q.pid == p.pid })
+		procs := runProcesses() // once: processes of parallel tests come and go
+		i := slices.IndexFunc(procs, func(q runProcess) bool { return q.pid == p.pid })
 		if i >= 0 {
-			q := runProcesses()[i]
+			q := procs[i]
 			if q.run != "procs1" || !q.hasOwner || q.owner != me || q.name == "" {
 				t.Errorf("found %+v, want run procs1 of %+v", q, me)
 			}
