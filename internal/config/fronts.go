@@ -255,6 +255,9 @@ func (c *PluginConfig) validateFronts() field.ErrorList {
 		if spec.NVIDIA != nil && spec.NVIDIA.MIG != "" && !dra {
 			errs = append(errs, field.Forbidden(pp.Child("nvidia", "mig"), "MIG partitions are served through DRA only (the device plugin API would count them as GPUs); add dra to fronts, or remove mig"))
 		}
+		if spec.NVIDIA != nil && len(spec.NVIDIA.Shared) > 0 && !dra {
+			errs = append(errs, field.Forbidden(pp.Child("nvidia", "shared"), "shares of a GPU's memory are asked for through DRA; add dra to fronts, or remove shared (replicas alone time-slice GPUs through the device plugin API)"))
+		}
 		if spec.DRA == nil {
 			continue
 		}

@@ -89,6 +89,13 @@ dra: {pluginDir: /x}
 		{"MIG partitions without the dra front", `plugins:
 - nvidia: {mig: partitions}
 `, []string{"plugins[0].nvidia.mig: Forbidden: MIG partitions are served through DRA only"}},
+		{"memory shares without the dra front", `plugins:
+- nvidia: {shared: {memory: {min: 1Gi}}}
+`, []string{"plugins[0].nvidia.shared: Forbidden: shares of a GPU's memory are asked for through DRA"}},
+		{"a share policy of a capacity GPUs have not", `plugins:
+- nvidia: {shared: {cores: {}}}
+  fronts: [dra]
+`, []string{`plugins[0].nvidia.shared[cores]: Unsupported value: "cores"`}},
 		{"dra without the dra front", `plugins:
 - nvidia: {}
   dra: {driverName: gpu.example.com}

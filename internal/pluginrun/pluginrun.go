@@ -115,7 +115,8 @@ func Run(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, starte
 
 // RunWith serves cfg's plugins through their fronts until ctx ends: a
 // resource with the device plugin front only is served by the SDK's
-// server as it is; a resource with the dra front gets one inventory
+// server as it is (less what that API cannot offer:
+// inventory.DevicePluginOnly); a resource with the dra front gets one inventory
 // (pkg/inventory) that runs its Scan for both fronts and arbitrates
 // between them, the DRA front started by o.DRA, and, with both fronts, the
 // SDK's server serves the inventory's device plugin front.
@@ -232,7 +233,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	for _, r := range resources {
 		f, ok := byName[r.Name]
 		if !ok || !f.Has(config.FrontDRA) {
-			served = append(served, r)
+			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inventory.DevicePluginOnly(r.Plugin)})
 			continue
 		}
 		rlog := log.With("resource", r.Name)

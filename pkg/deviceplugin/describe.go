@@ -1,5 +1,7 @@
 package deviceplugin
 
+import "strconv"
+
 // DeviceInfo describes a device beyond what the kubelet's device plugin
 // API carries (ID, health, NUMA nodes), for fronts that publish devices
 // with attributes: the DRA front (pkg/draplugin) turns it into a ResourceSlice
@@ -120,4 +122,21 @@ type CounterSet struct {
 // Plugin.
 type CounterSetter interface {
 	CounterSets() []CounterSet
+}
+
+// FormatAmount writes an amount (Sharing) as a quantity: 21474836480 is "20Gi",
+// 7 is "7".
+func FormatAmount(v int64) string {
+	if v == 0 {
+		return "0"
+	}
+	for _, u := range []struct {
+		suffix string
+		shift  uint
+	}{{"Ei", 60}, {"Pi", 50}, {"Ti", 40}, {"Gi", 30}, {"Mi", 20}, {"Ki", 10}} {
+		if v%(1<<u.shift) == 0 {
+			return strconv.FormatInt(v>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(v, 10)
 }

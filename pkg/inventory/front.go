@@ -20,28 +20,63 @@ import (
 // and PreStarter pass through, and the front implements them only when the
 // real plugin does, so the SDK offers the kubelet the same options.
 func (inv *Inventory) DevicePluginFront() deviceplugin.Plugin {
-	f := &front{inv: inv}
-	pa, isPA := inv.plugin.(deviceplugin.PreferredAllocator)
-	ps, isPS := inv.plugin.(deviceplugin.PreStarter)
+	return withOptional(&front{inv: inv}, inv.plugin)
+}
+
+// withOptional adds to f the optional interfaces real implements that
+// pass through unchanged: PreferredAllocator and PreStarter.
+func withOptional(f deviceplugin.Plugin, real deviceplugin.Plugin) deviceplugin.Plugin {
+	pa, isPA := real.(deviceplugin.PreferredAllocator)
+	ps, isPS := real.(deviceplugin.PreStarter)
 	switch {
 	case isPA && isPS:
 		return struct {
-			*front
+			deviceplugin.Plugin
 			deviceplugin.PreferredAllocator
 			deviceplugin.PreStarter
 		}{f, pa, ps}
 	case isPA:
 		return struct {
-			*front
+			deviceplugin.Plugin
 			deviceplugin.PreferredAllocator
 		}{f, pa}
 	case isPS:
 		return struct {
-			*front
+			deviceplugin.Plugin
 			deviceplugin.PreStarter
 		}{f, ps}
 	}
 	return f
+}
+
+// DevicePluginOnly returns the plugin a deviceplugin.Server serves when
+// p is served through the device plugin API alone, so that the kubelet
+// arbitrates and no inventory is needed: Scan leaves out what that API
+// cannot offer, as DevicePluginFront does (a shared device that has
+// replicas, which are offered instead, and a DRAOnly device); the rest
+// passes through. A plugin that describes no sharing is returned as it is.
+func DevicePluginOnly(p deviceplugin.Plugin) deviceplugin.Plugin {
+	if _, ok := p.(deviceplugin.Describer); !ok {
+		return p
+	}
+	return withOptional(dpOnly{p}, p)
+}
+
+type dpOnly struct{ deviceplugin.Plugin }
+
+func (d dpOnly) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
+	return d.Plugin.Scan(ctx, func(devs []deviceplugin.Device) {
+		l := readLedger(d.Plugin, devs)
+		out := make([]deviceplugin.Device, 0, len(devs))
+		for _, dev := range devs {
+			s := l.sharing[dev.ID]
+			if s != nil && (s.DRAOnly || len(s.Shared) > 0 && len(l.children[dev.ID]) > 0) {
+				continue
+			}
+			out = append(out, dev)
+		}
+		notify(out)
+	})
 }
 
 type front struct{ inv *Inventory }

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
@@ -211,7 +210,7 @@ func (l *ledger) admit(holds map[string][]hold, g Grant, h Holder) (hold, bool, 
 			if used+amounts[name] > c.Total {
 				return hold{}, false, &ConflictError{
 					Device: g.Device, Holder: firstOr(l.holdersOf(holds, target)), Holders: l.holdersOf(holds, target),
-					Reason: fmt.Sprintf("%s %s asked, %s of %s left", name, FormatAmount(amounts[name]), FormatAmount(c.Total-used), FormatAmount(c.Total)),
+					Reason: fmt.Sprintf("%s %s asked, %s of %s left", name, deviceplugin.FormatAmount(amounts[name]), deviceplugin.FormatAmount(c.Total-used), deviceplugin.FormatAmount(c.Total)),
 				}
 			}
 		}
@@ -228,7 +227,7 @@ func (l *ledger) admit(holds map[string][]hold, g Grant, h Holder) (hold, bool, 
 					by := l.setHolders(holds, use.Set)
 					return hold{}, false, &ConflictError{
 						Device: g.Device, Holder: firstOr(by), Holders: by,
-						Reason: fmt.Sprintf("it takes %s of counter %s of %s, %s of %s left", FormatAmount(use.Counters[name]), name, use.Set, FormatAmount(total-used), FormatAmount(total)),
+						Reason: fmt.Sprintf("it takes %s of counter %s of %s, %s of %s left", deviceplugin.FormatAmount(use.Counters[name]), name, use.Set, deviceplugin.FormatAmount(total-used), deviceplugin.FormatAmount(total)),
 					}
 				}
 			}
@@ -282,23 +281,6 @@ func firstOr(hs []Holder) Holder {
 		return Holder{}
 	}
 	return hs[0]
-}
-
-// FormatAmount writes an amount as a quantity: 21474836480 is "20Gi",
-// 7 is "7".
-func FormatAmount(v int64) string {
-	if v == 0 {
-		return "0"
-	}
-	for _, u := range []struct {
-		suffix string
-		shift  uint
-	}{{"Ei", 60}, {"Pi", 50}, {"Ti", 40}, {"Gi", 30}, {"Mi", 20}, {"Ki", 10}} {
-		if v%(1<<u.shift) == 0 {
-			return strconv.FormatInt(v>>u.shift, 10) + u.suffix
-		}
-	}
-	return strconv.FormatInt(v, 10)
 }
 
 func sameLedger(a, b ledger) bool {

@@ -1,6 +1,7 @@
 package inventory
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -243,10 +244,30 @@ func findDRA(t *testing.T, devs []DRADevice, id string) DRADevice {
 	return DRADevice{}
 }
 
-func TestFormatAmount(t *testing.T) {
-	for v, want := range map[int64]string{0: "0", 7: "7", 80 * gi: "80Gi", 1536: "1536", 1 << 20: "1Mi"} {
-		if got := FormatAmount(v); got != want {
-			t.Errorf("FormatAmount(%d) = %q, want %q", v, got, want)
-		}
+// TestDevicePluginOnly: served through the device plugin API alone, a
+// shared device with replicas is offered as its replicas only, and a
+// DRAOnly device not at all; the rest passes through.
+func TestDevicePluginOnly(t *testing.T) {
+	p := gpuPlugin{newFake()}
+	dp := DevicePluginOnly(p)
+	if _, ok := dp.(deviceplugin.PreferredAllocator); ok {
+		t.Errorf("DevicePluginOnly of a plugin without PreferredAllocation implements it")
+	}
+	got := make(chan []deviceplugin.Device, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- dp.Scan(ctx, func(d []deviceplugin.Device) { got <- d }) }()
+	defer func() { cancel(); <-done }()
+	p.snaps <- p.devices()
+	var ids []string
+	for _, d := range <-got {
+		ids = append(ids, d.ID)
+	}
+	want := slices.Concat([]string{"gpu-0-3g-0"}, numbered("gpu-0-1g-", 7), numbered("gpu-0-r", 4))
+	if !slices.Equal(ids, want) {
+		t.Errorf("offered %v, want %v (not the shared gpu-0, which has replicas)", ids, want)
+	}
+	if plain := newFake(); DevicePluginOnly(plain) != deviceplugin.Plugin(plain) {
+		t.Errorf("a plugin that describes nothing is wrapped")
 	}
 }

@@ -137,3 +137,22 @@ func TestMIGLayouts(t *testing.T) {
 		t.Error("a GPU without MIG has a layout")
 	}
 }
+
+func TestMemoryOf(t *testing.T) {
+	for model, want := range map[string]int64{
+		"NVIDIA H100 80GB HBM3":   80 << 30,
+		"NVIDIA A100-SXM4-40GB":   40 << 30,
+		"NVIDIA A100 80GB PCIe":   80 << 30,
+		"Tesla V100-PCIE-16GB":    16 << 30,
+		"NVIDIA H100 NVL":         0,
+		"NVIDIA L40S":             0,
+		"NVIDIA GeForce RTX 4090": 0,
+		"NVIDIA RTX A6000 48GBX":  0,
+		"":                        0,
+	} {
+		got, ok := MemoryOf(model)
+		if got != want || ok != (want > 0) {
+			t.Errorf("MemoryOf(%q) = %d, %v; want %d", model, got, ok, want)
+		}
+	}
+}

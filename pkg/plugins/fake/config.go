@@ -75,7 +75,7 @@ type ResourceConfig struct {
 	Partitions []PartitionConfig `json:"partitions,omitempty"`
 	// Shared lets many holders share every device at once, each taking
 	// part of the capacities named here (capacity -> how a share asks).
-	Shared map[string]SharePolicy `json:"shared,omitempty"`
+	Shared map[string]plugins.SharePolicy `json:"shared,omitempty"`
 	// Replicas, with shared, offers each device to the device plugin
 	// front as this many replicas <device>::<n>, each a fixed share of
 	// it (every shared capacity divided by replicas); the device itself
@@ -96,15 +96,6 @@ type PartitionConfig struct {
 	// Consumes is what one partition takes of the device's capacities
 	// (whole-number quantities, each a capacity of the resource).
 	Consumes map[string]string `json:"consumes"`
-}
-
-// SharePolicy is how a share of a shared device asks for a capacity:
-// Default when it asks nothing (default: the whole capacity), an amount
-// asked rounded up to Min + n*Step (Step default 1, Min default Step).
-type SharePolicy struct {
-	Default string `json:"default,omitempty"`
-	Min     string `json:"min,omitempty"`
-	Step    string `json:"step,omitempty"`
 }
 
 // AttributeValue is one fake device attribute: a string, a whole number

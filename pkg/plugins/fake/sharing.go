@@ -30,17 +30,6 @@ func (r ResourceConfig) partitioned() bool { return len(r.Partitions) > 0 || len
 // replicaID names replica n of device id, as nvidia's are named.
 func replicaID(id string, n int) string { return fmt.Sprintf("%s::%d", id, n) }
 
-// replicaAmount is a replica's share of capacity c: an equal part, down
-// to the granule.
-func replicaAmount(c deviceplugin.SharedCapacity, replicas int) int64 {
-	part := c.Total / int64(replicas)
-	step := max(c.Step, 1)
-	if part < c.Min {
-		return part
-	}
-	return c.Min + (part-c.Min)/step*step
-}
-
 // partitionID names partition n of a profile of device id.
 func partitionID(id, profile string, n int) string { return fmt.Sprintf("%s-%s-%d", id, profile, n) }
 
@@ -88,7 +77,7 @@ func (r ResourceConfig) validateSharing(rp *field.Path) field.ErrorList {
 	case r.Replicas > 0:
 		for _, n := range slices.Sorted(maps.Keys(r.Shared)) {
 			c, err := r.sharedCapacity(n, capacity[n])
-			if err == nil && replicaAmount(c, r.Replicas) < c.Min {
+			if err == nil && plugins.ReplicaAmount(c, r.Replicas) < c.Min {
 				errs = append(errs, field.Invalid(rp.Child("replicas"), r.Replicas, fmt.Sprintf("a replica's share of %s (%s/%d) is below the share policy's min", n, r.Capacity[n], r.Replicas)))
 			}
 		}
@@ -151,37 +140,9 @@ func sumCounts(ps []PartitionConfig) int {
 }
 
 // sharedCapacity reads the policy of shared capacity n of a device whose
-// total is total, and checks that the DRA API takes it.
+// total is total.
 func (r ResourceConfig) sharedCapacity(n string, total int64) (deviceplugin.SharedCapacity, error) {
-	p := r.Shared[n]
-	c := deviceplugin.SharedCapacity{Total: total, Default: total, Step: 1}
-	for _, f := range []struct {
-		name, v string
-		to      *int64
-	}{{"step", p.Step, &c.Step}, {"min", p.Min, &c.Min}, {"default", p.Default, &c.Default}} {
-		if f.v == "" {
-			continue
-		}
-		v, err := plugins.ParseAmount(f.v)
-		if err != nil {
-			return c, fmt.Errorf("%s: %w", f.name, err)
-		}
-		*f.to = v
-	}
-	if p.Min == "" {
-		c.Min = c.Step
-	}
-	switch {
-	case c.Step < 1:
-		return c, fmt.Errorf("step must be more than 0")
-	case c.Min+c.Step > total:
-		return c, fmt.Errorf("min and one step (%d) must not exceed the capacity (%s)", c.Min+c.Step, r.Capacity[n])
-	case c.Default < c.Min || c.Default > total:
-		return c, fmt.Errorf("default must be between min and the capacity (%s)", r.Capacity[n])
-	case (c.Default-c.Min)%c.Step != 0:
-		return c, fmt.Errorf("default must be min plus a whole number of steps")
-	}
-	return c, nil
+	return r.Shared[n].Capacity(total, r.Capacity[n])
 }
 
 // sharing is the resource's sharing rules, read once from the validated
@@ -223,7 +184,7 @@ func (r ResourceConfig) sharing() *sharing {
 	if r.Replicas > 0 {
 		s.replica = map[string]int64{}
 		for n, c := range s.whole.Shared {
-			s.replica[n] = replicaAmount(c, r.Replicas)
+			s.replica[n] = plugins.ReplicaAmount(c, r.Replicas)
 		}
 	}
 	return s

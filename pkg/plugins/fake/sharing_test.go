@@ -95,7 +95,7 @@ func TestValidateSharing(t *testing.T) {
 			{Profile: "big", Count: 1, Consumes: map[string]string{"memory": "100Gi", "disk": "1", "Cores": "1"}},
 			{Profile: "none", Count: 0},
 		},
-		Shared: map[string]fake.SharePolicy{"memory": {Min: "80Gi"}, "bandwidth": {}, "slices": {Default: "2", Step: "2", Min: "1"}},
+		Shared: map[string]plugins.SharePolicy{"memory": {Min: "80Gi"}, "bandwidth": {}, "slices": {Default: "2", Step: "2", Min: "1"}},
 	}}}
 	cfg.Default()
 	var got []string
@@ -122,7 +122,7 @@ func TestReplicas(t *testing.T) {
 	t.Parallel()
 	cfg := fake.Config{Resources: []fake.ResourceConfig{{
 		Name: "example.com/gpu", Count: 1, IDPattern: "gpu-{index}", Capacity: map[string]string{"memory": "80Gi"},
-		Shared: map[string]fake.SharePolicy{"memory": {Min: "1Gi", Step: "1Gi"}}, Replicas: 3,
+		Shared: map[string]plugins.SharePolicy{"memory": {Min: "1Gi", Step: "1Gi"}}, Replicas: 3,
 	}}}
 	cfg.Default()
 	resources, err := fake.New(cfg, plugins.Options{})

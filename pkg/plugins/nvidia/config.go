@@ -2,6 +2,7 @@ package nvidia
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"time"
@@ -80,6 +81,20 @@ type Config struct {
 	// scheduling against the partition layout: simulated clusters and
 	// fixture hosts. Partitions are served through DRA only.
 	MIG string `json:"mig,omitempty"`
+	// Memory is the memory of every GPU whose model name gives none
+	// (such as "NVIDIA L40S"), e.g. 48Gi. A GPU whose name carries its
+	// size ("NVIDIA H100 80GB HBM3") has that many GiB. A GPU whose
+	// memory is known is published with the capacity memory, and can be
+	// shared (Shared, Replicas).
+	Memory string `json:"memory,omitempty"`
+	// Shared lets many holders share each GPU whose memory is known, each
+	// share taking part of its memory: {memory: {min: 1Gi, step: 1Gi}}
+	// says how a share asks (docs/sharing.md). DRA claims ask for shares;
+	// with Replicas, each replica is a fixed share of 1/Replicas of the
+	// memory, so that replicas and DRA shares of a GPU never add up to
+	// more than it has. Replicas without Shared share memory in 1Mi
+	// steps.
+	Shared map[string]plugins.SharePolicy `json:"shared,omitempty"`
 	// RescanInterval is how often /proc/driver/nvidia is read again;
 	// /dev changes are seen at once. Default 10s.
 	RescanInterval plugins.Duration `json:"rescanInterval,omitempty"`
@@ -149,6 +164,21 @@ func (c *Config) Validate(p *field.Path) field.ErrorList {
 		errs = append(errs, field.NotSupported(p.Child("mig"), c.MIG, []string{MIGPartitions}))
 	case c.MIG != "" && c.Replicas > 1:
 		errs = append(errs, field.Forbidden(p.Child("mig"), "a GPU is time-sliced into replicas or cut into MIG partitions, not both; remove replicas or mig"))
+	}
+	if c.Memory != "" {
+		if v, err := plugins.ParseAmount(c.Memory); err != nil || v == 0 {
+			errs = append(errs, field.Invalid(p.Child("memory"), c.Memory, "must be a GPU's memory as a whole-number quantity, e.g. 48Gi"))
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(c.Shared)) {
+		if n != CapacityMemory {
+			errs = append(errs, field.NotSupported(p.Child("shared").Key(n), n, []string{CapacityMemory}))
+			continue
+		}
+		// The GPU's memory is known at scan time.
+		if err := c.Shared[n].Check(); err != nil {
+			errs = append(errs, field.Invalid(p.Child("shared").Key(n), c.Shared[n], err.Error()))
+		}
 	}
 	if c.RescanInterval.Duration < 100*time.Millisecond {
 		errs = append(errs, field.Invalid(p.Child("rescanInterval"), c.RescanInterval.String(), "must be at least 100ms, e.g. 10s"))

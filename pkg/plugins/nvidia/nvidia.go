@@ -90,6 +90,8 @@ type gpu struct {
 	nv.GPU
 	present bool
 	reason  string // "" when healthy
+	// share is how the GPU's memory is shared, nil when it is not.
+	share *deviceplugin.SharedCapacity
 }
 
 var (
@@ -179,6 +181,12 @@ func (p *Plugin) rescan() []nv.GPU {
 				c.reason = fmt.Sprint(st.Err)
 			}
 		}
+		var why string
+		if c.share, why = p.shareOf(g); why != "" {
+			if old, seen := p.known(g.UUID); !seen || old.share != nil {
+				p.log.Warn("GPU not shared", "uuid", g.UUID, "reason", why)
+			}
+		}
 		current[g.UUID] = c
 	}
 	p.mu.Lock()
@@ -194,10 +202,19 @@ func (p *Plugin) rescan() []nv.GPU {
 	return found
 }
 
+// known returns the GPU last scanned with uuid.
+func (p *Plugin) known(uuid string) (gpu, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.gpus[uuid]
+	return g, ok
+}
+
 // Describe returns what the driver's procfs says about the GPU behind id
 // (a UUID, or a replica of one when time-sliced): its PCI address and the
 // attributes productName, uuid, minor and driverVersion, each only when
-// known. The driver lists no memory size, so no capacity is published.
+// known, and the capacity memory when the model name or Config.Memory
+// gives it.
 func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -219,6 +236,7 @@ func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 		info.Attributes["driverVersion"] = plugins.VersionAttr(p.driver)
 	}
 	p.describeMIG(g, id, &info)
+	p.describeShare(g, id, &info)
 	return info, true
 }
 
@@ -286,8 +304,9 @@ func (p *Plugin) snapshot() []deviceplugin.Device {
 }
 
 // ids returns the IDs advertised for a GPU: its UUID, or its replicas
-// <UUID>::0 ... when time-sliced; with MIG partitions, its UUID and its
-// partitions <UUID>::<profile>-<n>.
+// <UUID>::0 ... when time-sliced (and its UUID before them when its
+// memory is shared: the replicas are shares of it); with MIG partitions,
+// its UUID and its partitions <UUID>::<profile>-<n>.
 func (p *Plugin) ids(g gpu) []string {
 	if l, ok := p.migLayout(g); ok {
 		out := []string{g.UUID}
@@ -298,7 +317,11 @@ func (p *Plugin) ids(g gpu) []string {
 		}
 		return out
 	}
-	return plugins.Sharing{N: p.cfg.Replicas, Sep: ReplicaSeparator}.IDs(g.UUID)
+	ids := plugins.Sharing{N: p.cfg.Replicas, Sep: ReplicaSeparator}.IDs(g.UUID)
+	if g.share != nil && p.cfg.Replicas > 1 {
+		return append([]string{g.UUID}, ids...)
+	}
+	return ids
 }
 
 // GPUOf returns the UUID behind a device or replica ID. Unlike

@@ -56,6 +56,11 @@ func serve(t *testing.T, root string, cfg nvidia.Config, hc nvidia.HealthChecker
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As dpkit plugin serves a resource through the device plugin API
+	// alone.
+	for i := range r {
+		r[i].Plugin = inventory.DevicePluginOnly(r[i].Plugin)
+	}
 	k := dptest.NewKubelet(t)
 	dptest.Serve(t, k, r...)
 	return k
@@ -413,6 +418,7 @@ func TestDescribe(t *testing.T) {
 			"minor":         deviceplugin.IntAttr(5),
 			"driverVersion": deviceplugin.VersionAttr("550.90.7"),
 		},
+		Capacity: map[string]string{"memory": "80Gi"},
 	}
 	if !reflect.DeepEqual(info, want) {
 		t.Errorf("Describe(%s) =\n%s\nwant\n%s", uuid(5), dump(info), dump(want))
@@ -423,18 +429,23 @@ func TestDescribe(t *testing.T) {
 		}
 	}
 
-	// Every replica of a time-sliced GPU is described as the GPU.
-	d = describe(t, nvidia.Config{Replicas: 2}, 16)
+	// A time-sliced GPU is shared: each replica is a fixed share of its
+	// memory.
+	d = describe(t, nvidia.Config{Replicas: 2}, 24) // 8 GPUs and their replicas
+	gpu, ok := d.Describe(uuid(5))
+	wantShared := map[string]deviceplugin.SharedCapacity{"memory": {Total: 80 << 30, Default: 80 << 30, Min: 1 << 20, Step: 1 << 20}}
+	if !ok || gpu.Sharing == nil || !reflect.DeepEqual(gpu.Sharing.Shared, wantShared) {
+		t.Errorf("Describe(%s) with replicas = %s, %v; want it shared: %s", uuid(5), dump(gpu), ok, dump(wantShared))
+	}
 	for _, id := range []string{uuid(5) + "::0", uuid(5) + "::1"} {
 		got, ok := d.Describe(id)
-		if !ok || !reflect.DeepEqual(got, want) {
-			t.Errorf("Describe(%s) = %s, %v; want the GPU's", id, dump(got), ok)
+		share := &deviceplugin.Sharing{ShareOf: uuid(5), ShareAmounts: map[string]int64{"memory": 40 << 30}}
+		if !ok || !reflect.DeepEqual(got.Attributes, want.Attributes) || !reflect.DeepEqual(got.Sharing, share) {
+			t.Errorf("Describe(%s) = %s, %v; want the GPU's attributes and a share of 40Gi", id, dump(got), ok)
 		}
 	}
-	for _, id := range []string{uuid(5), uuid(5) + "::2"} {
-		if _, ok := d.Describe(id); ok {
-			t.Errorf("Describe(%s) is known with 2 replicas", id)
-		}
+	if _, ok := d.Describe(uuid(5) + "::2"); ok {
+		t.Errorf("Describe(%s) is known with 2 replicas", uuid(5)+"::2")
 	}
 }
 
@@ -511,5 +522,62 @@ func TestMIGPartitions(t *testing.T) {
 	}
 	if len(ids) != 7 || slices.Contains(ids, uuid(0)) || slices.ContainsFunc(ids, func(id string) bool { return strings.Contains(id, "::") }) {
 		t.Errorf("device plugin front offers %v, want the 7 whole GPUs not partitioned", ids)
+	}
+}
+
+// TestMemoryShares: time-slicing replicas on the device plugin front and
+// DRA shares of the same GPU's memory, through one inventory, never add up
+// to more than the GPU's 80Gi.
+func TestMemoryShares(t *testing.T) {
+	t.Parallel()
+	cfg := nvidia.Config{Replicas: 4, Shared: map[string]plugins.SharePolicy{"memory": {Min: "1Gi", Step: "1Gi"}}}
+	cfg.Default()
+	r, err := nvidia.New(cfg, opts(filepath.Join(hosts, "dgx-h100")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := inventory.New(res, r[0].Plugin, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = inv.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	ch, stop := inv.Watch()
+	defer stop()
+	for {
+		if _, known := inv.Devices(); known {
+			break
+		}
+		<-ch
+	}
+	devs, _, _ := inv.DRAView()
+	if len(devs) != 8 || devs[0].Capacity["memory"] != 80<<30 || devs[0].Sharing.Shared["memory"].Step != 1<<30 {
+		t.Fatalf("DRA view %s, want the 8 GPUs shared, 80Gi each in 1Gi steps", dump(devs))
+	}
+
+	front := inv.DevicePluginFront()
+	for _, id := range []string{uuid(0) + "::0", uuid(0) + "::1"} {
+		if _, err := front.Allocate(ctx, []string{id}); err != nil {
+			t.Fatalf("replica %s: %v", id, err)
+		}
+	}
+	claim := inventory.ClaimHolder("ml", "c", "u")
+	err = inv.AcquireGrants([]inventory.Grant{{Device: uuid(0), ShareID: "s1", Amounts: map[string]int64{"memory": 41 << 30}}}, claim)
+	if err == nil || !strings.Contains(err.Error(), "memory 41Gi asked, 40Gi of 80Gi left") {
+		t.Errorf("a 41Gi share beside two 20Gi replicas: %v, want refused for memory", err)
+	}
+	if err := inv.AcquireGrants([]inventory.Grant{{Device: uuid(0), ShareID: "s1", Amounts: map[string]int64{"memory": 40 << 30}}}, claim); err != nil {
+		t.Fatalf("a 40Gi share beside two 20Gi replicas: %v", err)
+	}
+	if _, err := front.Allocate(ctx, []string{uuid(0) + "::2"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a third replica beside 80Gi held: %v, want FailedPrecondition", err)
+	}
+	if _, err := front.Allocate(ctx, []string{uuid(1) + "::0"}); err != nil {
+		t.Errorf("a replica of another GPU: %v", err)
+	}
+	devs, _, _ = inv.DRAView()
+	for _, d := range devs {
+		if d.ID == uuid(0) && d.Capacity["memory"] != 40<<30 {
+			t.Errorf("published %s with %d of memory, want the 40Gi the replicas leave", d.ID, d.Capacity["memory"])
+		}
 	}
 }
