@@ -15,12 +15,18 @@ import (
 	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/fake"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		dratest.RemoveBinary()
+		os.Exit(code)
+	}))
+}
 
 // TestHostServesPluginsAndPodResources runs the fake plugin through both
 // registration paths against a host and checks the device manager counts

@@ -601,6 +601,9 @@ func cleanupBinaries() {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	if renderBin != "" && os.Getenv(EnvRender) == "" {
+		os.RemoveAll(filepath.Dir(renderBin))
+	}
 }
 
 // testLogger logs to t.Log, so a failing test shows what the controller did.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
 
@@ -28,5 +29,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	cleanupBinaries()
+	dratest.RemoveBinary()
 	os.Exit(code)
 }

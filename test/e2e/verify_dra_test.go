@@ -408,3 +408,40 @@ func TestVerifyDRACleansUp(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyDRAVendorPlugins runs dpkit verify --dra against the amdgpu
+// and nvidia plugins, both fronts, on fixture hosts: 8 MI300X in the CPX
+// mode (64 compute partitions of 8 counter sets) and a DGX-H100 whose
+// GPUs are shared in memory shares beside 4 time-slicing replicas each.
+func TestVerifyDRAVendorPlugins(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, host, config string
+		pass               string // the check that must pass, not be skipped
+	}{
+		{"amdgpu-cpx", "mi300x", "- amdgpu: {computePartition: CPX}\n", verify.CheckDRAPartitionable},
+		{"nvidia-shared", "dgx-h100", "- nvidia: {replicas: 4, shared: {memory: {min: 1Gi, step: 1Gi}}}\n", verify.CheckDRAConsumableCapacity},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			config := filepath.Join(t.TempDir(), "plugin.yaml")
+			body := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n" + tc.config + "  fronts: [deviceplugin, dra]\n"
+			if err := os.WriteFile(config, []byte(body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			host, err := filepath.Abs(filepath.Join("..", "..", "pkg", "discovery", "testdata", "hosts", tc.host))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, code := runVerifyDRA(t, nil, dpkitBinary(t), "plugin", "--config", config,
+				"--sysfs-root", filepath.Join(host, "sys"), "--dev-root", filepath.Join(host, "dev"), "--proc-root", filepath.Join(host, "proc"))
+			if code != 0 || rep.Failed() {
+				t.Fatalf("exit %d, failed checks %v; want none", code, failedChecks(rep))
+			}
+			if r := rep.Result(tc.pass); r.Verdict != verify.Pass {
+				t.Errorf("%s: %s (%s), want pass", tc.pass, r.Verdict, r.Detail)
+			}
+		})
+	}
+}

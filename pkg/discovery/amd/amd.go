@@ -43,6 +43,10 @@ type GPU struct {
 	VendorID, DeviceID string
 	// SIMDCount is the number of SIMD units.
 	SIMDCount int
+	// XCCs is the number of accelerator complexes (XCDs) the node has
+	// (num_xcc; 1 when the topology does not say): an MI300X has 8 in
+	// the SPX mode, and each of its CPX partitions 1.
+	XCCs int
 	// RenderMinor is the DRM render minor (128 for renderD128), -1 when
 	// unknown.
 	RenderMinor int
@@ -105,6 +109,7 @@ func Scan(sysfsRoot string) ([]GPU, error) {
 			VendorID:    fmt.Sprintf("%04x", props["vendor_id"]),
 			DeviceID:    fmt.Sprintf("%04x", props["device_id"]),
 			SIMDCount:   int(props["simd_count"]),
+			XCCs:        int(max(props["num_xcc"], 1)),
 			RenderMinor: -1,
 			NUMANode:    numa.None,
 		}

@@ -36,6 +36,37 @@ func TestScanMI250(t *testing.T) {
 	}
 }
 
+// TestScanMI300XCPX reads 8 MI300X in the CPX mode: each PCI device has
+// eight KFD nodes of one XCC, each with its own render node.
+func TestScanMI300XCPX(t *testing.T) {
+	t.Parallel()
+	gpus, err := Scan("../testdata/hosts/mi300x/sys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gpus) != 64 {
+		t.Fatalf("got %d GPUs, want 64 partitions", len(gpus))
+	}
+	perBus := map[string]int{}
+	renders := map[string]bool{}
+	for _, g := range gpus {
+		perBus[g.BusID]++
+		renders[g.RenderNode] = true
+		if g.XCCs != 1 || g.ComputePartition != "CPX" || g.MemoryPartition != "NPS4" || g.DeviceID != "74a1" || g.ProductName != "AMD Instinct MI300X" {
+			t.Errorf("partition at KFD node %d = %+v", g.Node, g)
+		}
+	}
+	if len(perBus) != 8 || perBus["0000:05:00.0"] != 8 || len(renders) != 64 {
+		t.Errorf("partitions per GPU %v and %d render nodes, want 8 GPUs of 8 and 64", perBus, len(renders))
+	}
+	if g := gpus[7]; g.BusID != "0000:05:00.0" || g.RenderNode != "/dev/dri/renderD142" || g.NUMANode != 0 {
+		t.Errorf("GPU 0's last partition = %+v, want renderD142 on 0000:05:00.0", g)
+	}
+	if mi250, _ := Scan("../testdata/hosts/mi250/sys"); mi250[0].XCCs != 1 {
+		t.Errorf("an MI250 GCD has %d XCCs, want 1", mi250[0].XCCs)
+	}
+}
+
 func TestScanWithoutKFD(t *testing.T) {
 	t.Parallel()
 	gpus, err := Scan("../testdata/hosts/laptop/sys")

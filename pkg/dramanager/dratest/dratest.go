@@ -64,6 +64,15 @@ func Binary(t testing.TB) string {
 	return fakeDRA.path
 }
 
+// RemoveBinary removes what Binary built: call it from TestMain, after
+// the package's tests ran (the binary is built once per test binary, so
+// no single test can remove it).
+func RemoveBinary() {
+	if fakeDRA.path != "" {
+		_ = os.RemoveAll(filepath.Dir(fakeDRA.path))
+	}
+}
+
 // Claims is a directory of ResourceClaims, <namespace>_<name>.json, that
 // the fake driver reads; it is also a dramanager.ClaimGetter.
 type Claims string

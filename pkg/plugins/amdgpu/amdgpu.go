@@ -107,6 +107,9 @@ type gpu struct {
 	healthy bool
 	reason  string
 	present bool
+	// parts is how many partitions the GPU at this PCI address has; 1
+	// when it is whole.
+	parts int
 }
 
 var (
@@ -150,7 +153,7 @@ func (p *Plugin) rescan() []deviceplugin.Device {
 			id = fmt.Sprintf("%s-p%d", g.BusID, index[g.BusID])
 			index[g.BusID]++
 		}
-		current[id] = p.check(gpu{GPU: g, id: id, present: true})
+		current[id] = p.check(gpu{GPU: g, id: id, present: true, parts: perBus[g.BusID]})
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -179,9 +182,11 @@ func (p *Plugin) rescan() []deviceplugin.Device {
 
 // Describe returns what the KFD topology and the PCI device say about the
 // GPU (or partition) id: its PCI address and the attributes deviceID (PCI
-// device ID, lower-case hex), renderMinor, and productName, uniqueID,
-// computePartition and memoryPartition when the GPU reports them. The
-// topology has no memory size dpkit reads, so no capacity is published.
+// device ID, lower-case hex), renderMinor, partition, and productName,
+// uniqueID, computePartition and memoryPartition when the GPU reports
+// them; a compute partition also has profile, parent and xccs, and takes
+// its XCCs from its GPU's counter set. The topology has no memory size
+// dpkit reads, so no capacity is published.
 func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -206,6 +211,7 @@ func (p *Plugin) Describe(id string) (deviceplugin.DeviceInfo, bool) {
 	if g.RenderMinor >= 0 {
 		info.Attributes["renderMinor"] = deviceplugin.IntAttr(int64(g.RenderMinor))
 	}
+	p.describePartition(g, &info)
 	return info, true
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
+	"github.com/dpkit/dpkit/pkg/inventory"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
 )
@@ -192,6 +193,7 @@ func TestDescribe(t *testing.T) {
 			"productName": deviceplugin.StringAttr("AMD Instinct MI250X/MI250"),
 			"uniqueID":    deviceplugin.StringAttr("8829184918163153002"),
 			"renderMinor": deviceplugin.IntAttr(128),
+			"partition":   deviceplugin.BoolAttr(false),
 		},
 	}
 	if !reflect.DeepEqual(info, want) {
@@ -205,4 +207,63 @@ func TestDescribe(t *testing.T) {
 func dump(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestComputePartitions serves 8 MI300X in the CPX mode through one
+// inventory: each GPU's 8 partitions are devices of the device plugin
+// front, and partitions of one counter set of 8 XCCs on the DRA front.
+func TestComputePartitions(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(hosts, "mi300x")
+	cfg := amdgpu.Config{ComputePartition: "CPX"}
+	cfg.Default()
+	res, err := amdgpu.New(cfg, plugins.Options{SysfsRoot: filepath.Join(root, "sys"), DevRoot: filepath.Join(root, "dev"), ProcRoot: filepath.Join(root, "proc")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := inventory.New("amd.com/gpu", res[0].Plugin, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = inv.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	ch, stop := inv.Watch()
+	defer stop()
+	for {
+		if _, known := inv.Devices(); known {
+			break
+		}
+		<-ch
+	}
+	devs, sets, _ := inv.DRAView()
+	if len(devs) != 64 || len(sets) != 8 || sets[0].Name != "0000:05:00.0" || sets[0].Counters[amdgpu.CounterXCC] != 8 {
+		t.Fatalf("%d devices and sets %s published, want 64 partitions and 8 sets of 8 XCCs", len(devs), dump(sets))
+	}
+	for _, d := range devs {
+		if !d.Healthy || d.Sharing == nil || d.Sharing.Consumes[0].Counters[amdgpu.CounterXCC] != 1 {
+			t.Fatalf("partition %s = %s, want healthy, taking 1 XCC", d.ID, dump(d))
+		}
+	}
+	info, _ := res[0].Plugin.(deviceplugin.Describer).Describe("0000:26:00.0-p7")
+	if *info.Attributes[amdgpu.AttrProfile].String != "CPX" || *info.Attributes[amdgpu.AttrParent].String != "0000:26:00.0" ||
+		!*info.Attributes[amdgpu.AttrPartition].Bool || *info.Attributes["memoryPartition"].String != "NPS4" {
+		t.Errorf("partition 0000:26:00.0-p7 = %s", dump(info))
+	}
+
+	// The device plugin front offers partitions, as amd.com/gpu has
+	// always counted them, and holds them on the same ledger.
+	front := inv.DevicePluginFront()
+	if _, err := front.Allocate(ctx, []string{"0000:05:00.0-p0", "0000:05:00.0-p1"}); err != nil {
+		t.Fatal(err)
+	}
+	claim := inventory.ClaimHolder("ml", "c", "u")
+	if err := inv.Acquire([]string{"0000:05:00.0-p1"}, claim); err == nil {
+		t.Error("a claim got a partition the device plugin front holds")
+	}
+	if err := inv.Acquire([]string{"0000:05:00.0-p2"}, claim); err != nil {
+		t.Errorf("a claim on a free partition of the same GPU: %v", err)
+	}
+	devs, sets, _ = inv.DRAView()
+	if len(devs) != 62 || sets[0].Counters[amdgpu.CounterXCC] != 6 {
+		t.Errorf("after 2 partitions held through the device plugin: %d devices, %s; want 62 and 6 XCCs left", len(devs), dump(sets[0]))
+	}
 }

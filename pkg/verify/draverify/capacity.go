@@ -136,10 +136,17 @@ func (r *run) checkConsumableCapacity(ctx context.Context, sl []resourcev1.Resou
 	var dev *shareable
 	var consumed map[resourcev1.QualifiedName]resource.Quantity
 	var two bool
-	for i := range devs {
-		if c, t, ok := consumption(devs[i]); ok {
-			dev, consumed, two = &devs[i], c, t
-			break
+	// A device claim-a or claim-b holds is the last choice: the
+	// scheduler gives shares of a device with room.
+	held := r.heldDevices()
+	for _, free := range []bool{true, false} {
+		for i := range devs {
+			if held[devs[i].pool+"/"+devs[i].dev.Name] == free {
+				continue
+			}
+			if c, t, ok := consumption(devs[i]); ok && dev == nil {
+				dev, consumed, two = &devs[i], c, t
+			}
 		}
 	}
 	var shares []shareClaim
@@ -267,17 +274,30 @@ func (r *run) prepareShares(ctx context.Context, dev shareable, consumed map[res
 	return shares, problems, warnings, ""
 }
 
-// makeRoomFor unprepares claim-a and claim-b when the devices they hold
-// take counters the shared device dev needs (partitions of the GPU it
-// is): the scheduler would give no share of it while they are held, and
-// a driver that keeps its counters refuses one. The returned function
-// prepares them again.
-func (r *run) makeRoomFor(ctx context.Context, sl []resourcev1.ResourceSlice, dev shareable) func() {
-	if len(dev.dev.ConsumesCounters) == 0 {
-		return func() {}
+// heldDevices returns the devices claim-a and claim-b hold, as
+// pool/device.
+func (r *run) heldDevices() map[string]bool {
+	held := map[string]bool{}
+	for _, role := range []string{"claim-a", "claim-b"} {
+		if c := r.claims[role]; c != nil && c.Status.Allocation != nil {
+			for _, res := range c.Status.Allocation.Devices.Results {
+				held[res.Pool+"/"+res.Device] = true
+			}
+		}
 	}
+	return held
+}
+
+// makeRoomFor unprepares claim-a and claim-b when they hold the shared
+// device dev itself (all of it, by its default), or devices that take
+// counters it needs (partitions of the GPU it is): the scheduler would
+// give no share of it while they are held, and a driver that keeps its
+// capacities and counters refuses one. The returned function prepares
+// them again.
+func (r *run) makeRoomFor(ctx context.Context, sl []resourcev1.ResourceSlice, dev shareable) func() {
 	var held []string
 	var claims []*resourcev1.ResourceClaim
+	holdsDev := false
 	for _, role := range []string{"claim-a", "claim-b"} {
 		c := r.claims[role]
 		if c == nil || c.Status.Allocation == nil {
@@ -287,11 +307,13 @@ func (r *run) makeRoomFor(ctx context.Context, sl []resourcev1.ResourceSlice, de
 		for _, res := range c.Status.Allocation.Devices.Results {
 			if res.Pool == dev.pool {
 				held = append(held, res.Device)
+				holdsDev = holdsDev || res.Device == dev.dev.Name
 			}
 		}
 	}
 	want := append(slices.Clone(held), dev.dev.Name)
-	if len(fitTogether(newestPools(sl)[dev.pool], want)) == len(want) || len(claims) == 0 {
+	fits := len(dev.dev.ConsumesCounters) == 0 || len(fitTogether(newestPools(sl)[dev.pool], want)) == len(want)
+	if (fits && !holdsDev) || len(claims) == 0 {
 		return func() {}
 	}
 	refs := make([]*drav1.Claim, len(claims))

@@ -13,6 +13,12 @@
 #              nodes 0-1), two per NUMA node, and an ASPEED BMC VGA as card0;
 #              each GCD at KFD node n is n*10 % busy, uses n GiB of 64 GiB
 #              VRAM, draws 100+n W and is at 40+n degrees C.
+#   mi300x     2-socket host with 8 MI300X, four per NUMA node, each in
+#              the CPX compute partition mode (NPS4 memory): 8 partitions
+#              of one XCC per GPU, 64 KFD GPU nodes (2-65) that share
+#              their GPU's PCI address, each with its own render node
+#              (the GPU's own renderD128+g for partition 0, the partition
+#              devices' renderD136.. for the others).
 #   laptop     a laptop (no NUMA: numa_node -1) with an FTDI and a CH340
 #              USB serial adapter, an Arduino (cdc-acm), an Intel iGPU,
 #              /dev/fuse, /dev/kvm and /dev/net/tun.
@@ -60,7 +66,7 @@ nvgpu() { # ROOT BRIDGE ADDR MINOR UUID NUMA
 	node "$r/dev/nvidia$4"
 }
 
-rm -rf dgx-h100 mi250 laptop
+rm -rf dgx-h100 mi250 mi300x laptop
 
 # --- dgx-h100 ---------------------------------------------------------------
 r=dgx-h100
@@ -134,6 +140,54 @@ for spec in 29:0:pci0000:20/0000:20:01.1/0000:27:00.0/0000:28:00.0 \
 	node $r/dev/dri/card$card
 	node $r/dev/dri/renderD$minor
 	n=$((n + 1))
+done
+node $r/dev/kfd
+
+# --- mi300x -----------------------------------------------------------------
+r=mi300x
+kfd=$r/sys/devices/virtual/kfd/kfd
+link ../../devices/virtual/kfd/kfd $r/sys/class/kfd/kfd
+for n in 0 1; do
+	f $kfd/topology/nodes/$n/properties "$(printf 'cpu_cores_count 96\nsimd_count 0\nmem_banks_count 1\ncaches_count 0\nio_links_count 9\np2p_links_count 0\ncpu_core_id_base %d\nsimd_id_base 0\nmax_waves_per_simd 0\nlds_size_in_kb 0\ngds_size_in_kb 0\nnum_gws 0\nwave_front_size 0\narray_count 0\nsimd_arrays_per_engine 0\ncu_per_simd_array 0\nsimd_per_cu 0\nmax_slots_scratch_cu 0\ngfx_target_version 0\nvendor_id 0\ndevice_id 0\nlocation_id 0\ndomain 0\ndrm_render_minor 0\nhive_id 0\nnum_sdma_engines 0\nnum_sdma_xgmi_engines 0\nnum_sdma_queues_per_engine 0\nnum_cp_queues 0\nmax_engine_clk_ccompute 3700\nlocal_mem_size 0\nfw_version 0\ncapability 0\ndebug_prop 0\nsdma_fw_version 0\nunique_id 0\nnum_xcc 0\nmax_engine_clk_fcompute 0' $((n * 96)))"
+	f $kfd/topology/nodes/$n/gpu_id 0
+	f $kfd/topology/nodes/$n/name ""
+done
+n=2
+g=0
+for spec in 05:0:pci0000:00/0000:00:01.1/0000:03:00.0/0000:04:00.0 \
+	26:0:pci0000:20/0000:20:01.1/0000:24:00.0/0000:25:00.0 \
+	46:0:pci0000:40/0000:40:01.1/0000:44:00.0/0000:45:00.0 \
+	65:0:pci0000:60/0000:60:01.1/0000:63:00.0/0000:64:00.0 \
+	85:1:pci0000:80/0000:80:01.1/0000:83:00.0/0000:84:00.0 \
+	a5:1:pci0000:a0/0000:a0:01.1/0000:a3:00.0/0000:a4:00.0 \
+	c5:1:pci0000:c0/0000:c0:01.1/0000:c3:00.0/0000:c4:00.0 \
+	e5:1:pci0000:e0/0000:e0:01.1/0000:e3:00.0/0000:e4:00.0; do
+	bus=${spec%%:*}
+	rest=${spec#*:}
+	numa=${rest%%:*}
+	bridge=${rest#*:}
+	addr=0000:$bus:00.0
+	pcidev $r "$bridge" $addr 1002 74a1 120000 "$numa" amdgpu
+	d=$r/sys/devices/$bridge/$addr
+	mkdir -p "$d/drm/card$((g + 1))" "$d/drm/renderD$((128 + g))"
+	node $r/dev/dri/card$((g + 1))
+	f "$d/product_name" "AMD Instinct MI300X"
+	f "$d/current_compute_partition" CPX
+	f "$d/available_compute_partition" "SPX, DPX, QPX, CPX"
+	f "$d/current_memory_partition" NPS4
+	f "$d/available_memory_partition" "NPS1, NPS4"
+	f "$d/gpu_busy_percent" 0
+	f "$d/mem_info_vram_total" 206158430208
+	f "$d/mem_info_vram_used" 0
+	for p in 0 1 2 3 4 5 6 7; do
+		if [ $p -eq 0 ]; then minor=$((128 + g)); else minor=$((136 + g * 7 + p - 1)); fi
+		f $kfd/topology/nodes/$n/gpu_id $((50000 + n * 1111))
+		f $kfd/topology/nodes/$n/name gfx942
+		f $kfd/topology/nodes/$n/properties "$(printf 'cpu_cores_count 0\nsimd_count 152\nmem_banks_count 1\ncaches_count 102\nio_links_count 1\np2p_links_count 7\ncpu_core_id_base 0\nsimd_id_base 2147487744\nmax_waves_per_simd 8\nlds_size_in_kb 64\ngds_size_in_kb 0\nnum_gws 64\nwave_front_size 64\narray_count 4\nsimd_arrays_per_engine 1\ncu_per_simd_array 10\nsimd_per_cu 4\nmax_slots_scratch_cu 32\ngfx_target_version 90402\nvendor_id 4098\ndevice_id 29857\nlocation_id %d\ndomain 0\ndrm_render_minor %d\nhive_id 9873298012746190571\nnum_sdma_engines 2\nnum_sdma_xgmi_engines 0\nnum_sdma_queues_per_engine 8\nnum_cp_queues 8\nmax_engine_clk_fcompute 2100\nlocal_mem_size 0\nfw_version 177\ncapability 746948224\ndebug_prop 1511\nsdma_fw_version 22\nunique_id %d\nnum_xcc 1\nmax_engine_clk_ccompute 3700' $((0x$bus << 8)) $minor $((6171823300981734000 + g)))"
+		node $r/dev/dri/renderD$minor
+		n=$((n + 1))
+	done
+	g=$((g + 1))
 done
 node $r/dev/kfd
 
