@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -52,5 +53,31 @@ func TestVersionAttr(t *testing.T) {
 		case tc.str != "" && (a.String == nil || *a.String != tc.str || a.Version != nil):
 			t.Errorf("VersionAttr(%q) = %+v, want string %q", tc.in, a, tc.str)
 		}
+	}
+}
+
+func TestSharePolicy(t *testing.T) {
+	const mi, gi = int64(1) << 20, int64(1) << 30
+	// An H200's 143771Mi in 1Gi steps: the default, all of it, rounded
+	// down to min plus whole steps.
+	c, err := SharePolicy{Min: "1Gi", Step: "1Gi"}.Capacity(143771*mi, "143771Mi")
+	if err != nil || c.Default != 140*gi || c.Min != gi || c.Step != gi || c.Total != 143771*mi {
+		t.Errorf("Capacity = %+v, %v; want default 140Gi", c, err)
+	}
+	for _, tc := range []struct {
+		p    SharePolicy
+		want string
+	}{
+		{SharePolicy{Step: "0"}, "step must be more than 0"},
+		{SharePolicy{Min: "1Gi", Step: "1Gi", Default: "1536Mi"}, "default must be min plus a whole number of steps"},
+		{SharePolicy{Min: "x"}, "min:"},
+		{SharePolicy{Min: "2Gi", Default: "1Gi"}, "default must be at least min"},
+	} {
+		if err := tc.p.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Check(%+v) = %v, want %q", tc.p, err, tc.want)
+		}
+	}
+	if got := ReplicaAmount(c, 3); got != 46*gi {
+		t.Errorf("a third of 143771Mi in 1Gi steps = %d, want 46Gi", got)
 	}
 }

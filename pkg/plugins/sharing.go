@@ -8,8 +8,9 @@ import (
 
 // SharePolicy is how a share of a shared device asks for a capacity, as a
 // plugin config file writes it: Default when it asks nothing (default: the
-// whole capacity), an amount asked rounded up to Min + n*Step (Step
-// default 1, Min default Step). Amounts are whole-number quantities
+// whole capacity, down to Min plus whole steps, as the DRA API wants it),
+// an amount asked rounded up to Min + n*Step (Step default 1, Min default
+// Step). Amounts are whole-number quantities
 // (ParseAmount).
 type SharePolicy struct {
 	Default string `json:"default,omitempty"`
@@ -66,6 +67,9 @@ func (p SharePolicy) Capacity(total int64, totalText string) (deviceplugin.Share
 	c, err := p.amounts(total)
 	if err != nil {
 		return c, err
+	}
+	if p.Default == "" && c.Step > 0 && c.Default > c.Min {
+		c.Default = c.Min + (c.Default-c.Min)/c.Step*c.Step
 	}
 	switch {
 	case c.Step < 1:

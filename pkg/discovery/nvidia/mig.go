@@ -10,7 +10,8 @@ import (
 // (of 8). Which instances a GPU offers is fixed by its model; the tables
 // below are NVIDIA's ("Supported MIG Profiles", NVIDIA Multi-Instance GPU
 // User Guide: the A100-SXM4-40GB and H100 tables, and the A100 80GB
-// names), as nvidia-smi mig -lgip lists them. The +me profiles (media
+// names), as nvidia-smi mig -lgip lists them, and the H200's as it listed
+// them on an H200. The +me profiles (media
 // extensions, one per GPU) take the same slices as their plain profile
 // and are left out.
 
@@ -33,20 +34,26 @@ type MIGLayout struct {
 	Profiles []MIGProfile
 }
 
+// migShapes are the instance shapes of a GPU with 7 compute and 8 memory
+// slices, smallest first: compute slices, memory slices, instances.
+var migShapes = [6][3]int{{1, 1, 7}, {1, 2, 4}, {2, 2, 3}, {3, 4, 2}, {4, 4, 1}, {7, 8, 1}}
+
 // migProfiles builds the profile list of a layout with 7 compute and 8
-// memory slices: names are "<compute>g.<memory of the instance>gb".
-func migProfiles(sliceGB int) []MIGProfile {
-	name := func(c, m int) string {
-		return strconv.Itoa(c) + "g." + strconv.Itoa(m*sliceGB) + "gb"
+// memory slices, each shape named by name.
+func migProfiles(name func(compute, memory int) string) []MIGProfile {
+	out := make([]MIGProfile, len(migShapes))
+	for i, sh := range migShapes {
+		out[i] = MIGProfile{Name: name(sh[0], sh[1]), ComputeSlices: sh[0], MemorySlices: sh[1], Instances: sh[2]}
 	}
-	return []MIGProfile{
-		{Name: name(1, 1), ComputeSlices: 1, MemorySlices: 1, Instances: 7},
-		{Name: name(1, 2), ComputeSlices: 1, MemorySlices: 2, Instances: 4},
-		{Name: name(2, 2), ComputeSlices: 2, MemorySlices: 2, Instances: 3},
-		{Name: name(3, 4), ComputeSlices: 3, MemorySlices: 4, Instances: 2},
-		{Name: name(4, 4), ComputeSlices: 4, MemorySlices: 4, Instances: 1},
-		{Name: name(7, 8), ComputeSlices: 7, MemorySlices: 8, Instances: 1},
-	}
+	return out
+}
+
+// h200Names are the H200's profile names, as nvidia-smi mig -lgip lists
+// them on an H200 (docs/plugins/nvidia.md): its memory slices are not a
+// whole number of GB.
+var h200Names = map[[2]int]string{
+	{1, 1}: "1g.18gb", {1, 2}: "1g.35gb", {2, 2}: "2g.35gb",
+	{3, 4}: "3g.71gb", {4, 4}: "4g.71gb", {7, 8}: "7g.141gb",
 }
 
 // MIGLayoutOf returns the MIG layout of a GPU model, as the driver names
@@ -54,16 +61,21 @@ func migProfiles(sliceGB int) []MIGProfile {
 // whose layout dpkit does not know (or that has no MIG).
 func MIGLayoutOf(model string) (MIGLayout, bool) {
 	m := strings.ToUpper(model)
-	var sliceGB int
+	var name func(c, mem int) string
+	bySlice := func(sliceGB int) func(c, mem int) string {
+		return func(c, mem int) string { return strconv.Itoa(c) + "g." + strconv.Itoa(mem*sliceGB) + "gb" }
+	}
 	switch {
 	case strings.Contains(m, "H100") && strings.Contains(m, "80GB"):
-		sliceGB = 10
+		name = bySlice(10)
 	case strings.Contains(m, "A100") && strings.Contains(m, "80GB"):
-		sliceGB = 10
+		name = bySlice(10)
 	case strings.Contains(m, "A100") && strings.Contains(m, "40GB"):
-		sliceGB = 5
+		name = bySlice(5)
+	case strings.Contains(m, "H200"):
+		name = func(c, mem int) string { return h200Names[[2]int{c, mem}] }
 	default:
 		return MIGLayout{}, false
 	}
-	return MIGLayout{ComputeSlices: 7, MemorySlices: 8, Profiles: migProfiles(sliceGB)}, true
+	return MIGLayout{ComputeSlices: 7, MemorySlices: 8, Profiles: migProfiles(name)}, true
 }

@@ -117,6 +117,8 @@ func TestMIGLayouts(t *testing.T) {
 		"NVIDIA H100 80GB HBM3": "1g.10gb×7 1g.20gb×4 2g.20gb×3 3g.40gb×2 4g.40gb×1 7g.80gb×1",
 		"NVIDIA A100-SXM4-40GB": "1g.5gb×7 1g.10gb×4 2g.10gb×3 3g.20gb×2 4g.20gb×1 7g.40gb×1",
 		"NVIDIA A100 80GB PCIe": "1g.10gb×7 1g.20gb×4 2g.20gb×3 3g.40gb×2 4g.40gb×1 7g.80gb×1",
+		// As nvidia-smi mig -lgip listed them on an H200 (docs/plugins/nvidia.md).
+		"NVIDIA H200": "1g.18gb×7 1g.35gb×4 2g.35gb×3 3g.71gb×2 4g.71gb×1 7g.141gb×1",
 	} {
 		l, ok := MIGLayoutOf(model)
 		if !ok {
@@ -143,6 +145,7 @@ func TestMemoryOf(t *testing.T) {
 		"NVIDIA H100 80GB HBM3":   80 << 30,
 		"NVIDIA A100-SXM4-40GB":   40 << 30,
 		"NVIDIA A100 80GB PCIe":   80 << 30,
+		"NVIDIA H200":             143771 << 20,
 		"Tesla V100-PCIE-16GB":    16 << 30,
 		"NVIDIA H100 NVL":         0,
 		"NVIDIA L40S":             0,

@@ -71,7 +71,7 @@ type Config struct {
 	// GPU time than one).
 	FailRequestsGreaterThanOne bool `json:"failRequestsGreaterThanOne,omitempty"`
 	// MIG, set to "partitions", publishes every GPU whose model has MIG
-	// profiles dpkit knows (H100 80GB, A100 40GB and 80GB) as a
+	// profiles dpkit knows (H100 80GB, H200, A100 40GB and 80GB) as a
 	// partitionable device: the whole GPU and, beside it, one partition
 	// <UUID>::<profile>-<n> per instance of each profile it can hold,
 	// taking its compute and memory slices, so that the DRA front never
