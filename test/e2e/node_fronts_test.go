@@ -27,7 +27,6 @@ import (
 	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/draplugin"
 	"github.com/dpkit/dpkit/pkg/podresources"
-	"github.com/dpkit/dpkit/pkg/podresources/prclient"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
@@ -201,11 +200,7 @@ func TestVirtualNodeBothFronts(t *testing.T) {
 	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closer.Close()
+	prc := dialPodResources(t, ctx, root)
 
 	var (
 		mu     sync.Mutex

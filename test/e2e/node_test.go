@@ -196,11 +196,7 @@ func TestVirtualNodeDevices(t *testing.T) {
 	})
 
 	// PodResources lists the pod and its two devices while it runs.
-	prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closer.Close()
+	prc := dialPodResources(t, ctx, root)
 	var listed []string
 	poll(t, ctx, "PodResources to list the pod's devices", func(ctx context.Context) (bool, string, error) {
 		resp, err := prc.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
@@ -450,4 +446,16 @@ func createNamespaceTB(tb testing.TB, c kubernetes.Interface, base string) strin
 		tb.Fatalf("create namespace %s: %v", name, err)
 	}
 	return name
+}
+
+// dialPodResources dials the PodResources API of the node whose root is
+// root; the connection is closed when the test ends.
+func dialPodResources(t *testing.T, ctx context.Context, root string) podresourcesv1.PodResourcesListerClient {
+	t.Helper()
+	prc, closer, err := prclient.Dial(ctx, podresources.SocketPath(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer.Close() })
+	return prc
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	"github.com/dpkit/dpkit/pkg/inventory"
+	"github.com/dpkit/dpkit/pkg/inventory/invtest"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/amdgpu"
 )
@@ -221,19 +222,8 @@ func TestComputePartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv := inventory.New("amd.com/gpu", res[0].Plugin, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = inv.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	ch, stop := inv.Watch()
-	defer stop()
-	for {
-		if _, known := inv.Devices(); known {
-			break
-		}
-		<-ch
-	}
+	inv := invtest.Run(t, "amd.com/gpu", res[0].Plugin)
+	ctx := context.Background()
 	devs, sets, _ := inv.DRAView()
 	if len(devs) != 64 || len(sets) != 8 || sets[0].Name != "0000:05:00.0" || sets[0].Counters[amdgpu.CounterXCC] != 8 {
 		t.Fatalf("%d devices and sets %s published, want 64 partitions and 8 sets of 8 XCCs", len(devs), dump(sets))

@@ -24,6 +24,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/deviceplugin/dptest"
 	nv "github.com/dpkit/dpkit/pkg/discovery/nvidia"
 	"github.com/dpkit/dpkit/pkg/inventory"
+	"github.com/dpkit/dpkit/pkg/inventory/invtest"
 	"github.com/dpkit/dpkit/pkg/plugins"
 	"github.com/dpkit/dpkit/pkg/plugins/nvidia"
 )
@@ -468,19 +469,8 @@ func TestMIGPartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv := inventory.New(res, r[0].Plugin, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = inv.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	ch, stop := inv.Watch()
-	defer stop()
-	for {
-		if _, known := inv.Devices(); known {
-			break
-		}
-		<-ch
-	}
+	inv := invtest.Run(t, res, r[0].Plugin)
+	ctx := context.Background()
 	devs, sets, _ := inv.DRAView()
 	// Per GPU: itself, 7 1g.10gb, 4 1g.20gb, 3 2g.20gb, 2 3g.40gb, 4g.40gb, 7g.80gb.
 	if len(devs) != 8*19 || len(sets) != 8 || sets[0].Counters[nvidia.CounterComputeSlices] != 7 || sets[0].Counters[nvidia.CounterMemorySlices] != 8 {
@@ -536,19 +526,8 @@ func TestMemoryShares(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv := inventory.New(res, r[0].Plugin, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = inv.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	ch, stop := inv.Watch()
-	defer stop()
-	for {
-		if _, known := inv.Devices(); known {
-			break
-		}
-		<-ch
-	}
+	inv := invtest.Run(t, res, r[0].Plugin)
+	ctx := context.Background()
 	devs, _, _ := inv.DRAView()
 	if len(devs) != 8 || devs[0].Capacity["memory"] != 80<<30 || devs[0].Sharing.Shared["memory"].Step != 1<<30 {
 		t.Fatalf("DRA view %s, want the 8 GPUs shared, 80Gi each in 1Gi steps", dump(devs))
