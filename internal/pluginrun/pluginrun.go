@@ -204,7 +204,10 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		byName[f.Resource] = f
 	}
 	if !cfg.UsesFront(config.FrontDRA) {
-		return resources, nil, nil, nil, closeAll, nil
+		for _, r := range resources {
+			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inventory.DevicePluginOnly(r.Plugin)})
+		}
+		return served, nil, nil, nil, closeAll, nil
 	}
 	getenv := o.Getenv
 	if getenv == nil {

@@ -382,3 +382,41 @@ type noDRA struct{}
 func (noDRA) PodHealth(string) (cli.PodHealthGetter, error) { return nil, errors.New("no API server") }
 func (noDRA) DRAFront() pluginrun.DRAFront                  { return nil }
 func (noDRA) DRA(string) (cli.DRAReader, error)             { return nil, errors.New("no API server") }
+
+// TestPluginServesReplicasAlone: a resource served through the device
+// plugin API alone offers the kubelet the replicas of a shared device,
+// not the device they are shares of (it would count twice).
+func TestPluginServesReplicasAlone(t *testing.T) {
+	k := dptest.NewKubelet(t)
+	cfg, err := config.DecodePluginConfig([]byte(`apiVersion: dpkit.io/v1alpha1
+kind: PluginConfig
+plugins:
+- fake:
+    resources:
+    - name: example.com/gpu
+      count: 2
+      capacity: {memory: 80Gi}
+      shared: {memory: {min: 1Gi, step: 1Gi}}
+      replicas: 4
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Default()
+	cfg.PluginDir, cfg.Registration = k.PluginDir(), "kubelet"
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pluginrun.Run(ctx, nil, cfg, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	devs := k.WaitForDevices(t, "example.com/gpu", dptest.Healthy(8))
+	for _, d := range devs {
+		if !strings.Contains(d.ID, "::") {
+			t.Errorf("offered %s, a shared device whose replicas are offered", d.ID)
+		}
+	}
+}
