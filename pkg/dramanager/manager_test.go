@@ -23,7 +23,12 @@ import (
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		dratest.RemoveBinary()
+		os.Exit(code)
+	}))
+}
 
 func checkpointed(t *testing.T, n *node) []checkpoint.ClaimState {
 	t.Helper()
