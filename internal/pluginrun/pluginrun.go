@@ -205,7 +205,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	}
 	if !cfg.UsesFront(config.FrontDRA) {
 		for _, r := range resources {
-			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inventory.DevicePluginOnly(r.Plugin)})
+			served = append(served, devicePluginOnly(r))
 		}
 		return served, nil, nil, nil, closeAll, nil
 	}
@@ -236,7 +236,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	for _, r := range resources {
 		f, ok := byName[r.Name]
 		if !ok || !f.Has(config.FrontDRA) {
-			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inventory.DevicePluginOnly(r.Plugin)})
+			served = append(served, devicePluginOnly(r))
 			continue
 		}
 		rlog := log.With("resource", r.Name)
@@ -265,4 +265,10 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		rlog.Info("Serving through DRA", "driver", f.DriverName, "node", node, "deviceplugin", f.Has(config.FrontDevicePlugin))
 	}
 	return served, runners, ready, drivers, closeAll, nil
+}
+
+// devicePluginOnly serves r through the device plugin API alone: its
+// replicas, not the shared devices they draw on, and no DRA-only devices.
+func devicePluginOnly(r deviceplugin.Resource) deviceplugin.Resource {
+	return deviceplugin.Resource{Name: r.Name, Plugin: inventory.DevicePluginOnly(r.Plugin)}
 }

@@ -66,7 +66,7 @@ type dpOnly struct{ deviceplugin.Plugin }
 
 func (d dpOnly) Scan(ctx context.Context, notify func([]deviceplugin.Device)) error {
 	return d.Plugin.Scan(ctx, func(devs []deviceplugin.Device) {
-		l := readLedger(d.Plugin, devs)
+		l := readSharing(d.Plugin, devs)
 		out := make([]deviceplugin.Device, 0, len(devs))
 		for _, dev := range devs {
 			s := l.sharing[dev.ID]

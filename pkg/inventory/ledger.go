@@ -35,7 +35,24 @@ type ledger struct {
 // readLedger asks the plugin for the rules of devs. It is called without
 // inv.mu held: a plugin's Describe may take its own locks.
 func readLedger(p deviceplugin.Plugin, devs []deviceplugin.Device) ledger {
-	l := ledger{sharing: map[string]*deviceplugin.Sharing{}, sets: map[string]map[string]int64{}, children: map[string][]string{}}
+	l := readSharing(p, devs)
+	l.sets = map[string]map[string]int64{}
+	if cs, ok := p.(deviceplugin.CounterSetter); ok {
+		for _, set := range cs.CounterSets() {
+			if _, dup := l.sets[set.Name]; dup {
+				continue
+			}
+			l.sets[set.Name] = maps.Clone(set.Counters)
+			l.setList = append(l.setList, deviceplugin.CounterSet{Name: set.Name, Counters: maps.Clone(set.Counters)})
+		}
+	}
+	return l
+}
+
+// readSharing reads how devs share, as readLedger does, without the
+// counter sets.
+func readSharing(p deviceplugin.Plugin, devs []deviceplugin.Device) ledger {
+	l := ledger{sharing: map[string]*deviceplugin.Sharing{}, children: map[string][]string{}}
 	if d, ok := p.(deviceplugin.Describer); ok {
 		for _, dev := range devs {
 			if info, ok := d.Describe(dev.ID); ok && info.Sharing != nil {
@@ -44,15 +61,6 @@ func readLedger(p deviceplugin.Plugin, devs []deviceplugin.Device) ledger {
 					l.children[info.Sharing.ShareOf] = append(l.children[info.Sharing.ShareOf], dev.ID)
 				}
 			}
-		}
-	}
-	if cs, ok := p.(deviceplugin.CounterSetter); ok {
-		for _, set := range cs.CounterSets() {
-			if _, dup := l.sets[set.Name]; dup {
-				continue
-			}
-			l.sets[set.Name] = maps.Clone(set.Counters)
-			l.setList = append(l.setList, deviceplugin.CounterSet{Name: set.Name, Counters: maps.Clone(set.Counters)})
 		}
 	}
 	return l

@@ -90,6 +90,8 @@ type gpu struct {
 	nv.GPU
 	present bool
 	reason  string // "" when healthy
+	// memory is the GPU's memory in bytes, 0 when unknown.
+	memory int64
 	// share is how the GPU's memory is shared, nil when it is not.
 	share *deviceplugin.SharedCapacity
 }
@@ -166,6 +168,9 @@ func (p *Plugin) rescan() []nv.GPU {
 		p.log.Debug("Driver version unknown", "err", err)
 	}
 	ctl := devfs.Stat(p.opts.DevRoot, nv.ControlNode)
+	p.mu.Lock()
+	previous := p.gpus
+	p.mu.Unlock()
 	current := make(map[string]gpu, len(found))
 	for _, g := range found {
 		c := gpu{GPU: g, present: true}
@@ -181,9 +186,10 @@ func (p *Plugin) rescan() []nv.GPU {
 				c.reason = fmt.Sprint(st.Err)
 			}
 		}
+		c.memory = p.memoryOf(g)
 		var why string
-		if c.share, why = p.shareOf(g); why != "" {
-			if old, seen := p.known(g.UUID); !seen || old.share != nil {
+		if c.share, why = p.shareOf(g, c.memory); why != "" {
+			if old, seen := previous[g.UUID]; !seen || old.share != nil {
 				p.log.Warn("GPU not shared", "uuid", g.UUID, "reason", why)
 			}
 		}
@@ -200,14 +206,6 @@ func (p *Plugin) rescan() []nv.GPU {
 	p.gpus = current
 	p.driver = driver
 	return found
-}
-
-// known returns the GPU last scanned with uuid.
-func (p *Plugin) known(uuid string) (gpu, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	g, ok := p.gpus[uuid]
-	return g, ok
 }
 
 // Describe returns what the driver's procfs says about the GPU behind id

@@ -22,22 +22,23 @@ const CapacityMemory = "memory"
 var replicaPolicy = plugins.SharePolicy{Min: "1Mi", Step: "1Mi"}
 
 // memoryOf returns g's memory in bytes: the size its model name carries,
-// or else Config.Memory.
-func (p *Plugin) memoryOf(g nv.GPU) (int64, bool) {
+// or else Config.Memory; 0 when neither gives it.
+func (p *Plugin) memoryOf(g nv.GPU) int64 {
 	if v, ok := nv.MemoryOf(g.Model); ok {
-		return v, true
+		return v
 	}
 	if p.cfg.Memory != "" {
-		v, err := plugins.ParseAmount(p.cfg.Memory)
-		return v, err == nil
+		if v, err := plugins.ParseAmount(p.cfg.Memory); err == nil {
+			return v
+		}
 	}
-	return 0, false
+	return 0
 }
 
-// shareOf returns how g's memory is shared, nil when it is not: sharing is
-// off, or g's memory is unknown or too small for the policy or the
-// replicas (the reason then says which).
-func (p *Plugin) shareOf(g nv.GPU) (share *deviceplugin.SharedCapacity, reason string) {
+// shareOf returns how g's memory (total bytes, 0 when unknown) is shared,
+// nil when it is not: sharing is off, or the memory is unknown or too
+// small for the policy or the replicas (the reason then says which).
+func (p *Plugin) shareOf(g nv.GPU, total int64) (share *deviceplugin.SharedCapacity, reason string) {
 	policy, ok := p.cfg.Shared[CapacityMemory]
 	switch {
 	case ok:
@@ -46,8 +47,7 @@ func (p *Plugin) shareOf(g nv.GPU) (share *deviceplugin.SharedCapacity, reason s
 	default:
 		return nil, ""
 	}
-	total, ok := p.memoryOf(g)
-	if !ok {
+	if total == 0 {
 		return nil, fmt.Sprintf("its memory is unknown (model %q names none); set nvidia.memory", g.Model)
 	}
 	c, err := policy.Capacity(total, deviceplugin.FormatAmount(total))
@@ -63,8 +63,8 @@ func (p *Plugin) shareOf(g nv.GPU) (share *deviceplugin.SharedCapacity, reason s
 // describeShare adds g's memory and, when it is shared, the share that id
 // (the GPU or one of its replicas) is. p.mu is held.
 func (p *Plugin) describeShare(g gpu, id string, info *deviceplugin.DeviceInfo) {
-	if total, ok := p.memoryOf(g.GPU); ok && id == g.UUID {
-		info.Capacity = map[string]string{CapacityMemory: deviceplugin.FormatAmount(total)}
+	if g.memory > 0 && id == g.UUID {
+		info.Capacity = map[string]string{CapacityMemory: deviceplugin.FormatAmount(g.memory)}
 	}
 	if g.share == nil {
 		return

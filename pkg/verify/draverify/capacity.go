@@ -274,16 +274,25 @@ func (r *run) prepareShares(ctx context.Context, dev shareable, consumed map[res
 	return shares, problems, warnings, ""
 }
 
+// held returns claim-a and claim-b where they hold an allocation, and
+// the devices they hold.
+func (r *run) held() (claims []*resourcev1.ResourceClaim, devices []resourcev1.DeviceRequestAllocationResult) {
+	for _, role := range []string{"claim-a", "claim-b"} {
+		if c := r.claims[role]; c != nil && c.Status.Allocation != nil {
+			claims = append(claims, c)
+			devices = append(devices, c.Status.Allocation.Devices.Results...)
+		}
+	}
+	return claims, devices
+}
+
 // heldDevices returns the devices claim-a and claim-b hold, as
 // pool/device.
 func (r *run) heldDevices() map[string]bool {
 	held := map[string]bool{}
-	for _, role := range []string{"claim-a", "claim-b"} {
-		if c := r.claims[role]; c != nil && c.Status.Allocation != nil {
-			for _, res := range c.Status.Allocation.Devices.Results {
-				held[res.Pool+"/"+res.Device] = true
-			}
-		}
+	_, devices := r.held()
+	for _, res := range devices {
+		held[res.Pool+"/"+res.Device] = true
 	}
 	return held
 }
@@ -295,20 +304,13 @@ func (r *run) heldDevices() map[string]bool {
 // capacities and counters refuses one. The returned function prepares
 // them again.
 func (r *run) makeRoomFor(ctx context.Context, sl []resourcev1.ResourceSlice, dev shareable) func() {
+	claims, devices := r.held()
 	var held []string
-	var claims []*resourcev1.ResourceClaim
 	holdsDev := false
-	for _, role := range []string{"claim-a", "claim-b"} {
-		c := r.claims[role]
-		if c == nil || c.Status.Allocation == nil {
-			continue
-		}
-		claims = append(claims, c)
-		for _, res := range c.Status.Allocation.Devices.Results {
-			if res.Pool == dev.pool {
-				held = append(held, res.Device)
-				holdsDev = holdsDev || res.Device == dev.dev.Name
-			}
+	for _, res := range devices {
+		if res.Pool == dev.pool {
+			held = append(held, res.Device)
+			holdsDev = holdsDev || res.Device == dev.dev.Name
 		}
 	}
 	want := append(slices.Clone(held), dev.dev.Name)
