@@ -135,7 +135,7 @@ func TestDocRecipes(t *testing.T) {
 				before := topEntries(t, root)
 				out, err := runRecipe(ctx, t.TempDir(), r.script(), root, env, interactive)
 				if err != nil {
-					t.Errorf("%s:%d recipe %q (%s): %v\n%s", r.page, r.line, r.name, shell, err, out)
+					t.Errorf("%s:%d recipe %q (%s): %v\n%s\nThe cluster then:\n%s", r.page, r.line, r.name, shell, err, out, clusterState(cp.Kubectl, env))
 				}
 				// What the recipe built in the checkout (README's
 				// ./myplugin) goes, as the user's own clean-up would.
@@ -149,6 +149,27 @@ func TestDocRecipes(t *testing.T) {
 			})
 		}
 	}
+}
+
+// clusterState is what a failed recipe left in the cluster: pods and the
+// nodes they are on, claims and their allocations, the latest events.
+func clusterState(kubectl string, env []string) string {
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"get", "nodes,pods,resourceclaims,resourceslices", "-A", "-o", "wide"},
+		{"get", "resourceclaims", "-A", "-o", "custom-columns=NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,RESERVED:.status.reservedFor[*].name,DEVICES:.status.allocation.devices.results[*].device,CONSUMED:.status.allocation.devices.results[*].consumedCapacity"},
+		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+	} {
+		cmd := exec.Command(kubectl, args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		fmt.Fprintf(&b, "$ kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, strings.Join(lines, "\n"))
+	}
+	return b.String()
 }
 
 // topEntries are the names in dir.
