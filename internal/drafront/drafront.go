@@ -28,9 +28,9 @@ import (
 // every resource of the process.
 func New() pluginrun.DRAFront {
 	var (
-		once   sync.Once
-		client kubernetes.Interface
-		err    error
+		once  sync.Once
+		start pluginrun.DRAFront
+		err   error
 	)
 	return func(inv *inventory.Inventory, o pluginrun.DRAOptions, log *slog.Logger, reg prometheus.Registerer) (pluginrun.DRADriver, error) {
 		once.Do(func() {
@@ -39,11 +39,23 @@ func New() pluginrun.DRAFront {
 				err = fmt.Errorf("the DRA front needs the API server: %w", e)
 				return
 			}
-			client, err = kubernetes.NewForConfig(rc)
+			var client kubernetes.Interface
+			if client, err = kubernetes.NewForConfig(rc); err == nil {
+				start = WithClient(client)
+			}
 		})
 		if err != nil {
 			return pluginrun.DRADriver{}, err
 		}
+		return start(inv, o, log, reg)
+	}
+}
+
+// WithClient returns a DRA front starter whose fronts all use client
+// (DRAOptions.Kubeconfig is not read): what dpkit node gives the
+// in-process plugins of its nodes, with the client the nodes share.
+func WithClient(client kubernetes.Interface) pluginrun.DRAFront {
+	return func(inv *inventory.Inventory, o pluginrun.DRAOptions, log *slog.Logger, reg prometheus.Registerer) (pluginrun.DRADriver, error) {
 		if o.NodeName == "" {
 			return pluginrun.DRADriver{}, fmt.Errorf("the DRA front of %s needs the node's name: set dra.nodeName in the config or $NODE_NAME (in a DaemonSet, from the downward API: fieldPath spec.nodeName)", inv.Resource())
 		}

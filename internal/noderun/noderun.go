@@ -26,6 +26,7 @@ import (
 
 	"github.com/dpkit/dpkit/internal/cli"
 	"github.com/dpkit/dpkit/internal/config"
+	"github.com/dpkit/dpkit/internal/drafront"
 	"github.com/dpkit/dpkit/internal/kubeconfig"
 	"github.com/dpkit/dpkit/internal/pluginrun"
 	"github.com/dpkit/dpkit/internal/rootlock"
@@ -207,8 +208,12 @@ func (o *Options) resources() (corev1.ResourceList, field.ErrorList) {
 }
 
 // pluginConfig reads --plugin-config and returns a function that decodes
-// a fresh copy of it for one node, served on that node's directories.
-func (o *Options) pluginConfig() (func(root string) (*config.PluginConfig, error), error) {
+// a fresh copy of it for one node (its root and name), served on that
+// node's directories: the device plugin and registration directories,
+// and for the dra front the node's plugins directory and PodResources
+// socket, publishing for the node, its CDI specs in <root>/cdi unless
+// dra.cdiDir names another (the CRI backend's runtime reads its own).
+func (o *Options) pluginConfig() (func(root, node string) (*config.PluginConfig, error), error) {
 	cfg, err := config.LoadPluginConfig(o.PluginConfig, "--plugin-config")
 	if err != nil {
 		return nil, err
@@ -217,14 +222,20 @@ func (o *Options) pluginConfig() (func(root string) (*config.PluginConfig, error
 	if cfg.MetricsAddress != "" {
 		errs = append(errs, field.Invalid(field.NewPath("metricsAddress"), cfg.MetricsAddress, "the in-process plugins of dpkit node serve no metrics of their own: remove it"))
 	}
-	for i, p := range cfg.Plugins {
-		if slices.Contains(p.Fronts, config.FrontDRA) {
-			errs = append(errs, field.Invalid(field.NewPath("plugins").Index(i).Child("fronts"), p.Fronts, "the in-process plugins of dpkit node serve the device plugin API only: remove dra, or run the plugin with dpkit plugin"))
-		}
-	}
-	for _, d := range []struct{ name, value string }{{"pluginDir", cfg.PluginDir}, {"registryDir", cfg.RegistryDir}} {
-		if d.value != "" {
-			errs = append(errs, field.Invalid(field.NewPath(d.name), d.value, "dpkit node serves each in-process plugin in its node's root: remove it"))
+	dra := field.NewPath("dra")
+	for _, d := range []struct {
+		path       *field.Path
+		value, def string
+	}{
+		{field.NewPath("pluginDir"), cfg.PluginDir, ""},
+		{field.NewPath("registryDir"), cfg.RegistryDir, ""},
+		{dra.Child("pluginsDir"), cfg.DRA.PluginsDir, config.DefaultDRAPluginsDir},
+		{dra.Child("podResourcesSocket"), cfg.DRA.PodResourcesSocket, config.DefaultPodResourcesSocket},
+		{dra.Child("nodeName"), cfg.DRA.NodeName, ""},
+		{dra.Child("kubeconfig"), cfg.DRA.Kubeconfig, ""},
+	} {
+		if d.value != d.def {
+			errs = append(errs, field.Invalid(d.path, d.value, "dpkit node serves each in-process plugin for its own node, in the node's root and with the node's API client: remove it"))
 		}
 	}
 	if err := configfile.Join(errs); err != nil {
@@ -234,16 +245,26 @@ func (o *Options) pluginConfig() (func(root string) (*config.PluginConfig, error
 	if err != nil {
 		return nil, err
 	}
-	return func(root string) (*config.PluginConfig, error) {
+	return func(root, node string) (*config.PluginConfig, error) {
 		c, err := config.DecodePluginConfig(data)
 		if err != nil {
 			return nil, err
 		}
 		c.PluginDir = devicemanager.PluginDir(root)
 		c.RegistryDir = filepath.Join(root, "plugins_registry")
+		c.DRA.PluginsDir = filepath.Join(root, "plugins")
+		c.DRA.PodResourcesSocket = filepath.Join(root, "pod-resources", "kubelet.sock")
+		if c.DRA.CDIDir == config.DefaultCDIDir {
+			c.DRA.CDIDir = nodeCDIDir(root)
+		}
+		c.DRA.NodeName = node
 		return c, nil
 	}, nil
 }
+
+// nodeCDIDir is where the DRA fronts of a node's in-process plugins write
+// the CDI specs of its prepared claims; its process backend reads them.
+func nodeCDIDir(root string) string { return filepath.Join(root, "cdi") }
 
 // ParseTaints parses key[=value]:Effect taints; an empty string is
 // skipped.
@@ -325,19 +346,27 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		}
 	default:
 		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {
+			cdiDirs := o.CDISpecDirs
+			if o.PluginConfig != "" {
+				// The in-process plugins' DRA fronts write there.
+				cdiDirs = append(slices.Clone(cdiDirs), nodeCDIDir(root))
+			}
 			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
-				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles, CDISpecDirs: o.CDISpecDirs})
+				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles, CDISpecDirs: cdiDirs})
 		}
 	}
 	if err := checkInotify(o, inotifyLimit, "/proc"); err != nil {
 		return cli.Exit(2, err)
 	}
-	var pluginCfg func(string) (*config.PluginConfig, error)
+	var pluginCfg func(root, node string) (*config.PluginConfig, error)
 	if o.PluginConfig != "" {
 		if pluginCfg, err = o.pluginConfig(); err != nil {
 			return cli.Exit(2, err)
 		}
 	}
+	// The DRA fronts of every node's in-process plugins share the nodes'
+	// API client.
+	draFront := drafront.WithClient(client)
 	var (
 		shared informers.SharedInformerFactory
 		router *virtualnode.PodRouter
@@ -409,7 +438,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		}
 		nodeUp := make(chan struct{})
 		if pluginCfg != nil {
-			pc, err := pluginCfg(cfg.Root)
+			pc, err := pluginCfg(cfg.Root, cfg.Name)
 			if err != nil {
 				return err
 			}
@@ -425,7 +454,11 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				case <-gctx.Done():
 					return nil
 				}
-				if err := pluginrun.RunWith(gctx, plog, pc, nil, pluginrun.Options{Clock: o.PluginClock}); err != nil && gctx.Err() == nil {
+				// The plugin's environment is the node's, not the
+				// process's: $NODE_NAME, $POD_UID and the directories
+				// are the node's own (pluginConfig).
+				popts := pluginrun.Options{Clock: o.PluginClock, DRA: draFront, Getenv: func(string) string { return "" }}
+				if err := pluginrun.RunWith(gctx, plog, pc, nil, popts); err != nil && gctx.Err() == nil {
 					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
 				}
 				return nil

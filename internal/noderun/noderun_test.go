@@ -139,8 +139,10 @@ func TestValidatePluginConfig(t *testing.T) {
 	}{
 		{"fake", base + fake, nil},
 		{"metrics", base + "metricsAddress: :9400\n" + fake, []string{"metricsAddress: Invalid value: \":9400\": the in-process plugins of dpkit node serve no metrics of their own: remove it"}},
-		{"dirs", base + "pluginDir: /var/lib/kubelet/device-plugins\nregistryDir: /r\n" + fake, []string{"pluginDir: Invalid value: \"/var/lib/kubelet/device-plugins\": dpkit node serves each in-process plugin in its node's root", "registryDir: Invalid value"}},
-		{"dra", base + "plugins:\n- fronts: [deviceplugin, dra]\n  fake:\n    resources:\n    - name: example.com/dev\n      count: 8\n", []string{"plugins[0].fronts: Invalid value", "serve the device plugin API only: remove dra"}},
+		{"dirs", base + "pluginDir: /var/lib/kubelet/device-plugins\nregistryDir: /r\n" + fake, []string{"pluginDir: Invalid value: \"/var/lib/kubelet/device-plugins\": dpkit node serves each in-process plugin for its own node, in the node's root", "registryDir: Invalid value"}},
+		{"dra", base + "plugins:\n- fronts: [deviceplugin, dra]\n  fake:\n    resources:\n    - name: example.com/dev\n      count: 8\n", nil},
+		{"dra-node", base + "dra: {nodeName: gpu-1, kubeconfig: /k, pluginsDir: /p, podResourcesSocket: /s}\nplugins:\n- fronts: [dra]\n  fake:\n    resources:\n    - name: example.com/dev\n      count: 8\n",
+			[]string{"dra.nodeName: Invalid value: \"gpu-1\"", "dra.kubeconfig: Invalid value", "dra.pluginsDir: Invalid value", "dra.podResourcesSocket: Invalid value", "with the node's API client: remove it"}},
 		{"bad", base + "plugins:\n- fake:\n    resources:\n    - name: example.com/dev\n      count: -1\n", []string{"--plugin-config " + filepath.Join(dir, "bad.yaml"), "plugins[0].fake.resources[0].count"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -242,5 +244,46 @@ func TestPortInUse(t *testing.T) {
 	}
 	if err := portHint(o, context.Canceled); !errors.Is(err, context.Canceled) || err.Error() != context.Canceled.Error() {
 		t.Errorf("another error changed: %v", err)
+	}
+}
+
+// TestPluginConfigPerNode: each node's copy of --plugin-config serves in
+// that node's root and publishes for that node; a dra.cdiDir is kept.
+func TestPluginConfigPerNode(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	body := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fronts: [dra]\n  fake:\n    resources:\n    - name: example.com/dev\n      count: 8\n"
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{PluginConfig: p}
+	perNode, err := o.pluginConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := perNode("/r/gpu-1", "gpu-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []struct{ name, got, want string }{
+		{"pluginDir", c.PluginDir, "/r/gpu-1/device-plugins"},
+		{"registryDir", c.RegistryDir, "/r/gpu-1/plugins_registry"},
+		{"dra.pluginsDir", c.DRA.PluginsDir, "/r/gpu-1/plugins"},
+		{"dra.podResourcesSocket", c.DRA.PodResourcesSocket, "/r/gpu-1/pod-resources/kubelet.sock"},
+		{"dra.cdiDir", c.DRA.CDIDir, "/r/gpu-1/cdi"},
+		{"dra.nodeName", c.DRA.NodeName, "gpu-1"},
+	} {
+		if f.got != f.want {
+			t.Errorf("%s = %q, want %q", f.name, f.got, f.want)
+		}
+	}
+	if err := os.WriteFile(p, []byte(strings.Replace(body, "plugins:", "dra: {cdiDir: /var/run/cdi-node}\nplugins:", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if perNode, err = o.pluginConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = perNode("/r/gpu-1", "gpu-1"); err != nil || c.DRA.CDIDir != "/var/run/cdi-node" {
+		t.Errorf("with dra.cdiDir set: cdiDir %q, %v", c.DRA.CDIDir, err)
 	}
 }

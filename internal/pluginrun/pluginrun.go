@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -224,6 +225,14 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
 	dra := cfg.DRA.Resolve(getenv, pluginDir)
 	pluginsDir, cdiDir := dra.PluginsDir, dra.CDIDir
+	// host.sysfsRoot may be relative (the node profiles' fixture hosts);
+	// the DRA front wants it whole.
+	sysfsRoot := cfg.Host.SysfsRoot
+	if sysfsRoot != "" {
+		if sysfsRoot, err = filepath.Abs(sysfsRoot); err != nil {
+			return nil, nil, nil, nil, closeAll, fmt.Errorf("host.sysfsRoot: %w", err)
+		}
+	}
 	lister, conn, err := prclient.New(dra.PodResourcesSocket)
 	if err != nil {
 		return nil, nil, nil, nil, closeAll, err
@@ -251,7 +260,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 			PluginsDir:  pluginsDir,
 			RegistryDir: registryDir,
 			CDIDir:      cdiDir,
-			SysfsRoot:   cfg.Host.SysfsRoot,
+			SysfsRoot:   sysfsRoot,
 			Kubeconfig:  cfg.DRA.Kubeconfig,
 			PodUID:      getenv(config.EnvPodUID),
 		}, rlog, registerer)

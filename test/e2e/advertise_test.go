@@ -393,7 +393,7 @@ func getNode(t *testing.T, ctx context.Context, c kubernetes.Interface, name str
 
 // poll calls cond every 100ms until it is true, failing the test after
 // waitTimeout with what it was waiting for and the last state seen.
-func poll(t *testing.T, ctx context.Context, what string, cond func(context.Context) (bool, string, error)) {
+func poll(t testing.TB, ctx context.Context, what string, cond func(context.Context) (bool, string, error)) {
 	t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {

@@ -55,12 +55,19 @@ var benchSchedulers = []struct {
 // scheduler settings and its objects are the benchmark's alone.
 func benchControlPlane(b *testing.B, qps float32, burst int32) (*controlplane.ControlPlane, kubernetes.Interface) {
 	b.Helper()
-	cp := controlplane.StartForTest(b, controlplane.Options{Scheduler: true, SchedulerQPS: qps, SchedulerBurst: burst})
+	return benchControlPlaneWith(b, controlplane.Options{Scheduler: true, SchedulerQPS: qps, SchedulerBurst: burst})
+}
+
+// benchControlPlaneWith is benchControlPlane with the control plane o
+// says.
+func benchControlPlaneWith(tb testing.TB, o controlplane.Options) (*controlplane.ControlPlane, kubernetes.Interface) {
+	tb.Helper()
+	cp := controlplane.StartForTest(tb, o)
 	rc := *cp.RESTConfig
 	rc.QPS, rc.Burst = 500, 1000
 	c, err := kubernetes.NewForConfig(&rc)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return cp, c
 }

@@ -23,8 +23,8 @@ const profileNodes = 3
 // served by one dpkit node --count --backend sim process as the profile
 // says to run it (from the repository root, whose fixture hosts its host
 // paths name), gives every node the devices the real plugin finds on the
-// profile's fixture host. The profiles run one after the other: each node
-// holds two inotify instances.
+// profile's fixture host, as allocatable and in its ResourceSlices. The
+// profiles run one after the other: each node holds two inotify instances.
 func TestVirtualNodeProfiles(t *testing.T) {
 	dpkitBinary(t) // before the test's deadline starts: a cold build takes minutes
 	cp := cluster.Get(t)
@@ -37,11 +37,13 @@ func TestVirtualNodeProfiles(t *testing.T) {
 	for _, tc := range []struct {
 		profile string
 		want    map[string]string // allocatable
+		slices  map[string]int    // driver -> devices in each node's ResourceSlices
 	}{
-		{"dgx-h100", map[string]string{"nvidia.com/gpu": "8"}},
-		{"mi300x", map[string]string{"amd.com/gpu": "64"}},
-		{"mi250", map[string]string{"amd.com/gpu": "4"}},
-		{"laptop", map[string]string{"dpkit.io/serial": "3", "dpkit.io/fuse": "16", "dpkit.io/tun": "16"}},
+		{"dgx-h100", map[string]string{"nvidia.com/gpu": "8"}, map[string]int{"gpu.nvidia.com": 8}},
+		{"mi300x", map[string]string{"amd.com/gpu": "64"}, map[string]int{"gpu.amd.com": 64}},
+		{"mi250", map[string]string{"amd.com/gpu": "4"}, map[string]int{"gpu.amd.com": 4}},
+		{"laptop", map[string]string{"dpkit.io/serial": "3", "dpkit.io/fuse": "16", "dpkit.io/tun": "16"},
+			map[string]int{"serial.dpkit.io": 3, "fuse.dpkit.io": 16, "tun.dpkit.io": 16}},
 	} {
 		t.Run(tc.profile, func(t *testing.T) {
 			root := testdir.Short(t, "vp")
@@ -66,6 +68,22 @@ func TestVirtualNodeProfiles(t *testing.T) {
 					for r, v := range tc.want {
 						if q, ok := n.Status.Allocatable[corev1.ResourceName(r)]; !ok || q.String() != v {
 							off = append(off, fmt.Sprintf("%d: %s=%s", i, r, q.String()))
+						}
+					}
+				}
+				return len(off) == 0, strings.Join(off, ", "), nil
+			})
+			poll(t, ctx, fmt.Sprintf("%d nodes publishing %v", profileNodes, tc.slices), func(ctx context.Context) (bool, string, error) {
+				var off []string
+				for i := range profileNodes {
+					node := fmt.Sprintf("%s-%d", prefix, i)
+					for driver, want := range tc.slices {
+						devs, err := sliceDevices(ctx, c, node, driver)
+						if err != nil {
+							return false, "", err
+						}
+						if len(devs) != want {
+							off = append(off, fmt.Sprintf("%s: %d %s devices", node, len(devs), driver))
 						}
 					}
 				}

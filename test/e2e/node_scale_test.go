@@ -17,8 +17,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -29,6 +31,8 @@ import (
 	"github.com/dpkit/dpkit/internal/repopath"
 	"github.com/dpkit/dpkit/internal/syncbuf"
 	"github.com/dpkit/dpkit/internal/testdir"
+	"github.com/dpkit/dpkit/pkg/draplugin"
+	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/test/controlplane"
 	"github.com/dpkit/dpkit/test/upstream"
@@ -40,6 +44,10 @@ type scale struct {
 	nodes, devices int
 	prefix, root   string
 	resource       corev1.ResourceName
+	// dra: the plugin serves its devices through both fronts (one
+	// ResourceSlice per node), and every other pod asks for its device
+	// through a claim from a template, not the extended resource.
+	dra bool
 
 	// Measured.
 	readyS           float64 // Run called -> every node Ready with its devices allocatable
@@ -63,6 +71,9 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	s.root = root
 	cfg := filepath.Join(root, "plugin.yaml")
 	body := fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: %d\n", s.resource, s.devices)
+	if s.dra {
+		body += "  fronts: [deviceplugin, dra]\n"
+	}
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		tb.Fatal(err)
 	}
@@ -110,25 +121,80 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	case <-ctx.Done():
 		tb.Fatalf("%d of %d nodes Ready with %d %s: %v", ready.count(), s.nodes, s.devices, s.resource, ctx.Err())
 	}
-	s.readyS = time.Since(start).Seconds()
 	s.allocatableTotal = ready.allocatable()
 	ready.stop()
+	if s.dra {
+		waitSlices(tb, ctx, c, s)
+	}
+	s.readyS = time.Since(start).Seconds()
 	heap1, rss1 := memoryInUse()
 	s.heapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(s.nodes)
 	s.rssPerNodeKiB = float64(rss1-rss0) / 1024 / float64(s.nodes)
 }
 
+// driver is the DRA driver the plugin's DRA front publishes as.
+func (s *scale) driver() string { return resourcename.DriverName(string(s.resource)) }
+
+// waitSlices waits until the DRA fronts publish every node's devices.
+func waitSlices(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *scale) {
+	tb.Helper()
+	want := s.nodes * s.devices
+	poll(tb, ctx, fmt.Sprintf("%d devices in ResourceSlices of %s", want, s.driver()), func(ctx context.Context) (bool, string, error) {
+		list, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.driver", s.driver()).String()})
+		if err != nil {
+			return false, "", err
+		}
+		n := 0
+		for _, sl := range list.Items {
+			n += len(sl.Spec.Devices)
+		}
+		return n == want, fmt.Sprintf("%d devices in %d slices", n, len(list.Items)), nil
+	})
+}
+
+// scaleClaims makes the DeviceClass of s's driver (removed when tb ends)
+// and, in ns, the template of the claims of s's DRA pods: one device.
+func scaleClaims(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *scale, ns string) {
+	tb.Helper()
+	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: s.prefix}, Spec: resourcev1.DeviceClassSpec{
+		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", s.driver())}}},
+	}}
+	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = c.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{}) })
+	tmpl := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dev"},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
+			Name:    "dev",
+			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class.Name, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1},
+		}}}}},
+	}
+	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // runScalePods creates one single-device pod per device (20 clients) and
-// waits until all are Running.
+// waits until all are Running. With s.dra, the odd pods ask through a
+// claim from a template.
 func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *scale) string {
 	tb.Helper()
 	ns := createNamespaceTB(tb, c, "scale")
+	if s.dra {
+		scaleClaims(tb, ctx, c, s, ns)
+	}
 	want := s.nodes * s.devices
 	w := watchPods(ctx, c, ns, want)
 	defer w.stop()
 	start := time.Now()
 	createPods(tb, ctx, c, ns, want, func(i int) *corev1.Pod {
 		p := benchPod(ns, fmt.Sprintf("p%d", i), s.prefix)
+		if s.dra && i%2 == 1 {
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: ptr("dev")}}
+			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "dev"}}}
+			return p
+		}
 		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{s.resource: resource.MustParse("1")}
 		return p
 	})
@@ -145,8 +211,8 @@ func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s 
 }
 
 // checkNoDoubleAllocation reads every node's PodResources: each pod of ns
-// holds exactly one device, no device is held twice, and every device is
-// held.
+// holds exactly one device, through either front, no device is held
+// twice, and every device is held.
 func checkNoDoubleAllocation(tb testing.TB, ctx context.Context, s *scale, ns string) {
 	tb.Helper()
 	pods := 0
@@ -166,17 +232,28 @@ func checkNoDoubleAllocation(tb testing.TB, ctx context.Context, s *scale, ns st
 				continue
 			}
 			n := 0
+			hold := func(dev string) {
+				n++
+				if other, ok := held[dev]; ok {
+					tb.Errorf("node %s: device %s held by %s and %s", s.nodeNames[i], dev, other, p.GetName())
+				}
+				held[dev] = p.GetName()
+			}
 			for _, ctr := range p.GetContainers() {
 				for _, d := range ctr.GetDevices() {
 					if d.GetResourceName() != string(s.resource) {
 						continue
 					}
 					for _, id := range d.GetDeviceIds() {
-						n++
-						if other, ok := held[id]; ok {
-							tb.Errorf("node %s: device %s held by %s and %s", s.nodeNames[i], id, other, p.GetName())
+						// As the DRA front names the device.
+						hold(draplugin.DeviceName(id))
+					}
+				}
+				for _, dr := range ctr.GetDynamicResources() {
+					for _, cr := range dr.GetClaimResources() {
+						if cr.GetDriverName() == s.driver() {
+							hold(cr.GetDeviceName())
 						}
-						held[id] = p.GetName()
 					}
 				}
 			}
@@ -327,6 +404,22 @@ func TestVirtualNodeInProcessPlugins(t *testing.T) {
 	t.Logf("3 nodes Ready in %.1fs, 12 pods Running in %.1fs", s.readyS, s.runS)
 }
 
+// TestVirtualNodeInProcessDRA is TestVirtualNodeInProcessPlugins with the
+// plugins serving both fronts: every node publishes its devices in a
+// ResourceSlice as well as its allocatable, half the pods ask through
+// claims from a template (kube-controller-manager makes them), and no
+// device is held twice across the fronts.
+func TestVirtualNodeInProcessDRA(t *testing.T) {
+	cp, c := benchControlPlaneWith(t, controlplane.Options{Scheduler: true, ControllerManager: true})
+	ctx := testContext(t)
+	prefix := unique("inprocdra")
+	s := &scale{nodes: 3, devices: 4, prefix: prefix, resource: corev1.ResourceName("e2e.dpkit.io/" + prefix), dra: true}
+	startScale(t, ctx, cp.Kubeconfig, c, s)
+	ns := runScalePods(t, ctx, c, s)
+	checkNoDoubleAllocation(t, ctx, s, ns)
+	t.Logf("3 nodes Ready with their slices in %.1fs, 12 pods (6 with claims) Running in %.1fs", s.readyS, s.runS)
+}
+
 // scaleSize is the number of nodes and devices per node of the scale
 // benchmarks: DPKIT_SCALE_NODES (default 1000) and DPKIT_SCALE_DEVICES
 // (default 8).
@@ -360,6 +453,29 @@ func BenchmarkVirtualNodeScale(b *testing.B) {
 	defer cancel()
 	for range b.N {
 		s := &scale{nodes: nodes, devices: devices, prefix: unique("scale"), resource: benchResource}
+		startScale(b, ctx, cp.Kubeconfig, c, s)
+		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
+		cpu0 := cpuSeconds(benchPIDs(cp, nil))
+		ns := runScalePods(b, ctx, c, s)
+		cpu1 := cpuSeconds(benchPIDs(cp, nil))
+		checkNoDoubleAllocation(b, ctx, s, ns)
+		reportScale(b, s, cpu0, cpu1)
+		s.stop()
+	}
+}
+
+// BenchmarkVirtualNodeScaleDRA is BenchmarkVirtualNodeScale with the
+// in-process plugins serving both fronts (one ResourceSlice per node) and
+// kube-controller-manager running: half the pods ask for their device
+// through a claim from a template, half through the extended resource,
+// and no device is held twice across the fronts.
+func BenchmarkVirtualNodeScaleDRA(b *testing.B) {
+	nodes, devices := scaleSize(b)
+	cp, c := benchControlPlaneWith(b, controlplane.Options{Scheduler: true, SchedulerQPS: 1000, SchedulerBurst: 2000, ControllerManager: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	for range b.N {
+		s := &scale{nodes: nodes, devices: devices, prefix: unique("scaledra"), resource: benchResource, dra: true}
 		startScale(b, ctx, cp.Kubeconfig, c, s)
 		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
 		cpu0 := cpuSeconds(benchPIDs(cp, nil))
