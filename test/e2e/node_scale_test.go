@@ -162,7 +162,9 @@ func scaleClaims(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *
 	if _, err := c.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { _ = c.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{}) })
+	tb.Cleanup(func() {
+		_ = c.ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
+	})
 	tmpl := &resourcev1.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dev"},
 		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
