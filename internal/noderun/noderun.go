@@ -101,6 +101,9 @@ type Options struct {
 	// instance on its node's device-plugins directory, so N nodes need no
 	// N plugin processes.
 	PluginConfig string
+	// InotifyLimit is --inotify-limit: InotifyCheck (""), InotifyRaise or
+	// InotifyRaiseOnly.
+	InotifyLimit string
 	// DRAWipingDelay is how long a DRA driver may stay unusable before
 	// the node deletes its ResourceSlices; 0 means the kubelet's 30s. It
 	// has no flag (the kubelet has none): tests and programs that embed
@@ -145,6 +148,11 @@ func (o *Options) Validate() error {
 	}
 	if o.DeviceAdmissionWait < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--device-admission-wait"), o.DeviceAdmissionWait.String(), "must not be negative; 0 refuses a pod whose plugin is not back at once, as the kubelet"))
+	}
+	switch o.InotifyLimit {
+	case "", InotifyCheck, InotifyRaise, InotifyRaiseOnly:
+	default:
+		errs = append(errs, field.NotSupported(field.NewPath("--inotify-limit"), o.InotifyLimit, []string{InotifyCheck, InotifyRaise, InotifyRaiseOnly}))
 	}
 	if o.DeviceGracePeriod < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--device-grace-period"), o.DeviceGracePeriod.String(), "must not be negative"))
@@ -314,6 +322,14 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// First: raise-only is a privileged step before the nodes run, with
+	// no API server client.
+	if err := checkInotify(o, inotifyLimit, "/proc", log); err != nil {
+		return cli.Exit(2, err)
+	}
+	if o.InotifyLimit == InotifyRaiseOnly {
+		return nil
+	}
 	rc, err := kubeconfig.Load(o.Kubeconfig)
 	if err != nil {
 		return cli.Exit(2, err)
@@ -354,9 +370,6 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
 				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles, CDISpecDirs: cdiDirs})
 		}
-	}
-	if err := checkInotify(o, inotifyLimit, "/proc"); err != nil {
-		return cli.Exit(2, err)
 	}
 	var pluginCfg func(root, node string) (*config.PluginConfig, error)
 	if o.PluginConfig != "" {

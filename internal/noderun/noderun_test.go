@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -189,16 +190,29 @@ func TestCheckInotify(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := checkInotify(Options{Count: 126}, limit, proc); err != nil {
+	if err := checkInotify(Options{Count: 126}, limit, proc, nil); err != nil {
 		t.Errorf("126 nodes + 2 in use of 128: %v", err)
 	}
-	err := checkInotify(Options{Count: 100, PluginConfig: "f.yaml"}, limit, proc)
-	want := "--count 100 needs 200 inotify instances (2 per node: its plugin watcher and its in-process plugin), and fs.inotify.max_user_instances is 128 with 2 in use: raise it, e.g. sysctl -w fs.inotify.max_user_instances=330, or run fewer nodes per process"
+	err := checkInotify(Options{Count: 100, PluginConfig: "f.yaml"}, limit, proc, nil)
+	want := "--count 100 needs 200 inotify instances (2 per node: its plugin watcher and its in-process plugin), and fs.inotify.max_user_instances is 128 with 2 in use: raise it, e.g. sysctl -w fs.inotify.max_user_instances=330, or pass --inotify-limit raise, or run fewer nodes per process"
 	if err == nil || err.Error() != want {
 		t.Errorf("error %v\nwant  %s", err, want)
 	}
-	if err := checkInotify(Options{Count: 100000}, filepath.Join(dir, "missing"), proc); err != nil {
+	if err := checkInotify(Options{Count: 100000}, filepath.Join(dir, "missing"), proc, nil); err != nil {
 		t.Errorf("no limit to read: %v", err)
+	}
+	// raise writes what the nodes need, what is in use and headroom.
+	if err := checkInotify(Options{Count: 100, PluginConfig: "f.yaml", InotifyLimit: InotifyRaise}, limit, proc, slog.New(slog.DiscardHandler)); err != nil {
+		t.Errorf("raise: %v", err)
+	}
+	if b, err := os.ReadFile(limit); err != nil || string(b) != "330\n" {
+		t.Errorf("raised limit %q (%v), want 330", b, err)
+	}
+	// A limit that cannot be written is named with the fix: a read-only
+	// sysctl (65536), even for root, stands for it.
+	err = checkInotify(Options{Count: 1000000, InotifyLimit: InotifyRaiseOnly}, "/proc/sys/kernel/ngroups_max", proc, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "--inotify-limit raise-only: --count 1000000 needs 1000000 inotify instances") || !strings.Contains(err.Error(), "privileged") {
+		t.Errorf("unwritable limit: %v", err)
 	}
 }
 

@@ -135,7 +135,7 @@ func TestDeployDryRun(t *testing.T) {
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
 	ctx := context.Background()
 	// Namespaced objects can be dry-run only in a namespace that exists.
-	for _, ns := range []string{"dpkit-system"} {
+	for _, ns := range []string{"dpkit-system", "dpkit-sim"} {
 		_, err := cp.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
@@ -156,6 +156,7 @@ func TestDeployDryRun(t *testing.T) {
 		{"kustomize generic-dra", []string{"kustomize", filepath.Join(deploy, "overlays", "generic-dra")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm dra", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-dra.yaml")}, []string{"DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}},
 		{"helm all plugins", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-all-plugins.yaml")}, []string{"DaemonSet", "ConfigMap", "ServiceAccount", "Service"}},
+		{"kustomize simulator", []string{"kustomize", filepath.Join(deploy, "simulator")}, []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "StatefulSet", "ConfigMap"}},
 		{"kustomize exporter", []string{"kustomize", filepath.Join(deploy, "exporter")}, []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
 		{"helm exporter", []string{"helm", filepath.Join(deploy, "helm", "dpkit"), "-f", filepath.Join("testdata", "helm-exporter.yaml")}, []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service"}},
 	}

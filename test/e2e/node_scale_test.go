@@ -44,10 +44,12 @@ type scale struct {
 	nodes, devices int
 	prefix, root   string
 	resource       corev1.ResourceName
-	// dra: the plugin serves its devices through both fronts (one
-	// ResourceSlice per node), and every other pod asks for its device
-	// through a claim from a template, not the extended resource.
-	dra bool
+	// fronts is how the plugin serves its devices and the pods ask for
+	// them: "" through the device plugin API (the extended resource);
+	// frontDRA through DRA alone (one ResourceSlice per node, every pod a
+	// claim from a template); frontBoth through both, half the pods with
+	// claims and half with the extended resource.
+	fronts string
 
 	// Measured.
 	readyS           float64 // Run called -> every node Ready with its devices allocatable
@@ -71,7 +73,10 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	s.root = root
 	cfg := filepath.Join(root, "plugin.yaml")
 	body := fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: %d\n", s.resource, s.devices)
-	if s.dra {
+	switch s.fronts {
+	case frontDRA:
+		body += "  fronts: [dra]\n"
+	case frontBoth:
 		body += "  fronts: [deviceplugin, dra]\n"
 	}
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
@@ -94,7 +99,11 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	}
 
 	heap0, rss0 := memoryInUse()
-	ready := watchNodesReady(ctx, c, s.prefix+"-", s.nodes, s.resource, int64(s.devices))
+	allocatable := int64(s.devices)
+	if s.fronts == frontDRA {
+		allocatable = 0
+	}
+	ready := watchNodesReady(ctx, c, s.prefix+"-", s.nodes, s.resource, allocatable)
 	start := time.Now()
 	nctx, cancel := context.WithCancel(ctx)
 	var runErr error
@@ -123,7 +132,7 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	}
 	s.allocatableTotal = ready.allocatable()
 	ready.stop()
-	if s.dra {
+	if s.fronts != "" {
 		waitSlices(tb, ctx, c, s)
 	}
 	s.readyS = time.Since(start).Seconds()
@@ -131,6 +140,12 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	s.heapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(s.nodes)
 	s.rssPerNodeKiB = float64(rss1-rss0) / 1024 / float64(s.nodes)
 }
+
+// The scale.fronts that serve through DRA.
+const (
+	frontDRA  = "dra"
+	frontBoth = "both"
+)
 
 // driver is the DRA driver the plugin's DRA front publishes as.
 func (s *scale) driver() string { return resourcename.DriverName(string(s.resource)) }
@@ -178,28 +193,68 @@ func scaleClaims(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *
 }
 
 // runScalePods creates one single-device pod per device (20 clients) and
-// waits until all are Running. With s.dra, the odd pods ask through a
-// claim from a template.
+// waits until all are Running. With frontDRA every pod asks through a
+// claim from a template. With frontBoth the first half do, and once they
+// run and the nodes' allocatable has dropped by what they hold, the other
+// half ask for the extended resource: created together, a claim and an
+// extended-resource pod may be given the same device by the scheduler,
+// and one of them waits (docs/dra-plugins.md, "races at admission").
 func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *scale) string {
 	tb.Helper()
 	ns := createNamespaceTB(tb, c, "scale")
-	if s.dra {
+	if s.fronts != "" {
 		scaleClaims(tb, ctx, c, s, ns)
 	}
 	want := s.nodes * s.devices
+	claims := 0
+	switch s.fronts {
+	case frontDRA:
+		claims = want
+	case frontBoth:
+		claims = want / 2
+	}
 	w := watchPods(ctx, c, ns, want)
 	defer w.stop()
-	start := time.Now()
-	createPods(tb, ctx, c, ns, want, func(i int) *corev1.Pod {
+	pod := func(i int) *corev1.Pod {
 		p := benchPod(ns, fmt.Sprintf("p%d", i), s.prefix)
-		if s.dra && i%2 == 1 {
+		if i < claims {
 			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: ptr("dev")}}
 			p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "dev"}}}
 			return p
 		}
 		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{s.resource: resource.MustParse("1")}
 		return p
-	})
+	}
+	start := time.Now()
+	if claims > 0 && claims < want {
+		cw := watchPods(ctx, c, ns, claims)
+		createPods(tb, ctx, c, ns, claims, pod)
+		select {
+		case <-cw.done:
+		case <-ctx.Done():
+			bound, running := cw.counts()
+			tb.Fatalf("%d of %d pods with claims bound, %d Running: %v", bound, claims, running, ctx.Err())
+		}
+		cw.stop()
+		left := int64(want - claims)
+		poll(tb, ctx, fmt.Sprintf("%d %s allocatable on the nodes", left, s.resource), func(ctx context.Context) (bool, string, error) {
+			nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, "", err
+			}
+			var sum int64
+			for _, n := range nodes.Items {
+				if strings.HasPrefix(n.Name, s.prefix+"-") {
+					q := n.Status.Allocatable[s.resource]
+					sum += q.Value()
+				}
+			}
+			return sum == left, fmt.Sprintf("%d allocatable", sum), nil
+		})
+		createPods(tb, ctx, c, ns, want-claims, func(i int) *corev1.Pod { return pod(claims + i) })
+	} else {
+		createPods(tb, ctx, c, ns, want, pod)
+	}
 	s.createS = time.Since(start).Seconds()
 	select {
 	case <-w.done:
@@ -415,7 +470,7 @@ func TestVirtualNodeInProcessDRA(t *testing.T) {
 	cp, c := benchControlPlaneWith(t, controlplane.Options{Scheduler: true, ControllerManager: true})
 	ctx := testContext(t)
 	prefix := unique("inprocdra")
-	s := &scale{nodes: 3, devices: 4, prefix: prefix, resource: corev1.ResourceName("e2e.dpkit.io/" + prefix), dra: true}
+	s := &scale{nodes: 3, devices: 4, prefix: prefix, resource: corev1.ResourceName("e2e.dpkit.io/" + prefix), fronts: frontBoth}
 	startScale(t, ctx, cp.Kubeconfig, c, s)
 	ns := runScalePods(t, ctx, c, s)
 	checkNoDoubleAllocation(t, ctx, s, ns)
@@ -466,26 +521,32 @@ func BenchmarkVirtualNodeScale(b *testing.B) {
 	}
 }
 
-// BenchmarkVirtualNodeScaleDRA is BenchmarkVirtualNodeScale with the
-// in-process plugins serving both fronts (one ResourceSlice per node) and
-// kube-controller-manager running: half the pods ask for their device
-// through a claim from a template, half through the extended resource,
-// and no device is held twice across the fronts.
+// BenchmarkVirtualNodeScaleDRA is BenchmarkVirtualNodeScale through DRA,
+// with kube-controller-manager running, each on a control plane of its
+// own: "dra", the in-process plugins serving DRA alone (one ResourceSlice
+// per node) and every pod asking for its device through a claim from a
+// template; "both", the plugins serving both fronts, half the pods with
+// claims and then half with the extended resource. No device is held
+// twice, across the fronts.
 func BenchmarkVirtualNodeScaleDRA(b *testing.B) {
 	nodes, devices := scaleSize(b)
-	cp, c := benchControlPlaneWith(b, controlplane.Options{Scheduler: true, SchedulerQPS: 1000, SchedulerBurst: 2000, ControllerManager: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	for range b.N {
-		s := &scale{nodes: nodes, devices: devices, prefix: unique("scaledra"), resource: benchResource, dra: true}
-		startScale(b, ctx, cp.Kubeconfig, c, s)
-		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
-		cpu0 := cpuSeconds(benchPIDs(cp, nil))
-		ns := runScalePods(b, ctx, c, s)
-		cpu1 := cpuSeconds(benchPIDs(cp, nil))
-		checkNoDoubleAllocation(b, ctx, s, ns)
-		reportScale(b, s, cpu0, cpu1)
-		s.stop()
+	for _, fronts := range []string{frontDRA, frontBoth} {
+		b.Run(fronts, func(b *testing.B) {
+			cp, c := benchControlPlaneWith(b, controlplane.Options{Scheduler: true, SchedulerQPS: 1000, SchedulerBurst: 2000, ControllerManager: true})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+			defer cancel()
+			for range b.N {
+				s := &scale{nodes: nodes, devices: devices, prefix: unique("scaledra"), resource: benchResource, fronts: fronts}
+				startScale(b, ctx, cp.Kubeconfig, c, s)
+				s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
+				cpu0 := cpuSeconds(benchPIDs(cp, nil))
+				ns := runScalePods(b, ctx, c, s)
+				cpu1 := cpuSeconds(benchPIDs(cp, nil))
+				checkNoDoubleAllocation(b, ctx, s, ns)
+				reportScale(b, s, cpu0, cpu1)
+				s.stop()
+			}
+		})
 	}
 }
 

@@ -101,6 +101,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringSliceVar(&o.CDISpecDirs, "cdi-spec-dir", []string{"/etc/cdi", "/var/run/cdi"}, "process backend: where the CDI specs of containers' CDI devices are read, for the environment they give (repeat, or comma-separate; a runtime's cdi_spec_dirs)")
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
 	f.DurationVar(&o.DeviceGracePeriod, "device-grace-period", devicemanager.DefaultGracePeriod, "how long a resource whose device plugins are all gone keeps its capacity (with 0 allocatable) before it drops to 0; the kubelet's is 5m")
+	f.StringVar(&o.InotifyLimit, "inotify-limit", noderun.InotifyCheck, "what to do when fs.inotify.max_user_instances cannot hold --count nodes (1 inotify instance each, 2 with --plugin-config): check (refuse, naming the sysctl), raise (raise it, then run; needs root, privileged in a container) or raise-only (raise it and exit: a privileged init container's step)")
 	f.DurationVar(&o.DeviceAdmissionWait, "device-admission-wait", 0, "hold a pod asking for a device-plugin resource the node knows (from its checkpoint after a restart) until the resource's plugin serves it again, up to this long, instead of failing it with UnexpectedAdmissionError as the kubelet does (0: the kubelet's behaviour)")
 	return cmd
 }
