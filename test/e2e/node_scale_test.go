@@ -509,16 +509,22 @@ func BenchmarkVirtualNodeScale(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	for range b.N {
-		s := &scale{nodes: nodes, devices: devices, prefix: unique("scale"), resource: benchResource}
-		startScale(b, ctx, cp.Kubeconfig, c, s)
-		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
-		cpu0 := cpuSeconds(benchPIDs(cp, nil))
-		ns := runScalePods(b, ctx, c, s)
-		cpu1 := cpuSeconds(benchPIDs(cp, nil))
-		checkNoDoubleAllocation(b, ctx, s, ns)
-		reportScale(b, s, cpu0, cpu1)
-		s.stop()
+		benchScale(b, ctx, cp, c, &scale{nodes: nodes, devices: devices, prefix: unique("scale"), resource: benchResource})
 	}
+}
+
+// benchScale is one measured run of s: its nodes started, the API
+// requests they make while idle, its pods run (with the control plane's
+// CPU), every node's devices checked, the figures reported.
+func benchScale(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane, c kubernetes.Interface, s *scale) {
+	startScale(b, ctx, cp.Kubeconfig, c, s)
+	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
+	cpu0 := cpuSeconds(benchPIDs(cp, nil))
+	ns := runScalePods(b, ctx, c, s)
+	cpu1 := cpuSeconds(benchPIDs(cp, nil))
+	checkNoDoubleAllocation(b, ctx, s, ns)
+	reportScale(b, s, cpu0, cpu1)
+	s.stop()
 }
 
 // BenchmarkVirtualNodeScaleDRA is BenchmarkVirtualNodeScale through DRA,
@@ -536,15 +542,7 @@ func BenchmarkVirtualNodeScaleDRA(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 			defer cancel()
 			for range b.N {
-				s := &scale{nodes: nodes, devices: devices, prefix: unique("scaledra"), resource: benchResource, fronts: fronts}
-				startScale(b, ctx, cp.Kubeconfig, c, s)
-				s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
-				cpu0 := cpuSeconds(benchPIDs(cp, nil))
-				ns := runScalePods(b, ctx, c, s)
-				cpu1 := cpuSeconds(benchPIDs(cp, nil))
-				checkNoDoubleAllocation(b, ctx, s, ns)
-				reportScale(b, s, cpu0, cpu1)
-				s.stop()
+				benchScale(b, ctx, cp, c, &scale{nodes: nodes, devices: devices, prefix: unique("scaledra"), resource: benchResource, fronts: fronts})
 			}
 		})
 	}
