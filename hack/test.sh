@@ -40,4 +40,20 @@ go vet ./...
 pkgs=(./...)
 for a in "$@"; do [[ "$a" == ./* ]] && pkgs=(); done
 echo "== go test -race"
-go test -race -count=1 -cover -timeout 45m "$@" "${pkgs[@]}"
+# A failed test's message can sit under pages of the logs its clean-up
+# prints (a kubelet's, a pod's description): on failure, the run ends with
+# each failed test and the first lines it logged from a test file.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+rc=0
+go test -race -count=1 -cover -timeout 45m "$@" "${pkgs[@]}" 2>&1 | tee "$log" || rc=$?
+if [[ $rc -ne 0 ]]; then
+  echo "== failed tests, and the first lines each logged"
+  awk '
+    /^ *--- FAIL: / { print; n = 0; infail = 1; next }
+    /^(=== |--- |ok |FAIL|PASS)/ { infail = 0 }
+    infail && n < 4 && /^ +[A-Za-z0-9_]+_test\.go:[0-9]+: / { print substr($0, 1, 400); n++ }
+    /^(panic: |FAIL\t)/ { print }
+  ' "$log"
+fi
+exit "$rc"
