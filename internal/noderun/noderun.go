@@ -176,7 +176,7 @@ func (o *Options) Validate() error {
 	errs = append(errs, resErrs...)
 	var pluginErr error
 	if o.PluginConfig != "" {
-		_, pluginErr = o.pluginConfig()
+		_, _, pluginErr = o.pluginConfig()
 	}
 	for i, t := range o.Taints {
 		if _, err := ParseTaints([]string{t}); err != nil {
@@ -221,10 +221,11 @@ func (o *Options) resources() (corev1.ResourceList, field.ErrorList) {
 // and for the dra front the node's plugins directory and PodResources
 // socket, publishing for the node, its CDI specs in <root>/cdi unless
 // dra.cdiDir names another (the CRI backend's runtime reads its own).
-func (o *Options) pluginConfig() (func(root, node string) (*config.PluginConfig, error), error) {
+// nodeCDI reports whether they write in <root>/cdi.
+func (o *Options) pluginConfig() (perNode func(root, node string) (*config.PluginConfig, error), nodeCDI bool, err error) {
 	cfg, err := config.LoadPluginConfig(o.PluginConfig, "--plugin-config")
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var errs field.ErrorList
 	if cfg.MetricsAddress != "" {
@@ -247,12 +248,13 @@ func (o *Options) pluginConfig() (func(root, node string) (*config.PluginConfig,
 		}
 	}
 	if err := configfile.Join(errs); err != nil {
-		return nil, fmt.Errorf("--plugin-config %s:\n%w", o.PluginConfig, err)
+		return nil, false, fmt.Errorf("--plugin-config %s:\n%w", o.PluginConfig, err)
 	}
 	data, err := os.ReadFile(o.PluginConfig)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
+	nodeCDI = cfg.UsesFront(config.FrontDRA) && cfg.DRA.CDIDir == config.DefaultCDIDir
 	return func(root, node string) (*config.PluginConfig, error) {
 		c, err := config.DecodePluginConfig(data)
 		if err != nil {
@@ -267,7 +269,7 @@ func (o *Options) pluginConfig() (func(root, node string) (*config.PluginConfig,
 		}
 		c.DRA.NodeName = node
 		return c, nil
-	}, nil
+	}, nodeCDI, nil
 }
 
 // nodeCDIDir is where the DRA fronts of a node's in-process plugins write
@@ -347,6 +349,15 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		return err
 	}
 	var newBackend virtualnode.NewBackend
+	var (
+		pluginCfg func(root, node string) (*config.PluginConfig, error)
+		nodeCDI   bool
+	)
+	if o.PluginConfig != "" {
+		if pluginCfg, nodeCDI, err = o.pluginConfig(); err != nil {
+			return cli.Exit(2, err)
+		}
+	}
 	switch o.Backend {
 	case "sim":
 		newBackend = func(_, _ string, c backend.Config) (backend.Backend, error) {
@@ -363,18 +374,12 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	default:
 		newBackend = func(_, root string, c backend.Config) (backend.Backend, error) {
 			cdiDirs := o.CDISpecDirs
-			if o.PluginConfig != "" {
+			if nodeCDI {
 				// The in-process plugins' DRA fronts write there.
 				cdiDirs = append(slices.Clone(cdiDirs), nodeCDIDir(root))
 			}
 			return process.New(process.Config{Config: c, Dir: filepath.Join(root, "pods"), BackoffInitial: o.BackoffStart,
 				ContainerLogMaxSize: o.LogMaxSize.Value(), ContainerLogMaxFiles: o.LogMaxFiles, CDISpecDirs: cdiDirs})
-		}
-	}
-	var pluginCfg func(root, node string) (*config.PluginConfig, error)
-	if o.PluginConfig != "" {
-		if pluginCfg, err = o.pluginConfig(); err != nil {
-			return cli.Exit(2, err)
 		}
 	}
 	// The DRA fronts of every node's in-process plugins share the nodes'

@@ -262,7 +262,8 @@ func TestPortInUse(t *testing.T) {
 }
 
 // TestPluginConfigPerNode: each node's copy of --plugin-config serves in
-// that node's root and publishes for that node; a dra.cdiDir is kept.
+// that node's root and publishes for that node; a dra.cdiDir is kept. The
+// process backend reads <root>/cdi only when a DRA front writes there.
 func TestPluginConfigPerNode(t *testing.T) {
 	t.Parallel()
 	p := filepath.Join(t.TempDir(), "c.yaml")
@@ -271,13 +272,16 @@ func TestPluginConfigPerNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := Options{PluginConfig: p}
-	perNode, err := o.pluginConfig()
+	perNode, nodeCDI, err := o.pluginConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := perNode("/r/gpu-1", "gpu-1")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !nodeCDI {
+		t.Error("a DRA front writing in the node's root: nodeCDI false")
 	}
 	for _, f := range []struct{ name, got, want string }{
 		{"pluginDir", c.PluginDir, "/r/gpu-1/device-plugins"},
@@ -294,10 +298,19 @@ func TestPluginConfigPerNode(t *testing.T) {
 	if err := os.WriteFile(p, []byte(strings.Replace(body, "plugins:", "dra: {cdiDir: /var/run/cdi-node}\nplugins:", 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if perNode, err = o.pluginConfig(); err != nil {
+	if perNode, nodeCDI, err = o.pluginConfig(); err != nil {
 		t.Fatal(err)
 	}
 	if c, err = perNode("/r/gpu-1", "gpu-1"); err != nil || c.DRA.CDIDir != "/var/run/cdi-node" {
 		t.Errorf("with dra.cdiDir set: cdiDir %q, %v", c.DRA.CDIDir, err)
+	}
+	if nodeCDI {
+		t.Error("with dra.cdiDir set: nodeCDI true")
+	}
+	if err := os.WriteFile(p, []byte(strings.Replace(body, "[dra]", "[deviceplugin]", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, nodeCDI, err = o.pluginConfig(); err != nil || nodeCDI {
+		t.Errorf("the device plugin front only: nodeCDI %v, %v", nodeCDI, err)
 	}
 }

@@ -124,12 +124,7 @@ func runPodBench(b *testing.B, cp *controlplane.ControlPlane, c kubernetes.Inter
 		start := time.Now()
 		createPods(b, ctx, c, ns, benchPods, func(i int) *corev1.Pod { return benchPod(ns, fmt.Sprintf("p%d", i), label) })
 		created := time.Since(start)
-		select {
-		case <-w.done:
-		case <-ctx.Done():
-			bound, running := w.counts()
-			b.Fatalf("%d of %d pods bound, %d Running: %v", bound, benchPods, running, ctx.Err())
-		}
+		w.wait(b, ctx, "pods")
 
 		b.StopTimer()
 		cpu1, machine1 := cpuSeconds(pids), machineCPUSeconds()
@@ -198,6 +193,7 @@ func createPods(tb testing.TB, ctx context.Context, c kubernetes.Interface, ns s
 type podWatch struct {
 	stop func()
 	done chan struct{}
+	want int
 
 	mu                     sync.Mutex
 	bound, running         map[string]time.Time
@@ -206,7 +202,7 @@ type podWatch struct {
 
 // watchPods closes done once want pods of ns have been seen Running.
 func watchPods(ctx context.Context, c kubernetes.Interface, ns string, want int) *podWatch {
-	w := &podWatch{done: make(chan struct{}), bound: map[string]time.Time{}, running: map[string]time.Time{}}
+	w := &podWatch{done: make(chan struct{}), want: want, bound: map[string]time.Time{}, running: map[string]time.Time{}}
 	see := func(obj any) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -235,10 +231,18 @@ func watchPods(ctx context.Context, c kubernetes.Interface, ns string, want int)
 	return w
 }
 
-func (w *podWatch) counts() (bound, running int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.bound), len(w.running)
+// wait returns once the pods are all Running, and fails tb when ctx ends
+// first, saying how many of the pods (what) were bound and Running.
+func (w *podWatch) wait(tb testing.TB, ctx context.Context, what string) {
+	tb.Helper()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		w.mu.Lock()
+		bound, running := len(w.bound), len(w.running)
+		w.mu.Unlock()
+		tb.Fatalf("%d of %d %s bound, %d Running: %v", bound, w.want, what, running, ctx.Err())
+	}
 }
 
 // lags returns, sorted, how long each pod took from bound to Running.

@@ -229,12 +229,7 @@ func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s 
 	if claims > 0 && claims < want {
 		cw := watchPods(ctx, c, ns, claims)
 		createPods(tb, ctx, c, ns, claims, pod)
-		select {
-		case <-cw.done:
-		case <-ctx.Done():
-			bound, running := cw.counts()
-			tb.Fatalf("%d of %d pods with claims bound, %d Running: %v", bound, claims, running, ctx.Err())
-		}
+		cw.wait(tb, ctx, "pods with claims")
 		cw.stop()
 		left := int64(want - claims)
 		poll(tb, ctx, fmt.Sprintf("%d %s allocatable on the nodes", left, s.resource), func(ctx context.Context) (bool, string, error) {
@@ -256,12 +251,7 @@ func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s 
 		createPods(tb, ctx, c, ns, want, pod)
 	}
 	s.createS = time.Since(start).Seconds()
-	select {
-	case <-w.done:
-	case <-ctx.Done():
-		bound, running := w.counts()
-		tb.Fatalf("%d of %d pods bound, %d Running: %v", bound, want, running, ctx.Err())
-	}
+	w.wait(tb, ctx, "pods")
 	s.runS = w.lastRunning.Sub(start).Seconds()
 	s.podsRunningPerS = float64(want) / s.runS
 	return ns

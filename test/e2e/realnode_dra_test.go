@@ -344,44 +344,17 @@ func deployFullImage(t *testing.T, ctx context.Context, cp *controlplane.Control
 	t.Helper()
 	importFullImage(t, n)
 	c := cp.Client()
-	dir := t.TempDir()
-	overlay, err := filepath.Abs(filepath.Join("..", "..", "deploy", "overlays", "generic-dra"))
+	kubeconfig, err := os.ReadFile(cp.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel, err := filepath.Rel(dir, overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, tag, _ := strings.Cut(fullImage, ":")
-	writeFile(t, filepath.Join(dir, "kustomization.yaml"), `apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- `+rel+`
-images:
-- name: `+imagespec.FullRepository+`
-  newName: `+name+`
-  newTag: `+tag+`
-configMapGenerator:
+	dir := fullImageOverlay(t, filepath.Join("deploy", "overlays", "generic-dra"), "dpkit-system", kubeconfig, `configMapGenerator:
 - name: dpkit-plugin-config
   namespace: dpkit-system
   behavior: replace
   files:
   - config.yaml
-secretGenerator:
-- name: dpkit-e2e-kubeconfig
-  namespace: dpkit-system
-  files:
-  - kubeconfig
-patches:
-- path: patch.yaml
-`)
-	kubeconfig, err := os.ReadFile(cp.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(dir, "kubeconfig"), string(kubeconfig))
-	writeFile(t, filepath.Join(dir, "patch.yaml"), `apiVersion: apps/v1
+`, `apiVersion: apps/v1
 kind: DaemonSet
 metadata:
   name: dpkit-plugin
@@ -423,4 +396,43 @@ spec:
 		}
 	})
 	return d, dir
+}
+
+// fullImageOverlay writes a kustomization over base (a directory of the
+// repository) in a new directory and returns it: the full image the suite
+// imported into the node, a Secret dpkit-e2e-kubeconfig in namespace
+// holding kubeconfig (the test node has no Service proxy, so in-cluster
+// configuration cannot reach the API server), the generators in extra,
+// and patch as patch.yaml.
+func fullImageOverlay(t *testing.T, base, namespace string, kubeconfig []byte, extra, patch string) string {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs(filepath.Join("..", "..", base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(fullImage, ":")
+	writeFile(t, filepath.Join(dir, "kustomization.yaml"), `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- `+rel+`
+images:
+- name: `+imagespec.FullRepository+`
+  newName: `+name+`
+  newTag: `+tag+`
+`+extra+`secretGenerator:
+- name: dpkit-e2e-kubeconfig
+  namespace: `+namespace+`
+  files:
+  - kubeconfig
+patches:
+- path: patch.yaml
+`)
+	writeFile(t, filepath.Join(dir, "kubeconfig"), string(kubeconfig))
+	writeFile(t, filepath.Join(dir, "patch.yaml"), patch)
+	return dir
 }

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/dpkit/dpkit/internal/imagespec"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 )
 
@@ -35,15 +34,6 @@ func TestRealNodeSimulatorStatefulSet(t *testing.T) {
 	ctx := testContext(t)
 	c := cp.Client()
 
-	dir := t.TempDir()
-	base, err := filepath.Abs(filepath.Join("..", "..", "deploy", "simulator"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := filepath.Rel(dir, base)
-	if err != nil {
-		t.Fatal(err)
-	}
 	kubeconfig, err := cp.KubeconfigFor("system:serviceaccount:dpkit-sim:dpkit-sim", "system:serviceaccounts", "system:serviceaccounts:dpkit-sim")
 	if err != nil {
 		t.Fatal(err)
@@ -52,25 +42,7 @@ func TestRealNodeSimulatorStatefulSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(dir, "kubeconfig"), string(data))
-	name, tag, _ := strings.Cut(fullImage, ":")
-	writeFile(t, filepath.Join(dir, "kustomization.yaml"), `apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- `+rel+`
-images:
-- name: `+imagespec.FullRepository+`
-  newName: `+name+`
-  newTag: `+tag+`
-secretGenerator:
-- name: dpkit-e2e-kubeconfig
-  namespace: dpkit-sim
-  files:
-  - kubeconfig
-patches:
-- path: patch.yaml
-`)
-	writeFile(t, filepath.Join(dir, "patch.yaml"), fmt.Sprintf(`apiVersion: apps/v1
+	dir := fullImageOverlay(t, filepath.Join("deploy", "simulator"), "dpkit-sim", data, "", fmt.Sprintf(`apiVersion: apps/v1
 kind: StatefulSet
 metadata:
   name: dpkit-sim
