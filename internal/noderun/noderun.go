@@ -97,10 +97,14 @@ type Options struct {
 	// kubelet.
 	DeviceAdmissionWait time.Duration
 	// PluginConfig is --plugin-config: a dpkit plugin config served in
-	// this process for every node (device plugin front only), each
-	// instance on its node's device-plugins directory, so N nodes need no
-	// N plugin processes.
+	// this process for every node, each instance on its node's
+	// directories (and, for the dra front, publishing for its node), so N
+	// nodes need no N plugin processes.
 	PluginConfig string
+	// PodSyncWorkers is --pod-sync-workers: the workers of each of a
+	// node's three pod queues (sync, delete, status); 0 means
+	// DefaultPodSyncWorkers(Count).
+	PodSyncWorkers int
 	// InotifyLimit is --inotify-limit: InotifyCheck (""), InotifyRaise or
 	// InotifyRaiseOnly.
 	InotifyLimit string
@@ -165,6 +169,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Count < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
+	}
+	if o.PodSyncWorkers < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("--pod-sync-workers"), o.PodSyncWorkers, "must not be negative; leave it 0 for the default"))
 	}
 	if o.QPS <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--qps"), o.QPS, "must be positive"))
@@ -270,6 +277,17 @@ func (o *Options) pluginConfig() (perNode func(root, node string) (*config.Plugi
 		c.DRA.NodeName = node
 		return c, nil
 	}, nodeCDI, nil
+}
+
+// DefaultPodSyncWorkers is the workers of each of a node's pod queues when
+// --pod-sync-workers is 0: virtual-kubelet's 10 for one node; 2 for each
+// of many nodes in one process, whose pods are a few per node, so that a
+// node costs 6 idle goroutines rather than 30 (docs/performance.md).
+func DefaultPodSyncWorkers(count int) int {
+	if count > 1 {
+		return 2
+	}
+	return virtualnode.DefaultPodSyncWorker
 }
 
 // nodeCDIDir is where the DRA fronts of a node's in-process plugins write
@@ -396,6 +414,13 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			return err
 		}
 	}
+	// One event broadcaster for all the nodes, as one kubelet has one.
+	events := virtualnode.NewEventBroadcaster(ctx, client)
+	defer events.Shutdown()
+	workers := o.PodSyncWorkers
+	if workers == 0 {
+		workers = DefaultPodSyncWorkers(o.Count)
+	}
 	// One node per root: a second one would replace this one's sockets,
 	// and remove them when it stops.
 	for _, r := range roots(root, o) {
@@ -441,6 +466,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			TLSKeyFile:    o.TLSKeyFile,
 			Logger:        log,
 
+			PodSyncWorkers:      workers,
 			DeviceGracePeriod:   o.DeviceGracePeriod,
 			DeviceAdmissionWait: o.DeviceAdmissionWait,
 			DRAWipingDelay:      o.DRAWipingDelay,
@@ -454,6 +480,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				cfg.Port = o.Port + i
 			}
 		}
+		cfg.EventRecorder = virtualnode.EventRecorder(events, cfg.Name)
 		nodeUp := make(chan struct{})
 		if pluginCfg != nil {
 			pc, err := pluginCfg(cfg.Root, cfg.Name)

@@ -55,17 +55,29 @@ func TestParseTaints(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second, DeviceAdmissionWait: -time.Second}
+	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second, DeviceAdmissionWait: -time.Second, PodSyncWorkers: -1}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"11 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-admission-wait", "\n  - --device-grace-period", "\n  - --count", "\n  - --qps", "\n  - --burst",
+	for _, want := range []string{"12 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-admission-wait", "\n  - --device-grace-period", "\n  - --count", "\n  - --pod-sync-workers", "\n  - --qps", "\n  - --burst",
 		"\n  - --cpu: Invalid value: \"x\": not a quantity", "\n  - --resource[0]: Invalid value: \"example.com/a\": must be NAME=QUANTITY",
 		"\n  - --taint[0]: Invalid value: \"bad\": want key[=value]:Effect"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %s", err, want)
 		}
+	}
+}
+
+// TestDefaultPodSyncWorkers: one node keeps virtual-kubelet's 10 workers
+// per queue, each of many nodes 2.
+func TestDefaultPodSyncWorkers(t *testing.T) {
+	t.Parallel()
+	if got := DefaultPodSyncWorkers(1); got != 10 {
+		t.Errorf("one node: %d workers, want 10", got)
+	}
+	if got := DefaultPodSyncWorkers(1000); got != 2 {
+		t.Errorf("1000 nodes: %d workers each, want 2", got)
 	}
 }
 

@@ -57,6 +57,11 @@ const (
 	DefaultPort          = 10250
 	DefaultLeaseDuration = 40
 	DefaultPodSyncWorker = 10
+	// DefaultStatusReportInterval is how often a node writes its status
+	// when nothing changed: the kubelet's nodeStatusReportFrequency (5m;
+	// with a Lease renewed every 10 s, the node's heartbeat is the
+	// Lease). virtual-kubelet's own default is 1m.
+	DefaultStatusReportInterval = 5 * time.Minute
 	// KubeletVersion is reported in the node's nodeInfo.
 	KubeletVersion = "v1.37.0-dpkit"
 )
@@ -142,12 +147,17 @@ type Config struct {
 	// ResourceSlices. Default 30s, the kubelet's. Every driver's slices
 	// for the node are deleted when the node starts.
 	DRAWipingDelay time.Duration
-	// EventRecorder records pod events; nil records them to the API.
+	// EventRecorder records pod events; nil records them to the API
+	// through a broadcaster of the node's own. Nodes of one process can
+	// share one: EventRecorder(b, name) for each, b from
+	// NewEventBroadcaster.
 	EventRecorder record.EventRecorder
 	// PodSyncWorkers is the number of pod controller workers. Default 10.
 	PodSyncWorkers int
-	// StatusUpdateInterval is how often the node status is refreshed
-	// besides device changes. Default virtual-kubelet's (1m).
+	// StatusUpdateInterval is how often the node status is written
+	// when nothing changed (a change, devices included, is written at
+	// once). Default DefaultStatusReportInterval, the kubelet's
+	// nodeStatusReportFrequency.
 	StatusUpdateInterval time.Duration
 	Logger               *slog.Logger
 }
@@ -397,10 +407,9 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	nodeLister := nodeFactory.Core().V1().Nodes().Lister()
 	recorder := cfg.EventRecorder
 	if recorder == nil {
-		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
+		b := NewEventBroadcaster(ctx, cfg.Client)
 		defer b.Shutdown()
-		recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "dpkit-node", Host: cfg.Name})
+		recorder = EventRecorder(b, cfg.Name)
 	}
 	n.prov.recorder = recorder
 	n.prov.events.set(recorder)
@@ -465,9 +474,11 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	opts := []vknode.NodeControllerOpt{
 		vknode.WithNodeEnableLeaseV1(cfg.HeartbeatClient.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
 	}
-	if cfg.StatusUpdateInterval > 0 {
-		opts = append(opts, vknode.WithNodeStatusUpdateInterval(cfg.StatusUpdateInterval))
+	interval := cfg.StatusUpdateInterval
+	if interval <= 0 {
+		interval = DefaultStatusReportInterval
 	}
+	opts = append(opts, vknode.WithNodeStatusUpdateInterval(interval))
 	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), cfg.HeartbeatClient.CoreV1().Nodes(), opts...)
 	if err != nil {
 		return err
@@ -541,4 +552,21 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		})
 	}
 	return g.Wait()
+}
+
+// NewEventBroadcaster returns a broadcaster that writes events to the API
+// through client until ctx ends or it is shut down. Nodes of one process
+// share one (as one kubelet has one): one queue and one writer for all of
+// them, rather than three goroutines and a 1 000-event queue each.
+func NewEventBroadcaster(ctx context.Context, client kubernetes.Interface) record.EventBroadcaster {
+	b := record.NewBroadcaster(record.WithContext(ctx))
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return b
+}
+
+// EventRecorder records the events of the node named node through b, with
+// the source the node's events carry (component dpkit-node, the node as
+// host).
+func EventRecorder(b record.EventBroadcaster, node string) record.EventRecorder {
+	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "dpkit-node", Host: node})
 }

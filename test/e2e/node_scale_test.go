@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,6 +62,7 @@ type scale struct {
 	createS, runS    float64 // pods created; creation start -> last pod Running
 	podsRunningPerS  float64
 	apiQPSPerNode    float64 // requests the API server served per second per node while idle
+	apiPerPod        float64 // requests the API server served per pod while the pods were created and ran
 	stop             func()
 	nodeRoots        []string
 	nodeNames        []string
@@ -393,22 +398,84 @@ func processRSS(pid int) uint64 {
 
 // apiRequests is the API server's apiserver_request_total, summed.
 func apiRequests(ctx context.Context, c kubernetes.Interface) (float64, error) {
+	by, err := apiRequestsBy(ctx, c)
+	var sum float64
+	for _, v := range by {
+		sum += v
+	}
+	return sum, err
+}
+
+// apiRequestsBy is the API server's apiserver_request_total by verb and
+// resource ("PATCH pods/status").
+func apiRequestsBy(ctx context.Context, c kubernetes.Interface) (map[string]float64, error) {
 	body, err := c.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var sum float64
+	out := map[string]float64{}
 	for line := range strings.Lines(string(body)) {
 		if !strings.HasPrefix(line, "apiserver_request_total{") {
 			continue
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
-			sum += v
+		if err != nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, m := range metricLabel.FindAllStringSubmatch(line, -1) {
+			labels[m[1]] = m[2]
+		}
+		kind := labels["verb"] + " " + labels["resource"]
+		if labels["subresource"] != "" {
+			kind += "/" + labels["subresource"]
+		}
+		out[kind] += v
+	}
+	return out, nil
+}
+
+var metricLabel = regexp.MustCompile(`(\w+)="([^"]*)"`)
+
+// runMeasuredPods is runScalePods measured: the CPU each process of pids
+// used and the requests the API server served per pod while the pods
+// were created and ran (everyone's: the clients', the scheduler's, the
+// nodes'), the busiest kinds logged.
+func runMeasuredPods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s *scale, pids map[string]int) (ns string, cpu0, cpu1 map[string]float64) {
+	tb.Helper()
+	req0, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cpu0 = cpuSeconds(pids)
+	ns = runScalePods(tb, ctx, c, s)
+	cpu1 = cpuSeconds(pids)
+	req1, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pods := float64(s.nodes * s.devices)
+	type kind struct {
+		name string
+		n    float64
+	}
+	var kinds []kind
+	var total float64
+	for name, v := range req1 {
+		if d := v - req0[name]; d > 0 {
+			kinds = append(kinds, kind{name, d})
+			total += d
 		}
 	}
-	return sum, nil
+	s.apiPerPod = total / pods
+	slices.SortFunc(kinds, func(a, b kind) int { return cmp.Compare(b.n, a.n) })
+	var b strings.Builder
+	for _, k := range kinds[:min(len(kinds), 10)] {
+		fmt.Fprintf(&b, " %s %.2f;", k.name, k.n/pods)
+	}
+	tb.Logf("API requests per pod: %.2f; the busiest:%s", s.apiPerPod, b.String())
+	return ns, cpu0, cpu1
 }
 
 // measureIdleQPS counts the requests the API server serves over window,
@@ -487,6 +554,65 @@ func scaleSize(tb testing.TB) (nodes, devices int) {
 	return nodes, devices
 }
 
+// BenchmarkVirtualNodeFootprint is where a node's memory goes: N idle
+// nodes (DPKIT_SCALE_NODES, default 1000) of dpkit node --count N --backend
+// sim --plugin-config <fake, 8 devices> in this process, Ready with their
+// devices, and what they added per node: goroutines, their stacks, Go
+// heap in use and the process's resident memory. With DPKIT_PROFILE_DIR
+// set, the goroutines (by stack) and the heap are written there
+// (goroutines.txt, heap.pprof) for go tool pprof. Run with -benchtime 1x.
+func BenchmarkVirtualNodeFootprint(b *testing.B) {
+	nodes, devices := scaleSize(b)
+	cp, c := benchControlPlane(b, 1000, 2000)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	dir := os.Getenv("DPKIT_PROFILE_DIR")
+	if dir != "" {
+		runtime.MemProfileRate = 4096
+	}
+	for range b.N {
+		before := footprintNow()
+		s := &scale{nodes: nodes, devices: devices, prefix: unique("fp"), resource: benchResource}
+		startScale(b, ctx, cp.Kubeconfig, c, s)
+		after := footprintNow()
+		per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(nodes) }
+		b.ReportMetric(per(before.goroutines, after.goroutines), "goroutines/node")
+		b.ReportMetric(per(before.stack, after.stack)/1024, "stack_KiB/node")
+		b.ReportMetric(per(before.heap, after.heap)/1024, "heap_KiB/node")
+		b.ReportMetric(per(before.rss, after.rss)/1024, "rss_KiB/node")
+		b.ReportMetric(s.readyS, "all_ready_s")
+		if dir != "" {
+			for name, p := range map[string]struct {
+				profile string
+				debug   int
+			}{"goroutines.txt": {"goroutine", 1}, "heap.pprof": {"heap", 0}} {
+				f, err := os.Create(filepath.Join(dir, name))
+				if err != nil {
+					b.Fatal(err)
+				}
+				err = pprof.Lookup(p.profile).WriteTo(f, p.debug)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		s.stop()
+	}
+}
+
+// footprint is the process's goroutines and memory after a GC.
+type footprint struct{ goroutines, stack, heap, rss uint64 }
+
+func footprintNow() footprint {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return footprint{uint64(runtime.NumGoroutine()), ms.StackInuse, ms.HeapInuse, processRSS(os.Getpid())}
+}
+
 // BenchmarkVirtualNodeScale is the 1000-node run (docs/performance.md):
 // dpkit node --count N --backend sim --plugin-config <fake, D devices> in
 // this process against a control plane of its own (scheduler QPS 1000);
@@ -509,9 +635,7 @@ func BenchmarkVirtualNodeScale(b *testing.B) {
 func benchScale(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane, c kubernetes.Interface, s *scale) {
 	startScale(b, ctx, cp.Kubeconfig, c, s)
 	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
-	cpu0 := cpuSeconds(benchPIDs(cp, nil))
-	ns := runScalePods(b, ctx, c, s)
-	cpu1 := cpuSeconds(benchPIDs(cp, nil))
+	ns, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, benchPIDs(cp, nil))
 	checkNoDoubleAllocation(b, ctx, s, ns)
 	reportScale(b, s, cpu0, cpu1)
 	s.stop()
@@ -563,10 +687,8 @@ func BenchmarkKwokScale(b *testing.B) {
 		ready.stop()
 		s.rssPerNodeKiB = float64(processRSS(pid)-rss0) / 1024 / float64(nodes)
 		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
-		pids := benchPIDs(cp, map[string]int{"kwok": pid})
-		cpu0 := cpuSeconds(pids)
-		runScalePods(b, ctx, c, s)
-		reportScale(b, s, cpu0, cpuSeconds(pids))
+		_, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, benchPIDs(cp, map[string]int{"kwok": pid}))
+		reportScale(b, s, cpu0, cpu1)
 	}
 }
 
@@ -591,6 +713,7 @@ func reportScale(b *testing.B, s *scale, cpu0, cpu1 map[string]float64) {
 	}
 	b.ReportMetric(s.rssPerNodeKiB, "rss_KiB/node")
 	b.ReportMetric(s.apiQPSPerNode, "idle_api_qps/node")
+	b.ReportMetric(s.apiPerPod, "api_requests/pod")
 	for name, t := range cpu1 {
 		b.ReportMetric(t-cpu0[name], strings.TrimPrefix(name, "kube-")+"_cpu_s")
 	}
