@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -179,10 +180,31 @@ func TestPortForward(t *testing.T) {
 		t.Errorf("answer %q, want pong:ping", got)
 	}
 	l.Close()
-	if err := b.PortForward(context.Background(), "ns", "pf", port, &halfStream{in: strings.NewReader("")}); err == nil || !strings.Contains(err.Error(), "nothing listens") {
+	// Not the port just closed: another process may listen there by now.
+	if err := b.PortForward(context.Background(), "ns", "pf", boundPort(t), &halfStream{in: strings.NewReader("")}); err == nil || !strings.Contains(err.Error(), "nothing listens") {
 		t.Errorf("PortForward to a closed port: %v, want nothing listens", err)
 	}
 	if err := b.PortForward(context.Background(), "ns", "nope", port, &halfStream{in: strings.NewReader("")}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("PortForward to an unknown pod: %v, want ErrNotFound", err)
 	}
+}
+
+// boundPort returns a port of 127.0.0.1 held, until t ends, by a socket
+// bound to it that does not listen: a connection to it is refused, and no
+// other process can listen there meanwhile.
+func boundPort(t *testing.T) int32 {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(sa.(*syscall.SockaddrInet4).Port)
 }
