@@ -164,7 +164,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); wg.Wait() }()
 	if !d.cfg.NoSlices {
-		wg.Go(func() { d.publishLoop(ctx, h) })
+		wg.Go(func() { d.publishLoop(ctx) })
 	}
 	if d.cfg.PodUID != "" {
 		if err := d.followCheckpoint(ctx, &wg); err != nil {

@@ -598,6 +598,57 @@ func TestPublishedDevices(t *testing.T) {
 	}
 }
 
+// TestSlicesBackAfterKubeletWipe: the kubelet deletes every ResourceSlice
+// of its node as it starts; the driver writes its own back after
+// SliceRepairDelay, not after the library's default 30 s sync delay
+// (scheduling on the node would stop for as long).
+func TestSlicesBackAfterKubeletWipe(t *testing.T) {
+	root := t.TempDir()
+	p := newPlugin()
+	inv := inventory.New("example.com/dev", p, nil)
+	client := newClient()
+	rec := recordSlices(t, client)
+	drv, err := draplugin.New(draplugin.Config{
+		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
+		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
+		Client: client,
+	}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = inv.Run(ctx) })
+	wg.Go(func() { _ = drv.Run(ctx) })
+	p.snaps <- []deviceplugin.Device{{ID: "dev-0", Healthy: true}}
+	first := <-rec
+	// The slice must be in the controller's informer before it is
+	// deleted: wait for it to be stored.
+	for {
+		if _, err := client.ResourceV1().ResourceSlices().Get(ctx, first.Name, metav1.GetOptions{}); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond): // polling the fake API server
+		}
+	}
+	wiped := time.Now()
+	if err := client.ResourceV1().ResourceSlices().Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case again := <-rec:
+		if len(again.Spec.Devices) != 1 || again.Spec.Devices[0].Name != "dev-0" {
+			t.Fatalf("slice written again with %+v, want dev-0", again.Spec.Devices)
+		}
+		t.Logf("slice back %v after it was deleted", time.Since(wiped).Round(time.Millisecond))
+	case <-time.After(15 * time.Second): // a failure bound: half the library's default delay
+		t.Fatal("the deleted ResourceSlice was not written again within 15 s")
+	}
+}
+
 // TestReadyBeforeRegistration: a driver the kubelet has not registered is
 // not ready, and says so.
 func TestReadyBeforeRegistration(t *testing.T) {

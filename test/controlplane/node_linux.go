@@ -144,7 +144,7 @@ func (cp *ControlPlane) StartNode(ctx context.Context, opts NodeOptions) (_ *Nod
 	if err := n.startMountNamespace(ctx); err != nil {
 		return nil, err
 	}
-	if err := n.startContainerd(ctx); err != nil {
+	if err := n.startContainerd(ctx, false); err != nil {
 		return nil, err
 	}
 	if err := n.importBaseImages(ctx); err != nil {
@@ -394,7 +394,9 @@ func (n *Node) cniConfig() string {
 `
 }
 
-func (n *Node) startContainerd(ctx context.Context) error {
+// startContainerd starts containerd and waits until it answers; restart
+// keeps its log.
+func (n *Node) startContainerd(ctx context.Context, restart bool) error {
 	conf := filepath.Join(n.Dir, "etc", "containerd.toml")
 	if err := os.WriteFile(conf, []byte(n.containerdConfig()), 0o644); err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
@@ -405,11 +407,13 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	// The shim containerd starts is looked up in PATH: the one built with
 	// it must come first (not a containerd 1.x shim from the system).
 	env := []string{"PATH=" + filepath.Dir(n.impl.bins["containerd-shim-runc-v2"]) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	p, err := n.inNode("containerd", n.impl.bins["containerd"], []string{"--config", conf}, env, false)
+	p, err := n.inNode("containerd", n.impl.bins["containerd"], []string{"--config", conf}, env, restart)
 	if err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
+	n.impl.mu.Lock()
 	n.impl.containerd = p
+	n.impl.mu.Unlock()
 	if err := waitFor(ctx, p, func(ctx context.Context) error {
 		_, err := n.Ctr(ctx, "version")
 		return err
@@ -648,6 +652,42 @@ func (n *Node) RestartKubelet(ctx context.Context, sig syscall.Signal) error {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
 	n.impl.logger.Info("Kubelet stopped", "signal", sig, "pid", old.pid())
+	return n.runKubelet(ctx, true)
+}
+
+// Reboot cuts the node's power and boots it again: every process of the
+// node (the kubelet, containerd, its shims and every container) is killed
+// with SIGKILL at once; then containerd starts and, once it answers, the
+// kubelet, which starts again what it should run (a DaemonSet's pods
+// among it: they start after the kubelet, as on a real boot) and finds
+// the containers that ran before dead. What is on disk stays: the
+// kubelet's checkpoints, containerd's images and containers, the CNI's
+// address leases. So does /run (a real boot empties it): containerd
+// cleans the state of the shims that died as it starts. It returns once
+// the kubelet's /healthz answers.
+func (n *Node) Reboot(ctx context.Context) error {
+	im := &n.impl
+	im.mu.Lock()
+	kubelet, containerd, stopped := im.kubelet, im.containerd, im.stopped
+	im.mu.Unlock()
+	if stopped {
+		return errors.New("controlplane: node: Reboot: the node is stopped")
+	}
+	killed, err := EndProcesses(ctx, AnyOf(InCgroupTrees(im.cgroupDirs...), InMountNamespaceOf(im.mountns.pid())))
+	if err != nil {
+		return fmt.Errorf("controlplane: node: reboot: %w", err)
+	}
+	for _, p := range []*process{kubelet, containerd} {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return fmt.Errorf("controlplane: node: reboot: %s did not exit: %w", p.name, ctx.Err())
+		}
+	}
+	im.logger.Info("Node powered off", "processes", len(killed))
+	if err := n.startContainerd(ctx, true); err != nil {
+		return err
+	}
 	return n.runKubelet(ctx, true)
 }
 

@@ -23,5 +23,10 @@ func (n *Node) RestartKubelet(context.Context, syscall.Signal) error {
 	return fmt.Errorf("controlplane: %w", ErrNodeUnsupported)
 }
 
+// Reboot fails: no node runs.
+func (n *Node) Reboot(context.Context) error {
+	return fmt.Errorf("controlplane: %w", ErrNodeUnsupported)
+}
+
 // Binary returns "": no node runs.
 func (n *Node) Binary(string) string { return "" }

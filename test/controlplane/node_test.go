@@ -137,6 +137,27 @@ func TestNode(t *testing.T) {
 		}
 	}
 
+	// A reboot: the pod's container dies with the node, and the kubelet,
+	// booted again, runs a new one (restartPolicy Always).
+	oldContainerd := n.PIDs()["containerd"]
+	if err := n.Reboot(ctx); err != nil {
+		t.Fatalf("reboot: %v", err)
+	}
+	if n.PIDs()["containerd"] == oldContainerd {
+		t.Fatalf("containerd pid %d unchanged after a reboot", oldContainerd)
+	}
+	var rebooted *corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		rebooted, err = client.CoreV1().Pods("default").Get(ctx, "hello", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		st := rebooted.Status.ContainerStatuses
+		return len(st) == 1 && st[0].Ready && st[0].ContainerID != first.Status.ContainerStatuses[0].ContainerID, nil
+	}); err != nil {
+		t.Fatalf("after a reboot the pod's container did not run again: %v; last status %+v", err, rebooted.Status)
+	}
+
 	// A pod whose PID 1 ignores SIGTERM, deleted just before the node
 	// stops: the kubelet is still waiting out its grace period when it
 	// is stopped, and the pod still runs. Stop must end it.

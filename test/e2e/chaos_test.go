@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -55,14 +56,7 @@ type chaosConfig struct {
 }
 
 func TestChaosVirtualNode(t *testing.T) {
-	events := 1
-	if v := os.Getenv("DPKIT_CHAOS_EVENTS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("DPKIT_CHAOS_EVENTS=%q: want a positive number of events per kind", v)
-		}
-		events = n
-	}
+	events := chaosEvents(t)
 	cp := cluster.Get(t)
 	configs := []chaosConfig{
 		{name: "dpkit plugin", pluginFollows: true},
@@ -76,12 +70,12 @@ func TestChaosVirtualNode(t *testing.T) {
 		t.Run(cfg.name, func(t *testing.T) {
 			rows := runChaos(t, cp.Kubeconfig, cp.ClientCAFile, cp.Client(), cfg, events)
 			for _, r := range rows {
-				fmt.Fprintf(&report, "| %s | %s | %d | %d | %d | %d | %s |\n", cfg.name, r.kind, r.events, r.admissionFailed, r.otherFailed, r.heldTwice, r.recovery.Round(10*time.Millisecond))
+				fmt.Fprintf(&report, "| %s | %s | %d | %d | %d | %d | %s |\n", cfg.name, r.kind, r.events, r.admission, r.other, r.heldTwice, r.recovery.Round(10*time.Millisecond))
 			}
 			if cfg.hold > 0 {
 				for _, r := range rows {
-					if r.admissionFailed > 0 {
-						t.Errorf("%s: %d pods failed at admission with the admission hold on", r.kind, r.admissionFailed)
+					if r.admission > 0 {
+						t.Errorf("%s: %d pods failed at admission with the admission hold on", r.kind, r.admission)
 					}
 				}
 			}
@@ -93,20 +87,137 @@ func TestChaosVirtualNode(t *testing.T) {
 		})
 	}
 	t.Logf("lifecycle chaos, %d event(s) of each kind per configuration:\n%s", events, report.String())
-	if path := os.Getenv("DPKIT_CHAOS_REPORT"); path != "" {
-		if err := os.WriteFile(path, []byte(report.String()), 0o600); err != nil {
-			t.Error(err)
-		}
+	writeChaosReport(t, "", report.String())
+}
+
+// chaosEvents is DPKIT_CHAOS_EVENTS, the number of events of each kind: 1
+// (the short mode the suite runs) unless set.
+func chaosEvents(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv("DPKIT_CHAOS_EVENTS")
+	if v == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("DPKIT_CHAOS_EVENTS=%q: want a positive number of events per kind", v)
+	}
+	return n
+}
+
+// writeChaosReport writes a run's table to DPKIT_CHAOS_REPORT when set,
+// with suffix before its extension ("bin/chaos.md", "-realnode":
+// bin/chaos-realnode.md).
+func writeChaosReport(t *testing.T, suffix, table string) {
+	path := os.Getenv("DPKIT_CHAOS_REPORT")
+	if path == "" {
+		return
+	}
+	ext := filepath.Ext(path)
+	path = strings.TrimSuffix(path, ext) + suffix + ext
+	if err := os.WriteFile(path, []byte(table), 0o600); err != nil {
+		t.Error(err)
 	}
 }
 
-// chaosRow is what one event kind cost in one configuration.
+// chaosCounts are the pods that ended, by how, and what was seen on the
+// way.
+type chaosCounts struct {
+	ok int
+	// admission: failed at admission (UnexpectedAdmissionError,
+	// TopologyAffinityError).
+	admission int
+	// noDevice: ran without the device it asked for (its command exits
+	// chaosNoDevice).
+	noDevice int
+	// other: any other failure (a reboot kills the pods that ran).
+	other int
+	// prepareFailed: pods whose claim preparation failed at least once
+	// (the kubelet's FailedPrepareDynamicResources; it tries again).
+	prepareFailed int
+	// heldTwice: PodResources snapshots listing one device for two pods.
+	heldTwice int
+}
+
+func (a chaosCounts) ended() int { return a.ok + a.admission + a.noDevice + a.other }
+
+func (a chaosCounts) minus(b chaosCounts) chaosCounts {
+	return chaosCounts{ok: a.ok - b.ok, admission: a.admission - b.admission, noDevice: a.noDevice - b.noDevice,
+		other: a.other - b.other, prepareFailed: a.prepareFailed - b.prepareFailed, heldTwice: a.heldTwice - b.heldTwice}
+}
+
+func (a chaosCounts) plus(b chaosCounts) chaosCounts {
+	return chaosCounts{ok: a.ok + b.ok, admission: a.admission + b.admission, noDevice: a.noDevice + b.noDevice,
+		other: a.other + b.other, prepareFailed: a.prepareFailed + b.prepareFailed, heldTwice: a.heldTwice + b.heldTwice}
+}
+
+// chaosNoDevice is the exit code of a chaos pod that did not find the
+// device it asked for.
+const chaosNoDevice = 3
+
+// chaosRow is what one event kind cost in one configuration: the pods
+// that ended in the windows around its events.
 type chaosRow struct {
-	kind                         string
-	events                       int
-	admissionFailed, otherFailed int
-	heldTwice                    int
-	recovery                     time.Duration // the longest until allocatable was whole
+	kind   string
+	events int
+	chaosCounts
+	recovery time.Duration // the longest until allocatable was whole
+}
+
+// chaosRounds runs events events of each kind in turn while load runs.
+// Around each event three pods end before it (so pods are in flight) and
+// three after the node is whole again (so pods bound around the event
+// meet admission); a row counts what the pods that ended in those
+// windows cost, and the longest time from an event until whole held.
+func chaosRounds(t *testing.T, ctx context.Context, load *chaosLoad, kinds []string, events int, event func(kind string), whole func(context.Context) (bool, string, error)) []chaosRow {
+	t.Helper()
+	threeEnd := func(what string) {
+		before := load.counts().ended()
+		poll(t, ctx, what, func(context.Context) (bool, string, error) {
+			ended := load.counts().ended() - before
+			return ended >= 3, fmt.Sprintf("%d ended", ended), nil
+		})
+	}
+	if only := os.Getenv("DPKIT_CHAOS_KINDS"); only != "" {
+		kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return !slices.Contains(strings.Split(only, ","), k) })
+		if len(kinds) == 0 {
+			t.Fatalf("DPKIT_CHAOS_KINDS=%q names no event kind of this run", only)
+		}
+	}
+	var rows []chaosRow
+	for _, kind := range kinds {
+		row := chaosRow{kind: kind}
+		for range events {
+			threeEnd("pods ended before a " + kind)
+			before := load.counts()
+			start := time.Now()
+			event(kind)
+			// What was missing on the way, and when it came back.
+			var steps []string
+			last := ""
+			poll(t, ctx, "the node whole again after a "+kind, func(ctx context.Context) (bool, string, error) {
+				ok, state, err := whole(ctx)
+				if state != last {
+					steps = append(steps, fmt.Sprintf("%v: %s", time.Since(start).Round(10*time.Millisecond), state))
+					last = state
+				}
+				return ok, state, err
+			})
+			took := time.Since(start)
+			t.Logf("%s: whole again after %v; on the way: %s", kind, took.Round(10*time.Millisecond), strings.Join(steps, "; "))
+			row.recovery = max(row.recovery, took)
+			threeEnd("pods ended after a " + kind)
+			row.chaosCounts = row.chaosCounts.plus(load.counts().minus(before))
+			row.events++
+		}
+		rows = append(rows, row)
+	}
+	load.mu.Lock()
+	if len(load.failures) > 0 {
+		t.Logf("pods that failed: %s", strings.Join(load.failures, "; "))
+	}
+	load.mu.Unlock()
+	return rows
 }
 
 // chaosNode is the node and plugin the events act on.
@@ -167,22 +278,30 @@ func (n *chaosNode) event(kind string) {
 
 // allocatableWhole reports whether the device manager serves all 8
 // example.com/foo again.
-func (n *chaosNode) allocatableWhole() bool {
+func (n *chaosNode) allocatableWhole(context.Context) (bool, string, error) {
 	for _, r := range n.node.DeviceManager().Resources() {
 		if r.Name == string(foo) {
-			return r.Connected && r.Allocatable == 8
+			return r.Connected && r.Allocatable == 8, fmt.Sprintf("connected %v, allocatable %d", r.Connected, r.Allocatable), nil
 		}
 	}
-	return false
+	return false, "not served", nil
 }
 
-// chaosLoad keeps pods asking for one example.com/foo in flight and
-// classifies each as it ends.
+// chaosLoad classifies the chaos pods as they end, and counts what it
+// sees of the devices.
 type chaosLoad struct {
-	mu                   sync.Mutex
-	admission, other, ok int
-	failures             []string
-	heldTwice            int
+	mu sync.Mutex
+	chaosCounts
+	failures []string
+	// prepareFailedPods are the pods counted in prepareFailed.
+	prepareFailedPods map[string]bool
+}
+
+// counts returns the counts so far.
+func (l *chaosLoad) counts() chaosCounts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.chaosCounts
 }
 
 func runChaos(t *testing.T, kubeconfig, clientCA string, c kubernetes.Interface, cfg chaosConfig, events int) []chaosRow {
@@ -195,7 +314,7 @@ func runChaos(t *testing.T, kubeconfig, clientCA string, c kubernetes.Interface,
 	n := &chaosNode{t: t, ctx: ctx, c: c, o: o, cfg: cfg}
 	n.startNode()
 	n.startPlugin()
-	poll(t, ctx, "8 example.com/foo served", func(context.Context) (bool, string, error) { return n.allocatableWhole(), "", nil })
+	poll(t, ctx, "8 example.com/foo served", n.allocatableWhole)
 	ns := createNamespace(t, c, "chaos")
 
 	load := &chaosLoad{}
@@ -205,50 +324,7 @@ func runChaos(t *testing.T, kubeconfig, clientCA string, c kubernetes.Interface,
 	go func() { defer wg.Done(); load.run(lctx, t, c, ns, name) }()
 	go func() { defer wg.Done(); load.watchDevices(lctx, root) }()
 	defer func() { stopLoad(); wg.Wait() }()
-
-	// completed is how many pods ended so far.
-	completed := func() int {
-		load.mu.Lock()
-		defer load.mu.Unlock()
-		return load.admission + load.other + load.ok
-	}
-	var rows []chaosRow
-	for _, kind := range chaosKinds {
-		row := chaosRow{kind: kind}
-		for range events {
-			// Pods in flight around each event: wait for a few to
-			// run to their end first.
-			before := completed()
-			poll(t, ctx, "pods running before the event", func(context.Context) (bool, string, error) {
-				return completed() >= before+3, fmt.Sprintf("%d ended", completed()-before), nil
-			})
-			load.mu.Lock()
-			adm, oth, two := load.admission, load.other, load.heldTwice
-			load.mu.Unlock()
-			start := time.Now()
-			n.event(kind)
-			poll(t, ctx, "8 example.com/foo served again after a "+kind, func(context.Context) (bool, string, error) { return n.allocatableWhole(), "", nil })
-			row.recovery = max(row.recovery, time.Since(start))
-			// Let the pods bound around the event meet admission.
-			before = completed()
-			poll(t, ctx, "pods running after the event", func(context.Context) (bool, string, error) {
-				return completed() >= before+3, fmt.Sprintf("%d ended", completed()-before), nil
-			})
-			load.mu.Lock()
-			row.admissionFailed += load.admission - adm
-			row.otherFailed += load.other - oth
-			row.heldTwice += load.heldTwice - two
-			load.mu.Unlock()
-			row.events++
-		}
-		rows = append(rows, row)
-	}
-	load.mu.Lock()
-	if len(load.failures) > 0 {
-		t.Logf("pods that failed: %s", strings.Join(load.failures, "; "))
-	}
-	load.mu.Unlock()
-	return rows
+	return chaosRounds(t, ctx, load, chaosKinds, events, n.event, n.allocatableWhole)
 }
 
 // run keeps 4 pods in flight on node until ctx ends, deleting each that
@@ -293,29 +369,51 @@ func (l *chaosLoad) run(ctx context.Context, t *testing.T, c kubernetes.Interfac
 	}
 }
 
+// count classifies a pod that ended.
 func (l *chaosLoad) count(p *corev1.Pod) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var why []string
+	noDevice := false
+	for _, s := range p.Status.ContainerStatuses {
+		if t := s.State.Terminated; t != nil {
+			why = append(why, fmt.Sprintf("%s (exit %d) %s", t.Reason, t.ExitCode, t.Message))
+			noDevice = noDevice || t.ExitCode == chaosNoDevice
+		}
+	}
 	switch {
 	case p.Status.Phase == corev1.PodSucceeded:
 		l.ok++
 	case p.Status.Reason == "UnexpectedAdmissionError" || p.Status.Reason == "TopologyAffinityError":
 		l.admission++
 		l.failures = append(l.failures, fmt.Sprintf("%s: %s %s", p.Name, p.Status.Reason, p.Status.Message))
+	case noDevice:
+		l.noDevice++
+		l.failures = append(l.failures, fmt.Sprintf("%s: ran without its device %v", p.Name, why))
 	default:
 		l.other++
-		var why []string
-		for _, s := range p.Status.ContainerStatuses {
-			if s.State.Terminated != nil {
-				why = append(why, s.State.Terminated.Reason)
-			}
-		}
 		l.failures = append(l.failures, fmt.Sprintf("%s: %s %s %v", p.Name, p.Status.Reason, p.Status.Message, why))
 	}
 }
 
-// watchDevices reads the node's PodResources every 100 ms and counts the
-// snapshots in which a device is listed for two pods.
+// prepareFailed counts pod as one whose claim preparation failed, once.
+func (l *chaosLoad) prepareFailed(pod, message string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.prepareFailedPods == nil {
+		l.prepareFailedPods = map[string]bool{}
+	}
+	if l.prepareFailedPods[pod] {
+		return
+	}
+	l.prepareFailedPods[pod] = true
+	l.chaosCounts.prepareFailed++
+	l.failures = append(l.failures, fmt.Sprintf("%s: claim preparation failed: %s", pod, message))
+}
+
+// watchDevices reads the PodResources of the node (or kubelet) whose root
+// is root every 100 ms and counts the snapshots in which a device (of the
+// device-plugin front or of a claim) is listed for two pods.
 func (l *chaosLoad) watchDevices(ctx context.Context, root string) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -336,14 +434,23 @@ func (l *chaosLoad) watchDevices(ctx context.Context, root string) {
 		}
 		owner := map[string]string{}
 		var twice []string
+		hold := func(pod, device string) {
+			if o, ok := owner[device]; ok && o != pod {
+				twice = append(twice, device)
+			}
+			owner[device] = pod
+		}
 		for _, p := range resp.PodResources {
+			pod := p.Namespace + "/" + p.Name
 			for _, c := range p.Containers {
 				for _, d := range c.Devices {
 					for _, id := range d.DeviceIds {
-						if o, ok := owner[id]; ok && o != p.Name {
-							twice = append(twice, id)
-						}
-						owner[id] = p.Name
+						hold(pod, d.ResourceName+"/"+id)
+					}
+				}
+				for _, d := range c.DynamicResources {
+					for _, r := range d.ClaimResources {
+						hold(pod, r.DriverName+"/"+r.PoolName+"/"+r.DeviceName)
 					}
 				}
 			}

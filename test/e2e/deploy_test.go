@@ -178,6 +178,7 @@ func TestDeployDryRun(t *testing.T) {
 			}
 			for _, o := range objs {
 				applyDryRun(ctx, t, dyn, mapper, o)
+				checkPluginRollout(t, o)
 			}
 		})
 	}
@@ -248,6 +249,21 @@ func TestDeployDryRun(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkPluginRollout checks that a plugin's DaemonSet rolls with
+// maxSurge 1 and maxUnavailable 0: the new instance registers before the
+// old one stops (docs/reliability.md measures what maxUnavailable 1
+// costs).
+func checkPluginRollout(t *testing.T, o *unstructured.Unstructured) {
+	t.Helper()
+	if o.GetKind() != "DaemonSet" || o.GetLabels()["app.kubernetes.io/name"] != "dpkit-plugin" {
+		return
+	}
+	ru, _, _ := unstructured.NestedMap(o.Object, "spec", "updateStrategy", "rollingUpdate")
+	if fmt.Sprint(ru["maxSurge"]) != "1" || fmt.Sprint(ru["maxUnavailable"]) != "0" {
+		t.Errorf("DaemonSet %s rolls with %v, want maxSurge 1 and maxUnavailable 0", o.GetName(), ru)
+	}
 }
 
 func applyDryRun(ctx context.Context, t *testing.T, dyn dynamic.Interface, mapper meta.RESTMapper, o *unstructured.Unstructured) {

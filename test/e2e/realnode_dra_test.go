@@ -222,17 +222,7 @@ func rollToPort(ctx context.Context, c kubernetes.Interface, d deployment, port 
 	if err != nil {
 		return err
 	}
-	ctr := &ds.Spec.Template.Spec.Containers[0]
-	for i, a := range ctr.Args {
-		if strings.HasPrefix(a, "--metrics-address=") {
-			ctr.Args[i] = fmt.Sprintf("--metrics-address=:%d", port)
-		}
-	}
-	for i := range ctr.Ports {
-		if ctr.Ports[i].Name == "metrics" {
-			ctr.Ports[i].ContainerPort = port
-		}
-	}
+	setMetricsPort(ds, port)
 	_, err = c.AppsV1().DaemonSets(d.namespace).Update(ctx, ds, metav1.UpdateOptions{})
 	return err
 }

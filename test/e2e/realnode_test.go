@@ -634,23 +634,31 @@ func TestRealNodeKubeletRestart(t *testing.T) {
 func waitAllocatableAt(t *testing.T, ctx context.Context, n *controlplane.Node, res corev1.ResourceName, want int) {
 	t.Helper()
 	poll(t, ctx, fmt.Sprintf("%d %s allocatable in the kubelet", want, res), func(ctx context.Context) (bool, string, error) {
-		client, closer, err := prclient.Dial(ctx, podresources.SocketPath(n.KubeletRoot))
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		defer closer.Close()
-		resp, err := client.GetAllocatableResources(ctx, &podresourcesv1.AllocatableResourcesRequest{})
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		got := 0
-		for _, d := range resp.GetDevices() {
-			if d.GetResourceName() == string(res) {
-				got += len(d.GetDeviceIds())
-			}
-		}
+		got := allocatableAt(ctx, n, res)
 		return got == want, fmt.Sprintf("%d", got), nil
 	})
+}
+
+// allocatableAt returns how many devices of res the kubelet lists as
+// allocatable (its PodResources GetAllocatableResources), -1 when it
+// does not answer.
+func allocatableAt(ctx context.Context, n *controlplane.Node, res corev1.ResourceName) int {
+	client, closer, err := prclient.Dial(ctx, podresources.SocketPath(n.KubeletRoot))
+	if err != nil {
+		return -1
+	}
+	defer closer.Close()
+	resp, err := client.GetAllocatableResources(ctx, &podresourcesv1.AllocatableResourcesRequest{})
+	if err != nil {
+		return -1
+	}
+	got := 0
+	for _, d := range resp.GetDevices() {
+		if d.GetResourceName() == string(res) {
+			got += len(d.GetDeviceIds())
+		}
+	}
+	return got
 }
 
 // podDevices returns the device IDs the kubelet lists for a pod.
@@ -678,10 +686,10 @@ func podDevices(t *testing.T, ctx context.Context, n *controlplane.Node, ns, nam
 	return ids
 }
 
-// TestRealNodeRollingUpdate updates the plugin's DaemonSet with maxSurge
-// 1 and maxUnavailable 0 while a pod holds a device: the new plugin pod
-// starts beside the old one, registers the same resource, and the old one
-// stops. The Node's allocatable must never drop to 0 on the way
+// TestRealNodeRollingUpdate updates the plugin's DaemonSet (the
+// manifests' maxSurge 1 and maxUnavailable 0) while a pod holds a device:
+// the new plugin pod starts beside the old one, registers the same
+// resource, and the old one stops. The Node's allocatable must never drop to 0 on the way
 // (kubernetes#121994: the old plugin's exit took the new registration's
 // devices away).
 func TestRealNodeRollingUpdate(t *testing.T) {
@@ -691,13 +699,7 @@ func TestRealNodeRollingUpdate(t *testing.T) {
 	c := cp.Client()
 	d := deployKustomize(t, "e2e.dpkit.io/zero-rolling")
 	for _, o := range d.objs {
-		if o.GetKind() == "DaemonSet" {
-			if err := unstructured.SetNestedMap(o.Object, map[string]any{
-				"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": int64(1), "maxUnavailable": int64(0)},
-			}, "spec", "updateStrategy"); err != nil {
-				t.Fatal(err)
-			}
-		}
+		checkPluginRollout(t, o) // the manifests' own strategy: maxSurge 1
 	}
 	d.apply(t, ctx, cp)
 	old := d.waitPluginReady(t, ctx, c, n.Name, "2")
