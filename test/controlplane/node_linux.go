@@ -662,8 +662,9 @@ func (n *Node) RestartKubelet(ctx context.Context, sig syscall.Signal) error {
 // among it: they start after the kubelet, as on a real boot) and finds
 // the containers that ran before dead. What is on disk stays: the
 // kubelet's checkpoints, containerd's images and containers, the CNI's
-// address leases. So does /run (a real boot empties it): containerd
-// cleans the state of the shims that died as it starts. It returns once
+// address leases. The node's cgroups are made afresh. /run stays (a real
+// boot empties it): containerd cleans the state of the shims that died
+// as it starts. It returns once
 // the kubelet's /healthz answers.
 func (n *Node) Reboot(ctx context.Context) error {
 	im := &n.impl
@@ -685,6 +686,16 @@ func (n *Node) Reboot(ctx context.Context) error {
 		}
 	}
 	im.logger.Info("Node powered off", "processes", len(killed))
+	// A machine boots with no cgroup but the root's: the dead
+	// containers' would each hold the kubelet's start up (cAdvisor
+	// tries to watch them).
+	if err := RemoveCgroupTrees(im.cgroupDirs...); err != nil {
+		return fmt.Errorf("controlplane: node: reboot: %w", err)
+	}
+	im.cgroupDirs = nil
+	if err := n.makeCgroups(); err != nil {
+		return err
+	}
 	if err := n.startContainerd(ctx, true); err != nil {
 		return err
 	}

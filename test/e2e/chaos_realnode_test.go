@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,11 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpkit/dpkit/internal/ociimage"
 	"github.com/dpkit/dpkit/pkg/resourcename"
 	"github.com/dpkit/dpkit/test/controlplane"
 )
@@ -51,11 +57,42 @@ const realChaosDevices = 4
 func TestChaosRealNode(t *testing.T) {
 	cp, n := realNode.Get(t)
 	importFullImage(t, n) // before the deadline starts: a cold build takes minutes
+	importPollPlugin(t, n)
 	events := chaosEvents(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(events*len(realChaosKinds))*3*time.Minute+5*time.Minute)
-	defer cancel()
-	c := cp.Client()
+	var report strings.Builder
+	fmt.Fprintf(&report, "| plugin | event | events | pods ended | failed at admission | claim preparation failed (retried) | ran without its device | other pod failures | devices held twice | whole again (max) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, cfg := range []struct {
+		name   string
+		deploy func(*testing.T, context.Context, *controlplane.ControlPlane, *controlplane.Node) *realChaosNode
+	}{
+		{"dpkit (both fronts)", deployDpkitChaos},
+		{"polling every 10 s (device plugin)", deployPollChaos},
+	} {
+		t.Run(cfg.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(events*len(realChaosKinds))*3*time.Minute+5*time.Minute)
+			defer cancel()
+			rn := cfg.deploy(t, ctx, cp, n)
+			rows := runRealChaos(t, ctx, rn, events)
+			for _, r := range rows {
+				fmt.Fprintf(&report, "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %s |\n", cfg.name, r.kind, r.events, r.ended(), r.admission, r.prepareFailed, r.noDevice, r.other, r.heldTwice, r.recovery.Round(10*time.Millisecond))
+				if r.heldTwice > 0 {
+					t.Errorf("%s: a device was listed for two pods in %d PodResources snapshots", r.kind, r.heldTwice)
+				}
+				if r.noDevice > 0 {
+					t.Errorf("%s: %d pods ran without the device they asked for", r.kind, r.noDevice)
+				}
+			}
+		})
+	}
+	t.Logf("lifecycle chaos on the real node (kubelet %s), %d event(s) of each kind:\n%s", controlplane.KubeletVersion(), events, report.String())
+	writeChaosReport(t, "-realnode", report.String())
+}
 
+// deployDpkitChaos deploys dpkit's generic plugin from the full image
+// with one resource on each front, and the DeviceClass and the claim
+// template for the DRA one.
+func deployDpkitChaos(t *testing.T, ctx context.Context, cp *controlplane.ControlPlane, n *controlplane.Node) *realChaosNode {
+	c := cp.Client()
 	res, draRes := "e2e.dpkit.io/zero-chaos", "e2e.dpkit.io/zero-chaos-dra"
 	entry := func(name, fronts string) string {
 		return "- generic:\n" + indent(strings.Replace(zeroConfig(name), "count: 2", fmt.Sprintf("count: %d", realChaosDevices), 1), "    ") + "  fronts: [" + fronts + "]\n"
@@ -73,54 +110,41 @@ func TestChaosRealNode(t *testing.T) {
 	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rn := &realChaosNode{t: t, ctx: ctx, c: c, n: n, d: d, res: corev1.ResourceName(res), driver: resourcename.DriverName(draRes), port: 9410}
-	poll(t, ctx, "the node whole", rn.whole)
+	return &realChaosNode{t: t, ctx: ctx, c: c, n: n, d: d, ns: ns, res: corev1.ResourceName(res), driver: resourcename.DriverName(draRes), tmpl: tmpl.Name, port: 9410}
+}
 
+// runRealChaos runs the events on the node rn deployed, with two pods of
+// each of its fronts in flight.
+func runRealChaos(t *testing.T, ctx context.Context, rn *realChaosNode, events int) []chaosRow {
+	poll(t, ctx, "the node whole", rn.whole)
 	load := &chaosLoad{}
 	lctx, stopLoad := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(3)
-	go func() { defer wg.Done(); runRealChaosLoad(lctx, t, c, load, ns, n.Name, rn.res, tmpl.Name) }()
-	go func() { defer wg.Done(); load.watchDevices(lctx, n.KubeletRoot) }()
-	go func() { defer wg.Done(); watchPrepareFailures(lctx, c, load, ns) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			stopLoad()
-			wg.Wait()
-			deleteAllPods(t, c, ns)
-		}
-	}
-	defer stop()
-
-	rows := chaosRounds(t, ctx, load, realChaosKinds, events, rn.event, rn.whole)
-	stop()
-	var report strings.Builder
-	fmt.Fprintf(&report, "| event | events | pods ended | failed at admission | claim preparation failed (retried) | ran without its device | other pod failures | devices held twice | whole again (max) |\n|---|---|---|---|---|---|---|---|---|\n")
-	for _, r := range rows {
-		fmt.Fprintf(&report, "| %s | %d | %d | %d | %d | %d | %d | %d | %s |\n", r.kind, r.events, r.ended(), r.admission, r.prepareFailed, r.noDevice, r.other, r.heldTwice, r.recovery.Round(10*time.Millisecond))
-		if r.heldTwice > 0 {
-			t.Errorf("%s: a device was listed for two pods in %d PodResources snapshots", r.kind, r.heldTwice)
-		}
-		if r.noDevice > 0 {
-			t.Errorf("%s: %d pods ran without the device they asked for", r.kind, r.noDevice)
-		}
-	}
-	t.Logf("lifecycle chaos on the real node (kubelet %s), %d event(s) of each kind:\n%s", controlplane.KubeletVersion(), events, report.String())
-	writeChaosReport(t, "-realnode", report.String())
+	go func() { defer wg.Done(); rn.runLoad(lctx, load) }()
+	go func() { defer wg.Done(); load.watchDevices(lctx, rn.n.KubeletRoot) }()
+	go func() { defer wg.Done(); watchPrepareFailures(lctx, rn.c, load, rn.ns) }()
+	defer func() {
+		stopLoad()
+		wg.Wait()
+		deleteAllPods(t, rn.c, rn.ns)
+	}()
+	return chaosRounds(t, ctx, load, realChaosKinds, events, rn.event, rn.whole)
 }
 
 // realChaosNode is the real node and the plugin's DaemonSet the events
 // act on.
 type realChaosNode struct {
-	t      *testing.T
-	ctx    context.Context
-	c      kubernetes.Interface
-	n      *controlplane.Node
-	d      deployment
-	res    corev1.ResourceName
-	driver string
+	t   *testing.T
+	ctx context.Context
+	c   kubernetes.Interface
+	n   *controlplane.Node
+	d   deployment
+	ns  string // the pods'
+	res corev1.ResourceName
+	// driver and tmpl are the DRA front's driver and the claim template
+	// of the pods asking through it; empty without a DRA front.
+	driver, tmpl string
 	// port is the plugin's metrics port (host network): each rolling
 	// update moves it, so the surge pod can bind beside the old one.
 	port int32
@@ -143,7 +167,7 @@ func (r *realChaosNode) event(kind string) {
 	case "rolling update, maxUnavailable 1":
 		err = r.roll(intstr.FromInt32(0), intstr.FromInt32(1))
 	case "plugin crash loop":
-		err = r.crashLoop(3)
+		err = r.crashLoop(2)
 	default:
 		err = fmt.Errorf("no event kind %q", kind)
 	}
@@ -170,6 +194,10 @@ func (r *realChaosNode) roll(surge, unavailable intstr.IntOrString) error {
 	}
 	r.port++
 	setMetricsPort(ds, r.port)
+	if ds.Spec.Template.Annotations == nil {
+		ds.Spec.Template.Annotations = map[string]string{}
+	}
+	ds.Spec.Template.Annotations["e2e.dpkit.io/rollout"] = fmt.Sprint(r.port)
 	if _, err := r.c.AppsV1().DaemonSets(r.d.namespace).Update(r.ctx, ds, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
@@ -237,11 +265,11 @@ func (r *realChaosNode) readyPluginPod(ctx context.Context) (*corev1.Pod, error)
 	return ready[0], nil
 }
 
-// whole reports whether the node serves every device again on both
-// fronts: the kubelet lists them all as allocatable (its PodResources),
-// the Node's allocatable says so, the DaemonSet's one pod is ready (it
-// is registered with the kubelet on both fronts) and its ResourceSlice
-// lists them all.
+// whole reports whether the node serves every device again on each
+// front: the kubelet lists them all as allocatable (its PodResources),
+// the Node's allocatable says so, the DaemonSet's one pod is ready (dpkit's
+// is ready once registered with the kubelet on both fronts) and the DRA
+// front's ResourceSlice lists them all.
 func (r *realChaosNode) whole(ctx context.Context) (bool, string, error) {
 	if got := allocatableAt(ctx, r.n, r.res); got != realChaosDevices {
 		return false, fmt.Sprintf("the kubelet's allocatable %s: %d", r.res, got), nil
@@ -255,6 +283,9 @@ func (r *realChaosNode) whole(ctx context.Context) (bool, string, error) {
 	}
 	if _, err := r.readyPluginPod(ctx); err != nil {
 		return false, err.Error(), nil
+	}
+	if r.driver == "" {
+		return true, "", nil
 	}
 	names, err := sliceDevices(ctx, r.c, r.n.Name, r.driver)
 	if err != nil || len(names) != realChaosDevices {
@@ -295,9 +326,14 @@ func realChaosPod(ns, name, node string, res corev1.ResourceName, tmpl string) *
 	return p
 }
 
-// runRealChaosLoad keeps two pods of each front in flight on the real
-// node until ctx ends, counting each that ended and deleting it.
-func runRealChaosLoad(ctx context.Context, t *testing.T, c kubernetes.Interface, load *chaosLoad, ns, node string, res corev1.ResourceName, tmpl string) {
+// runLoad keeps two pods of each front in flight on the node until ctx
+// ends, counting each that ended and deleting it.
+func (r *realChaosNode) runLoad(ctx context.Context, load *chaosLoad) {
+	c, ns := r.c, r.ns
+	fronts := []string{""}
+	if r.tmpl != "" {
+		fronts = append(fronts, r.tmpl)
+	}
 	seq := 0
 	counted := map[string]bool{}
 	tick := time.NewTicker(200 * time.Millisecond)
@@ -305,7 +341,7 @@ func runRealChaosLoad(ctx context.Context, t *testing.T, c kubernetes.Interface,
 	for {
 		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err == nil {
-			active := map[bool]int{} // by "asks through a claim"
+			active := map[string]int{} // by claim template
 			for i := range list.Items {
 				p := &list.Items[i]
 				switch p.Status.Phase {
@@ -317,19 +353,23 @@ func runRealChaosLoad(ctx context.Context, t *testing.T, c kubernetes.Interface,
 					_ = c.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{})
 				default:
 					if p.DeletionTimestamp == nil {
-						active[len(p.Spec.ResourceClaims) > 0]++
+						tmpl := ""
+						if len(p.Spec.ResourceClaims) > 0 {
+							tmpl = *p.Spec.ResourceClaims[0].ResourceClaimTemplateName
+						}
+						active[tmpl]++
 					}
 				}
 			}
-			for _, claim := range []bool{false, true} {
-				for ; active[claim] < 2; active[claim]++ {
+			for _, tmpl := range fronts {
+				for ; active[tmpl] < 2; active[tmpl]++ {
 					seq++
-					name, from := fmt.Sprintf("dp-%d", seq), ""
-					if claim {
-						name, from = fmt.Sprintf("dra-%d", seq), tmpl
+					name := fmt.Sprintf("dp-%d", seq)
+					if tmpl != "" {
+						name = fmt.Sprintf("dra-%d", seq)
 					}
-					if _, err := c.CoreV1().Pods(ns).Create(ctx, realChaosPod(ns, name, node, res, from), metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
-						t.Logf("creating a pod: %v", err)
+					if _, err := c.CoreV1().Pods(ns).Create(ctx, realChaosPod(ns, name, r.n.Name, r.res, tmpl), metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
+						r.t.Logf("creating a pod: %v", err)
 					}
 				}
 			}
@@ -376,4 +416,91 @@ func deleteAllPods(t *testing.T, c kubernetes.Interface, ns string) {
 	for _, p := range list.Items {
 		deletePodAndWait(t, c, ns, p.Name)
 	}
+}
+
+// pollPluginImage is the image of test/pollplugin, the chaos run's
+// baseline.
+const pollPluginImage = "dpkit.test/pollplugin:e2e"
+
+var (
+	pollPluginOnce sync.Once
+	pollPluginErr  error
+)
+
+// importPollPlugin builds test/pollplugin and its image and imports it
+// into the node, once per test run.
+func importPollPlugin(t *testing.T, n *controlplane.Node) {
+	t.Helper()
+	pollPluginOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dpkit-pollplugin")
+		if err != nil {
+			pollPluginErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		bin := filepath.Join(dir, "pollplugin")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./test/pollplugin")
+		cmd.Dir = filepath.Join("..", "..")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			pollPluginErr = fmt.Errorf("build test/pollplugin: %w\n%s", err, out)
+			return
+		}
+		archive := filepath.Join(dir, "pollplugin.oci.tar")
+		if _, err := ociimage.WriteFile(archive, ociimage.Image{
+			Name: pollPluginImage, OS: "linux", Architecture: goruntime.GOARCH,
+			Config: ociimage.Config{User: "0:0", Entrypoint: []string{"/pollplugin"}},
+			Files:  []ociimage.File{{Path: "/pollplugin", Mode: 0o755, Source: bin}},
+		}); err != nil {
+			pollPluginErr = err
+			return
+		}
+		pollPluginErr = n.ImportImage(context.Background(), archive)
+	})
+	if pollPluginErr != nil {
+		t.Fatal(pollPluginErr)
+	}
+}
+
+// deployPollChaos deploys the baseline plugin (test/pollplugin) as a
+// DaemonSet on the node: the device plugin front only.
+func deployPollChaos(t *testing.T, ctx context.Context, cp *controlplane.ControlPlane, n *controlplane.Node) *realChaosNode {
+	c := cp.Client()
+	res := "e2e.dpkit.io/zero-chaos-poll"
+	ns := createNamespace(t, c, "chaos-poll")
+	labels := map[string]string{"app": "pollplugin"}
+	dir := corev1.HostPathDirectory
+	ds := &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: "pollplugin", Namespace: ns},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeSelector:                  map[string]string{corev1.LabelHostname: n.Name},
+					Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					TerminationGracePeriodSeconds: ptr(int64(5)),
+					Containers: []corev1.Container{{
+						Name: "plugin", Image: pollPluginImage, ImagePullPolicy: corev1.PullNever,
+						Env: []corev1.EnvVar{
+							{Name: "RESOURCE_NAME", Value: res},
+							{Name: "COUNT", Value: fmt.Sprint(realChaosDevices)},
+							{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+						},
+						VolumeMounts: []corev1.VolumeMount{{Name: "device-plugins", MountPath: "/var/lib/kubelet/device-plugins"}},
+					}},
+					Volumes: []corev1.Volume{{Name: "device-plugins", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/kubelet/device-plugins", Type: &dir}}}},
+				},
+			},
+		},
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := deployment{objs: []*unstructured.Unstructured{{Object: obj}}, namespace: ns, daemonSet: ds.Name, resource: corev1.ResourceName(res)}
+	d.apply(t, ctx, cp)
+	d.waitPluginReady(t, ctx, c, n.Name, fmt.Sprint(realChaosDevices))
+	return &realChaosNode{t: t, ctx: ctx, c: c, n: n, d: d, ns: ns, res: d.resource}
 }
