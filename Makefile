@@ -9,8 +9,10 @@ ARCH ?= $(shell $(GO) env GOARCH)
 LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
 # The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
 LEAN_TAGS := dpkit_lean grpcnotrace
-# make chaos: events of each kind per configuration.
+# make chaos: events of each kind per configuration, and which runs
+# (VirtualNode, RealNode or both).
 CHAOS_EVENTS ?= 20
+CHAOS ?= VirtualNode|RealNode
 
 .PHONY: all build build-lean image images test test-skew test-short verify lint bench chaos controlplane kwok clean
 
@@ -45,10 +47,11 @@ lint: ## golangci-lint alone (.golangci.yml)
 bench: ## the benchmarks behind docs/performance.md
 	bash hack/bench.sh
 
-chaos: ## the lifecycle chaos run on dpkit node, CHAOS_EVENTS events of each kind per configuration (docs/reliability.md); the suite runs it with 1
+chaos: ## the lifecycle chaos runs on dpkit node and on the real node (root), CHAOS_EVENTS events of each kind per configuration (docs/reliability.md); the suite runs them with 1
 	bash hack/build-controlplane.sh >/dev/null
+	bash hack/build-node.sh >/dev/null
 	mkdir -p $(BIN)
-	DPKIT_CHAOS_EVENTS='$(CHAOS_EVENTS)' DPKIT_CHAOS_REPORT='$(CURDIR)/$(BIN)/chaos.md' $(GO) test -count=1 -timeout 0 -run '^TestChaosVirtualNode$$' -v ./test/e2e/
+	DPKIT_CHAOS_EVENTS='$(CHAOS_EVENTS)' DPKIT_CHAOS_REPORT='$(CURDIR)/$(BIN)/chaos.md' $(GO) test -count=1 -timeout 0 -run '^TestChaos($(CHAOS))$$' -v ./test/e2e/
 
 controlplane: ## build (or reuse) kube-apiserver, kube-scheduler and etcd for tests
 	bash hack/build-controlplane.sh

@@ -3,10 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,6 +48,7 @@ var realChaosKinds = []string{
 	"rolling update, maxSurge 1",
 	"rolling update, maxUnavailable 1",
 	"plugin crash loop",
+	"front switch",
 }
 
 // realChaosDevices is the number of devices of each resource.
@@ -57,7 +57,7 @@ const realChaosDevices = 4
 func TestChaosRealNode(t *testing.T) {
 	cp, n := realNode.Get(t)
 	importFullImage(t, n) // before the deadline starts: a cold build takes minutes
-	importPollPlugin(t, n)
+	pollImg.importInto(t, n)
 	events := chaosEvents(t)
 	var report strings.Builder
 	fmt.Fprintf(&report, "| plugin | event | events | pods ended | failed at admission | claim preparation failed (retried) | ran without its device | other pod failures | devices held twice | whole again (max) |\n|---|---|---|---|---|---|---|---|---|---|\n")
@@ -97,11 +97,36 @@ func deployDpkitChaos(t *testing.T, ctx context.Context, cp *controlplane.Contro
 	entry := func(name, fronts string) string {
 		return "- generic:\n" + indent(strings.Replace(zeroConfig(name), "count: 2", fmt.Sprintf("count: %d", realChaosDevices), 1), "    ") + "  fronts: [" + fronts + "]\n"
 	}
-	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n" +
-		entry(res, "deviceplugin") + entry(draRes, "dra")
-	d, dir := deployFullImage(t, ctx, cp, n, config, res)
+	// config is the plugin's configuration with res on front.
+	config := func(front string) string {
+		return "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n" +
+			entry(res, front) + entry(draRes, "dra")
+	}
+	d, dir := deployFullImage(t, ctx, cp, n, config("deviceplugin"), res)
 	d.waitPluginReady(t, ctx, c, n.Name, fmt.Sprint(realChaosDevices))
-	class := applyDeviceClasses(t, ctx, c, "--config", filepath.Join(dir, "plugin.yaml"))[0]
+	// A DeviceClass for each resource, with its extended resource name:
+	// the scheduler serves res through DRA once the node's allocatable
+	// of it is 0 (a front switch).
+	applyDeviceClasses(t, ctx, c, "--config", filepath.Join(dir, "plugin.yaml"), "--all")
+	class := ""
+	classes, err := c.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dc := range classes.Items {
+		if dc.Spec.ExtendedResourceName != nil && *dc.Spec.ExtendedResourceName == draRes {
+			class = dc.Name
+		}
+	}
+	if class == "" {
+		t.Fatalf("no DeviceClass for %s", draRes)
+	}
+	configMap := ""
+	for _, o := range d.objs {
+		if o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "dpkit-plugin-config") {
+			configMap = o.GetName()
+		}
+	}
 	ns := createNamespace(t, c, "chaos-real")
 	tmpl := &resourcev1.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dev"},
@@ -110,7 +135,8 @@ func deployDpkitChaos(t *testing.T, ctx context.Context, cp *controlplane.Contro
 	if _, err := c.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	return &realChaosNode{t: t, ctx: ctx, c: c, n: n, d: d, ns: ns, res: corev1.ResourceName(res), driver: resourcename.DriverName(draRes), tmpl: tmpl.Name, port: 9410}
+	return &realChaosNode{t: t, ctx: ctx, c: c, n: n, d: d, ns: ns, res: corev1.ResourceName(res), driver: resourcename.DriverName(draRes), tmpl: tmpl.Name, port: 9410,
+		config: config, configMap: configMap, resFront: "deviceplugin"}
 }
 
 // runRealChaos runs the events on the node rn deployed, with two pods of
@@ -129,7 +155,11 @@ func runRealChaos(t *testing.T, ctx context.Context, rn *realChaosNode, events i
 		wg.Wait()
 		deleteAllPods(t, rn.c, rn.ns)
 	}()
-	return chaosRounds(t, ctx, load, realChaosKinds, events, rn.event, rn.whole)
+	kinds := realChaosKinds
+	if rn.config == nil { // one front: nothing to switch
+		kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return k == "front switch" })
+	}
+	return chaosRounds(t, ctx, load, kinds, events, rn.event, rn.whole)
 }
 
 // realChaosNode is the real node and the plugin's DaemonSet the events
@@ -148,6 +178,12 @@ type realChaosNode struct {
 	// port is the plugin's metrics port (host network): each rolling
 	// update moves it, so the surge pod can bind beside the old one.
 	port int32
+	// config is the plugin's configuration with res on a front, the
+	// ConfigMap holding it, and res's front now ("deviceplugin" or
+	// "dra"); no config: no front switch.
+	config    func(front string) string
+	configMap string
+	resFront  string
 }
 
 // event runs one event of kind; whole is awaited after it.
@@ -168,6 +204,8 @@ func (r *realChaosNode) event(kind string) {
 		err = r.roll(intstr.FromInt32(0), intstr.FromInt32(1))
 	case "plugin crash loop":
 		err = r.crashLoop(2)
+	case "front switch":
+		err = r.switchFront()
 	default:
 		err = fmt.Errorf("no event kind %q", kind)
 	}
@@ -202,6 +240,28 @@ func (r *realChaosNode) roll(surge, unavailable intstr.IntOrString) error {
 		return err
 	}
 	return waitRolledOut(r.ctx, r.c, r.d, old.Name)
+}
+
+// switchFront moves res to the other front and rolls the plugin to it
+// (maxSurge 1, the manifests' strategy): the same pods, asking res as an
+// extended resource, are then served through DRA (the DeviceClass's
+// extendedResourceName, once the node's allocatable of res is 0), or
+// through the device plugin again.
+func (r *realChaosNode) switchFront() error {
+	next := "dra"
+	if r.resFront == "dra" {
+		next = "deviceplugin"
+	}
+	cm, err := r.c.CoreV1().ConfigMaps(r.d.namespace).Get(r.ctx, r.configMap, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	cm.Data["config.yaml"] = r.config(next)
+	if _, err := r.c.CoreV1().ConfigMaps(r.d.namespace).Update(r.ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	r.resFront = next
+	return r.roll(intstr.FromInt32(1), intstr.FromInt32(0))
 }
 
 // crashLoop kills the plugin's container (SIGKILL, through containerd)
@@ -271,25 +331,37 @@ func (r *realChaosNode) readyPluginPod(ctx context.Context) (*corev1.Pod, error)
 // is ready once registered with the kubelet on both fronts) and the DRA
 // front's ResourceSlice lists them all.
 func (r *realChaosNode) whole(ctx context.Context) (bool, string, error) {
-	if got := allocatableAt(ctx, r.n, r.res); got != realChaosDevices {
+	// res through the device plugin front: all its devices. Through
+	// the DRA front: none on the Node (the kubelet's own list keeps the
+	// gone plugin's devices for its grace period, 5 min).
+	want := realChaosDevices
+	if r.resFront == "dra" {
+		want = 0
+	} else if got := allocatableAt(ctx, r.n, r.res); got != want {
 		return false, fmt.Sprintf("the kubelet's allocatable %s: %d", r.res, got), nil
 	}
 	node, err := r.c.CoreV1().Nodes().Get(ctx, r.n.Name, metav1.GetOptions{})
 	if err != nil {
 		return false, err.Error(), nil
 	}
-	if q := node.Status.Allocatable[r.res]; q.Value() != realChaosDevices {
+	if q := node.Status.Allocatable[r.res]; q.Value() != int64(want) {
 		return false, "the Node's allocatable " + q.String(), nil
 	}
 	if _, err := r.readyPluginPod(ctx); err != nil {
 		return false, err.Error(), nil
 	}
-	if r.driver == "" {
-		return true, "", nil
+	drivers := []string{r.driver}
+	if r.resFront == "dra" {
+		drivers = append(drivers, resourcename.DriverName(string(r.res)))
 	}
-	names, err := sliceDevices(ctx, r.c, r.n.Name, r.driver)
-	if err != nil || len(names) != realChaosDevices {
-		return false, fmt.Sprintf("ResourceSlice devices %v (%v)", names, err), nil
+	for _, driver := range drivers {
+		if driver == "" {
+			continue
+		}
+		names, err := sliceDevices(ctx, r.c, r.n.Name, driver)
+		if err != nil || len(names) != realChaosDevices {
+			return false, fmt.Sprintf("%s's ResourceSlice devices %v (%v)", driver, names, err), nil
+		}
 	}
 	return true, "", nil
 }
@@ -327,59 +399,26 @@ func realChaosPod(ns, name, node string, res corev1.ResourceName, tmpl string) *
 }
 
 // runLoad keeps two pods of each front in flight on the node until ctx
-// ends, counting each that ended and deleting it.
+// ends; a pod's kind is the claim template it asks through ("" for the
+// device plugin front).
 func (r *realChaosNode) runLoad(ctx context.Context, load *chaosLoad) {
-	c, ns := r.c, r.ns
-	fronts := []string{""}
+	want := map[string]int{"": 2}
 	if r.tmpl != "" {
-		fronts = append(fronts, r.tmpl)
+		want[r.tmpl] = 2
 	}
-	seq := 0
-	counted := map[string]bool{}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err == nil {
-			active := map[string]int{} // by claim template
-			for i := range list.Items {
-				p := &list.Items[i]
-				switch p.Status.Phase {
-				case corev1.PodSucceeded, corev1.PodFailed:
-					if !counted[p.Name] {
-						counted[p.Name] = true
-						load.count(p)
-					}
-					_ = c.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{})
-				default:
-					if p.DeletionTimestamp == nil {
-						tmpl := ""
-						if len(p.Spec.ResourceClaims) > 0 {
-							tmpl = *p.Spec.ResourceClaims[0].ResourceClaimTemplateName
-						}
-						active[tmpl]++
-					}
-				}
-			}
-			for _, tmpl := range fronts {
-				for ; active[tmpl] < 2; active[tmpl]++ {
-					seq++
-					name := fmt.Sprintf("dp-%d", seq)
-					if tmpl != "" {
-						name = fmt.Sprintf("dra-%d", seq)
-					}
-					if _, err := c.CoreV1().Pods(ns).Create(ctx, realChaosPod(ns, name, r.n.Name, r.res, tmpl), metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
-						r.t.Logf("creating a pod: %v", err)
-					}
-				}
-			}
+	kindOf := func(p *corev1.Pod) string {
+		if len(p.Spec.ResourceClaims) > 0 {
+			return *p.Spec.ResourceClaims[0].ResourceClaimTemplateName
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+		return ""
 	}
+	load.keepPods(ctx, r.t, r.c, r.ns, want, kindOf, func(tmpl string, seq int) *corev1.Pod {
+		name := fmt.Sprintf("dp-%d", seq)
+		if tmpl != "" {
+			name = fmt.Sprintf("dra-%d", seq)
+		}
+		return realChaosPod(r.ns, name, r.n.Name, r.res, tmpl)
+	})
 }
 
 // watchPrepareFailures counts the pods of ns whose claims the kubelet
@@ -422,44 +461,16 @@ func deleteAllPods(t *testing.T, c kubernetes.Interface, ns string) {
 // baseline.
 const pollPluginImage = "dpkit.test/pollplugin:e2e"
 
-var (
-	pollPluginOnce sync.Once
-	pollPluginErr  error
-)
-
-// importPollPlugin builds test/pollplugin and its image and imports it
-// into the node, once per test run.
-func importPollPlugin(t *testing.T, n *controlplane.Node) {
-	t.Helper()
-	pollPluginOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dpkit-pollplugin")
-		if err != nil {
-			pollPluginErr = err
-			return
-		}
-		defer os.RemoveAll(dir)
-		bin := filepath.Join(dir, "pollplugin")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./test/pollplugin")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			pollPluginErr = fmt.Errorf("build test/pollplugin: %w\n%s", err, out)
-			return
-		}
-		archive := filepath.Join(dir, "pollplugin.oci.tar")
-		if _, err := ociimage.WriteFile(archive, ociimage.Image{
+// pollImg is test/pollplugin and its image.
+var pollImg = &testImage{
+	pkg: "./test/pollplugin",
+	image: func(bin string) ociimage.Image {
+		return ociimage.Image{
 			Name: pollPluginImage, OS: "linux", Architecture: goruntime.GOARCH,
 			Config: ociimage.Config{User: "0:0", Entrypoint: []string{"/pollplugin"}},
 			Files:  []ociimage.File{{Path: "/pollplugin", Mode: 0o755, Source: bin}},
-		}); err != nil {
-			pollPluginErr = err
-			return
 		}
-		pollPluginErr = n.ImportImage(context.Background(), archive)
-	})
-	if pollPluginErr != nil {
-		t.Fatal(pollPluginErr)
-	}
+	},
 }
 
 // deployPollChaos deploys the baseline plugin (test/pollplugin) as a

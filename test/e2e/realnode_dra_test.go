@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,41 +25,17 @@ import (
 // this tree and import into the node: what the DRA front runs in.
 const fullImage = "dpkit.test/dpkit:e2e"
 
-var (
-	fullImageOnce sync.Once
-	fullImageErr  error
-)
-
-// importFullImage builds cmd/dpkit-cluster and its image (as `make
-// images` does) and imports it into the node, once per test run.
-func importFullImage(t *testing.T, n *controlplane.Node) {
-	t.Helper()
-	fullImageOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dpkit-full-image")
-		if err != nil {
-			fullImageErr = err
-			return
-		}
-		defer os.RemoveAll(dir)
-		bin := filepath.Join(dir, "dpkit")
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/dpkit-cluster")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fullImageErr = fmt.Errorf("build cmd/dpkit-cluster: %w\n%s", err, out)
-			return
-		}
-		archive := filepath.Join(dir, "dpkit.oci.tar")
-		if _, err := ociimage.WriteFile(archive, imagespec.Full(imagespec.Input{Binary: bin, Name: fullImage, Version: "e2e"})); err != nil {
-			fullImageErr = err
-			return
-		}
-		fullImageErr = n.ImportImage(context.Background(), archive)
-	})
-	if fullImageErr != nil {
-		t.Fatal(fullImageErr)
-	}
+// fullImg is cmd/dpkit-cluster and its image, as `make images` builds
+// them.
+var fullImg = &testImage{
+	pkg: "./cmd/dpkit-cluster", flags: []string{"-ldflags", "-s -w"},
+	image: func(bin string) ociimage.Image {
+		return imagespec.Full(imagespec.Input{Binary: bin, Name: fullImage, Version: "e2e"})
+	},
 }
+
+// importFullImage imports the full image into the node.
+func importFullImage(t *testing.T, n *controlplane.Node) { t.Helper(); fullImg.importInto(t, n) }
 
 // TestRealNodeDRA deploys the generic plugin with the DRA front only from
 // deploy/overlays/generic-dra (the full image, as users do) on the real

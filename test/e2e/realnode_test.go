@@ -50,41 +50,57 @@ var realNode = controlplane.NewSharedNode(controlplane.Options{}, controlplane.N
 // import into the node: the image `make image` writes, under a test name.
 const pluginImage = "dpkit.test/dpkit-plugin:e2e"
 
-var (
-	pluginImageOnce sync.Once
-	pluginImageErr  error
-)
+// testImage is an image the tests build from this tree (a Go package,
+// packed by image) and import into the node, once per test run.
+type testImage struct {
+	pkg   string
+	flags []string // go build's, beside -trimpath
+	image func(bin string) ociimage.Image
+	once  sync.Once
+	err   error
+}
 
-// importPluginImage builds the lean binary and its image (as `make image`
-// does) and imports it into the node, once per test run.
-func importPluginImage(t *testing.T, n *controlplane.Node) {
+// importInto builds the image (the first time) and imports it into n.
+func (im *testImage) importInto(t *testing.T, n *controlplane.Node) {
 	t.Helper()
-	pluginImageOnce.Do(func() {
+	im.once.Do(func() {
 		dir, err := os.MkdirTemp("", "dpkit-e2e-image")
 		if err != nil {
-			pluginImageErr = err
+			im.err = err
 			return
 		}
 		defer os.RemoveAll(dir)
-		bin := filepath.Join(dir, "dpkit-plugin")
-		cmd := exec.Command("go", "build", "-tags", "dpkit_lean grpcnotrace", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/dpkit")
+		bin := filepath.Join(dir, filepath.Base(im.pkg))
+		cmd := exec.Command("go", append(append([]string{"build", "-trimpath"}, im.flags...), "-o", bin, im.pkg)...)
 		cmd.Dir = filepath.Join("..", "..")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			pluginImageErr = fmt.Errorf("build the lean binary: %w\n%s", err, out)
+			im.err = fmt.Errorf("build %s: %w\n%s", im.pkg, err, out)
 			return
 		}
-		archive := filepath.Join(dir, "dpkit-plugin.oci.tar")
-		if _, err := ociimage.WriteFile(archive, imagespec.Plugin(imagespec.Input{Binary: bin, Name: pluginImage, Version: "e2e"})); err != nil {
-			pluginImageErr = err
+		archive := filepath.Join(dir, "image.oci.tar")
+		if _, err := ociimage.WriteFile(archive, im.image(bin)); err != nil {
+			im.err = err
 			return
 		}
-		pluginImageErr = n.ImportImage(context.Background(), archive)
+		im.err = n.ImportImage(context.Background(), archive)
 	})
-	if pluginImageErr != nil {
-		t.Fatal(pluginImageErr)
+	if im.err != nil {
+		t.Fatal(im.err)
 	}
 }
+
+// pluginImg is the lean binary and its image, as `make image` builds
+// them.
+var pluginImg = &testImage{
+	pkg: "./cmd/dpkit", flags: []string{"-tags", "dpkit_lean grpcnotrace", "-ldflags", "-s -w"},
+	image: func(bin string) ociimage.Image {
+		return imagespec.Plugin(imagespec.Input{Binary: bin, Name: pluginImage, Version: "e2e"})
+	},
+}
+
+// importPluginImage imports the lean plugin image into the node.
+func importPluginImage(t *testing.T, n *controlplane.Node) { t.Helper(); pluginImg.importInto(t, n) }
 
 // zeroConfig is the generic plugin's group for the tests: /dev/zero, which
 // every Linux machine has, shared by two containers, shown as
