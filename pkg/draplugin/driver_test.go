@@ -526,6 +526,27 @@ func recordSlices(t *testing.T, client *fake.Clientset) <-chan *resourcev1.Resou
 	return ch
 }
 
+// runPublishing runs inv and a driver on it for node-1, publishing to
+// cfg.Client, until the test ends; the driver's name, pool and
+// directories are the tests' own. It returns the context both run
+// under.
+func runPublishing(t *testing.T, inv *inventory.Inventory, cfg draplugin.Config) context.Context {
+	t.Helper()
+	root := t.TempDir()
+	cfg.DriverName, cfg.NodeName, cfg.PoolName = driverName, "node-1", dratest.Pool
+	cfg.PluginsDir, cfg.RegistryDir, cfg.CDIDir = filepath.Join(root, "plugins"), filepath.Join(root, "registry"), filepath.Join(root, "cdi")
+	drv, err := draplugin.New(cfg, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { _ = inv.Run(ctx) })
+	wg.Go(func() { _ = drv.Run(ctx) })
+	return ctx
+}
+
 // TestPublishedDevices: the devices published carry their ID, NUMA node
 // and what the plugin describes; an unhealthy one is tainted; one the
 // device plugin front gave out is withdrawn.
@@ -542,19 +563,7 @@ func TestPublishedDevices(t *testing.T) {
 	inv := inventory.New("example.com/dev", describing{p}, nil)
 	client := newClient()
 	rec := recordSlices(t, client)
-	drv, err := draplugin.New(draplugin.Config{
-		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
-		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
-		SysfsRoot: sys, Client: client,
-	}, inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() { _ = inv.Run(ctx) })
-	wg.Go(func() { _ = drv.Run(ctx) })
+	ctx := runPublishing(t, inv, draplugin.Config{SysfsRoot: sys, Client: client})
 	p.snaps <- []deviceplugin.Device{{ID: "GPU_0", Healthy: true, NUMANodes: []int64{1}}, {ID: "gpu-1", Healthy: false}}
 	slice := <-rec
 	devs := slice.Spec.Devices
@@ -603,24 +612,11 @@ func TestPublishedDevices(t *testing.T) {
 // SliceRepairDelay, not after the library's default 30 s sync delay
 // (scheduling on the node would stop for as long).
 func TestSlicesBackAfterKubeletWipe(t *testing.T) {
-	root := t.TempDir()
 	p := newPlugin()
 	inv := inventory.New("example.com/dev", p, nil)
 	client := newClient()
 	rec := recordSlices(t, client)
-	drv, err := draplugin.New(draplugin.Config{
-		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
-		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
-		Client: client,
-	}, inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() { _ = inv.Run(ctx) })
-	wg.Go(func() { _ = drv.Run(ctx) })
+	ctx := runPublishing(t, inv, draplugin.Config{Client: client})
 	p.snaps <- []deviceplugin.Device{{ID: "dev-0", Healthy: true}}
 	first := <-rec
 	// The slice must be in the controller's informer before it is
@@ -802,7 +798,6 @@ func (r records) WithGroup(string) slog.Handler      { return r }
 // driver reports it as an error naming the feature, through the helper's
 // ResourceSlice controller.
 func TestDroppedFields(t *testing.T) {
-	root := t.TempDir()
 	p := newPlugin()
 	inv := inventory.New("example.com/dev", p, nil)
 	client := newClient()
@@ -817,19 +812,7 @@ func TestDroppedFields(t *testing.T) {
 	client.PrependReactor("create", "resourceslices", strip)
 	client.PrependReactor("update", "resourceslices", strip)
 	logs := make(records, 256)
-	drv, err := draplugin.New(draplugin.Config{
-		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
-		PluginsDir: filepath.Join(root, "plugins"), RegistryDir: filepath.Join(root, "registry"), CDIDir: filepath.Join(root, "cdi"),
-		Client: client, Logger: slog.New(logs),
-	}, inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() { _ = inv.Run(ctx) })
-	wg.Go(func() { _ = drv.Run(ctx) })
+	runPublishing(t, inv, draplugin.Config{Client: client, Logger: slog.New(logs)})
 	p.snaps <- []deviceplugin.Device{{ID: "dev-0", Healthy: false}}
 	for {
 		select {
