@@ -67,7 +67,9 @@ type nodeImpl struct {
 	healthzURL  string
 	sysctls     map[string]string
 	shareName   string
-	cgroupDirs  []string
+	// cgroupDirs are the node's cgroups in every hierarchy: CgroupRoot
+	// (the kubelet's) and runtimeCgroup (containerd's and its shims').
+	cgroupDirs []string
 
 	mu      sync.Mutex
 	stopped bool
@@ -84,7 +86,8 @@ type nodeImpl struct {
 // What it runs, in order:
 //  1. a process holding a private mount namespace in which Dir/var-lib,
 //     Dir/var-log and Dir/run are bound at /var/lib, /var/log and /run;
-//  2. containerd 2.x in that namespace (CRI with CDI from /var/run/cdi,
+//  2. containerd 2.x in that namespace and in its own cgroup, CgroupRoot
+//     with "-runtime" appended, where its shims run too (CRI with CDI from /var/run/cdi,
 //     runc, the overlayfs snapshotter, the ptp CNI plugin giving each pod a
 //     veth and an address in PodSubnet reachable from the host only),
 //     with PauseImage and BusyboxImage imported;
@@ -255,31 +258,54 @@ func (im *nodeImpl) restoreSysctls() error {
 	return errors.Join(errs...)
 }
 
-// makeCgroups creates CgroupRoot in every hierarchy (the kubelet checks
-// that its cgroup root exists), with the cpuset of the parent so tasks can
-// join it.
+// runtimeCgroup is the cgroup containerd runs in, beside the kubelet's
+// root as a real node's runtime has its own (systemd's
+// system.slice/containerd.service). The shims containerd starts inherit
+// it, so Stop finds them there even when nothing else tells they are the
+// node's.
+func (n *Node) runtimeCgroup() string { return n.CgroupRoot + "-runtime" }
+
+// makeCgroups creates CgroupRoot (the kubelet checks that its cgroup root
+// exists) and runtimeCgroup in every hierarchy, with the cpuset of the
+// parent so tasks can join them.
 func (n *Node) makeCgroups() error {
 	mounts, err := procfs.CgroupMounts()
 	if err != nil {
 		return fmt.Errorf("controlplane: node: cgroups: %w", err)
 	}
 	for _, m := range mounts {
-		d := filepath.Join(m, n.CgroupRoot)
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return fmt.Errorf("controlplane: node: cgroup %s: %w", d, err)
-		}
-		n.impl.cgroupDirs = append(n.impl.cgroupDirs, d)
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			v, err := os.ReadFile(filepath.Join(m, f))
-			if err != nil {
-				continue // not the v1 cpuset hierarchy
-			}
-			if err := os.WriteFile(filepath.Join(d, f), v, 0o644); err != nil {
+		for _, cg := range []string{n.CgroupRoot, n.runtimeCgroup()} {
+			d := filepath.Join(m, cg)
+			if err := os.Mkdir(d, 0o755); err != nil {
 				return fmt.Errorf("controlplane: node: cgroup %s: %w", d, err)
+			}
+			n.impl.cgroupDirs = append(n.impl.cgroupDirs, d)
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				v, err := os.ReadFile(filepath.Join(m, f))
+				if err != nil {
+					continue // not the v1 cpuset hierarchy
+				}
+				if err := os.WriteFile(filepath.Join(d, f), v, 0o644); err != nil {
+					return fmt.Errorf("controlplane: node: cgroup %s: %w", d, err)
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// runtimeCgroupProcs lists the cgroup.procs file of runtimeCgroup in
+// every hierarchy.
+func (n *Node) runtimeCgroupProcs() ([]string, error) {
+	mounts, err := procfs.CgroupMounts()
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: node: cgroups: %w", err)
+	}
+	var out []string
+	for _, m := range mounts {
+		out = append(out, filepath.Join(m, n.runtimeCgroup(), "cgroup.procs"))
+	}
+	return out, nil
 }
 
 // startMountNamespace starts the process that holds the node's mount
@@ -331,8 +357,26 @@ exec sleep infinity`
 // inNode starts a process inside the node's mount namespace. nsenter execs
 // the program, so the process's PID is the program's.
 func (n *Node) inNode(name, path string, args, env []string, appendLog bool) (*process, error) {
-	full := append([]string{"--target", strconv.Itoa(n.impl.mountns.pid()), "--mount", "--", path}, args...)
-	return startSpec(procSpec{name: name, path: "nsenter", logPath: n.LogPath(name), args: full, env: env, appendLog: appendLog})
+	return n.inNodeCgroup(name, path, args, env, appendLog, nil)
+}
+
+// joinCgroups is the shell that puts itself in the cgroups whose
+// cgroup.procs files come first (their count in $1) and then execs the
+// rest of its arguments: the program runs in those cgroups from its first
+// instruction, and its PID is the shell's.
+const joinCgroups = `n=$1; shift
+while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
+exec "$@"`
+
+// inNodeCgroup is inNode with the process in the cgroups whose
+// cgroup.procs files are procs (none: the test's own).
+func (n *Node) inNodeCgroup(name, path string, args, env []string, appendLog bool, procs []string) (*process, error) {
+	full := append([]string{"nsenter", "--target", strconv.Itoa(n.impl.mountns.pid()), "--mount", "--", path}, args...)
+	if len(procs) > 0 {
+		full = append(append([]string{"-c", joinCgroups, "join-cgroups", strconv.Itoa(len(procs))}, procs...), full...)
+		return startSpec(procSpec{name: name, path: "/bin/sh", logPath: n.LogPath(name), args: full, env: env, appendLog: appendLog})
+	}
+	return startSpec(procSpec{name: name, path: full[0], logPath: n.LogPath(name), args: full[1:], env: env, appendLog: appendLog})
 }
 
 func (n *Node) containerdConfig() string {
@@ -407,7 +451,11 @@ func (n *Node) startContainerd(ctx context.Context, restart bool) error {
 	// The shim containerd starts is looked up in PATH: the one built with
 	// it must come first (not a containerd 1.x shim from the system).
 	env := []string{"PATH=" + filepath.Dir(n.impl.bins["containerd-shim-runc-v2"]) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	p, err := n.inNode("containerd", n.impl.bins["containerd"], []string{"--config", conf}, env, restart)
+	procs, err := n.runtimeCgroupProcs()
+	if err != nil {
+		return err
+	}
+	p, err := n.inNodeCgroup("containerd", n.impl.bins["containerd"], []string{"--config", conf}, env, restart, procs)
 	if err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
@@ -754,6 +802,13 @@ func (n *Node) Stop() error {
 			errs = append(errs, err)
 		}
 	}
+	if im.mountns != nil {
+		if done, err := im.mountns.exited(); done {
+			// Only the node's cgroups still tell which processes are
+			// the node's: the runtime's shims are found there.
+			im.logger.Warn("The node's mount namespace holder ended before the node stopped", "err", err)
+		}
+	}
 	if err := im.endLeftovers(); err != nil {
 		errs = append(errs, err)
 	}
@@ -775,8 +830,9 @@ func (n *Node) Stop() error {
 }
 
 // endLeftovers kills what the runtime left: processes in the node's
-// cgroups, and those in its mount namespace but its holder. With the
-// sandboxes removed and containerd stopped there should be none but
+// cgroups (the pods' below CgroupRoot, containerd's shims in
+// runtimeCgroup), and those in its mount namespace but its holder. With
+// the sandboxes removed and containerd stopped there should be none but
 // containerd's shims, which end with their last task; any other is
 // logged by name, so a test that leaves one behind shows in the log.
 func (im *nodeImpl) endLeftovers() error {

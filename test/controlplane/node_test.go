@@ -183,12 +183,15 @@ func TestNode(t *testing.T) {
 	if shims := processesOf(t, shim); len(shims) == 0 {
 		t.Fatalf("no %s runs while two pods do", shim)
 	}
-	// And the runtime is gone (crashed, killed): its shims and their
-	// containers run on, and only the node's cgroups and mount namespace
-	// still tell they are the node's.
+	// And the runtime is gone (crashed, killed), and so is the process
+	// holding the node's mount namespace: the shims and their containers
+	// run on, and only the node's cgroups still tell they are the node's
+	// (the pods' below CgroupRoot, the shims' in the runtime's).
 	pids := n.PIDs()
-	if err := syscall.Kill(pids["containerd"], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"containerd", "mountns"} {
+		if err := syscall.Kill(pids[name], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	if err := n.Stop(); err != nil {
@@ -202,7 +205,7 @@ func TestNode(t *testing.T) {
 	if shims := processesOf(t, shim); len(shims) > 0 {
 		t.Errorf("containerd shims still run after Stop: %v", shims)
 	}
-	matches, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", n.CgroupRoot))
+	matches, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", n.CgroupRoot+"*"))
 	if len(matches) > 0 {
 		t.Errorf("cgroups left after Stop: %v", matches)
 	}
