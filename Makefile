@@ -10,9 +10,11 @@ LDFLAGS := -s -w -X github.com/dpkit/dpkit/internal/version.Version=$(VERSION)
 # The plugin image's binary: "dpkit plugin" only (see docs/performance.md).
 LEAN_TAGS := dpkit_lean grpcnotrace
 # make chaos: events of each kind per configuration, and which runs
-# (VirtualNode, RealNode or both).
+# (VirtualNode, RealNode or both); CHAOS_KINDS, a regular expression, runs
+# only the event kinds it matches (all when empty).
 CHAOS_EVENTS ?= 20
 CHAOS ?= VirtualNode|RealNode
+CHAOS_KINDS ?=
 
 .PHONY: all build build-lean image images test test-skew test-short verify lint bench chaos controlplane kwok clean
 
@@ -51,7 +53,7 @@ chaos: ## the lifecycle chaos runs on dpkit node and on the real node (root), CH
 	bash hack/build-controlplane.sh >/dev/null
 	bash hack/build-node.sh >/dev/null
 	mkdir -p $(BIN)
-	DPKIT_CHAOS_EVENTS='$(CHAOS_EVENTS)' DPKIT_CHAOS_REPORT='$(CURDIR)/$(BIN)/chaos.md' $(GO) test -count=1 -timeout 0 -run '^TestChaos($(CHAOS))$$' -v ./test/e2e/
+	DPKIT_CHAOS_EVENTS='$(CHAOS_EVENTS)' DPKIT_CHAOS_KINDS='$(CHAOS_KINDS)' DPKIT_CHAOS_REPORT='$(CURDIR)/$(BIN)/chaos.md' $(GO) test -count=1 -timeout 0 -run '^TestChaos($(CHAOS))$$' -v ./test/e2e/
 
 controlplane: ## build (or reuse) kube-apiserver, kube-scheduler and etcd for tests
 	bash hack/build-controlplane.sh

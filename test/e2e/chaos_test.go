@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -157,6 +158,27 @@ func (a chaosCounts) plus(b chaosCounts) chaosCounts {
 // device it asked for.
 const chaosNoDevice = 3
 
+// chaosKindsSelected is kinds less those DPKIT_CHAOS_KINDS, a regular
+// expression matched against each kind's name as go test -run matches a
+// test's ("reboot|front", "kubelet"), leaves out; it skips the test
+// when none is left. Unset, it keeps every kind.
+func chaosKindsSelected(t *testing.T, kinds []string) []string {
+	t.Helper()
+	expr := os.Getenv("DPKIT_CHAOS_KINDS")
+	if expr == "" {
+		return kinds
+	}
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		t.Fatalf("DPKIT_CHAOS_KINDS=%q: not a regular expression (%v); name the event kinds to run, as in \"reboot|front switch\"", expr, err)
+	}
+	kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return !re.MatchString(k) })
+	if len(kinds) == 0 {
+		t.Skipf("DPKIT_CHAOS_KINDS=%q matches no event kind of this configuration", expr)
+	}
+	return kinds
+}
+
 // chaosRow is what one event kind cost in one configuration: the pods
 // that ended in the windows around its events.
 type chaosRow struct {
@@ -183,12 +205,7 @@ func chaosRounds(t *testing.T, ctx context.Context, load *chaosLoad, kinds []str
 			return ended >= 3, fmt.Sprintf("%d ended", ended), nil
 		})
 	}
-	if only := os.Getenv("DPKIT_CHAOS_KINDS"); only != "" {
-		kinds = slices.DeleteFunc(slices.Clone(kinds), func(k string) bool { return !slices.Contains(strings.Split(only, ","), k) })
-		if len(kinds) == 0 {
-			t.Skipf("DPKIT_CHAOS_KINDS=%q names no event kind of this configuration", only)
-		}
-	}
+	kinds = chaosKindsSelected(t, kinds)
 	rows := make([]chaosRow, len(kinds))
 	for i, kind := range kinds {
 		rows[i].kind = kind
