@@ -61,6 +61,13 @@ func (s Stat) State() byte { return s[0][0] }
 // reaped (a zombie): it holds nothing any more.
 func (s Stat) Exited() bool { return s.State() == 'Z' || s.State() == 'X' }
 
+// Exiting reports whether the process has begun to exit (the kernel's
+// PF_EXITING in field 9, set before its state turns to zombie).
+func (s Stat) Exiting() bool { return s.Exited() || s.uint(6)&pfExiting != 0 }
+
+// pfExiting is PF_EXITING of the kernel's include/linux/sched.h.
+const pfExiting = 0x4
+
 // PPID is the parent's PID (field 4).
 func (s Stat) PPID() int { return s.int(1) }
 

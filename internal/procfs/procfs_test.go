@@ -14,7 +14,7 @@ func TestStatOfSelf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.PPID() != os.Getppid() || st.PGRP() != syscall.Getpgrp() || st.StartTicks() == 0 || st.Exited() {
+	if st.PPID() != os.Getppid() || st.PGRP() != syscall.Getpgrp() || st.StartTicks() == 0 || st.Exited() || st.Exiting() {
 		t.Errorf("stat of self: ppid %d pgrp %d start %d state %c; want %d, %d, >0, running", st.PPID(), st.PGRP(), st.StartTicks(), st.State(), os.Getppid(), syscall.Getpgrp())
 	}
 	if !slices.Contains(PIDs(), os.Getpid()) {

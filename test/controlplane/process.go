@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -61,17 +62,31 @@ func startSpec(s procSpec) (*process, error) {
 		cmd.SysProcAttr = s.sys
 	}
 	fmt.Fprintf(f, "# %s %s\n", s.path, strings.Join(s.args, " "))
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: start %s: %w", s.name, s.path, err)
-	}
-	name, logPath := s.name, s.logPath
-	p := &process{name: name, cmd: cmd, logPath: logPath, logFile: f, done: make(chan struct{})}
+	p := &process{name: s.name, cmd: cmd, logPath: s.logPath, logFile: f, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		// The kernel sends the parent-death signal when the thread that
+		// started the process ends, not the test binary (prctl(2)
+		// PR_SET_PDEATHSIG; golang/go#27505), and a goroutine that
+		// returns locked to its thread ends that thread (dpkit verify's
+		// private mount does, in the same test binary). This goroutine
+		// keeps the thread that starts the process until the process
+		// has exited, so no other goroutine can end it.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			f.Close()
+			started <- err
+			return
+		}
+		started <- nil
 		p.waitErr = cmd.Wait()
 		f.Close()
 		close(p.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("%s: start %s: %w", s.name, s.path, err)
+	}
 	return p, nil
 }
 
