@@ -142,6 +142,11 @@ type chaosCounts struct {
 	heldTwice int
 }
 
+func (a chaosCounts) String() string {
+	return fmt.Sprintf("%d pods ended, %d failed at admission, %d claim preparations failed, %d ran without device, %d other failures, %d held twice",
+		a.ended(), a.admission, a.prepareFailed, a.noDevice, a.other, a.heldTwice)
+}
+
 func (a chaosCounts) ended() int { return a.ok + a.admission + a.noDevice + a.other }
 
 func (a chaosCounts) minus(b chaosCounts) chaosCounts {
@@ -232,8 +237,11 @@ func chaosRounds(t *testing.T, ctx context.Context, load *chaosLoad, kinds []str
 			t.Logf("round %d, %s: whole again after %v; on the way: %s", round+1, kind, took.Round(10*time.Millisecond), strings.Join(steps, "; "))
 			row.recovery = max(row.recovery, took)
 			threeEnd("pods ended after a " + kind)
-			row.chaosCounts = row.plus(load.counts().minus(before))
+			d := load.counts().minus(before)
+			row.chaosCounts = row.plus(d)
 			row.events++
+			// The row so far: a long run cut short still has its figures.
+			t.Logf("round %d, %s: this event %s; the %d so far %s", round+1, kind, d, row.events, row.chaosCounts)
 		}
 	}
 	load.mu.Lock()
