@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -115,4 +116,60 @@ func sigkillPending(t *testing.T, pid int) bool {
 		}
 	}
 	return false
+}
+
+// envLeaderExits makes the test binary a helper process for
+// TestEndedWaitsForEveryThread: its main thread exits alone (exit(2), not
+// exit_group(2)) while another thread of it runs on.
+const envLeaderExits = "DPKIT_TEST_LEADER_EXITS"
+
+func init() {
+	if os.Getenv(envLeaderExits) != "1" {
+		return
+	}
+	running := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		close(running)
+		time.Sleep(time.Hour)
+	}()
+	<-running
+	// init runs on the main thread, the thread group's leader.
+	_, _, _ = syscall.RawSyscall(syscall.SYS_EXIT, 0, 0, 0)
+}
+
+// TestEndedWaitsForEveryThread: a process whose thread group leader has
+// exited while another thread runs on shows as a zombie, yet still holds
+// its cgroups; EndProcesses must not take it for ended.
+func TestEndedWaitsForEveryThread(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envLeaderExits+"=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		st, err := procfs.ReadStat(pid)
+		return err == nil && st.Exited(), nil
+	}); err != nil {
+		t.Fatalf("the helper's main thread did not exit: %v", err)
+	}
+	if ended(pid) {
+		t.Fatal("a process whose leader has exited while another thread runs counts as ended")
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return ended(pid), nil
+	}); err != nil {
+		t.Fatalf("the killed helper never counted as ended: %v", err)
+	}
 }

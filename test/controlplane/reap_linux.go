@@ -189,7 +189,7 @@ func matching(match ProcessMatcher) []int {
 		if pid == self {
 			continue
 		}
-		if st, err := procfs.ReadStat(pid); err != nil || st.Exited() {
+		if ended(pid) {
 			continue
 		}
 		if match(pid) {
@@ -197,6 +197,24 @@ func matching(match ProcessMatcher) []int {
 		}
 	}
 	return out
+}
+
+// ended reports whether pid has ended with every thread of it: a zombie
+// waiting only to be reaped. A thread group leader that has exited while
+// other threads of its process run on (a multithreaded process killed:
+// its threads end one by one) is a zombie too, but its process still
+// holds its cgroups: removing them fails (EBUSY) until the last thread
+// has gone.
+func ended(pid int) bool {
+	st, err := procfs.ReadStat(pid)
+	if err != nil {
+		return true
+	}
+	if !st.Exited() {
+		return false
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return err != nil || len(tasks) <= 1
 }
 
 func describeProcess(pid int) string {
