@@ -211,6 +211,15 @@ func chaosRounds(t *testing.T, ctx context.Context, load *chaosLoad, kinds []str
 		})
 	}
 	kinds = chaosKindsSelected(t, kinds)
+	// Also when the run is cut short (t.Fatal): what failed, and which
+	// device two pods held.
+	defer func() {
+		load.mu.Lock()
+		defer load.mu.Unlock()
+		if len(load.failures) > 0 {
+			t.Logf("pods that failed: %s", strings.Join(load.failures, "; "))
+		}
+	}()
 	rows := make([]chaosRow, len(kinds))
 	for i, kind := range kinds {
 		rows[i].kind = kind
@@ -244,11 +253,6 @@ func chaosRounds(t *testing.T, ctx context.Context, load *chaosLoad, kinds []str
 			t.Logf("round %d, %s: this event %s; the %d so far %s", round+1, kind, d, row.events, row.chaosCounts)
 		}
 	}
-	load.mu.Lock()
-	if len(load.failures) > 0 {
-		t.Logf("pods that failed: %s", strings.Join(load.failures, "; "))
-	}
-	load.mu.Unlock()
 	return rows
 }
 
@@ -480,7 +484,7 @@ func (l *chaosLoad) watchDevices(ctx context.Context, root string) {
 		var twice []string
 		hold := func(pod, device string) {
 			if o, ok := owner[device]; ok && o != pod {
-				twice = append(twice, device)
+				twice = append(twice, device+" ("+o+", "+pod+")")
 			}
 			owner[device] = pod
 		}
