@@ -123,7 +123,7 @@ func sigkillPending(t *testing.T, pid int) bool {
 // exit_group(2)) while another thread of it runs on.
 const envLeaderExits = "DPKIT_TEST_LEADER_EXITS"
 
-func init() {
+func init() { //nolint:gochecknoinits // only init is sure to run on the main thread, the leader the helper ends alone
 	if os.Getenv(envLeaderExits) != "1" {
 		return
 	}
