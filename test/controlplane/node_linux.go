@@ -86,9 +86,9 @@ type nodeImpl struct {
 // What it runs, in order:
 //  1. a process holding a private mount namespace in which Dir/var-lib,
 //     Dir/var-log and Dir/run are bound at /var/lib, /var/log and /run;
-//  2. containerd 2.x in that namespace and in its own cgroup, CgroupRoot
-//     with "-runtime" appended, where its shims run too (CRI with CDI from /var/run/cdi,
-//     runc, the overlayfs snapshotter, the ptp CNI plugin giving each pod a
+//  2. containerd 2.x in that namespace and in its own cgroup (CgroupRoot
+//     with "-runtime" appended), where its shims run too (CRI with CDI
+//     from /var/run/cdi, runc, the overlayfs snapshotter, the ptp CNI plugin giving each pod a
 //     veth and an address in PodSubnet reachable from the host only),
 //     with PauseImage and BusyboxImage imported;
 //  3. the kubelet in that namespace, as system:node:127.0.0.1, serving
@@ -295,17 +295,15 @@ func (n *Node) makeCgroups() error {
 }
 
 // runtimeCgroupProcs lists the cgroup.procs file of runtimeCgroup in
-// every hierarchy.
-func (n *Node) runtimeCgroupProcs() ([]string, error) {
-	mounts, err := procfs.CgroupMounts()
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: node: cgroups: %w", err)
-	}
+// every hierarchy: makeCgroups made them.
+func (n *Node) runtimeCgroupProcs() []string {
 	var out []string
-	for _, m := range mounts {
-		out = append(out, filepath.Join(m, n.runtimeCgroup(), "cgroup.procs"))
+	for _, d := range n.impl.cgroupDirs {
+		if filepath.Base(d) == filepath.Base(n.runtimeCgroup()) {
+			out = append(out, filepath.Join(d, "cgroup.procs"))
+		}
 	}
-	return out, nil
+	return out
 }
 
 // startMountNamespace starts the process that holds the node's mount
@@ -451,11 +449,7 @@ func (n *Node) startContainerd(ctx context.Context, restart bool) error {
 	// The shim containerd starts is looked up in PATH: the one built with
 	// it must come first (not a containerd 1.x shim from the system).
 	env := []string{"PATH=" + filepath.Dir(n.impl.bins["containerd-shim-runc-v2"]) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	procs, err := n.runtimeCgroupProcs()
-	if err != nil {
-		return err
-	}
-	p, err := n.inNodeCgroup("containerd", n.impl.bins["containerd"], []string{"--config", conf}, env, restart, procs)
+	p, err := n.inNodeCgroup("containerd", n.impl.bins["containerd"], []string{"--config", conf}, env, restart, n.runtimeCgroupProcs())
 	if err != nil {
 		return fmt.Errorf("controlplane: node: %w", err)
 	}
