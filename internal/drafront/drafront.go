@@ -68,11 +68,15 @@ func WithClient(client kubernetes.Interface) pluginrun.DRAFront {
 			SysfsRoot:   o.SysfsRoot,
 			Client:      client,
 			PodUID:      types.UID(o.PodUID),
+			Retired:     o.Retired,
 			Logger:      log,
 			Registerer:  reg,
 		}, inv)
 		if err != nil {
 			return pluginrun.DRADriver{}, err
+		}
+		if o.Retired && d.PreparedClaims() == 0 {
+			return pluginrun.DRADriver{}, nil // nothing to keep
 		}
 		run := func(ctx context.Context) error {
 			if !waitNode(ctx, client, o.NodeName, log) {

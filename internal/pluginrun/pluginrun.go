@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/inventory"
 	"github.com/dpkit/dpkit/pkg/podresources/prclient"
+	"github.com/dpkit/dpkit/pkg/resourcename"
 )
 
 // Served is what RunWith started, handed to its Started callback.
@@ -59,6 +61,11 @@ type DRAOptions struct {
 	// downward API's metadata.uid): set, the front supports rolling
 	// updates of its DaemonSet.
 	PodUID string
+	// Retired starts the front only for the claims the driver's
+	// checkpoint lists (draplugin.Config.Retired): the resource is now
+	// served through the device plugin API alone. The DRAFront returns a
+	// DRADriver without Run when the checkpoint lists none.
+	Retired bool
 }
 
 // DRAFront starts the DRA front (pkg/draplugin) of one resource's inventory and
@@ -84,6 +91,13 @@ type Options struct {
 	// Clock times the device plugin server (its retries, guards and
 	// resyncs); nil means the real clock. Tests pass a fake one.
 	Clock clock.WithTicker
+	// NoClaimGuard serves a resource without the dra front as its plugin
+	// offers it, without reading PodResources for claims of its driver
+	// that hold devices (inventory.DevicePluginOnlyBesideDRA). For
+	// callers that know no claim of the driver can be running beside it:
+	// dpkit node's in-process plugins, thousands to a process, where
+	// each guard would hold a PodResources connection.
+	NoClaimGuard bool
 }
 
 // CheckFronts returns an error wrapping ErrNoDRAFront, naming the entries
@@ -204,69 +218,94 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 	for _, f := range cfg.Fronts() {
 		byName[f.Resource] = f
 	}
-	if !cfg.UsesFront(config.FrontDRA) {
+	getenv := o.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	usesDRA := cfg.UsesFront(config.FrontDRA)
+	if !usesDRA && o.NoClaimGuard {
 		for _, r := range resources {
 			served = append(served, devicePluginOnly(r))
 		}
 		return served, nil, nil, nil, closeAll, nil
 	}
-	getenv := o.Getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	node, err := cfg.DRA.Node(getenv)
-	if err != nil {
-		return nil, nil, nil, nil, closeAll, err
-	}
-	// The kubelet's PodResources API says which devices containers still
-	// hold through the device plugin front.
 	// The DRA fronts register where the device plugins do, and find the
 	// kubelet's other directories beside theirs.
 	pluginDir, registryDir := deviceplugin.Config{PluginDir: cfg.PluginDir, RegistryDir: cfg.RegistryDir}.Dirs()
 	dra := cfg.DRA.Resolve(getenv, pluginDir)
-	pluginsDir, cdiDir := dra.PluginsDir, dra.CDIDir
-	// host.sysfsRoot may be relative (the node profiles' fixture hosts);
-	// the DRA front wants it whole.
-	sysfsRoot := cfg.Host.SysfsRoot
-	if sysfsRoot != "" {
-		if sysfsRoot, err = filepath.Abs(sysfsRoot); err != nil {
-			return nil, nil, nil, nil, closeAll, fmt.Errorf("host.sysfsRoot: %w", err)
-		}
-	}
+	// The kubelet's PodResources API says which devices containers still
+	// hold through the device plugin front, and which claims hold.
 	lister, conn, err := prclient.New(dra.PodResourcesSocket)
 	if err != nil {
 		return nil, nil, nil, nil, closeAll, err
 	}
 	closeAll = func() { _ = conn.Close() }
+	fail := func(err error) ([]deviceplugin.Resource, []func(context.Context) error, []func() error, []string, func(), error) {
+		closeAll()
+		return nil, nil, nil, nil, func() {}, err
+	}
+	var guardOpts []inventory.Option
+	if o.Clock != nil {
+		guardOpts = append(guardOpts, inventory.WithClock(o.Clock))
+	}
+	if _, err := os.Stat(dra.PodResourcesSocket); errors.Is(err, fs.ErrNotExist) {
+		// No kubelet here yet, or one without the API: nothing to wait
+		// for before the first report.
+		guardOpts = append(guardOpts, inventory.WithFirstAnswerWait(0))
+	}
+	node, nodeErr := cfg.DRA.Node(getenv)
+	if usesDRA && nodeErr != nil {
+		return fail(nodeErr)
+	}
+	// host.sysfsRoot may be relative (the node profiles' fixture hosts);
+	// the DRA front wants it whole.
+	sysfsRoot := cfg.Host.SysfsRoot
+	if sysfsRoot != "" {
+		if sysfsRoot, err = filepath.Abs(sysfsRoot); err != nil {
+			return fail(fmt.Errorf("host.sysfsRoot: %w", err))
+		}
+	}
 	var registerer prometheus.Registerer
 	if reg != nil {
 		registerer = reg
 	}
 	for _, r := range resources {
 		f, ok := byName[r.Name]
-		if !ok || !f.Has(config.FrontDRA) {
-			served = append(served, devicePluginOnly(r))
-			continue
+		if !ok {
+			f = config.ResourceFront{Resource: r.Name, Fronts: []string{config.FrontDevicePlugin}, DriverName: resourcename.DriverName(r.Name)}
 		}
 		rlog := log.With("resource", r.Name)
+		draOpts := DRAOptions{
+			DriverName:  f.DriverName,
+			NodeName:    node,
+			PluginsDir:  dra.PluginsDir,
+			RegistryDir: registryDir,
+			CDIDir:      dra.CDIDir,
+			SysfsRoot:   sysfsRoot,
+			Kubeconfig:  cfg.DRA.Kubeconfig,
+			PodUID:      getenv(config.EnvPodUID),
+		}
+		if !f.Has(config.FrontDRA) {
+			if inv, drv, ok := retired(r, draOpts, nodeErr, lister, o, rlog, registerer); ok {
+				// Claims an instance with the dra front prepared are
+				// still held: the driver stays to unprepare them, and
+				// the arbiter keeps their devices from the device
+				// plugin front until then.
+				runners = append(runners, inv.Run, drv.Run)
+				served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inv.DevicePluginFront()})
+				continue
+			}
+			served = append(served, guarded(r, f.DriverName, lister, o, rlog, guardOpts))
+			continue
+		}
 		inv := inventory.New(r.Name, r.Plugin, rlog, inventory.WithPodResources(lister))
 		runners = append(runners, inv.Run)
 		if f.Has(config.FrontDevicePlugin) {
 			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inv.DevicePluginFront()})
 		}
-		drv, err := o.DRA(inv, DRAOptions{
-			DriverName:  f.DriverName,
-			NodeName:    node,
-			PluginsDir:  pluginsDir,
-			RegistryDir: registryDir,
-			CDIDir:      cdiDir,
-			SysfsRoot:   sysfsRoot,
-			Kubeconfig:  cfg.DRA.Kubeconfig,
-			PodUID:      getenv(config.EnvPodUID),
-		}, rlog, registerer)
+		drv, err := o.DRA(inv, draOpts, rlog, registerer)
 		if err != nil {
-			closeAll()
-			return nil, nil, nil, nil, func() {}, fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err)
+			return fail(fmt.Errorf("the DRA front of %s (driver %s): %w", r.Name, f.DriverName, err))
 		}
 		runners = append(runners, drv.Run)
 		ready = append(ready, drv.Ready)
@@ -274,6 +313,62 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		rlog.Info("Serving through DRA", "driver", f.DriverName, "node", node, "deviceplugin", f.Has(config.FrontDevicePlugin))
 	}
 	return served, runners, ready, drivers, closeAll, nil
+}
+
+// DRACheckpointFile is the name of a DRA driver's checkpoint in
+// <plugins dir>/<driver>: draplugin.CheckpointFile (internal/drafront's
+// tests keep them equal; this package cannot import draplugin).
+const DRACheckpointFile = "checkpoint.json"
+
+// retired starts the DRA front of r, served through the device plugin
+// front alone, in its retired mode (DRAOptions.Retired) when the
+// driver's checkpoint lists claims that an instance with the dra front
+// prepared: a direct switch from [dra] to [deviceplugin]. The kubelet
+// can then still unprepare them and end their pods, and the device
+// plugin front is the inventory's, which keeps their devices. ok is
+// false when there is nothing to keep, or no way to (a build without the
+// DRA front, no node name, a front that cannot start: said once, and the
+// resource is guarded through PodResources instead).
+func retired(r deviceplugin.Resource, draOpts DRAOptions, nodeErr error, lister inventory.PodResourcesLister, o Options, log *slog.Logger, reg prometheus.Registerer) (*inventory.Inventory, DRADriver, bool) {
+	if o.DRA == nil || o.NoClaimGuard {
+		return nil, DRADriver{}, false
+	}
+	if _, err := os.Stat(filepath.Join(draOpts.PluginsDir, draOpts.DriverName, DRACheckpointFile)); err != nil {
+		return nil, DRADriver{}, false
+	}
+	warn := func(err error) {
+		log.Warn("The DRA driver's checkpoint is here, but its retired front cannot start to unprepare the claims it lists: their pods stay Terminating until a front of the driver serves again; their devices are withheld from the device plugin API while the kubelet lists them",
+			"driver", draOpts.DriverName, "err", err,
+			"fix", "serve the resource with fronts [deviceplugin, dra] until those pods are gone")
+	}
+	if nodeErr != nil {
+		warn(nodeErr)
+		return nil, DRADriver{}, false
+	}
+	draOpts.Retired = true
+	inv := inventory.New(r.Name, r.Plugin, log, inventory.WithPodResources(lister))
+	drv, err := o.DRA(inv, draOpts, log, reg)
+	if err != nil {
+		warn(err)
+		return nil, DRADriver{}, false
+	}
+	if drv.Run == nil {
+		return nil, DRADriver{}, false // the checkpoint lists no claim
+	}
+	log.Info("Serving through the device plugin API; the DRA driver stays, retired, for the claims prepared before", "driver", draOpts.DriverName)
+	return inv, drv, true
+}
+
+// guarded serves r through the device plugin API alone, withholding what
+// claims of its DRA driver hold (inventory.DevicePluginOnlyBesideDRA):
+// pods whose claims an instance with the dra front prepared keep their
+// devices after a switch to [deviceplugin], and during a rolling update
+// beside such an instance. NoClaimGuard serves it as devicePluginOnly.
+func guarded(r deviceplugin.Resource, driver string, lister inventory.PodResourcesLister, o Options, log *slog.Logger, opts []inventory.Option) deviceplugin.Resource {
+	if o.NoClaimGuard {
+		return devicePluginOnly(r)
+	}
+	return deviceplugin.Resource{Name: r.Name, Plugin: inventory.DevicePluginOnlyBesideDRA(r.Plugin, driver, lister, log, opts...)}
 }
 
 // devicePluginOnly serves r through the device plugin API alone: its

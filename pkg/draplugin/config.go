@@ -69,6 +69,16 @@ type Config struct {
 	// NoSlices publishes no ResourceSlices (another component publishes
 	// them).
 	NoSlices bool
+	// Retired serves only the claims an earlier instance prepared: the
+	// resource is no longer served through DRA (its fronts lost dra)
+	// while pods still hold claims. The driver publishes its pool empty,
+	// so the scheduler allocates nothing new from it; it prepares again
+	// only a claim its checkpoint lists (the kubelet does that after a
+	// restart) and refuses any other, naming the change; and it
+	// unprepares as ever, so the kubelet can end those pods. The
+	// inventory keeps their devices from the device plugin front until
+	// then.
+	Retired bool
 	// PodUID, when set, is the UID of the pod the driver runs in (the
 	// downward API's metadata.uid) and turns on rolling updates: two
 	// instances of the driver (a DaemonSet with maxSurge 1) serve at once

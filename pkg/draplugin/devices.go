@@ -72,6 +72,9 @@ func (d *Driver) sliceDevices() ([]resourcev1.Device, []resourcev1.CounterSet, b
 	if !known {
 		return nil, nil, false
 	}
+	if d.cfg.Retired {
+		return nil, nil, true
+	}
 	all, _ := d.inv.Devices()
 	names := nameDevices(all, d.log)
 	describer, _ := d.inv.Plugin().(deviceplugin.Describer)

@@ -95,6 +95,14 @@ func New(cfg Config, inv *inventory.Inventory) (*Driver, error) {
 	return d, nil
 }
 
+// PreparedClaims returns how many claims the driver has prepared (its
+// checkpoint lists).
+func (d *Driver) PreparedClaims() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.prepared)
+}
+
 // Endpoint returns the path of the driver's DRAPlugin socket.
 func (d *Driver) Endpoint() string { return d.endpoint }
 

@@ -95,10 +95,12 @@ func healthy(ids ...string) []deviceplugin.Device {
 // node is a kubelet root with dpkit's DRA manager and plugin watcher on
 // it, and a claims directory both sides read.
 type node struct {
-	root   string
-	claims dratest.Claims
-	client *fake.Clientset // the API server the driver reads claims from
-	m      *dramanager.Manager
+	// retired starts the drivers in retired mode (Config.Retired).
+	retired bool
+	root    string
+	claims  dratest.Claims
+	client  *fake.Clientset // the API server the driver reads claims from
+	m       *dramanager.Manager
 }
 
 // add writes an allocated claim where both sides read it.
@@ -203,6 +205,7 @@ func (n *node) startServing(t *testing.T, p *plugin, served deviceplugin.Plugin,
 		CDIDir:      filepath.Join(n.root, "cdi"),
 		Client:      n.client,
 		PodUID:      podUID,
+		Retired:     n.retired,
 	}, inv)
 	if err != nil {
 		t.Fatal(err)
@@ -366,6 +369,57 @@ func TestPrepareIdempotentAndRestart(t *testing.T) {
 		if err != nil || resp.Claims["uid-a"].GetError() != "" || resp.Claims["uid-x"].GetError() != "" {
 			t.Fatalf("unprepare: %v %v", resp, err)
 		}
+	}
+}
+
+// TestRetired: a driver whose resource left DRA keeps what its checkpoint
+// lists: the claim's device stays held (from the device plugin front), the
+// claim prepares again as before, its unprepare frees the device; a new
+// claim is refused, naming the change, and the pool is published empty.
+func TestRetired(t *testing.T) {
+	n := newNode(t)
+	written := recordSlices(t, n.client)
+	d := n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	ctx := context.Background()
+	req := &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{{Namespace: "default", Name: "a", Uid: "uid-a"}}}
+	first, err := drav1.NewDRAPluginClient(dial(t, d.drv.Endpoint())).NodePrepareResources(ctx, req)
+	if err != nil || first.Claims["uid-a"].GetError() != "" {
+		t.Fatalf("prepare: %v %v", first, err)
+	}
+	d.stop()
+
+	n.retired = true
+	p := newPlugin()
+	d = n.startDriver(t, p, healthy("dev-0", "dev-1"))
+	if got := d.drv.PreparedClaims(); got != 1 {
+		t.Fatalf("PreparedClaims = %d, want 1", got)
+	}
+	if h, _ := d.inv.HeldBy("dev-0"); h != inventory.ClaimHolder("default", "a", "uid-a") {
+		t.Fatalf("dev-0 held by %v, want claim a", h)
+	}
+	for s := range written {
+		if s.Spec.Driver == driverName && len(s.Spec.Devices) == 0 {
+			break
+		}
+		t.Logf("slice with %d devices, waiting for the empty pool", len(s.Spec.Devices))
+	}
+	client := drav1.NewDRAPluginClient(dial(t, d.drv.Endpoint()))
+	again, err := client.NodePrepareResources(ctx, req)
+	if err != nil || !reflect.DeepEqual(first.Claims["uid-a"].GetDevices(), again.Claims["uid-a"].GetDevices()) {
+		t.Fatalf("prepare of the checkpointed claim %v (%v), want the first answer %v", again, err, first)
+	}
+	n.add(t, "default", "b", "uid-b", []types.UID{"pod-2"}, "dev-1")
+	resp, err := client.NodePrepareResources(ctx, &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{{Namespace: "default", Name: "b", Uid: "uid-b"}}})
+	if err != nil || !strings.Contains(resp.Claims["uid-b"].GetError(), "no longer serves example.com/dev through DRA") || p.allocations() != 0 {
+		t.Fatalf("prepare of a new claim: %v %v (%d Allocates), want refused naming the change", resp, err, p.allocations())
+	}
+	un, err := client.NodeUnprepareResources(ctx, &drav1.NodeUnprepareResourcesRequest{Claims: req.Claims})
+	if err != nil || un.Claims["uid-a"].GetError() != "" {
+		t.Fatalf("unprepare: %v %v", un, err)
+	}
+	if h, held := d.inv.HeldBy("dev-0"); held {
+		t.Fatalf("dev-0 held by %v after the unprepare", h)
 	}
 }
 

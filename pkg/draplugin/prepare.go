@@ -80,6 +80,13 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1
 			out[claim.UID] = p.result()
 			continue
 		}
+		if d.cfg.Retired {
+			err := fmt.Errorf("DRA driver %s no longer serves %s through DRA (the plugin's config has the dra front no more): it keeps only the claims prepared before; serve the resource through DRA again (fronts: [deviceplugin, dra] or [dra]) to prepare new ones", d.cfg.DriverName, d.inv.Resource())
+			log.Error("Prepare refused", "err", err)
+			d.metrics.operations.WithLabelValues("prepare", "error").Inc()
+			out[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
 		if !refreshed {
 			// Devices the kubelet gave device plugin containers that have
 			// ended are free again before claims are judged.

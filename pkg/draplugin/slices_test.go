@@ -4,36 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	resourcev1 "k8s.io/api/resource/v1"
 
 	"github.com/dpkit/dpkit/pkg/draplugin"
 )
-
-func TestDeviceName(t *testing.T) {
-	t.Parallel()
-	long := strings.Repeat("a", 70)
-	for _, tc := range []struct{ id, want string }{
-		{"gpu-0", "gpu-0"},
-		{"GPU-0", "gpu-0-"},
-		{"0000:3b:00.0", "0000-3b-00-0-"},
-		{"--", "d-"},
-		{long, strings.Repeat("a", 52) + "-"},
-	} {
-		got := draplugin.DeviceName(tc.id)
-		if !strings.HasPrefix(got, tc.want) || len(got) > 63 || (strings.HasSuffix(tc.want, "-") && len(got) != len(tc.want)+10) {
-			t.Errorf("DeviceName(%q) = %q, want %q plus a hash where it ends in '-'", tc.id, got, tc.want)
-		}
-		if got != draplugin.DeviceName(tc.id) {
-			t.Errorf("DeviceName(%q) is not stable", tc.id)
-		}
-	}
-	if a, b := draplugin.DeviceName("GPU-0"), draplugin.DeviceName("gpu_0"); a == b || a == "gpu-0" || b == "gpu-0" {
-		t.Errorf("IDs that clean up alike collide: %q %q", a, b)
-	}
-}
 
 func TestPCIeRoot(t *testing.T) {
 	t.Parallel()

@@ -69,8 +69,7 @@ func (d dpOnly) Scan(ctx context.Context, notify func([]deviceplugin.Device)) er
 		l := readSharing(d.Plugin, devs)
 		out := make([]deviceplugin.Device, 0, len(devs))
 		for _, dev := range devs {
-			s := l.sharing[dev.ID]
-			if s != nil && (s.DRAOnly || len(s.Shared) > 0 && len(l.children[dev.ID]) > 0) {
+			if dpOnlyHides(&l, dev.ID) {
 				continue
 			}
 			out = append(out, dev)

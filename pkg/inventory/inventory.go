@@ -82,6 +82,7 @@ type options struct {
 	grace, refresh         time.Duration
 	retryMin, retryMax     time.Duration
 	podResourcesCallBudget time.Duration
+	firstAnswerWait        time.Duration
 }
 
 // WithClock sets the clock that times the allocate grace, the refresh
@@ -95,6 +96,11 @@ func WithClock(c clock.WithTicker) Option { return func(o *options) { o.clock = 
 func WithPodResources(l PodResourcesLister) Option {
 	return func(o *options) { o.podResources = l }
 }
+
+// WithFirstAnswerWait sets how long DevicePluginOnlyBesideDRA's first
+// report waits for PodResources to answer. Default 10 s; 0 reports at
+// once when the first call fails (there is no PodResources socket yet).
+func WithFirstAnswerWait(d time.Duration) Option { return func(o *options) { o.firstAnswerWait = d } }
 
 // WithAllocateGrace sets how long a device plugin hold the kubelet never
 // recorded lasts. Default DefaultAllocateGrace.
@@ -110,17 +116,22 @@ func WithRetry(lo, hi time.Duration) Option {
 	return func(o *options) { o.retryMin, o.retryMax = lo, hi }
 }
 
-// New returns the inventory of resource (such as "vendor.com/gpu") whose
-// devices p scans. Nothing runs until Run. A nil log discards.
-func New(resource string, p deviceplugin.Plugin, log *slog.Logger, opts ...Option) *Inventory {
-	o := options{
+func defaultOptions() options {
+	return options{
 		clock:                  clock.RealClock{},
 		grace:                  DefaultAllocateGrace,
 		refresh:                DefaultRefreshPeriod,
 		retryMin:               50 * time.Millisecond,
 		retryMax:               5 * time.Second,
 		podResourcesCallBudget: 10 * time.Second,
+		firstAnswerWait:        10 * time.Second,
 	}
+}
+
+// New returns the inventory of resource (such as "vendor.com/gpu") whose
+// devices p scans. Nothing runs until Run. A nil log discards.
+func New(resource string, p deviceplugin.Plugin, log *slog.Logger, opts ...Option) *Inventory {
+	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -2,9 +2,13 @@
 // plugins register with the kubelet and that nodes advertise in their
 // status. The kubelet (for device plugins) and the apiserver (for node
 // status and quota) apply the same rule; dpkit checks it in one place.
+// It also derives the DRA names of a resource: its driver and its
+// devices.
 package resourcename
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -80,4 +84,46 @@ func DriverName(resource string) string {
 		return domain
 	}
 	return label + "." + domain
+}
+
+// DRADeviceName returns the ResourceSlice device name of a device ID: a DNS
+// label derived from it. Lowercase letters and digits are kept, uppercase
+// letters are lowered and every run of other characters becomes one '-',
+// with '-' trimmed from both ends. When that changed the ID, or left it
+// empty or longer than 63 characters, a '-' and the first 10 hex digits of
+// the ID's SHA-256 are appended (the name cut to fit), so two IDs that
+// clean up the same still get different names. The same ID always gets
+// the same name.
+func DRADeviceName(id string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range id {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+			dash = false
+		case r >= 'A' && r <= 'Z':
+			b.WriteRune(r - 'A' + 'a')
+			dash = false
+		default:
+			if !dash {
+				b.WriteByte('-')
+				dash = true
+			}
+		}
+	}
+	name := strings.Trim(b.String(), "-")
+	if name == id && len(name) <= 63 && name != "" {
+		return name
+	}
+	sum := sha256.Sum256([]byte(id))
+	suffix := hex.EncodeToString(sum[:5])
+	const keep = 63 - 1 - 10
+	if len(name) > keep {
+		name = strings.TrimRight(name[:keep], "-")
+	}
+	if name == "" {
+		return "d-" + suffix
+	}
+	return name + "-" + suffix
 }

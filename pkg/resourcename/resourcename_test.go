@@ -53,3 +53,26 @@ func TestDriverName(t *testing.T) {
 		}
 	}
 }
+
+func TestDRADeviceName(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 70)
+	for _, tc := range []struct{ id, want string }{
+		{"gpu-0", "gpu-0"},
+		{"GPU-0", "gpu-0-"},
+		{"0000:3b:00.0", "0000-3b-00-0-"},
+		{"--", "d-"},
+		{long, strings.Repeat("a", 52) + "-"},
+	} {
+		got := DRADeviceName(tc.id)
+		if !strings.HasPrefix(got, tc.want) || len(got) > 63 || (strings.HasSuffix(tc.want, "-") && len(got) != len(tc.want)+10) {
+			t.Errorf("DRADeviceName(%q) = %q, want %q plus a hash where it ends in '-'", tc.id, got, tc.want)
+		}
+		if got != DRADeviceName(tc.id) {
+			t.Errorf("DRADeviceName(%q) is not stable", tc.id)
+		}
+	}
+	if a, b := DRADeviceName("GPU-0"), DRADeviceName("gpu_0"); a == b || a == "gpu-0" || b == "gpu-0" {
+		t.Errorf("IDs that clean up alike collide: %q %q", a, b)
+	}
+}

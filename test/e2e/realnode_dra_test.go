@@ -47,6 +47,14 @@ func importFullImage(t *testing.T, n *controlplane.Node) { t.Helper(); fullImg.i
 // and so does a pod asking the DeviceClass's extended resource name, which
 // the node serves only through DRA (kubelets v1.36 and newer; an older one
 // runs the pod without its device, which the test checks too).
+//
+// Then the resource switches to the device plugin front alone ([dra] to
+// [deviceplugin], a rolling update with maxSurge 1) while both pods run:
+// the driver stays, retired, with its pool empty, so the pods can end
+// (the kubelet unprepares their claims through it); the new instance does
+// not offer the devices the claims hold, a pod asking the resource
+// through the device plugin gets the one the ended pod freed, and the
+// claimed device is offered again once its pod is gone.
 func TestRealNodeDRA(t *testing.T) {
 	cp, n := realNode.Get(t)
 	importFullImage(t, n) // before the test's deadline starts: a cold build takes minutes
@@ -58,7 +66,7 @@ func TestRealNodeDRA(t *testing.T) {
 	// server on the host's loopback, with a kubeconfig from a Secret.
 	config := "apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\ndra:\n  kubeconfig: /etc/dpkit-kube/kubeconfig\nplugins:\n- generic:\n" + indent(zeroConfig(res), "    ") + "  fronts: [dra]\n"
 
-	d, dir := deployFullImage(t, ctx, cp, n, config, res)
+	d, dir := deployFullImage(t, ctx, cp, n, config, res, surge)
 	poll(t, ctx, "the DRA front's ResourceSlice for "+n.Name, func(ctx context.Context) (bool, string, error) {
 		names, err := sliceDevices(ctx, c, n.Name, driver)
 		return len(names) == 2, fmt.Sprintf("devices %v", names), err
@@ -135,10 +143,79 @@ func TestRealNodeDRA(t *testing.T) {
 	if l, err := c.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{}); err == nil {
 		claims = *l
 	}
+	claimed := ""
 	for _, cl := range claims.Items {
 		if cl.Status.Allocation != nil {
 			t.Logf("claim %s: %+v", cl.Name, cl.Status.Allocation.Devices.Results)
+			if cl.Name == "zero" {
+				claimed = cl.Status.Allocation.Devices.Results[0].Device
+			}
 		}
+	}
+	if claimed == "" {
+		t.Fatal("claim zero has no device allocated")
+	}
+
+	switchConfig(t, ctx, c, d, strings.Replace(config, "fronts: [dra]", "fronts: [deviceplugin]", 1), 9402)
+	// The driver stays, retired, to unprepare the claims: its pool is
+	// empty, and the pods using them can end.
+	poll(t, ctx, "the retired driver's ResourceSlice empty", func(ctx context.Context) (bool, string, error) {
+		names, err := sliceDevices(ctx, c, n.Name, driver)
+		return err == nil && len(names) == 0, fmt.Sprintf("devices %v", names), err
+	})
+	deletePodAndWait(t, c, ns, "extended")
+	// One device offered: the claim still holds the other.
+	waitAllocatableAt(t, ctx, n, corev1.ResourceName(res), 1)
+	t.Logf("switched to [deviceplugin]: the extended resource's pod ended, 1 device offered while claim zero holds %s", claimed)
+	runDevicePod(t, ctx, c, ns, "after", corev1.ResourceName(res), "1")
+	wantDeviceLogs(t, ctx, c, ns, "after")
+	got := podDevices(t, ctx, n, ns, "after")
+	if len(got) != 1 || resourcename.DRADeviceName(got[0]) == claimed {
+		t.Errorf("the device plugin pod got %v; the claim holds %s", got, claimed)
+	}
+	deletePodAndWait(t, c, ns, "claim")
+	waitAllocatableAt(t, ctx, n, corev1.ResourceName(res), 2)
+	t.Logf("the device plugin pod got %v; the claim's pod ended and both devices are offered", got)
+}
+
+// switchConfig puts config into the plugin's ConfigMap and rolls its
+// DaemonSet to it (the metrics port moved to port, for the surge pod's
+// host networking), waiting until the old pod is gone and the new one
+// ready.
+func switchConfig(t *testing.T, ctx context.Context, c kubernetes.Interface, d deployment, config string, port int32) {
+	t.Helper()
+	configMap := ""
+	for _, o := range d.objs {
+		if o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "dpkit-plugin-config") {
+			configMap = o.GetName()
+		}
+	}
+	cm, err := c.CoreV1().ConfigMaps(d.namespace).Get(ctx, configMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] = config
+	if _, err := c.CoreV1().ConfigMaps(d.namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	old := ""
+	poll(t, ctx, "the plugin's pod", func(ctx context.Context) (bool, string, error) {
+		pods, err := c.CoreV1().Pods(d.namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		for _, p := range pods.Items {
+			if strings.HasPrefix(p.Name, d.daemonSet+"-") && p.DeletionTimestamp == nil && podReady(&p) {
+				old = p.Name
+			}
+		}
+		return old != "", fmt.Sprint(len(pods.Items), " pods"), nil
+	})
+	if err := rollToPort(ctx, c, d, port); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitRolledOut(ctx, c, d, old); err != nil {
+		t.Fatal(err)
 	}
 }
 
