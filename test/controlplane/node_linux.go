@@ -731,7 +731,16 @@ func (n *Node) Reboot(ctx context.Context) error {
 	// A machine boots with no cgroup but the root's: the dead
 	// containers' would each hold the kubelet's start up (cAdvisor
 	// tries to watch them).
-	if err := RemoveCgroupTrees(im.cgroupDirs...); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	found, err := RemoveCgroupTreesWhenEmpty(rctx, im.cgroupDirs...)
+	cancel()
+	if len(found) > 0 {
+		// Rare, and worth seeing in a test's output: the logger is
+		// often discarded.
+		fmt.Fprintf(os.Stderr, "controlplane: node: reboot: the node's cgroups still listed tasks after its processes ended; killed: %v\n", found)
+		im.logger.Warn("The node's cgroups still listed tasks after its processes ended; killed", "tasks", found)
+	}
+	if err != nil {
 		return fmt.Errorf("controlplane: node: reboot: %w", err)
 	}
 	im.cgroupDirs = nil
@@ -811,7 +820,13 @@ func (n *Node) Stop() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := RemoveCgroupTrees(im.cgroupDirs...); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	found, err := RemoveCgroupTreesWhenEmpty(ctx, im.cgroupDirs...)
+	cancel()
+	if len(found) > 0 {
+		im.logger.Warn("The node's cgroups still listed tasks after its processes ended; killed", "tasks", found)
+	}
+	if err != nil {
 		errs = append(errs, err)
 	}
 	if err := n.leaveHost(); err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -223,6 +225,85 @@ func describeProcess(pid int) string {
 		return strconv.Itoa(pid)
 	}
 	return strconv.Itoa(pid) + " " + strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// RemoveCgroupTreesWhenEmpty is RemoveCgroupTrees for cgroups whose
+// processes were just ended: while a removal fails, it kills whatever the
+// cgroups' own task lists still name (the kernel's word: a thread /proc
+// shows in another cgroup, one still exiting) and tries again until ctx
+// ends. It returns the tasks it found that way, each with its state, and
+// an error naming those still listed.
+func RemoveCgroupTreesWhenEmpty(ctx context.Context, dirs ...string) ([]string, error) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var found []string
+	seen := map[int]bool{}
+	for {
+		err := RemoveCgroupTrees(dirs...)
+		if err == nil {
+			return found, nil
+		}
+		for _, tid := range cgroupTasks(dirs) {
+			if !seen[tid] {
+				seen[tid] = true
+				found = append(found, describeTask(tid))
+			}
+			_ = syscall.Kill(tid, syscall.SIGKILL) // its whole process
+		}
+		select {
+		case <-ctx.Done():
+			var names []string
+			for _, tid := range cgroupTasks(dirs) {
+				names = append(names, describeTask(tid))
+			}
+			return found, fmt.Errorf("%w; tasks the cgroups still list: %v", err, names)
+		case <-tick.C:
+		}
+	}
+}
+
+// cgroupTasks lists the thread IDs in each directory's cgroup tree, as
+// the cgroups list them (tasks in cgroup v1, cgroup.threads in v2).
+func cgroupTasks(dirs []string) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, d := range dirs {
+		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return nil
+			}
+			b, rerr := os.ReadFile(filepath.Join(p, "tasks"))
+			if rerr != nil {
+				b, _ = os.ReadFile(filepath.Join(p, "cgroup.threads"))
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if tid, err := strconv.Atoi(f); err == nil && !seen[tid] {
+					seen[tid] = true
+					out = append(out, tid)
+				}
+			}
+			return nil
+		})
+	}
+	return out
+}
+
+// describeTask names a thread: its ID, its process's, its state and
+// command line.
+func describeTask(tid int) string {
+	st, err := procfs.ReadStat(tid)
+	if err != nil {
+		return fmt.Sprintf("%d (gone)", tid)
+	}
+	tgid := tid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid)); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+				tgid, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+		}
+	}
+	return fmt.Sprintf("thread %d of %s, state %s", tid, describeProcess(tgid), string(st.State()))
 }
 
 // RemoveCgroupTrees removes each directory and every cgroup below it,
