@@ -54,8 +54,21 @@ func New() pluginrun.DRAFront {
 // WithClient returns a DRA front starter whose fronts all use client
 // (DRAOptions.Kubeconfig is not read): what dpkit node gives the
 // in-process plugins of its nodes, with the client the nodes share.
+//
+// Fronts of a resource the device plugin front serves too follow the
+// claims allocated from their pools through one informer
+// (draplugin.AllocatedClaims), shared by every front of the process.
 func WithClient(client kubernetes.Interface) pluginrun.DRAFront {
+	var (
+		once      sync.Once
+		allocated *draplugin.AllocatedClaims
+	)
 	return func(inv *inventory.Inventory, o pluginrun.DRAOptions, log *slog.Logger, reg prometheus.Registerer) (pluginrun.DRADriver, error) {
+		var follow *draplugin.AllocatedClaims
+		if o.BothFronts && !o.Retired {
+			once.Do(func() { allocated = draplugin.NewAllocatedClaims(client, log) })
+			follow = allocated
+		}
 		if o.NodeName == "" {
 			return pluginrun.DRADriver{}, fmt.Errorf("the DRA front of %s needs the node's name: set dra.nodeName in the config or $NODE_NAME (in a DaemonSet, from the downward API: fieldPath spec.nodeName)", inv.Resource())
 		}
@@ -69,6 +82,7 @@ func WithClient(client kubernetes.Interface) pluginrun.DRAFront {
 			Client:      client,
 			PodUID:      types.UID(o.PodUID),
 			Retired:     o.Retired,
+			Allocated:   follow,
 			Logger:      log,
 			Registerer:  reg,
 		}, inv)

@@ -404,10 +404,12 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	// API client.
 	draFront := drafront.WithClient(client)
 	var (
-		shared informers.SharedInformerFactory
-		router *virtualnode.PodRouter
+		shared  informers.SharedInformerFactory
+		router  *virtualnode.PodRouter
+		classes *virtualnode.DeviceClasses
 	)
 	if o.Count > 1 {
+		classes = virtualnode.NewDeviceClasses(client)
 		shared = informers.NewSharedInformerFactory(client, 0)
 		defer shared.Shutdown()
 		if router, err = virtualnode.NewPodRouter(ctx, shared.Core().V1().Pods()); err != nil {
@@ -448,14 +450,17 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	}()
 	for i := range o.Count {
 		cfg := virtualnode.Config{
-			Name:       o.Name,
-			Root:       root,
-			Client:     client,
-			Informers:  shared,
-			PodRouter:  router,
-			NewBackend: newBackend,
-			Resources:  res,
-			Taints:     taints,
+			Name:      o.Name,
+			Root:      root,
+			Client:    client,
+			Informers: shared,
+			PodRouter: router,
+			// One List of DeviceClasses answers the nodes starting
+			// together.
+			DeviceClasses: classes,
+			NewBackend:    newBackend,
+			Resources:     res,
+			Taints:        taints,
 			// Host processes: the node's own NoSchedule taints are
 			// enforced at admission too (virtualnode.Config).
 			HostProcesses: o.Backend == "process",

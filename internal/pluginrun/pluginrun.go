@@ -66,6 +66,11 @@ type DRAOptions struct {
 	// served through the device plugin API alone. The DRAFront returns a
 	// DRADriver without Run when the checkpoint lists none.
 	Retired bool
+	// BothFronts says the device plugin front serves the resource too:
+	// the DRA front then holds a claim's devices from its allocation on
+	// (draplugin.Config.Allocated), so the device plugin front stops
+	// offering them before the kubelet prepares the claim.
+	BothFronts bool
 }
 
 // DRAFront starts the DRA front (pkg/draplugin) of one resource's inventory and
@@ -302,6 +307,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		runners = append(runners, inv.Run)
 		if f.Has(config.FrontDevicePlugin) {
 			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inv.DevicePluginFront()})
+			draOpts.BothFronts = true
 		}
 		drv, err := o.DRA(inv, draOpts, rlog, registerer)
 		if err != nil {

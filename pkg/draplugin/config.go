@@ -86,6 +86,12 @@ type Config struct {
 	// between them through a file lock, and each reads what the other
 	// prepared from the checkpoint. Leave it empty outside a pod.
 	PodUID types.UID
+	// Allocated, when set, has the driver hold the devices of the claims
+	// the scheduler allocated from its pool from the allocation on, not
+	// only from Prepare, so the device plugin front stops offering them
+	// at once (reserveAllocated). Set it where both fronts serve one
+	// resource; drivers of one process share one.
+	Allocated *AllocatedClaims
 	// HealthTimeout is how long a health report holds in the kubelet;
 	// the driver reports every device at least every HealthTimeout/2.
 	// Default 30s.

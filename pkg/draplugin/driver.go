@@ -174,6 +174,9 @@ func (d *Driver) Run(ctx context.Context) error {
 	if !d.cfg.NoSlices {
 		wg.Go(func() { d.publishLoop(ctx) })
 	}
+	if d.cfg.Allocated != nil {
+		wg.Go(func() { d.reserveAllocated(ctx) })
+	}
 	if d.cfg.PodUID != "" {
 		if err := d.followCheckpoint(ctx, &wg); err != nil {
 			return fmt.Errorf("DRA driver %s: %w", d.cfg.DriverName, err)

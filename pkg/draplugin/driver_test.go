@@ -97,10 +97,13 @@ func healthy(ids ...string) []deviceplugin.Device {
 type node struct {
 	// retired starts the drivers in retired mode (Config.Retired).
 	retired bool
-	root    string
-	claims  dratest.Claims
-	client  *fake.Clientset // the API server the driver reads claims from
-	m       *dramanager.Manager
+	// allocated has the drivers hold allocated claims' devices
+	// (Config.Allocated).
+	allocated *draplugin.AllocatedClaims
+	root      string
+	claims    dratest.Claims
+	client    *fake.Clientset // the API server the driver reads claims from
+	m         *dramanager.Manager
 }
 
 // add writes an allocated claim where both sides read it.
@@ -206,6 +209,7 @@ func (n *node) startServing(t *testing.T, p *plugin, served deviceplugin.Plugin,
 		Client:      n.client,
 		PodUID:      podUID,
 		Retired:     n.retired,
+		Allocated:   n.allocated,
 	}, inv)
 	if err != nil {
 		t.Fatal(err)

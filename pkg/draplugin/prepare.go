@@ -154,22 +154,22 @@ func (d *Driver) syncLocked() error {
 	return nil
 }
 
-// prepareClaim prepares one claim that was not prepared before.
-func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceClaim) (*preparedClaim, error) {
-	uid := string(claim.UID)
-	if claim.Status.Allocation == nil {
-		return nil, fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
-	}
+// picked is one device of a claim's allocation, by request.
+type picked struct {
+	name, id, shareID string
+	consumed          map[resourcev1.QualifiedName]resource.Quantity
+}
+
+// claimGrants reads what claim's allocation takes of this driver's
+// devices: the grants it holds in the arbiter (an admin-access result
+// observes its device without holding it: another claim or a device
+// plugin container may hold it, and may take it after), and the devices
+// of each request. It fails for a device not of this node's pool or
+// devices, and for a claim that allocates none of the driver's.
+func (d *Driver) claimGrants(claim *resourcev1.ResourceClaim) ([]inventory.Grant, map[string][]picked, error) {
 	devs, _ := d.inv.Devices()
 	names := nameDevices(devs, d.log)
-	type picked struct {
-		name, id, shareID string
-		consumed          map[resourcev1.QualifiedName]resource.Quantity
-	}
 	byRequest := map[string][]picked{}
-	// grants are what the claim holds in the arbiter; an admin-access
-	// result observes its device without holding it (another claim or a
-	// device plugin container may hold it, and may take it after).
 	var grants []inventory.Grant
 	observed := 0
 	for _, r := range claim.Status.Allocation.Devices.Results {
@@ -177,11 +177,11 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceCla
 			continue
 		}
 		if r.Pool != d.cfg.PoolName {
-			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is of pool %q, this node's pool is %q", claim.Namespace, claim.Name, r.Device, r.Pool, d.cfg.PoolName)
+			return nil, nil, fmt.Errorf("ResourceClaim %s/%s: device %s is of pool %q, this node's pool is %q", claim.Namespace, claim.Name, r.Device, r.Pool, d.cfg.PoolName)
 		}
 		id, ok := names.byName[r.Device]
 		if !ok {
-			return nil, fmt.Errorf("ResourceClaim %s/%s: device %s is not among this node's devices of %s (was it removed?)", claim.Namespace, claim.Name, r.Device, d.inv.Resource())
+			return nil, nil, fmt.Errorf("ResourceClaim %s/%s: device %s is not among this node's devices of %s (was it removed?)", claim.Namespace, claim.Name, r.Device, d.inv.Resource())
 		}
 		pk := picked{name: r.Device, id: id, consumed: r.ConsumedCapacity}
 		if r.ShareID != nil {
@@ -199,7 +199,20 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceCla
 		}
 	}
 	if len(grants) == 0 && observed == 0 {
-		return nil, fmt.Errorf("ResourceClaim %s/%s allocates no device of driver %s", claim.Namespace, claim.Name, d.cfg.DriverName)
+		return nil, nil, fmt.Errorf("ResourceClaim %s/%s allocates no device of driver %s", claim.Namespace, claim.Name, d.cfg.DriverName)
+	}
+	return grants, byRequest, nil
+}
+
+// prepareClaim prepares one claim that was not prepared before.
+func (d *Driver) prepareClaim(ctx context.Context, claim *resourcev1.ResourceClaim) (*preparedClaim, error) {
+	uid := string(claim.UID)
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("ResourceClaim %s/%s is not allocated", claim.Namespace, claim.Name)
+	}
+	grants, byRequest, err := d.claimGrants(claim)
+	if err != nil {
+		return nil, err
 	}
 	holder := inventory.ClaimHolder(claim.Namespace, claim.Name, uid)
 	if err := d.inv.AcquireGrants(grants, holder); err != nil {

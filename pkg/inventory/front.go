@@ -16,11 +16,27 @@ import (
 // the inventory (Run must be running) and leaves out the devices claims
 // hold; its Allocate refuses a device a claim holds (codes.FailedPrecondition,
 // naming the claim) and otherwise records a device plugin hold before
-// calling the real plugin's Allocate. The real plugin's PreferredAllocator
-// and PreStarter pass through, and the front implements them only when the
-// real plugin does, so the SDK offers the kubelet the same options.
+// calling the real plugin's Allocate. The real plugin's PreStarter passes
+// through, and the front implements it only when the real plugin does.
+//
+// The front always answers GetPreferredAllocation: it steers the kubelet
+// away from devices claims took since the kubelet last heard from Scan (a
+// claim the scheduler just allocated, held from then on by a DRA front
+// that follows allocated claims: draplugin.Config.Allocated), by asking
+// the real plugin's PreferredAllocation with those left out of the
+// devices available, or, for a plugin without one, packing the rest by
+// NUMA node (deviceplugin.PackNUMA). Without it, the kubelet would give
+// such a device to an extended-resource container and Allocate would
+// refuse it, failing the pod.
 func (inv *Inventory) DevicePluginFront() deviceplugin.Plugin {
-	return withOptional(&front{inv: inv}, inv.plugin)
+	f := &front{inv: inv}
+	if ps, ok := inv.plugin.(deviceplugin.PreStarter); ok {
+		return struct {
+			*front
+			deviceplugin.PreStarter
+		}{f, ps}
+	}
+	return f
 }
 
 // withOptional adds to f the optional interfaces real implements that
@@ -98,30 +114,57 @@ func (f *front) Scan(ctx context.Context, notify func([]deviceplugin.Device)) er
 }
 
 // devicePluginView is the snapshot less the devices the device plugin
-// front could not be given now: those held through DRA, and those whose
-// share or counters no longer fit beside what others hold. A device the
-// front holds stays. A shared device with replicas is offered through
-// its replicas only, and a DRAOnly device not at all.
+// front could not be given now (offerableLocked).
 func (inv *Inventory) devicePluginView() ([]deviceplugin.Device, bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
 	out := make([]deviceplugin.Device, 0, len(inv.devices))
 	for _, d := range inv.devices {
-		nh, isNew, err := inv.ledger.admit(inv.holds, Grant{Device: d.ID}, dp)
-		if err != nil {
-			continue
+		if inv.offerableLocked(d.ID) {
+			out = append(out, d)
 		}
-		held := !isNew && nh.Holder == dp
-		if !held && inv.ledger.shared(d.ID) && len(inv.ledger.children[d.ID]) > 0 {
-			continue
-		}
-		if s := inv.ledger.sharing[d.ID]; !held && s != nil && s.DRAOnly {
-			continue
-		}
-		out = append(out, d)
 	}
 	return out, inv.known
+}
+
+// offerableLocked says whether the device plugin front could be given id
+// now: not when it is held through DRA, or its share or counters no
+// longer fit beside what others hold. A device the front holds stays. A
+// shared device with replicas is offered through its replicas only, and
+// a DRAOnly device not at all. mu is held.
+func (inv *Inventory) offerableLocked(id string) bool {
+	dp := Holder{Front: FrontDevicePlugin, Owner: DevicePluginOwner}
+	nh, isNew, err := inv.ledger.admit(inv.holds, Grant{Device: id}, dp)
+	if err != nil {
+		return false
+	}
+	held := !isNew && nh.Holder == dp
+	if !held && inv.ledger.shared(id) && len(inv.ledger.children[id]) > 0 {
+		return false
+	}
+	if s := inv.ledger.sharing[id]; !held && s != nil && s.DRAOnly {
+		return false
+	}
+	return true
+}
+
+// PreferredAllocation answers the kubelet's GetPreferredAllocation from
+// the devices in req.Available the front could be given now (see
+// DevicePluginFront).
+func (f *front) PreferredAllocation(ctx context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
+	f.inv.mu.Lock()
+	free := make([]deviceplugin.Device, 0, len(req.Available))
+	for _, d := range req.Available {
+		if f.inv.offerableLocked(d.ID) {
+			free = append(free, d)
+		}
+	}
+	f.inv.mu.Unlock()
+	req.Available = free
+	if pa, ok := f.inv.plugin.(deviceplugin.PreferredAllocator); ok {
+		return pa.PreferredAllocation(ctx, req)
+	}
+	return deviceplugin.PackNUMA(req), nil
 }
 
 // Allocate holds the devices for the device plugin front, then asks the

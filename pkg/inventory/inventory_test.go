@@ -199,6 +199,10 @@ func TestArbiterConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
+// TestDevicePluginFrontCapabilities: the front passes the real plugin's
+// PreStartContainer through, and implements it only when the real plugin
+// does; it always answers GetPreferredAllocation, with the real plugin's
+// answer when it has one.
 func TestDevicePluginFrontCapabilities(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -217,18 +221,65 @@ func TestDevicePluginFrontCapabilities(t *testing.T) {
 		f := New("example.com/dev", tc.p, nil).DevicePluginFront()
 		pa, isPA := f.(deviceplugin.PreferredAllocator)
 		ps, isPS := f.(deviceplugin.PreStarter)
-		if isPA != tc.preferred || isPS != tc.prestart {
-			t.Errorf("%s: front preferred=%v prestart=%v, want %v %v", tc.name, isPA, isPS, tc.preferred, tc.prestart)
+		if !isPA || isPS != tc.prestart {
+			t.Errorf("%s: front preferred=%v prestart=%v, want true %v", tc.name, isPA, isPS, tc.prestart)
 			continue
 		}
-		if isPA {
-			if got, _ := pa.PreferredAllocation(context.Background(), deviceplugin.PreferredAllocationRequest{}); !slices.Equal(got, []string{"pref"}) {
-				t.Errorf("%s: PreferredAllocation = %v, not the real plugin's", tc.name, got)
-			}
+		want := []string{"d0"} // packed by NUMA node, in ID order
+		if tc.preferred {
+			want = []string{"pref"}
+		}
+		req := deviceplugin.PreferredAllocationRequest{Available: devs("d1", "d0"), Size: 1}
+		if got, _ := pa.PreferredAllocation(context.Background(), req); !slices.Equal(got, want) {
+			t.Errorf("%s: PreferredAllocation = %v, want %v", tc.name, got, want)
 		}
 		if isPS {
 			if err := ps.PreStartContainer(context.Background(), nil); err == nil || err.Error() != "prestart called" {
 				t.Errorf("%s: PreStartContainer = %v, not the real plugin's", tc.name, err)
+			}
+		}
+	}
+}
+
+// asking is a plugin whose PreferredAllocation records what it was
+// asked and prefers the first devices available.
+type asking struct {
+	*fakePlugin
+	asked chan []string
+}
+
+func (a asking) PreferredAllocation(_ context.Context, req deviceplugin.PreferredAllocationRequest) ([]string, error) {
+	a.asked <- ids(req.Available)
+	return ids(req.Available)[:min(req.Size, len(req.Available))], nil
+}
+
+// TestPreferredAllocationSteers: a device a claim took since the kubelet
+// last heard from Scan (the kubelet still lists it available) is left out
+// of what the front prefers, and of what the real plugin is asked to
+// choose from.
+func TestPreferredAllocationSteers(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"no preference", "the plugin's preference"} {
+		p := newFake()
+		var plugin deviceplugin.Plugin = p
+		var asked chan []string
+		if name == "the plugin's preference" {
+			asked = make(chan []string, 1)
+			plugin = asking{p, asked}
+		}
+		inv := New("example.com/dev", plugin, nil)
+		run(t, inv, p, devs("d0", "d1", "d2"))
+		if err := inv.Acquire([]string{"d0"}, claimA); err != nil {
+			t.Fatal(err)
+		}
+		pa := inv.DevicePluginFront().(deviceplugin.PreferredAllocator)
+		got, err := pa.PreferredAllocation(context.Background(), deviceplugin.PreferredAllocationRequest{Available: devs("d0", "d1", "d2"), Size: 1})
+		if err != nil || !slices.Equal(got, []string{"d1"}) {
+			t.Errorf("%s: PreferredAllocation = %v, %v; want [d1], not the claimed d0", name, got, err)
+		}
+		if asked != nil {
+			if a := <-asked; !slices.Equal(a, []string{"d1", "d2"}) {
+				t.Errorf("%s: the plugin was asked to choose from %v, want [d1 d2]", name, a)
 			}
 		}
 	}

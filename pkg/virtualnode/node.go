@@ -52,6 +52,10 @@ import (
 // {key: dpkit.io/virtual-node, operator: Exists, effect: NoSchedule}.
 const DefaultTaintKey = "dpkit.io/virtual-node"
 
+// StatusCoalesce is how long a change of the node's status waits for
+// others to be written with it.
+const StatusCoalesce = 100 * time.Millisecond
+
 // Defaults of Config fields left zero.
 const (
 	DefaultPort          = 10250
@@ -152,6 +156,10 @@ type Config struct {
 	// share one: EventRecorder(b, name) for each, b from
 	// NewEventBroadcaster.
 	EventRecorder record.EventRecorder
+	// DeviceClasses reads the DeviceClasses a device-plugin resource is
+	// checked against when it registers; nodes of one process can share
+	// one (NewDeviceClasses). Nil reads them for this node alone.
+	DeviceClasses *DeviceClasses
 	// PodSyncWorkers is the number of pod controller workers. Default 10.
 	PodSyncWorkers int
 	// StatusUpdateInterval is how often the node status is written
@@ -219,11 +227,17 @@ type Node struct {
 	// zero capacity and allocatable, as the kubelet keeps it (see
 	// resources).
 	pluginResources map[corev1.ResourceName]bool
+	// sentCapacity and sentAllocatable are what virtual-kubelet was
+	// last handed (sendChanged).
+	sentCapacity, sentAllocatable corev1.ResourceList
 	// classChecked are the device-plugin resources checked against the
 	// DeviceClasses (warnServedBothWays); classesOnce says once that
 	// they cannot be read.
 	classChecked map[string]bool
 	classesOnce  sync.Once
+	// nodes registers the Node and writes its status, and answers reads
+	// of it from the copy it last read or wrote (nodeCache).
+	nodes *nodeCache
 }
 
 // DeviceManager returns the node's device manager.
@@ -343,7 +357,8 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		return err
 	}
 	mgr := host.Manager
-	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiLn: apiLn, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{}}
+	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiLn: apiLn, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{},
+		nodes: newNodeCache(cfg.HeartbeatClient.CoreV1().Nodes(), cfg.Name)}
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP
@@ -462,6 +477,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	devices, unsubscribe := n.mgr.Subscribe()
 	defer unsubscribe()
 	n.node = n.nodeObject()
+	n.markSent(n.node)
 	registered := n.node.DeepCopy()
 	n.prov.node = func() *corev1.Node {
 		if cur, err := nodeLister.Get(cfg.Name); err == nil {
@@ -479,7 +495,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		interval = DefaultStatusReportInterval
 	}
 	opts = append(opts, vknode.WithNodeStatusUpdateInterval(interval))
-	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), cfg.HeartbeatClient.CoreV1().Nodes(), opts...)
+	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), n.nodes, opts...)
 	if err != nil {
 		return err
 	}

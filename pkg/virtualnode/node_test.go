@@ -108,7 +108,8 @@ func TestRemovedResourceStaysAtZero(t *testing.T) {
 		}},
 	})
 	declared := corev1.ResourceList{corev1.ResourceCPU: cpu, "example.com/declared": resource.MustParse("2")}
-	n = &Node{cfg: Config{Name: "vn2", Client: client, Resources: declared}, mgr: mgr, log: slog.New(slog.DiscardHandler), pluginResources: map[corev1.ResourceName]bool{}}
+	n = &Node{cfg: Config{Name: "vn2", Client: client, Resources: declared}, mgr: mgr, log: slog.New(slog.DiscardHandler), pluginResources: map[corev1.ResourceName]bool{},
+		nodes: newNodeCache(client.CoreV1().Nodes(), "vn2")}
 	n.rememberPluginResources(context.Background())
 	check("after a restart", map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2},
 		map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2})
@@ -163,10 +164,10 @@ func TestNotifyNodeStopping(t *testing.T) {
 	}
 }
 
-// TestStatusChangeBeforeCallback: devices that register before
-// virtual-kubelet gives its status callback (a plugin in the same process
-// is quick) reach it once it does, and every later change too.
-func TestStatusChangeBeforeCallback(t *testing.T) {
+// statusNode is a node with a running device manager on a root of its
+// own and no API server: enough to compute and send its status.
+func statusNode(t *testing.T) (string, *devicemanager.Manager, *Node) {
+	t.Helper()
 	root := testdir.Short(t, "vnp")
 	mgr, err := devicemanager.New(devicemanager.Config{Root: root})
 	if err != nil {
@@ -175,9 +176,17 @@ func TestStatusChangeBeforeCallback(t *testing.T) {
 	if err := mgr.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	defer mgr.Stop()
-	const foo = "example.com/foo"
+	t.Cleanup(mgr.Stop)
 	n := &Node{cfg: Config{Name: "vn", Client: fake.NewClientset()}, mgr: mgr, log: slog.New(slog.DiscardHandler), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{}}
+	return root, mgr, n
+}
+
+// TestStatusChangeBeforeCallback: devices that register before
+// virtual-kubelet gives its status callback (a plugin in the same process
+// is quick) reach it once it does, and every later change too.
+func TestStatusChangeBeforeCallback(t *testing.T) {
+	root, mgr, n := statusNode(t)
+	const foo = "example.com/foo"
 	devices, unsubscribe := mgr.Subscribe()
 	defer unsubscribe()
 	n.node = n.nodeObject()
@@ -210,6 +219,33 @@ func TestStatusChangeBeforeCallback(t *testing.T) {
 	go n.watchDevices(ctx, devices)
 	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1", "d2")})
 	want(3)
+}
+
+// TestUnchangedStatusNotSent: the node hands virtual-kubelet its status
+// only when its capacity or allocatable changed since the Node was
+// registered or last written; a kick with nothing new writes nothing.
+func TestUnchangedStatusNotSent(t *testing.T) {
+	root, mgr, n := statusNode(t)
+	const foo = "example.com/foo"
+	n.node = n.nodeObject()
+	n.markSent(n.node)
+	var sent []*corev1.Node
+	n.notifyCB = func(node *corev1.Node) { sent = append(sent, node) }
+	ctx := context.Background()
+	if n.sendChanged(ctx) || len(sent) != 0 {
+		t.Fatalf("the status as registered was sent again (%d sends)", len(sent))
+	}
+	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1")})
+	waitManager(t, mgr, "2 devices", allocatableIs(mgr, map[string]int64{foo: 2}))
+	if !n.sendChanged(ctx) || len(sent) != 1 {
+		t.Fatalf("a change of devices was not sent (%d sends)", len(sent))
+	}
+	if q := sent[0].Status.Allocatable[foo]; q.Value() != 2 {
+		t.Fatalf("sent allocatable %s: %v, want 2", foo, sent[0].Status.Allocatable)
+	}
+	if n.sendChanged(ctx) || len(sent) != 1 {
+		t.Fatalf("the status sent was sent again (%d sends)", len(sent))
+	}
 }
 
 // TestRunPortInUse runs a node on a port another process serves: Run

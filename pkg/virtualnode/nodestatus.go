@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"runtime"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpkit/dpkit/pkg/devicehost"
 )
@@ -121,7 +123,9 @@ const lastAppliedStatus = "virtual-kubelet.io/last-applied-node-status"
 // keeps them on its Node. Without them virtual-kubelet's patch would
 // remove them. Resources set on the Node by others are left alone.
 func (n *Node) rememberPluginResources(ctx context.Context) {
-	cur, err := n.cfg.Client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+	// Read through the node cache: the node controller's first read,
+	// whether the Node exists, is answered by this one.
+	cur, err := n.nodes.read(ctx)
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
 			n.log.Warn("Reading the node's last status; device-plugin resources removed before this run may leave it", "err", err)
@@ -162,10 +166,10 @@ func (n *Node) kickStatus() {
 }
 
 // sendStatus hands virtual-kubelet the node's status, computed when it is
-// sent, each time it is asked (kickStatus): one goroutine sends, and each
-// send carries everything before it, so no change is lost (a change before
-// virtual-kubelet gave its callback, or while a send waited) nor overtaken
-// by an older status.
+// sent, each time it is asked (kickStatus) and it changed: one goroutine
+// sends, and each send carries everything before it, so no change is lost
+// (a change before virtual-kubelet gave its callback, or while a send
+// waited) nor overtaken by an older status.
 func (n *Node) sendStatus(ctx context.Context) {
 	for {
 		select {
@@ -173,19 +177,70 @@ func (n *Node) sendStatus(ctx context.Context) {
 			return
 		case <-n.statusKick:
 		}
-		c, a := n.resources()
-		n.mu.Lock()
-		n.node.Status.Capacity, n.node.Status.Allocatable = c, a
-		n.node.Status.Conditions = conditions()
-		node := n.node.DeepCopy()
-		cb := n.notifyCB
-		n.mu.Unlock()
-		if cb == nil {
-			continue // NotifyNodeStatus kicks again
+		// Changes that come together, as a plugin's registration and
+		// its first list of devices, go in one write: the status is
+		// read StatusCoalesce after the first of them. (The kubelet
+		// writes it at most every 10 s.)
+		coalesce := time.NewTimer(StatusCoalesce)
+		select {
+		case <-ctx.Done():
+			coalesce.Stop()
+			return
+		case <-coalesce.C:
 		}
-		n.log.Debug("Sending the node status", "allocatable", a)
-		notifyNode(ctx, cb, node)
+		select {
+		case <-n.statusKick: // read below
+		default:
+		}
+		n.sendChanged(ctx)
 	}
+}
+
+// markSent records the Node as registered: the status virtual-kubelet
+// writes first, with the Node, or over a Node left by an earlier run.
+func (n *Node) markSent(node *corev1.Node) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.sentCapacity, n.sentAllocatable = node.Status.Capacity.DeepCopy(), node.Status.Allocatable.DeepCopy()
+}
+
+// sendChanged hands virtual-kubelet the node's status if its capacity or
+// allocatable differ from what it was last handed (markSent), and says
+// whether it did. An unchanged status is not written again: the node's
+// heartbeat is its Lease, and virtual-kubelet writes the status every
+// StatusUpdateInterval regardless, as the kubelet does every
+// nodeStatusReportFrequency.
+func (n *Node) sendChanged(ctx context.Context) bool {
+	c, a := n.resources()
+	n.mu.Lock()
+	cb := n.notifyCB
+	if cb == nil || sameQuantities(c, n.sentCapacity) && sameQuantities(a, n.sentAllocatable) {
+		n.mu.Unlock()
+		return false // with no callback yet, NotifyNodeStatus kicks again
+	}
+	n.node.Status.Capacity, n.node.Status.Allocatable = c, a
+	n.node.Status.Conditions = conditions()
+	n.sentCapacity, n.sentAllocatable = c.DeepCopy(), a.DeepCopy()
+	node := n.node.DeepCopy()
+	n.mu.Unlock()
+	n.log.Debug("Sending the node status", "allocatable", a)
+	notifyNode(ctx, cb, node)
+	return true
+}
+
+// sameQuantities says whether a and b hold the same resources in the same
+// amounts.
+func sameQuantities(a, b corev1.ResourceList) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || v.Cmp(w) != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // notifyNode hands node to virtual-kubelet's node controller through the
@@ -237,9 +292,10 @@ var startupTaints = map[string]bool{
 }
 
 func (n *Node) removeStartupTaints(ctx context.Context) {
-	nodes := n.cfg.Client.CoreV1().Nodes()
 	for attempt := 0; attempt < 5; attempt++ {
-		cur, err := nodes.Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		// The Node as registered, from the node cache the first time
+		// (no request), from the API server after a failed attempt.
+		cur, err := n.nodes.Get(ctx, n.cfg.Name, metav1.GetOptions{})
 		if err != nil {
 			n.log.Warn("Reading node to remove start-up taints", "err", err)
 			return
@@ -253,17 +309,42 @@ func (n *Node) removeStartupTaints(ctx context.Context) {
 		if len(keep) == len(cur.Spec.Taints) {
 			return
 		}
-		cur.Spec.Taints = keep
-		_, err = nodes.Update(ctx, cur, metav1.UpdateOptions{})
-		if err == nil {
+		patch, err := taintsPatch(cur.Spec.Taints, keep)
+		if err != nil {
+			n.log.Warn("Could not remove start-up taints", "err", err)
+			return
+		}
+		updated, err := n.cfg.Client.CoreV1().Nodes().Patch(ctx, n.cfg.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+		if _, err := n.nodes.keep(updated, err); err == nil {
 			n.log.Info("Removed start-up taints")
 			return
 		}
-		if !isConflict(err) {
+		// A test that failed (the taints changed since they were
+		// read) is a 422 or a conflict: read them again.
+		if !isConflict(err) && !apierrors.IsInvalid(err) && !isUnprocessable(err) {
 			n.log.Warn("Could not remove start-up taints; pods must tolerate node.kubernetes.io/not-ready or kube-controller-manager must run", "err", err)
 			return
 		}
 	}
+}
+
+// taintsPatch is a JSON patch that replaces the taints was with keep,
+// only if they are still was: other taints that others add or remove
+// meanwhile are never lost, and the patch does not fail on the status
+// writes that change the Node's resourceVersion all the time.
+func taintsPatch(was, keep []corev1.Taint) ([]byte, error) {
+	ops := []map[string]any{{"op": "test", "path": "/spec/taints", "value": was}}
+	if len(keep) == 0 {
+		ops = append(ops, map[string]any{"op": "remove", "path": "/spec/taints"})
+	} else {
+		ops = append(ops, map[string]any{"op": "replace", "path": "/spec/taints", "value": keep})
+	}
+	return json.Marshal(ops)
+}
+
+func isUnprocessable(err error) bool {
+	var se interface{ Status() metav1.Status }
+	return errors.As(err, &se) && se.Status().Code == 422
 }
 
 func isConflict(err error) bool {

@@ -271,7 +271,7 @@ func waitOutcome(ctx context.Context, c kubernetes.Interface, ns, name string, q
 			case corev1.PodRunning:
 				return "running"
 			case corev1.PodFailed:
-				return "refused (" + p.Status.Reason + ")"
+				return "refused (" + p.Status.Reason + ": " + p.Status.Message + ")"
 			}
 			if quick {
 				return "deleted pending"

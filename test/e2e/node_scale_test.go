@@ -63,6 +63,7 @@ type scale struct {
 	podsRunningPerS  float64
 	apiQPSPerNode    float64 // requests the API server served per second per node while idle
 	apiPerPod        float64 // requests the API server served per pod while the pods were created and ran
+	apiPerNodeStart  float64 // requests the API server served per node until every node was Ready
 	stop             func()
 	nodeRoots        []string
 	nodeNames        []string
@@ -104,6 +105,10 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	}
 
 	heap0, rss0 := memoryInUse()
+	req0, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	allocatable := int64(s.devices)
 	if s.fronts == frontDRA {
 		allocatable = 0
@@ -141,6 +146,13 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 		waitSlices(tb, ctx, c, s)
 	}
 	s.readyS = time.Since(start).Seconds()
+	req1, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var busiest string
+	s.apiPerNodeStart, busiest = requestsPer(req0, req1, float64(s.nodes))
+	tb.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", s.apiPerNodeStart, busiest)
 	heap1, rss1 := memoryInUse()
 	s.heapPerNodeKiB = float64(heap1-heap0) / 1024 / float64(s.nodes)
 	s.rssPerNodeKiB = float64(rss1-rss0) / 1024 / float64(s.nodes)
@@ -455,7 +467,15 @@ func runMeasuredPods(tb testing.TB, ctx context.Context, c kubernetes.Interface,
 	if err != nil {
 		tb.Fatal(err)
 	}
-	pods := float64(s.nodes * s.devices)
+	var busiest string
+	s.apiPerPod, busiest = requestsPer(req0, req1, float64(s.nodes*s.devices))
+	tb.Logf("API requests per pod: %.2f; the busiest:%s", s.apiPerPod, busiest)
+	return ns, cpu0, cpu1
+}
+
+// requestsPer is the requests served between two apiRequestsBy readings,
+// divided by n, and the ten busiest kinds, each divided by n.
+func requestsPer(req0, req1 map[string]float64, n float64) (float64, string) {
 	type kind struct {
 		name string
 		n    float64
@@ -468,14 +488,12 @@ func runMeasuredPods(tb testing.TB, ctx context.Context, c kubernetes.Interface,
 			total += d
 		}
 	}
-	s.apiPerPod = total / pods
 	slices.SortFunc(kinds, func(a, b kind) int { return cmp.Compare(b.n, a.n) })
 	var b strings.Builder
 	for _, k := range kinds[:min(len(kinds), 10)] {
-		fmt.Fprintf(&b, " %s %.2f;", k.name, k.n/pods)
+		fmt.Fprintf(&b, " %s %.2f;", k.name, k.n/n)
 	}
-	tb.Logf("API requests per pod: %.2f; the busiest:%s", s.apiPerPod, b.String())
-	return ns, cpu0, cpu1
+	return total / n, b.String()
 }
 
 // measureIdleQPS counts the requests the API server serves over window,
@@ -573,7 +591,9 @@ func BenchmarkVirtualNodeFootprint(b *testing.B) {
 	for range b.N {
 		before := footprintNow()
 		s := &scale{nodes: nodes, devices: devices, prefix: unique("fp"), resource: benchResource}
+		cpu0 := cpuSeconds(benchPIDs(cp, nil))
 		startScale(b, ctx, cp.Kubeconfig, c, s)
+		reportStartCPU(b, cpu0, cpuSeconds(benchPIDs(cp, nil)))
 		after := footprintNow()
 		per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(nodes) }
 		b.ReportMetric(per(before.goroutines, after.goroutines), "goroutines/node")
@@ -581,6 +601,7 @@ func BenchmarkVirtualNodeFootprint(b *testing.B) {
 		b.ReportMetric(per(before.heap, after.heap)/1024, "heap_KiB/node")
 		b.ReportMetric(per(before.rss, after.rss)/1024, "rss_KiB/node")
 		b.ReportMetric(s.readyS, "all_ready_s")
+		b.ReportMetric(s.apiPerNodeStart, "start_api_requests/node")
 		if dir != "" {
 			for name, p := range map[string]struct {
 				profile string
@@ -674,8 +695,14 @@ func BenchmarkKwokScale(b *testing.B) {
 	for range b.N {
 		s := &scale{nodes: nodes, devices: devices, prefix: unique("kwok"), resource: benchResource}
 		ready := watchNodesReady(ctx, c, s.prefix+"-", nodes, benchResource, int64(devices))
+		req0, err := apiRequestsBy(ctx, c)
+		if err != nil {
+			b.Fatal(err)
+		}
 		start := time.Now()
 		pid, _ := startKwok(b, cp, kw)
+		pids := benchPIDs(cp, map[string]int{"kwok": pid})
+		cpu0 := cpuSeconds(pids)
 		rss0 := processRSS(pid)
 		createKwokNodes(b, ctx, c, s.prefix, nodes, devices)
 		select {
@@ -685,6 +712,14 @@ func BenchmarkKwokScale(b *testing.B) {
 		}
 		s.readyS = time.Since(start).Seconds()
 		ready.stop()
+		reportStartCPU(b, cpu0, cpuSeconds(pids))
+		req1, err := apiRequestsBy(ctx, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var busiest string
+		s.apiPerNodeStart, busiest = requestsPer(req0, req1, float64(nodes))
+		b.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", s.apiPerNodeStart, busiest)
 		s.rssPerNodeKiB = float64(processRSS(pid)-rss0) / 1024 / float64(nodes)
 		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
 		_, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, benchPIDs(cp, map[string]int{"kwok": pid}))
@@ -703,6 +738,14 @@ func benchPIDs(cp *controlplane.ControlPlane, extra map[string]int) map[string]i
 	return pids
 }
 
+// reportStartCPU reports the CPU each process used while the nodes
+// started (start_<process>_cpu_s).
+func reportStartCPU(b *testing.B, cpu0, cpu1 map[string]float64) {
+	for name, t := range cpu1 {
+		b.ReportMetric(t-cpu0[name], "start_"+strings.TrimPrefix(name, "kube-")+"_cpu_s")
+	}
+}
+
 func reportScale(b *testing.B, s *scale, cpu0, cpu1 map[string]float64) {
 	b.ReportMetric(s.readyS, "all_ready_s")
 	b.ReportMetric(s.createS, "create_s")
@@ -714,6 +757,7 @@ func reportScale(b *testing.B, s *scale, cpu0, cpu1 map[string]float64) {
 	b.ReportMetric(s.rssPerNodeKiB, "rss_KiB/node")
 	b.ReportMetric(s.apiQPSPerNode, "idle_api_qps/node")
 	b.ReportMetric(s.apiPerPod, "api_requests/pod")
+	b.ReportMetric(s.apiPerNodeStart, "start_api_requests/node")
 	for name, t := range cpu1 {
 		b.ReportMetric(t-cpu0[name], strings.TrimPrefix(name, "kube-")+"_cpu_s")
 	}
