@@ -44,3 +44,31 @@ func TestWarnServedBothWays(t *testing.T) {
 		t.Fatalf("second warning for a name already checked: %s", buf.String())
 	}
 }
+
+// TestDeviceClassesShared: nodes that share a DeviceClasses are answered
+// by one List while it is fresh, and each still warns about its own
+// names.
+func TestDeviceClassesShared(t *testing.T) {
+	t.Parallel()
+	name := "example.com/both"
+	client := fake.NewClientset(&resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpus"}, Spec: resourcev1.DeviceClassSpec{ExtendedResourceName: &name}})
+	classes := NewDeviceClasses(client)
+	ctx := context.Background()
+	for i := range 3 {
+		var buf bytes.Buffer
+		n := &Node{cfg: Config{Client: client, DeviceClasses: classes}, log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+		n.warnServedBothWays(ctx, n.newPluginNames(map[string]int64{name: 1}))
+		if !strings.Contains(buf.String(), "resource=example.com/both deviceClass=gpus") {
+			t.Fatalf("node %d: no warning naming DeviceClass gpus: %q", i, buf.String())
+		}
+	}
+	lists := 0
+	for _, a := range client.Actions() {
+		if a.GetVerb() == "list" && a.GetResource().Resource == "deviceclasses" {
+			lists++
+		}
+	}
+	if lists != 1 {
+		t.Fatalf("%d Lists of DeviceClasses for 3 nodes sharing one, want 1", lists)
+	}
+}
