@@ -2,6 +2,8 @@ package draplugin_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -9,8 +11,12 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/dramanager/dratest"
@@ -113,4 +119,39 @@ func TestReserveAllocated(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("claim a unprepared", "dev-0", "dev-1", "dev-2")
+}
+
+// TestReserveAllocatedRefused: a front refused list and watch of
+// ResourceClaims says so once, naming the fix, and the driver goes on
+// preparing claims, holding their devices from Prepare on.
+func TestReserveAllocatedRefused(t *testing.T) {
+	n := newNode(t)
+	n.client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(resourcev1.Resource("resourceclaims"), "", errors.New("RBAC: not allowed"))
+	})
+	logs := make(records, 64)
+	n.allocated = draplugin.NewAllocatedClaims(n.client, slog.New(logs))
+	d := n.startDriver(t, newPlugin(), healthy("dev-0", "dev-1"))
+	n.waitRegistered(t)
+	for {
+		select {
+		case l := <-logs:
+			if !strings.Contains(l, "Cannot list and watch ResourceClaims") {
+				continue
+			}
+			if !strings.Contains(l, "list and watch of resource.k8s.io resourceclaims") {
+				t.Fatalf("the refusal's log names no fix: %s", l)
+			}
+		case <-time.After(dratest.EventTimeout):
+			t.Fatal("no warning that ResourceClaims cannot be listed")
+		}
+		break
+	}
+	want := offered(t, d.inv.DevicePluginFront())
+	n.add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	want("a claim allocated, not followed", "dev-0", "dev-1")
+	if err := n.m.PrepareResources(context.Background(), dratest.Pod("default", "p1", "pod-1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	want("the claim prepared", "dev-1")
 }
