@@ -56,18 +56,24 @@ type scale struct {
 	fronts string
 
 	// Measured.
-	readyS           float64 // Run called -> every node Ready with its devices allocatable
-	heapPerNodeKiB   float64 // Go heap in use after a GC, per node (node + its plugin)
-	rssPerNodeKiB    float64 // the process's resident memory, per node
-	createS, runS    float64 // pods created; creation start -> last pod Running
-	podsRunningPerS  float64
-	apiQPSPerNode    float64 // requests the API server served per second per node while idle
-	apiPerPod        float64 // requests the API server served per pod while the pods were created and ran
-	apiPerNodeStart  float64 // requests the API server served per node until every node was Ready
-	stop             func()
-	nodeRoots        []string
-	nodeNames        []string
-	allocatableTotal int64
+	readyS          float64 // Run called -> every node Ready with its devices allocatable
+	heapPerNodeKiB  float64 // Go heap in use after a GC, per node (node + its plugin)
+	rssPerNodeKiB   float64 // the process's resident memory, per node
+	createS, runS   float64 // pods created; creation start -> last pod Running
+	podsRunningPerS float64
+	apiQPSPerNode   float64 // requests the API server served per second per node while idle
+	apiPerPod       float64 // requests the API server served per pod while the pods were created and ran
+	apiPerNodeStart float64 // requests the API server served per node until every node was Ready
+	// together creates the claim pods and the extended-resource pods
+	// at once (fronts both), and counts what became of them: Running,
+	// Failed (rejected at admission) or still pending once nothing
+	// changed for settleQuiet.
+	together                    bool
+	runningN, failedN, pendingN int
+	stop                        func()
+	nodeRoots                   []string
+	nodeNames                   []string
+	allocatableTotal            int64
 }
 
 // startScale starts s.nodes virtual nodes (sim backend) with s.devices
@@ -243,6 +249,19 @@ func runScalePods(tb testing.TB, ctx context.Context, c kubernetes.Interface, s 
 		return p
 	}
 	start := time.Now()
+	if s.together {
+		o := watchOutcomes(ctx, c, ns)
+		defer o.stop()
+		createPods(tb, ctx, c, ns, want, pod)
+		s.createS = time.Since(start).Seconds()
+		last := o.settle(ctx, want)
+		s.runningN, s.failedN, s.pendingN = o.counts(want)
+		s.runS = last.Sub(start).Seconds()
+		s.podsRunningPerS = float64(s.runningN) / s.runS
+		tb.Logf("%d pods created together: %d Running, %d Failed (%v), %d still pending %v after the last change",
+			want, s.runningN, s.failedN, o.reasons(), s.pendingN, settleQuiet)
+		return ns
+	}
 	if claims > 0 && claims < want {
 		cw := watchPods(ctx, c, ns, claims)
 		createPods(tb, ctx, c, ns, claims, pod)
@@ -321,18 +340,125 @@ func checkNoDoubleAllocation(tb testing.TB, ctx context.Context, s *scale, ns st
 					}
 				}
 			}
+			if n == 0 && s.together {
+				continue // admitted, its claim not prepared: pending
+			}
 			if n != 1 {
 				tb.Errorf("node %s: pod %s holds %d devices, want 1", s.nodeNames[i], p.GetName(), n)
 			}
 			pods++
 		}
-		if len(held) != s.devices {
+		if len(held) != s.devices && !s.together {
 			tb.Errorf("node %s: %d of its %d devices held", s.nodeNames[i], len(held), s.devices)
 		}
 	}
-	if pods != s.nodes*s.devices {
-		tb.Errorf("PodResources lists %d pods of %s, want %d", pods, ns, s.nodes*s.devices)
+	want := s.nodes * s.devices
+	if s.together {
+		want = s.runningN
 	}
+	if pods != want {
+		tb.Errorf("PodResources lists %d pods of %s, want %d", pods, ns, want)
+	}
+}
+
+// settleQuiet is how long no pod of a together run may change phase
+// before the pods still pending are counted as waiting for good.
+const settleQuiet = time.Minute
+
+// outcomes follows the phases of a namespace's pods.
+type outcomes struct {
+	stop func()
+
+	mu      sync.Mutex
+	phase   map[string]corev1.PodPhase
+	reason  map[string]string
+	changed chan struct{}
+	last    time.Time
+}
+
+func watchOutcomes(ctx context.Context, c kubernetes.Interface, ns string) *outcomes {
+	o := &outcomes{phase: map[string]corev1.PodPhase{}, reason: map[string]string{}, changed: make(chan struct{}, 1), last: time.Now()}
+	see := func(obj any) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		o.mu.Lock()
+		if o.phase[p.Name] != p.Status.Phase {
+			o.phase[p.Name] = p.Status.Phase
+			o.reason[p.Name] = p.Status.Reason
+			o.last = time.Now()
+			select {
+			case o.changed <- struct{}{}:
+			default:
+			}
+		}
+		o.mu.Unlock()
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(ns))
+	inf := f.Core().V1().Pods().Informer()
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, obj any) { see(obj) }})
+	ctx, cancel := context.WithCancel(ctx)
+	f.StartWithContext(ctx)
+	f.WaitForCacheSync(ctx.Done())
+	o.stop = func() { cancel(); f.Shutdown() }
+	return o
+}
+
+// settle returns the time of the last phase change once want pods are
+// Running or Failed, or none changed for settleQuiet (a measurement
+// window: what still waits then waits on another pod's device).
+func (o *outcomes) settle(ctx context.Context, want int) time.Time {
+	for {
+		running, failed, _ := o.counts(want)
+		o.mu.Lock()
+		last := o.last
+		o.mu.Unlock()
+		if running+failed == want {
+			return last
+		}
+		select {
+		case <-o.changed:
+		case <-time.After(time.Until(last.Add(settleQuiet))):
+			o.mu.Lock()
+			quiet := time.Since(o.last) >= settleQuiet
+			last = o.last
+			o.mu.Unlock()
+			if quiet {
+				return last
+			}
+		case <-ctx.Done():
+			return last
+		}
+	}
+}
+
+// counts are the pods Running, Failed and neither, of want.
+func (o *outcomes) counts(want int) (running, failed, pending int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, ph := range o.phase {
+		switch ph {
+		case corev1.PodRunning:
+			running++
+		case corev1.PodFailed:
+			failed++
+		}
+	}
+	return running, failed, want - running - failed
+}
+
+// reasons counts the Failed pods by status reason.
+func (o *outcomes) reasons() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]int{}
+	for name, ph := range o.phase {
+		if ph == corev1.PodFailed {
+			out[o.reason[name]]++
+		}
+	}
+	return out
 }
 
 // nodesReady counts the nodes named prefix* that are Ready with want of
@@ -681,6 +807,21 @@ func BenchmarkVirtualNodeScaleDRA(b *testing.B) {
 			}
 		})
 	}
+	// "together": both fronts, the claim pods and the extended-resource
+	// pods created at once; some extended-resource pods are rejected
+	// where the scheduler counted a device a claim was just allocated.
+	b.Run("together", func(b *testing.B) {
+		cp, c := benchControlPlaneWith(b, controlplane.Options{Scheduler: true, SchedulerQPS: 1000, SchedulerBurst: 2000, ControllerManager: true})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		defer cancel()
+		for range b.N {
+			s := &scale{nodes: nodes, devices: devices, prefix: unique("scaledra"), resource: benchResource, fronts: frontBoth, together: true}
+			benchScale(b, ctx, cp, c, s)
+			b.ReportMetric(float64(s.runningN), "pods_running")
+			b.ReportMetric(float64(s.failedN), "pods_failed")
+			b.ReportMetric(float64(s.pendingN), "pods_pending")
+		}
+	})
 }
 
 // BenchmarkKwokScale is BenchmarkVirtualNodeScale with kwok managing the
