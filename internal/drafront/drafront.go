@@ -55,7 +55,8 @@ func New() pluginrun.DRAFront {
 // (DRAOptions.Kubeconfig is not read): what dpkit node gives the
 // in-process plugins of its nodes, with the client the nodes share.
 //
-// Fronts of a resource the device plugin front serves too follow the
+// Fronts started with DRAOptions.FollowAllocated (dpkit node's in-process
+// plugins, for a resource the device plugin front serves too) follow the
 // claims allocated from their pools through one informer
 // (draplugin.AllocatedClaims), shared by every front of the process.
 func WithClient(client kubernetes.Interface) pluginrun.DRAFront {
@@ -65,7 +66,7 @@ func WithClient(client kubernetes.Interface) pluginrun.DRAFront {
 	)
 	return func(inv *inventory.Inventory, o pluginrun.DRAOptions, log *slog.Logger, reg prometheus.Registerer) (pluginrun.DRADriver, error) {
 		var follow *draplugin.AllocatedClaims
-		if o.BothFronts && !o.Retired {
+		if o.FollowAllocated && !o.Retired {
 			once.Do(func() { allocated = draplugin.NewAllocatedClaims(client, log) })
 			follow = allocated
 		}

@@ -507,7 +507,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				// The plugin's environment is the node's, not the
 				// process's: $NODE_NAME, $POD_UID and the directories
 				// are the node's own (pluginConfig).
-				popts := pluginrun.Options{Clock: o.PluginClock, DRA: draFront, Getenv: func(string) string { return "" }, NoClaimGuard: true}
+				popts := pluginrun.Options{Clock: o.PluginClock, DRA: draFront, Getenv: func(string) string { return "" }, NoClaimGuard: true, FollowAllocated: true}
 				if err := pluginrun.RunWith(gctx, plog, pc, nil, popts); err != nil && gctx.Err() == nil {
 					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
 				}

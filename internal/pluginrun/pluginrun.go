@@ -66,11 +66,12 @@ type DRAOptions struct {
 	// served through the device plugin API alone. The DRAFront returns a
 	// DRADriver without Run when the checkpoint lists none.
 	Retired bool
-	// BothFronts says the device plugin front serves the resource too:
-	// the DRA front then holds a claim's devices from its allocation on
-	// (draplugin.Config.Allocated), so the device plugin front stops
-	// offering them before the kubelet prepares the claim.
-	BothFronts bool
+	// FollowAllocated says the device plugin front serves the resource
+	// too and Options.FollowAllocated is set: the DRA front then holds a
+	// claim's devices from its allocation on (draplugin.Config.Allocated),
+	// so the device plugin front stops offering them before the kubelet
+	// prepares the claim.
+	FollowAllocated bool
 }
 
 // DRAFront starts the DRA front (pkg/draplugin) of one resource's inventory and
@@ -103,6 +104,13 @@ type Options struct {
 	// dpkit node's in-process plugins, thousands to a process, where
 	// each guard would hold a PodResources connection.
 	NoClaimGuard bool
+	// FollowAllocated has the DRA front of a resource the device plugin
+	// front serves too hold a claim's devices from its allocation on
+	// (DRAOptions.FollowAllocated): what dpkit node gives its in-process
+	// plugins, which share one claim informer. A plugin of its own (a
+	// DaemonSet) does not: it would watch every claim of the cluster from
+	// every node.
+	FollowAllocated bool
 }
 
 // CheckFronts returns an error wrapping ErrNoDRAFront, naming the entries
@@ -307,7 +315,7 @@ func fronts(cfg *config.PluginConfig, resources []deviceplugin.Resource, o Optio
 		runners = append(runners, inv.Run)
 		if f.Has(config.FrontDevicePlugin) {
 			served = append(served, deviceplugin.Resource{Name: r.Name, Plugin: inv.DevicePluginFront()})
-			draOpts.BothFronts = true
+			draOpts.FollowAllocated = o.FollowAllocated
 		}
 		drv, err := o.DRA(inv, draOpts, rlog, registerer)
 		if err != nil {

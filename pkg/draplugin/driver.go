@@ -36,6 +36,11 @@ type Driver struct {
 	// with New's restore.
 	mu       sync.Mutex
 	prepared map[string]*preparedClaim // claim UID -> what was prepared
+	// unprepared are the claims unprepared here that may still be
+	// allocated: reserveAllocated does not hold them again (with
+	// Config.Allocated only; reserve forgets a claim once it is no
+	// longer allocated).
+	unprepared map[string]bool
 
 	statusMu      sync.Mutex
 	status        *registerapi.RegistrationStatus
@@ -89,6 +94,7 @@ func New(cfg Config, inv *inventory.Inventory) (*Driver, error) {
 		return nil, err
 	}
 	d.prepared = prepared
+	d.unprepared = map[string]bool{}
 	// Hold the checkpointed claims' devices before anything else can give
 	// them out (the device plugin front may run already).
 	d.restore()

@@ -106,6 +106,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1
 		d.metrics.operations.WithLabelValues("prepare", "success").Inc()
 		log.Info("Claim prepared", "devices", len(p.DeviceIDs))
 		d.prepared[uid] = p
+		delete(d.unprepared, uid)
 		added = append(added, uid)
 		out[claim.UID] = p.result()
 	}
@@ -455,6 +456,9 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 			continue
 		}
 		out[c.UID] = nil
+		if d.cfg.Allocated != nil {
+			d.unprepared[uid] = true
+		}
 		p, ok := d.prepared[uid]
 		if !ok {
 			d.undo(&preparedClaim{Namespace: c.Namespace, Name: c.Name, UID: uid})

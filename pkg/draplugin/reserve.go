@@ -2,6 +2,7 @@ package draplugin
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -11,9 +12,10 @@ import (
 
 // reserveAllocated holds in the inventory the devices of every claim the
 // scheduler allocated from the driver's pool, from the allocation on
-// rather than from Prepare, until the claim is deallocated or deleted
-// (Unprepare releases them as before; while the claim stays allocated
-// they are held again). Served through both fronts, a device a claim was
+// rather than from Prepare, until the claim is deallocated or deleted,
+// or Unprepare releases them as before (a claim unprepared is not held
+// again while it stays allocated: the kubelet is done with it, and a
+// driver's Unprepare frees its devices). Served through both fronts, a device a claim was
 // just allocated then leaves the device plugin front's ListAndWatch at
 // once, and the kubelet's device manager stops giving it to an
 // extended-resource pod in the window between the scheduler's allocation
@@ -52,12 +54,20 @@ func (d *Driver) reserveAllocated(ctx context.Context) {
 }
 
 // reserve holds the devices of claims, all allocated from the driver's
-// pool, and releases those of reserved claims no longer among them.
+// pool and not unprepared here, and releases those of reserved claims no
+// longer among them.
 func (d *Driver) reserve(reserved map[string]inventory.Holder, claims []*resourcev1.ResourceClaim) {
-	now := map[string]bool{}
+	now, keep := map[string]bool{}, map[string]bool{}
+	d.mu.Lock()
+	done := maps.Clone(d.unprepared)
+	d.mu.Unlock()
 	for _, c := range claims {
 		uid := string(c.UID)
 		now[uid] = true
+		if done[uid] {
+			continue // unprepared here: released below if held since
+		}
+		keep[uid] = true
 		grants, _, err := d.claimGrants(c)
 		if err != nil {
 			continue // not scanned yet, or not this node's: Prepare says why
@@ -74,7 +84,14 @@ func (d *Driver) reserve(reserved map[string]inventory.Holder, claims []*resourc
 		}
 		reserved[uid] = h
 	}
-	d.releaseReserved(reserved, now)
+	d.releaseReserved(reserved, keep)
+	d.mu.Lock()
+	for uid := range d.unprepared {
+		if !now[uid] {
+			delete(d.unprepared, uid) // no longer allocated
+		}
+	}
+	d.mu.Unlock()
 }
 
 // releaseReserved releases the reserved claims not in keep that the

@@ -119,6 +119,22 @@ func TestReserveAllocated(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("claim a unprepared", "dev-0", "dev-1", "dev-2")
+
+	// Unprepared while still allocated (the claim controller has not
+	// deallocated it yet): the kubelet is done with it, and its device
+	// is free again, as a driver's Unprepare frees it.
+	n.add(t, "default", "d", "uid-d", []types.UID{"pod-4"}, "dev-2")
+	want("claim d allocated dev-2", "dev-0", "dev-1")
+	if err := n.m.PrepareResources(ctx, dratest.Pod("default", "p4", "pod-4", "d")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.m.UnprepareResources(ctx, dratest.Pod("default", "p4", "pod-4", "d")); err != nil {
+		t.Fatal(err)
+	}
+	want("claim d unprepared, still allocated", "dev-0", "dev-1", "dev-2")
+	if _, err := front.Allocate(ctx, []string{"dev-2"}); err != nil {
+		t.Fatalf("Allocate of an unprepared claim's device: %v", err)
+	}
 }
 
 // TestReserveAllocatedRefused: a front refused list and watch of
