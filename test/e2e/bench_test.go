@@ -221,14 +221,21 @@ func watchPods(ctx context.Context, c kubernetes.Interface, ns string, want int)
 			}
 		}
 	}
+	w.stop = seePods(ctx, c, ns, see)
+	return w
+}
+
+// seePods calls see with every pod of ns as it is added or changes, from
+// an informer that runs until the returned stop is called; it returns
+// once the informer has listed them.
+func seePods(ctx context.Context, c kubernetes.Interface, ns string, see func(obj any)) (stop func()) {
 	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(ns))
 	inf := f.Core().V1().Pods().Informer()
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, obj any) { see(obj) }})
 	ctx, cancel := context.WithCancel(ctx)
 	f.StartWithContext(ctx)
 	f.WaitForCacheSync(ctx.Done())
-	w.stop = func() { cancel(); f.Shutdown() }
-	return w
+	return func() { cancel(); f.Shutdown() }
 }
 
 // wait returns once the pods are all Running, and fails tb when ctx ends

@@ -395,13 +395,7 @@ func watchOutcomes(ctx context.Context, c kubernetes.Interface, ns string) *outc
 		}
 		o.mu.Unlock()
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(ns))
-	inf := f.Core().V1().Pods().Informer()
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, obj any) { see(obj) }})
-	ctx, cancel := context.WithCancel(ctx)
-	f.StartWithContext(ctx)
-	f.WaitForCacheSync(ctx.Done())
-	o.stop = func() { cancel(); f.Shutdown() }
+	o.stop = seePods(ctx, c, ns, see)
 	return o
 }
 
