@@ -121,7 +121,7 @@ func (a *AllocatedClaims) startLocked() {
 		a.mu.Unlock()
 		if first {
 			a.log.Warn("Cannot list and watch ResourceClaims, so devices that the scheduler allocated to claims are still offered through the device plugin API until the claims are prepared",
-				"err", err, "fix", "grant the plugin's service account list and watch of resource.k8s.io resourceclaims (deploy/'s ClusterRole does)")
+				"err", err, "fix", "grant the plugin's service account list and watch of resource.k8s.io resourceclaims (deploy/simulator's ClusterRole does; the plugin DaemonSets' do not, since their DRA fronts do not follow allocations)")
 		}
 		cancel()
 	})
