@@ -105,6 +105,10 @@ type Options struct {
 	// node's three pod queues (sync, delete, status); 0 means
 	// DefaultPodSyncWorkers(Count).
 	PodSyncWorkers int
+	// PluginRegistration is --plugin-registration: how the in-process
+	// plugins reach their nodes' device managers, RegistrationSocket or
+	// RegistrationInProcess; "" means DefaultPluginRegistration(Count).
+	PluginRegistration string
 	// InotifyLimit is --inotify-limit: InotifyCheck (""), InotifyRaise or
 	// InotifyRaiseOnly.
 	InotifyLimit string
@@ -169,6 +173,11 @@ func (o *Options) Validate() error {
 	}
 	if o.Count < 1 {
 		errs = append(errs, field.Invalid(field.NewPath("--count"), o.Count, "must be at least 1"))
+	}
+	switch o.PluginRegistration {
+	case "", RegistrationSocket, RegistrationInProcess:
+	default:
+		errs = append(errs, field.NotSupported(field.NewPath("--plugin-registration"), o.PluginRegistration, []string{RegistrationSocket, RegistrationInProcess}))
 	}
 	if o.PodSyncWorkers < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("--pod-sync-workers"), o.PodSyncWorkers, "must not be negative; leave it 0 for the default"))
@@ -288,6 +297,31 @@ func DefaultPodSyncWorkers(count int) int {
 		return 2
 	}
 	return virtualnode.DefaultPodSyncWorker
+}
+
+// The --plugin-registration values.
+const (
+	// RegistrationSocket: an in-process plugin serves its socket in its
+	// node's plugins_registry and registers through the node's plugin
+	// watcher, as a plugin DaemonSet does on a kubelet.
+	RegistrationSocket = "socket"
+	// RegistrationInProcess: an in-process plugin hands its service to its
+	// node's device manager without a socket
+	// (deviceplugin.Config.InProcess); past the socket, the registration,
+	// ListAndWatch, Allocate and the rest are the same calls.
+	RegistrationInProcess = "in-process"
+)
+
+// DefaultPluginRegistration is how in-process plugins register when
+// --plugin-registration is empty: through sockets for one node, which
+// then looks to plugins and tools as a kubelet does; in process for each
+// of many nodes, where a plugin's socket, gRPC server and connection cost
+// a node a dozen goroutines (docs/performance.md).
+func DefaultPluginRegistration(count int) string {
+	if count > 1 {
+		return RegistrationInProcess
+	}
+	return RegistrationSocket
 }
 
 // nodeCDIDir is where the DRA fronts of a node's in-process plugins write
@@ -423,6 +457,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	if workers == 0 {
 		workers = DefaultPodSyncWorkers(o.Count)
 	}
+	registration := o.PluginRegistration
+	if registration == "" {
+		registration = DefaultPluginRegistration(o.Count)
+	}
 	// One node per root: a second one would replace this one's sockets,
 	// and remove them when it stops.
 	for _, r := range roots(root, o) {
@@ -487,6 +525,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		}
 		cfg.EventRecorder = virtualnode.EventRecorder(events, cfg.Name)
 		nodeUp := make(chan struct{})
+		var node *virtualnode.Node // set before nodeUp closes
 		if pluginCfg != nil {
 			pc, err := pluginCfg(cfg.Root, cfg.Name)
 			if err != nil {
@@ -508,6 +547,9 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				// process's: $NODE_NAME, $POD_UID and the directories
 				// are the node's own (pluginConfig).
 				popts := pluginrun.Options{Clock: o.PluginClock, DRA: draFront, Getenv: func(string) string { return "" }, NoClaimGuard: true, FollowAllocated: true}
+				if registration == RegistrationInProcess {
+					popts.InProcess = node.DeviceManager()
+				}
 				if err := pluginrun.RunWith(gctx, plog, pc, nil, popts); err != nil && gctx.Err() == nil {
 					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
 				}
@@ -516,6 +558,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		}
 		g.Go(func() error {
 			return portHint(o, virtualnode.Run(nctx, cfg, func(n *virtualnode.Node) {
+				node = n
 				close(nodeUp)
 				mu.Lock()
 				nodes = append(nodes, n)

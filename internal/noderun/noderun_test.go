@@ -55,12 +55,13 @@ func TestParseTaints(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second, DeviceAdmissionWait: -time.Second, PodSyncWorkers: -1}
+	o := Options{Backend: "docker", Count: 0, CPU: "x", Memory: "1Gi", Pods: "10", Resources: []string{"example.com/a"}, Taints: []string{"bad"}, DeviceGracePeriod: -time.Second, DeviceAdmissionWait: -time.Second, PodSyncWorkers: -1, PluginRegistration: "grpc"}
 	err := o.Validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"12 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-admission-wait", "\n  - --device-grace-period", "\n  - --count", "\n  - --pod-sync-workers", "\n  - --qps", "\n  - --burst",
+	for _, want := range []string{"13 problem(s):\n  - --name: Required value", "\n  - --root", "\n  - --backend", "\n  - --device-admission-wait", "\n  - --device-grace-period", "\n  - --count", "\n  - --pod-sync-workers",
+		"\n  - --plugin-registration: Unsupported value: \"grpc\": supported values: \"socket\", \"in-process\"", "\n  - --qps", "\n  - --burst",
 		"\n  - --cpu: Invalid value: \"x\": not a quantity", "\n  - --resource[0]: Invalid value: \"example.com/a\": must be NAME=QUANTITY",
 		"\n  - --taint[0]: Invalid value: \"bad\": want key[=value]:Effect"} {
 		if !strings.Contains(err.Error(), want) {
@@ -78,6 +79,18 @@ func TestDefaultPodSyncWorkers(t *testing.T) {
 	}
 	if got := DefaultPodSyncWorkers(1000); got != 2 {
 		t.Errorf("1000 nodes: %d workers each, want 2", got)
+	}
+}
+
+// TestDefaultPluginRegistration: one node's plugins register through
+// sockets, as on a kubelet; each of many nodes' in process.
+func TestDefaultPluginRegistration(t *testing.T) {
+	t.Parallel()
+	if got := DefaultPluginRegistration(1); got != RegistrationSocket {
+		t.Errorf("one node: %s, want %s", got, RegistrationSocket)
+	}
+	if got := DefaultPluginRegistration(2); got != RegistrationInProcess {
+		t.Errorf("two nodes: %s, want %s", got, RegistrationInProcess)
 	}
 }
 
@@ -183,30 +196,42 @@ func TestValidatePluginConfig(t *testing.T) {
 	}
 }
 
-// TestCheckInotify: more nodes than the inotify instances left are refused
+// TestCheckInotify: more nodes than the inotify watches left are refused
 // with the limit, what is in use and the sysctl that raises it.
 func TestCheckInotify(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	limit := filepath.Join(dir, "max_user_instances")
-	if err := os.WriteFile(limit, []byte("128\n"), 0o600); err != nil {
+	limit := filepath.Join(dir, "max_user_watches")
+	if err := os.WriteFile(limit, []byte("8192\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Two processes: an inotify instance with 3 watches and one with 1,
+	// and other files, whose fdinfo does not count.
 	proc := filepath.Join(dir, "proc")
-	for i, target := range []string{"anon_inode:inotify", "anon_inode:inotify", "/dev/null", "socket:[1]"} {
-		fd := filepath.Join(proc, strconv.Itoa(100+i%2), "fd", strconv.Itoa(i))
-		if err := os.MkdirAll(filepath.Dir(fd), 0o700); err != nil {
+	for i, fd := range []struct{ target, info string }{
+		{"anon_inode:inotify", "pos:\t0\nflags:\t02004000\ninotify wd:3 ino:1 sdev:2 mask:fc6 ignored_mask:0\ninotify wd:2 ino:3 sdev:2 mask:fc6 ignored_mask:0\ninotify wd:1 ino:4 sdev:2 mask:fc6 ignored_mask:0\n"},
+		{"anon_inode:inotify", "inotify wd:1 ino:5 sdev:2 mask:fc6 ignored_mask:0\n"},
+		{"/dev/null", "inotify wd:1 not an inotify instance\n"},
+		{"socket:[1]", ""},
+	} {
+		pid := filepath.Join(proc, strconv.Itoa(100+i%2))
+		for _, sub := range []string{"fd", "fdinfo"} {
+			if err := os.MkdirAll(filepath.Join(pid, sub), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink(fd.target, filepath.Join(pid, "fd", strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Symlink(target, fd); err != nil {
+		if err := os.WriteFile(filepath.Join(pid, "fdinfo", strconv.Itoa(i)), []byte(fd.info), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := checkInotify(Options{Count: 126}, limit, proc, nil); err != nil {
-		t.Errorf("126 nodes + 2 in use of 128: %v", err)
+	if err := checkInotify(Options{Count: 8188}, limit, proc, nil); err != nil {
+		t.Errorf("8188 nodes + 4 in use of 8192: %v", err)
 	}
-	err := checkInotify(Options{Count: 100, PluginConfig: "f.yaml"}, limit, proc, nil)
-	want := "--count 100 needs 200 inotify instances (2 per node: its plugin watcher and its in-process plugin), and fs.inotify.max_user_instances is 128 with 2 in use: raise it, e.g. sysctl -w fs.inotify.max_user_instances=330, or pass --inotify-limit raise, or run fewer nodes per process"
+	err := checkInotify(Options{Count: 10000, PluginConfig: "f.yaml"}, limit, proc, nil)
+	want := "--count 10000 needs 10000 inotify watches (1 per node: its plugin directory), and fs.inotify.max_user_watches is 8192 with 4 in use: raise it, e.g. sysctl -w fs.inotify.max_user_watches=11028, or pass --inotify-limit raise, or run fewer nodes per process"
 	if err == nil || err.Error() != want {
 		t.Errorf("error %v\nwant  %s", err, want)
 	}
@@ -214,16 +239,16 @@ func TestCheckInotify(t *testing.T) {
 		t.Errorf("no limit to read: %v", err)
 	}
 	// raise writes what the nodes need, what is in use and headroom.
-	if err := checkInotify(Options{Count: 100, PluginConfig: "f.yaml", InotifyLimit: InotifyRaise}, limit, proc, slog.New(slog.DiscardHandler)); err != nil {
+	if err := checkInotify(Options{Count: 10000, PluginConfig: "f.yaml", InotifyLimit: InotifyRaise}, limit, proc, slog.New(slog.DiscardHandler)); err != nil {
 		t.Errorf("raise: %v", err)
 	}
-	if b, err := os.ReadFile(limit); err != nil || string(b) != "330\n" {
-		t.Errorf("raised limit %q (%v), want 330", b, err)
+	if b, err := os.ReadFile(limit); err != nil || string(b) != "11028\n" {
+		t.Errorf("raised limit %q (%v), want 11028", b, err)
 	}
 	// A limit that cannot be written is named with the fix: a read-only
 	// sysctl (65536), even for root, stands for it.
 	err = checkInotify(Options{Count: 1000000, InotifyLimit: InotifyRaiseOnly}, "/proc/sys/kernel/ngroups_max", proc, slog.New(slog.DiscardHandler))
-	if err == nil || !strings.Contains(err.Error(), "--inotify-limit raise-only: --count 1000000 needs 1000000 inotify instances") || !strings.Contains(err.Error(), "privileged") {
+	if err == nil || !strings.Contains(err.Error(), "--inotify-limit raise-only: --count 1000000 needs 1000000 inotify watches") || !strings.Contains(err.Error(), "privileged") {
 		t.Errorf("unwritable limit: %v", err)
 	}
 }

@@ -111,6 +111,10 @@ type Options struct {
 	// DaemonSet) does not: it would watch every claim of the cluster from
 	// every node.
 	FollowAllocated bool
+	// InProcess is the kubelet in this process the device plugin fronts
+	// register with, without sockets (deviceplugin.Config.InProcess):
+	// dpkit node's device managers. nil registers as cfg says.
+	InProcess deviceplugin.InProcessKubelet
 }
 
 // CheckFronts returns an error wrapping ErrNoDRAFront, naming the entries
@@ -182,8 +186,12 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 			PluginDir:    cfg.PluginDir,
 			Registration: deviceplugin.RegistrationMode(cfg.Registration),
 			RegistryDir:  cfg.RegistryDir,
+			InProcess:    o.InProcess,
 			Logger:       log,
 			Clock:        o.Clock,
+		}
+		if o.InProcess != nil {
+			dpCfg.Registration = deviceplugin.RegistrationInProcess
 		}
 		if reg != nil {
 			dpCfg.Registerer = reg

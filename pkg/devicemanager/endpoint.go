@@ -110,7 +110,7 @@ func (h watcherHandler) DeRegisterPlugin(_ context.Context, name, socket string)
 type endpoint struct {
 	resource string
 	socket   string
-	conn     *grpc.ClientConn
+	conn     io.Closer // nil for a plugin in this process
 	api      pluginapi.DevicePluginClient
 	opts     *pluginapi.DevicePluginOptions
 	cancel   context.CancelFunc
@@ -120,7 +120,9 @@ type endpoint struct {
 func (e *endpoint) close() {
 	e.once.Do(func() {
 		e.cancel()
-		_ = e.conn.Close()
+		if e.conn != nil {
+			_ = e.conn.Close()
+		}
 	})
 }
 
@@ -136,12 +138,9 @@ func (e *endpoint) close() {
 // connection is told so, instead of having that connection silently
 // replaced (which a real kubelet never does).
 func (m *Manager) connect(ctx context.Context, resource, socket string) error {
-	m.mu.Lock()
-	if !m.started || m.stopping {
-		m.mu.Unlock()
-		return ErrNotStarted
+	if err := m.accepting(); err != nil {
+		return err
 	}
-	m.mu.Unlock()
 
 	conn, err := grpc.NewClient("unix://"+socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -149,22 +148,69 @@ func (m *Manager) connect(ctx context.Context, resource, socket string) error {
 	if err != nil {
 		return fmt.Errorf("failed to dial device plugin: %w", err)
 	}
-	api := pluginapi.NewDevicePluginClient(conn)
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	defer cancel()
 	// The kubelet dials with a blocking dial bounded by 10 s and fails
 	// with its own text before it asks for options. Both errors are plain
 	// (the kubelet formats them with %v): the registering plugin sees
 	// code Unknown, not the options call's status nor DeadlineExceeded,
 	// which gRPC would find in a wrapped error.
 	if err := unixsock.WaitReady(dctx, conn); err != nil {
-		cancel()
 		_ = conn.Close()
 		return errors.New("failed to dial device plugin: " + dctx.Err().Error())
 	}
-	opts, err := api.GetDevicePluginOptions(dctx, &pluginapi.Empty{})
-	cancel()
+	return m.attach(dctx, resource, socket, conn, pluginapi.NewDevicePluginClient(conn))
+}
+
+// accepting returns ErrNotStarted unless the manager runs and is not
+// stopping.
+func (m *Manager) accepting() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.started || m.stopping {
+		return ErrNotStarted
+	}
+	return nil
+}
+
+// InProcessEndpoint is the endpoint under which ConnectInProcess records
+// a plugin: no socket path, since it has none.
+func InProcessEndpoint(name string) string { return "in-process:" + name }
+
+// ConnectInProcess registers a plugin that runs in this process and is
+// reached through api without a socket (the SDK's
+// deviceplugin.Config.InProcess): dpkit node's in-process plugins, one
+// per node, thousands to a process, where each socket pair cost a gRPC
+// server, a connection and a dozen goroutines. Past the socket it is a
+// registration through kubelet.sock: the request is checked as Register
+// checks it, GetDevicePluginOptions is asked, ListAndWatch is consumed,
+// and the plugin is disconnected when that stream ends. name tells
+// instances of one resource apart (InProcessEndpoint).
+func (m *Manager) ConnectInProcess(ctx context.Context, resource, name string, api pluginapi.DevicePluginClient) error {
+	m.log.Info("Registration request from in-process device plugin", "resource", resource, "endpoint", name)
+	if err := kubeletreg.CheckRequest(pluginapi.Version, resource); err != nil {
+		return err
+	}
+	if err := m.accepting(); err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	defer cancel()
+	return m.attach(dctx, resource, InProcessEndpoint(name), nil, api)
+}
+
+// attach asks a reachable plugin its options, records it as the
+// resource's primary endpoint and starts consuming its ListAndWatch
+// stream. conn, when not nil, is closed with the endpoint.
+func (m *Manager) attach(ctx context.Context, resource, socket string, conn io.Closer, api pluginapi.DevicePluginClient) error {
+	closeConn := func() {
+		if conn != nil {
+			_ = conn.Close()
+		}
+	}
+	opts, err := api.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
 	if err != nil {
-		_ = conn.Close()
+		closeConn()
 		return errors.New("failed to get device plugin options: " + err.Error())
 	}
 

@@ -3,9 +3,13 @@ package devicemanager
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/dpkit/dpkit/internal/testdir"
 	"github.com/dpkit/dpkit/pkg/deviceplugin"
@@ -20,12 +24,24 @@ const fakeRes = "example.com/foo"
 // manager's kubelet.sock, until the returned stop is called.
 func servePlugin(t *testing.T, pluginDir string, resources []deviceplugin.Resource) (stop func()) {
 	t.Helper()
-	srv, err := deviceplugin.NewServer(deviceplugin.Config{
-		PluginDir:    pluginDir,
-		Registration: deviceplugin.RegistrationKubelet,
-		InstanceID:   "t",
-		Logger:       testLogger(t),
-	}, resources...)
+	return serveWith(t, deviceplugin.Config{PluginDir: pluginDir, Registration: deviceplugin.RegistrationKubelet}, resources)
+}
+
+// currentManager is the kubelet in this process that an in-process
+// plugin registers with: the manager running now, as kubelet.sock is the
+// socket of the kubelet running now.
+type currentManager struct{ atomic.Pointer[Manager] }
+
+func (c *currentManager) ConnectInProcess(ctx context.Context, resource, name string, api pluginapi.DevicePluginClient) error {
+	return c.Load().ConnectInProcess(ctx, resource, name, api)
+}
+
+// serveWith serves resources through the SDK with cfg until the returned
+// stop is called.
+func serveWith(t *testing.T, cfg deviceplugin.Config, resources []deviceplugin.Resource) (stop func()) {
+	t.Helper()
+	cfg.InstanceID, cfg.Logger = "t", testLogger(t)
+	srv, err := deviceplugin.NewServer(cfg, resources...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +102,15 @@ func checkFakeResponse(t *testing.T, pa *PodAllocation, container string) []stri
 // admission with the plugin's Allocate (and GetPreferredAllocation and
 // PreStartContainer where configured), then a kubelet restart that keeps
 // the assignment from the checkpoint while the plugin registers again.
+// The same runs in process (deviceplugin.Config.InProcess and
+// ConnectInProcess), where no socket is served: the same answers.
 func TestFakePluginOverSockets(t *testing.T) {
+	for _, transport := range []string{"sockets", "in-process"} {
+		t.Run(transport, func(t *testing.T) { testFakePlugin(t, transport == "in-process") })
+	}
+}
+
+func testFakePlugin(t *testing.T, inProcess bool) {
 	tests := []struct {
 		name   string
 		res    fake.ResourceConfig
@@ -158,7 +182,14 @@ func TestFakePluginOverSockets(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Stop()
-			stopPlugin := servePlugin(t, PluginDir(dir), resources)
+			var current currentManager
+			current.Store(m)
+			var stopPlugin func()
+			if inProcess {
+				stopPlugin = serveWith(t, deviceplugin.Config{PluginDir: PluginDir(dir), InProcess: &current}, resources)
+			} else {
+				stopPlugin = servePlugin(t, PluginDir(dir), resources)
+			}
 			waitFor(t, m, "8 allocatable devices", func() bool { return allocatable(m, fakeRes) == 8 })
 			if rs := m.Resources(); len(rs) != 1 || !rs[0].Connected || rs[0].Capacity != 8 {
 				t.Fatalf("Resources() = %+v, want %s connected with 8 devices", rs, fakeRes)
@@ -188,6 +219,7 @@ func TestFakePluginOverSockets(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m2.Stop()
+			current.Store(m2)
 			if got := m2.PodAllocation("p1"); !sameAllocation(got, pa) {
 				t.Fatalf("allocation after restart %+v, want %+v", got, pa)
 			}
@@ -209,6 +241,21 @@ func TestFakePluginOverSockets(t *testing.T) {
 			for _, id := range checkFakeResponse(t, pa2, "app") {
 				if slices.Contains(p1, id) {
 					t.Errorf("device %s given to p2 while p1 holds it", id)
+				}
+			}
+
+			if inProcess {
+				if socks, _ := filepath.Glob(filepath.Join(PluginDir(dir), "*.sock")); len(socks) != 1 {
+					t.Errorf("sockets in the plugin directory: %v, want the kubelet's alone", socks)
+				}
+				m2.mu.Lock()
+				var endpoints []string
+				for e := range m2.resources[fakeRes].endpoints {
+					endpoints = append(endpoints, e)
+				}
+				m2.mu.Unlock()
+				if len(endpoints) != 1 || !strings.HasPrefix(endpoints[0], InProcessEndpoint("")) {
+					t.Errorf("endpoints %v, want one in process", endpoints)
 				}
 			}
 

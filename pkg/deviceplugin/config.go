@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -27,7 +28,24 @@ const (
 	// RegistrationRegistry places a pluginregistration v1 socket in the
 	// kubelet's plugins_registry directory and lets the kubelet find it.
 	RegistrationRegistry RegistrationMode = "registry"
+	// RegistrationInProcess hands the plugin's service to a kubelet in
+	// this process (Config.InProcess), with no socket. Chosen by setting
+	// Config.InProcess; auto then resolves to it.
+	RegistrationInProcess RegistrationMode = "in-process"
 )
+
+// InProcessKubelet is a kubelet side running in the plugin's own process
+// that takes the plugin's DevicePlugin service without a socket:
+// devicemanager.Manager, in dpkit node's in-process plugins. To it,
+// registering is Register on kubelet.sock: it asks the options, consumes
+// ListAndWatch, calls Allocate and the rest through api, and ends the
+// stream when it drops the plugin, after which the SDK registers again as
+// it does after a kubelet restart.
+type InProcessKubelet interface {
+	// ConnectInProcess registers resource, served through api; name
+	// tells this instance apart from others of the resource.
+	ConnectInProcess(ctx context.Context, resource, name string, api pluginapi.DevicePluginClient) error
+}
 
 // DefaultRegistryDir is where the kubelet's plugin watcher looks for sockets.
 const DefaultRegistryDir = "/var/lib/kubelet/plugins_registry"
@@ -60,6 +78,11 @@ type Config struct {
 	KubeletSocket string
 	// Registration selects the registration path. Default auto.
 	Registration RegistrationMode
+	// InProcess, when set, is the kubelet the plugin registers with,
+	// in this process and without sockets (RegistrationInProcess): no
+	// socket is served and no directory watched. Registration must then
+	// be auto or in-process.
+	InProcess InProcessKubelet
 	// RegistryDir is the kubelet's plugin watcher directory. Default
 	// $DPKIT_REGISTRY_DIR when set (dpkit verify --plugin-watcher sets
 	// it), else the plugins_registry directory beside PluginDir, which is
@@ -175,9 +198,15 @@ func (c Config) validate(resources []Resource) error {
 		errs = append(errs, fmt.Errorf("PluginDir: %q%s must be an absolute path", c.PluginDir, from(c.pluginDirFrom)))
 	}
 	switch c.Registration {
-	case RegistrationAuto, RegistrationKubelet, RegistrationRegistry:
+	case RegistrationAuto, RegistrationKubelet, RegistrationRegistry, RegistrationInProcess:
 	default:
 		errs = append(errs, fmt.Errorf("config.Registration: unknown mode %q; use auto, kubelet or registry", c.Registration))
+	}
+	switch {
+	case c.Registration == RegistrationInProcess && c.InProcess == nil:
+		errs = append(errs, errors.New("config.Registration: in-process needs config.InProcess, the kubelet in this process to register with; set it, or use auto, kubelet or registry"))
+	case c.InProcess != nil && c.Registration != RegistrationAuto && c.Registration != RegistrationInProcess:
+		errs = append(errs, fmt.Errorf("config.InProcess: set with Registration %q, which registers through a socket; leave Registration auto, or unset InProcess", c.Registration))
 	}
 	if c.RetryMax < c.RetryMin {
 		errs = append(errs, fmt.Errorf("RetryMax: %s is below RetryMin %s", c.RetryMax, c.RetryMin))
@@ -211,6 +240,9 @@ func from(env string) string {
 
 // registryMode resolves auto to the mode actually used.
 func (c Config) registryMode() RegistrationMode {
+	if c.InProcess != nil {
+		return RegistrationInProcess
+	}
 	if c.Registration != RegistrationAuto {
 		return c.Registration
 	}

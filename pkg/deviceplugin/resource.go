@@ -117,8 +117,10 @@ func newResource(res Resource, cfg Config, mode RegistrationMode, m *metrics) *r
 	if mode == RegistrationRegistry {
 		dir = cfg.RegistryDir
 	}
-	r.sockBase = filepath.Join(dir, socketBase(res.Name)+"-"+cfg.InstanceID)
-	r.socketPath = r.sockBase + ".sock"
+	if mode != RegistrationInProcess {
+		r.sockBase = filepath.Join(dir, socketBase(res.Name)+"-"+cfg.InstanceID)
+		r.socketPath = r.sockBase + ".sock"
+	}
 	r.devices = newDeviceSet(r.snapshotChanged)
 	return r
 }
@@ -460,7 +462,7 @@ func (r *resource) streamClosed(end streamEnd) {
 	// plugin. Either way the plugin must register again to be seen. The
 	// registration loop checks again before acting, so a stream that ends
 	// while a newer one is already open does not cause a storm.
-	if end == streamEndedByKubelet && last && r.mode == RegistrationKubelet {
+	if end == streamEndedByKubelet && last && (r.mode == RegistrationKubelet || r.mode == RegistrationInProcess) {
 		r.requestRegistration(reasonStreamEnded)
 	}
 	if end == streamEndedByKubelet && last && r.mode == RegistrationRegistry && r.isRegistered() {
@@ -552,6 +554,11 @@ func (r *resource) needsRegistration(reason string) bool {
 	defer r.mu.Unlock()
 	switch reason {
 	case reasonStreamEnded:
+		if r.mode == RegistrationInProcess {
+			// One stream per registration, opened after it: its end is
+			// the kubelet dropping this plugin, never an old connection's.
+			return r.streams == 0
+		}
 		// A stream that ends right after a registration belongs to the
 		// kubelet's previous connection; acting on it could start a
 		// registration storm. A real restart also re-creates kubelet.sock.
@@ -649,6 +656,9 @@ func (r *resource) registerLoop(ctx context.Context) {
 // registerOnce makes one registration attempt through kubelet.sock
 // (kubelet mode; in registry mode the plugin watcher finds the socket).
 func (r *resource) registerOnce(ctx context.Context) error {
+	if r.mode == RegistrationInProcess {
+		return r.registerInProcess(ctx)
+	}
 	if _, err := r.relisten(); err != nil {
 		return err
 	}
@@ -695,6 +705,25 @@ func (r *resource) registerOnce(ctx context.Context) error {
 	r.setRegistered(true, nil)
 	// The kubelet now uses the new endpoint; end the old connections.
 	r.stopRetired()
+	return nil
+}
+
+// registerInProcess makes one registration attempt with the kubelet in
+// this process (Config.InProcess), handing it the plugin's service.
+func (r *resource) registerInProcess(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.RegisterTimeout)
+	defer cancel()
+	name := socketBase(r.name) + "-" + r.cfg.InstanceID
+	err := r.cfg.InProcess.ConnectInProcess(rctx, r.name, name, InProcessClient(service{r: r}))
+	r.metrics.registration(r.name, err)
+	if err != nil {
+		return fmt.Errorf("register with the kubelet in this process: %w", err)
+	}
+	r.mu.Lock()
+	r.registeredAt = r.cfg.Clock.Now()
+	r.mu.Unlock()
+	r.log.Info("Registered with the kubelet in this process", "endpoint", name)
+	r.setRegistered(true, nil)
 	return nil
 }
 

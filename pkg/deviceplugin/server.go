@@ -12,6 +12,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/dpkit/dpkit/internal/broadcast"
+	"github.com/dpkit/dpkit/internal/fswatch"
 )
 
 // Server serves a set of resources to the kubelet. Create it with
@@ -73,35 +74,20 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 
 	log := s.cfg.Logger
-	dir := s.cfg.PluginDir
-	if s.mode == RegistrationRegistry {
-		dir = s.cfg.RegistryDir
-	}
-	for _, r := range s.resources {
-		if err := r.listen(); err != nil {
-			for _, o := range s.resources {
-				o.shutdown()
-			}
-			return fmt.Errorf("serve %s: %w", r.name, err)
+	// In process, there is no socket to serve nor directory to watch:
+	// nil channels, never ready.
+	var events <-chan fsnotify.Event
+	var watchErrs <-chan error
+	if s.mode != RegistrationInProcess {
+		watcher, err := s.listen()
+		if err != nil {
+			return err
 		}
+		defer watcher.Close()
+		events, watchErrs = watcher.Events, watcher.Errors
+	} else {
+		log.Info("Device plugin server started", "resources", s.names(), "registration", string(s.mode))
 	}
-	watcher, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", dir, err)
-	}
-	defer watcher.Close()
-	watchDirs := []string{dir}
-	if s.mode == RegistrationKubelet {
-		if kd := filepath.Dir(s.cfg.KubeletSocket); kd != dir {
-			watchDirs = append(watchDirs, kd)
-		}
-	}
-	for _, d := range watchDirs {
-		if err := watcher.Add(d); err != nil {
-			return fmt.Errorf("watch %s: %w", d, err)
-		}
-	}
-	log.Info("Device plugin server started", "resources", s.names(), "registration", string(s.mode), "socketDir", dir)
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -112,7 +98,7 @@ func (s *Server) Run(ctx context.Context) error {
 		// served above and sets the registered state itself
 		// (NotifyRegistrationStatus); a loop of ours there could only
 		// race it.
-		if s.mode == RegistrationKubelet {
+		if s.mode == RegistrationKubelet || s.mode == RegistrationInProcess {
 			wg.Add(1)
 			go func() { defer wg.Done(); r.registerLoop(ctx) }()
 			r.requestRegistration(reasonStart)
@@ -126,16 +112,19 @@ loop:
 		select {
 		case <-ctx.Done():
 			break loop
-		case ev, ok := <-watcher.Events:
+		case ev, ok := <-events:
 			if !ok {
 				break loop
 			}
 			s.handleEvent(ev)
-		case err, ok := <-watcher.Errors:
+		case err, ok := <-watchErrs:
 			if !ok {
 				break loop
 			}
 			log.Warn("File watch error", "err", err)
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				s.resync() // events were lost: look now, not at the next tick
+			}
 		case <-ticker.C():
 			s.resync()
 		}
@@ -150,6 +139,41 @@ loop:
 	swg.Wait()
 	log.Info("Device plugin server stopped")
 	return nil
+}
+
+// listen serves every resource's socket and watches the directories
+// whose changes ask for a new socket or registration.
+func (s *Server) listen() (*fswatch.Watch, error) {
+	dir := s.cfg.PluginDir
+	if s.mode == RegistrationRegistry {
+		dir = s.cfg.RegistryDir
+	}
+	for _, r := range s.resources {
+		if err := r.listen(); err != nil {
+			for _, o := range s.resources {
+				o.shutdown()
+			}
+			return nil, fmt.Errorf("serve %s: %w", r.name, err)
+		}
+	}
+	watcher, err := fswatch.New()
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	watchDirs := []string{dir}
+	if s.mode == RegistrationKubelet {
+		if kd := filepath.Dir(s.cfg.KubeletSocket); kd != dir {
+			watchDirs = append(watchDirs, kd)
+		}
+	}
+	for _, d := range watchDirs {
+		if err := watcher.Add(d); err != nil {
+			_ = watcher.Close()
+			return nil, fmt.Errorf("watch %s: %w", d, err)
+		}
+	}
+	s.cfg.Logger.Info("Device plugin server started", "resources", s.names(), "registration", string(s.mode), "socketDir", dir)
+	return watcher, nil
 }
 
 func (s *Server) handleEvent(ev fsnotify.Event) {
@@ -180,13 +204,15 @@ func (s *Server) handleEvent(ev fsnotify.Event) {
 // removal was missed and retries registrations that are not in place.
 func (s *Server) resync() {
 	for _, r := range s.resources {
-		if relistened, err := r.relisten(); relistened {
-			if err == nil {
-				s.registerAgain(r, reasonSocketRemoved)
+		if s.mode != RegistrationInProcess {
+			if relistened, err := r.relisten(); relistened {
+				if err == nil {
+					s.registerAgain(r, reasonSocketRemoved)
+				}
+				continue
 			}
-			continue
 		}
-		if s.mode == RegistrationKubelet && !r.isRegistered() {
+		if (s.mode == RegistrationKubelet || s.mode == RegistrationInProcess) && !r.isRegistered() {
 			r.requestRegistration(reasonRetry)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/dpkit/dpkit/internal/broadcast"
+	"github.com/dpkit/dpkit/internal/fswatch"
 	"github.com/dpkit/dpkit/pkg/inventory"
 )
 
@@ -246,7 +247,7 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 // here too at once, so this instance's device plugin front cannot give
 // them to a container before this instance's next DRA call.
 func (d *Driver) followCheckpoint(ctx context.Context, wg *sync.WaitGroup) error {
-	fsw, err := fsnotify.NewWatcher()
+	fsw, err := fswatch.New()
 	if err != nil {
 		return fmt.Errorf("watch the checkpoint: %w", err)
 	}
@@ -267,18 +268,26 @@ func (d *Driver) followCheckpoint(ctx context.Context, wg *sync.WaitGroup) error
 				if ev.Name != d.checkpointPath || !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Rename) {
 					continue
 				}
-				d.mu.Lock()
-				if err := d.syncLocked(); err != nil {
-					d.log.Error("Reading the checkpoint the other instance wrote", "err", err)
-				}
-				d.mu.Unlock()
+				d.rereadCheckpoint()
 			case err, ok := <-fsw.Errors:
 				if !ok {
 					return
 				}
 				d.log.Warn("Watching the checkpoint", "err", err)
+				if errors.Is(err, fsnotify.ErrEventOverflow) {
+					d.rereadCheckpoint() // events were lost: one may have been the checkpoint's
+				}
 			}
 		}
 	})
 	return nil
+}
+
+// rereadCheckpoint takes in what the other instance wrote.
+func (d *Driver) rereadCheckpoint() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.syncLocked(); err != nil {
+		d.log.Error("Reading the checkpoint the other instance wrote", "err", err)
+	}
 }

@@ -10,15 +10,17 @@ import (
 	"strings"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/dpkit/dpkit/internal/fswatch"
 )
 
 // startFS creates the directory, starts watching it and every
 // subdirectory, and records the sockets already there.
-func (w *Watcher) startFS() (*fsnotify.Watcher, error) {
+func (w *Watcher) startFS() (*fswatch.Watch, error) {
 	if err := os.MkdirAll(w.dir, 0o750); err != nil {
 		return nil, fmt.Errorf("pluginwatcher: creating plugin directory %s: %w", w.dir, err)
 	}
-	fsw, err := fsnotify.NewWatcher()
+	fsw, err := fswatch.New()
 	if err != nil {
 		return nil, fmt.Errorf("pluginwatcher: starting file system watcher: %w", err)
 	}
@@ -34,7 +36,7 @@ func (w *Watcher) startFS() (*fsnotify.Watcher, error) {
 // in them to the desired state. The watch is added before the walk so
 // that no socket created meanwhile is missed. Only an error on dir itself
 // is returned; errors below it are logged.
-func (w *Watcher) traverse(fsw *fsnotify.Watcher, dir string) error {
+func (w *Watcher) traverse(fsw *fswatch.Watch, dir string) error {
 	if err := fsw.Add(dir); err != nil {
 		return fmt.Errorf("pluginwatcher: watching %s: %w", dir, err)
 	}
@@ -83,7 +85,7 @@ func ignoredName(path string) bool {
 
 // watchLoop turns file system events into desired state changes until
 // ctx is done.
-func (w *Watcher) watchLoop(ctx context.Context, fsw *fsnotify.Watcher) {
+func (w *Watcher) watchLoop(ctx context.Context, fsw *fswatch.Watch) {
 	defer func() { _ = fsw.Close() }()
 	for {
 		select {
@@ -106,7 +108,7 @@ func (w *Watcher) watchLoop(ctx context.Context, fsw *fsnotify.Watcher) {
 	}
 }
 
-func (w *Watcher) handleEvent(fsw *fsnotify.Watcher, ev fsnotify.Event) {
+func (w *Watcher) handleEvent(fsw *fswatch.Watch, ev fsnotify.Event) {
 	switch {
 	case ev.Has(fsnotify.Create):
 		if ignoredName(ev.Name) {
@@ -135,7 +137,7 @@ func (w *Watcher) handleEvent(fsw *fsnotify.Watcher, ev fsnotify.Event) {
 
 // resync rescans the whole directory after the kernel dropped events:
 // sockets found are added, sockets gone are removed.
-func (w *Watcher) resync(fsw *fsnotify.Watcher) {
+func (w *Watcher) resync(fsw *fswatch.Watch) {
 	if err := w.traverse(fsw, w.dir); err != nil {
 		w.log.Error("Rescanning plugin directory", "err", err)
 		return

@@ -24,7 +24,7 @@ const profileNodes = 3
 // says to run it (from the repository root, whose fixture hosts its host
 // paths name), gives every node the devices the real plugin finds on the
 // profile's fixture host, as allocatable and in its ResourceSlices. The
-// profiles run one after the other: each node holds two inotify instances.
+// profiles run one after the other.
 func TestVirtualNodeProfiles(t *testing.T) {
 	dpkitBinary(t) // before the test's deadline starts: a cold build takes minutes
 	cp := cluster.Get(t)

@@ -54,10 +54,6 @@ spec:
       # Only the real node: the suite's virtual nodes are Nodes too.
       nodeSelector:
         kubernetes.io/hostname: %s
-      initContainers:
-      - name: inotify-limit
-        env:
-        - {name: INOTIFY_NODES, value: "%d"}
       containers:
       - name: node
         env:
@@ -70,7 +66,7 @@ spec:
         secret:
           secretName: dpkit-e2e-kubeconfig
           defaultMode: 0444
-`, n.Name, 2*simShardNodes, simShardNodes))
+`, n.Name, simShardNodes))
 	d := deployment{objs: render(t, "kustomize", dir), namespace: "dpkit-sim"}
 	var shards []string
 	for i := range 2 {

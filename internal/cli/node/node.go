@@ -90,6 +90,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringArrayVar(&o.Resources, "resource", nil, "declared extended resource NAME=QUANTITY (repeatable); device-plugin resources are added automatically")
 	f.IntVar(&o.Count, "count", 1, "number of virtual nodes to run in this process")
 	f.StringVar(&o.PluginConfig, "plugin-config", "", "a dpkit plugin config (e.g. examples/fake.yaml) served in this process for every node, on its own directories (both fronts; the dra front publishes for its node): N nodes with devices and no N plugin processes")
+	f.StringVar(&o.PluginRegistration, "plugin-registration", "", "how --plugin-config's plugins reach their nodes: socket (each serves its socket in its node's plugins_registry, as a DaemonSet's plugin) or in-process (no socket: the same calls, made in this process); default socket for one node, in-process with --count above 1")
 	f.IntVar(&o.PodSyncWorkers, "pod-sync-workers", 0, "workers of each of a node's three pod queues (sync, delete, status); 0: 10 for one node, 2 per node with --count above 1")
 	f.Float64Var(&o.QPS, "qps", 50, "API client queries per second, shared by all nodes; TokenReviews and SubjectAccessReviews each have a limiter of their own at this rate, Lease renewals and node status updates are not throttled")
 	f.IntVar(&o.Burst, "burst", 100, "API client burst (and the review limiters')")
@@ -102,7 +103,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.StringSliceVar(&o.CDISpecDirs, "cdi-spec-dir", []string{"/etc/cdi", "/var/run/cdi"}, "process backend: where the CDI specs of containers' CDI devices are read, for the environment they give (repeat, or comma-separate; a runtime's cdi_spec_dirs)")
 	f.IntVar(&o.LogMaxFiles, "container-log-max-files", process.DefaultContainerLogMaxFiles, "process backend: log files kept per container, the current one included (at least 2)")
 	f.DurationVar(&o.DeviceGracePeriod, "device-grace-period", devicemanager.DefaultGracePeriod, "how long a resource whose device plugins are all gone keeps its capacity (with 0 allocatable) before it drops to 0; the kubelet's is 5m")
-	f.StringVar(&o.InotifyLimit, "inotify-limit", noderun.InotifyCheck, "what to do when fs.inotify.max_user_instances cannot hold --count nodes (1 inotify instance each, 2 with --plugin-config): check (refuse, naming the sysctl), raise (raise it, then run; needs root, privileged in a container) or raise-only (raise it and exit: a privileged init container's step)")
+	f.StringVar(&o.InotifyLimit, "inotify-limit", noderun.InotifyCheck, "what to do when fs.inotify.max_user_watches cannot hold --count nodes (the nodes share one inotify instance and add 1 watch each): check (refuse, naming the sysctl), raise (raise it, then run; needs root, privileged in a container) or raise-only (raise it and exit: a privileged init container's step)")
 	f.DurationVar(&o.DeviceAdmissionWait, "device-admission-wait", 0, "hold a pod asking for a device-plugin resource the node knows (from its checkpoint after a restart) until the resource's plugin serves it again, up to this long, instead of failing it with UnexpectedAdmissionError as the kubelet does (0: the kubelet's behaviour)")
 	return cmd
 }

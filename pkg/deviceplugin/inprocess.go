@@ -1,0 +1,165 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// InProcessClient returns a DevicePluginClient that calls srv in this
+// process, as a gRPC client calls a plugin over its socket, without the
+// socket, the connection and their goroutines. What crosses is what gRPC
+// would carry: messages are copied both ways, so neither side holds the
+// other's; errors are gRPC statuses (a plain error is Unknown, a context's
+// end is Canceled or DeadlineExceeded); a ListAndWatch message over the
+// kubelet's 4 MiB receive limit ends the stream with ResourceExhausted, as
+// the kubelet's connection does. Call options are ignored.
+func InProcessClient(srv pluginapi.DevicePluginServer) pluginapi.DevicePluginClient {
+	return inProcessClient{srv: srv}
+}
+
+type inProcessClient struct{ srv pluginapi.DevicePluginServer }
+
+// unary calls one method of the plugin as gRPC would.
+func unary[Req, Resp proto.Message](ctx context.Context, call func(context.Context, Req) (Resp, error), req Req) (Resp, error) {
+	var zero Resp
+	if err := ctx.Err(); err != nil {
+		return zero, status.FromContextError(err).Err()
+	}
+	resp, err := call(ctx, proto.Clone(req).(Req))
+	if err != nil {
+		return zero, status.Convert(err).Err()
+	}
+	if !resp.ProtoReflect().IsValid() {
+		// What gRPC answers when it cannot marshal a nil response.
+		return zero, status.Error(codes.Internal, "grpc: error while marshaling: proto: Marshal called with nil")
+	}
+	return proto.Clone(resp).(Resp), nil
+}
+
+func (c inProcessClient) GetDevicePluginOptions(ctx context.Context, in *pluginapi.Empty, _ ...grpc.CallOption) (*pluginapi.DevicePluginOptions, error) {
+	return unary(ctx, c.srv.GetDevicePluginOptions, in)
+}
+
+func (c inProcessClient) GetPreferredAllocation(ctx context.Context, in *pluginapi.PreferredAllocationRequest, _ ...grpc.CallOption) (*pluginapi.PreferredAllocationResponse, error) {
+	return unary(ctx, c.srv.GetPreferredAllocation, in)
+}
+
+func (c inProcessClient) Allocate(ctx context.Context, in *pluginapi.AllocateRequest, _ ...grpc.CallOption) (*pluginapi.AllocateResponse, error) {
+	return unary(ctx, c.srv.Allocate, in)
+}
+
+func (c inProcessClient) PreStartContainer(ctx context.Context, in *pluginapi.PreStartContainerRequest, _ ...grpc.CallOption) (*pluginapi.PreStartContainerResponse, error) {
+	return unary(ctx, c.srv.PreStartContainer, in)
+}
+
+// ListAndWatch runs the plugin's handler for the stream; it ends when the
+// handler returns (io.EOF, or its error as a status) or ctx ends.
+func (c inProcessClient) ListAndWatch(ctx context.Context, in *pluginapi.Empty, _ ...grpc.CallOption) (grpc.ServerStreamingClient[pluginapi.ListAndWatchResponse], error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	caller := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	s := &inProcessStream{caller: caller, ctx: ctx, msgs: make(chan *pluginapi.ListAndWatchResponse), done: make(chan struct{})}
+	req := proto.Clone(in).(*pluginapi.Empty)
+	go func() {
+		defer cancel() // as gRPC ends a stream's context with its handler
+		s.err = c.srv.ListAndWatch(req, inProcessServerStream{s})
+		close(s.done)
+	}()
+	return inProcessClientStream{s}, nil
+}
+
+// inProcessStream is one ListAndWatch stream. msgs is unbuffered: a Send
+// returns once Recv took the message, so none is left when done closes.
+type inProcessStream struct {
+	// caller is the kubelet's context; ctx, the plugin's, ends with it
+	// and when the handler returns.
+	caller context.Context
+	ctx    context.Context
+	msgs   chan *pluginapi.ListAndWatchResponse
+	done   chan struct{} // closed when the handler returned, err set
+	err    error
+}
+
+// inProcessClientStream is the kubelet's end of the stream.
+type inProcessClientStream struct{ s *inProcessStream }
+
+func (c inProcessClientStream) Recv() (*pluginapi.ListAndWatchResponse, error) {
+	s := c.s
+	select {
+	case m := <-s.msgs:
+		if n := proto.Size(m); n > KubeletMaxMessageSize {
+			return nil, status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, KubeletMaxMessageSize)
+		}
+		return m, nil
+	case <-s.done:
+		switch {
+		case s.caller.Err() != nil:
+			// The handler saw the kubelet's cancel; gRPC says so too.
+			return nil, status.FromContextError(s.caller.Err()).Err()
+		case s.err != nil:
+			return nil, status.Convert(s.err).Err()
+		}
+		return nil, io.EOF
+	case <-s.caller.Done():
+		return nil, status.FromContextError(s.caller.Err()).Err()
+	}
+}
+
+func (c inProcessClientStream) Header() (metadata.MD, error) { return metadata.MD{}, nil }
+func (c inProcessClientStream) Trailer() metadata.MD         { return metadata.MD{} }
+func (c inProcessClientStream) CloseSend() error             { return nil }
+func (c inProcessClientStream) Context() context.Context     { return c.s.caller }
+
+func (c inProcessClientStream) SendMsg(any) error {
+	return status.Error(codes.Internal, "ListAndWatch takes no message after its request")
+}
+
+func (c inProcessClientStream) RecvMsg(m any) error {
+	msg, err := c.Recv()
+	if err != nil {
+		return err
+	}
+	dst, ok := m.(*pluginapi.ListAndWatchResponse)
+	if !ok {
+		return status.Error(codes.Internal, fmt.Sprintf("ListAndWatch carries ListAndWatchResponse, not %T", m))
+	}
+	proto.Reset(dst)
+	proto.Merge(dst, msg)
+	return nil
+}
+
+// inProcessServerStream is the plugin's end of the stream.
+type inProcessServerStream struct{ s *inProcessStream }
+
+func (p inProcessServerStream) Send(m *pluginapi.ListAndWatchResponse) error {
+	select {
+	case p.s.msgs <- proto.Clone(m).(*pluginapi.ListAndWatchResponse):
+		return nil
+	case <-p.s.ctx.Done():
+		return status.FromContextError(p.s.ctx.Err()).Err()
+	}
+}
+
+func (p inProcessServerStream) SetHeader(metadata.MD) error  { return nil }
+func (p inProcessServerStream) SendHeader(metadata.MD) error { return nil }
+func (p inProcessServerStream) SetTrailer(metadata.MD)       {}
+func (p inProcessServerStream) Context() context.Context     { return p.s.ctx }
+func (p inProcessServerStream) RecvMsg(any) error            { return io.EOF }
+
+func (p inProcessServerStream) SendMsg(m any) error {
+	msg, ok := m.(*pluginapi.ListAndWatchResponse)
+	if !ok {
+		return status.Error(codes.Internal, fmt.Sprintf("ListAndWatch carries ListAndWatchResponse, not %T", m))
+	}
+	return p.Send(msg)
+}
