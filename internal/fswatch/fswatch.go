@@ -83,40 +83,42 @@ func New() (*Watch, error) {
 // Add watches path, a directory (or a file), for w. Adding a path again,
 // after it was removed from the disk and made anew, watches the new one.
 func (w *Watch) Add(path string) error {
-	path = filepath.Clean(path)
-	h := w.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if w.closed {
-		return fsnotify.ErrClosed
-	}
-	// Always asked of the kernel: a directory deleted and created again
-	// lost its watch with the old inode, whoever else still counts it.
-	if err := h.fsw.Add(path); err != nil {
-		return err
-	}
-	w.paths[path] = true
-	if h.subs[path] == nil {
-		h.subs[path] = make(map[*Watch]bool)
-	}
-	h.subs[path][w] = true
-	return nil
+	return w.open(path, func(h *hub, path string) error {
+		// Always asked of the kernel: a directory deleted and created
+		// again lost its watch with the old inode, whoever else still
+		// counts it.
+		if err := h.fsw.Add(path); err != nil {
+			return err
+		}
+		w.paths[path] = true
+		if h.subs[path] == nil {
+			h.subs[path] = make(map[*Watch]bool)
+		}
+		h.subs[path][w] = true
+		return nil
+	})
 }
 
 // Remove stops watching path for w. The kernel's watch goes with the last
 // Watch that added it.
 func (w *Watch) Remove(path string) error {
-	path = filepath.Clean(path)
+	return w.open(path, func(h *hub, path string) error {
+		if !w.paths[path] {
+			return fmt.Errorf("%w: %s", fsnotify.ErrNonExistentWatch, path)
+		}
+		return h.removeLocked(w, path)
+	})
+}
+
+// open runs f with the hub locked and path cleaned, unless w is closed.
+func (w *Watch) open(path string, f func(h *hub, path string) error) error {
 	h := w.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if w.closed {
 		return fsnotify.ErrClosed
 	}
-	if !w.paths[path] {
-		return fmt.Errorf("%w: %s", fsnotify.ErrNonExistentWatch, path)
-	}
-	return h.removeLocked(w, path)
+	return f(h, filepath.Clean(path))
 }
 
 // removeLocked forgets w's watch of path, and the kernel's with the last.

@@ -148,17 +148,21 @@ func (s *Server) listen() (*fswatch.Watch, error) {
 	if s.mode == RegistrationRegistry {
 		dir = s.cfg.RegistryDir
 	}
+	// What failed leaves no socket served behind.
+	fail := func(err error) (*fswatch.Watch, error) {
+		for _, r := range s.resources {
+			r.shutdown()
+		}
+		return nil, err
+	}
 	for _, r := range s.resources {
 		if err := r.listen(); err != nil {
-			for _, o := range s.resources {
-				o.shutdown()
-			}
-			return nil, fmt.Errorf("serve %s: %w", r.name, err)
+			return fail(fmt.Errorf("serve %s: %w", r.name, err))
 		}
 	}
 	watcher, err := fswatch.New()
 	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", dir, err)
+		return fail(fmt.Errorf("watch %s: %w", dir, err))
 	}
 	watchDirs := []string{dir}
 	if s.mode == RegistrationKubelet {
@@ -169,7 +173,7 @@ func (s *Server) listen() (*fswatch.Watch, error) {
 	for _, d := range watchDirs {
 		if err := watcher.Add(d); err != nil {
 			_ = watcher.Close()
-			return nil, fmt.Errorf("watch %s: %w", d, err)
+			return fail(fmt.Errorf("watch %s: %w", d, err))
 		}
 	}
 	s.cfg.Logger.Info("Device plugin server started", "resources", s.names(), "registration", string(s.mode), "socketDir", dir)
