@@ -291,19 +291,22 @@ func (w *Watcher) Start(ctx context.Context) error {
 		close(w.done)
 		return err
 	}
-	var loops sync.WaitGroup
-	loops.Add(2)
+	// The last loop to return closes done: no goroutine waits for them,
+	// one fewer for each of the thousand nodes of a process.
+	var loops atomic.Int32
+	loops.Store(2)
+	finished := func() {
+		if loops.Add(-1) == 0 {
+			close(w.done)
+		}
+	}
 	go func() {
-		defer loops.Done()
+		defer finished()
 		w.watchLoop(ctx, fsw)
 	}()
 	go func() {
-		defer loops.Done()
+		defer finished()
 		w.reconcileLoop(ctx)
-	}()
-	go func() {
-		loops.Wait()
-		close(w.done)
 	}()
 	return nil
 }

@@ -46,20 +46,27 @@ func (s *Server) Serve(ctx context.Context, socket string) error {
 }
 
 // ServeListener serves the API on l until ctx is done, then stops
-// gracefully and closes l.
+// gracefully and closes l. It serves on the calling goroutine: the stop is
+// a callback on ctx, not a goroutine waiting for it (a process of
+// virtual nodes serves a thousand of these).
 func (s *Server) ServeListener(ctx context.Context, l net.Listener) error {
 	g := s.GRPCServer()
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(l) }()
+	stopped := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		g.GracefulStop()
+		close(stopped)
+	})
 	s.log.Info("Serving PodResources API", "address", l.Addr().String())
-	select {
-	case err := <-errc:
+	err := g.Serve(l)
+	if stop() {
+		// Serve failed before ctx ended: no stop is coming.
 		_ = l.Close()
 		return fmt.Errorf("podresources: serving on %s: %w", l.Addr(), err)
-	case <-ctx.Done():
 	}
-	g.GracefulStop()
-	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	// ctx ended: Serve returns once the listener closed; the stop ends
+	// when in-flight calls have.
+	<-stopped
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("podresources: serving on %s: %w", l.Addr(), err)
 	}
 	return nil

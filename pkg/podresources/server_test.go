@@ -449,3 +449,40 @@ func BenchmarkList(b *testing.B) {
 		}
 	}
 }
+
+// brokenListener fails every Accept, as a listener whose socket was
+// closed under it.
+type brokenListener struct{ net.Listener }
+
+func (brokenListener) Accept() (net.Conn, error) {
+	return nil, errors.New("accept: the socket is gone")
+}
+
+// TestServeListenerFails: serving that fails before its context ends
+// returns the failure, naming the address, without waiting for the
+// context; a context that ends first stops it cleanly.
+func TestServeListenerFails(t *testing.T) {
+	t.Parallel()
+	s, err := NewServer(Config{Providers: Providers{Pods: fakePods{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(testdir.Short(t, "pr"), "s.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.ServeListener(context.Background(), brokenListener{l})
+	if err == nil || !strings.Contains(err.Error(), "podresources: serving on") || !strings.Contains(err.Error(), "the socket is gone") {
+		t.Fatalf("ServeListener on a failing listener: %v", err)
+	}
+
+	l2, err := net.Listen("unix", filepath.Join(testdir.Short(t, "pr"), "s.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.ServeListener(ctx, l2); err != nil {
+		t.Fatalf("ServeListener with its context already ended: %v", err)
+	}
+}

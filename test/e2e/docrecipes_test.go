@@ -127,7 +127,10 @@ func TestDocRecipes(t *testing.T) {
 			shell := map[bool]string{false: "script", true: "interactive"}[interactive]
 			t.Run(strings.TrimSuffix(r.page, ".md")+"/"+r.name+"/"+shell, func(t *testing.T) {
 				ctx := testContext(t)
-				tmp := testdir.Short(t, "vn")
+				// Short: dpkit verify --dra serves the driver's
+				// sockets below it, within a unix socket path's 107
+				// bytes.
+				tmp := testdir.Short(t, "r")
 				env := append(os.Environ(),
 					"KUBECONFIG="+cp.Kubeconfig, "CLIENT_CA="+cp.ClientCAFile,
 					"PATH="+bin+string(os.PathListSeparator)+filepath.Dir(cp.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"),

@@ -37,8 +37,10 @@ const (
 	// environment, which the processes it forks inherit.
 	envRun   = "DPKIT_VERIFY_RUN"
 	envOwner = "DPKIT_VERIFY_OWNER"
-	// rootPattern matches the runs' temporary roots in the temporary
-	// directory (os.MkdirTemp's pattern).
+	// rootPrefix and the run's ID name a run's temporary root in the
+	// temporary directory; rootPattern matches them (and those
+	// os.MkdirTemp named before).
+	rootPrefix  = "dpvd-"
 	rootPattern = "dpvd*"
 	// recordFile is the run record, in the run's root.
 	recordFile = "dpkit-verify-run.json"

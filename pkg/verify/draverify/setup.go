@@ -43,8 +43,13 @@ func (r *run) setup(ctx context.Context) error {
 	r.ns = "dpkit-verify-" + id
 	r.podUID = types.UID("dpkit-verify-pod-" + id)
 
-	root, err := os.MkdirTemp("", "dpvd")
-	if err != nil {
+	// A root of a fixed length, as short as the kubelet's
+	// /var/lib/kubelet in /tmp: the driver's sockets below it (a
+	// registrar named after the driver and a 36-character pod UID) must
+	// fit a unix socket path's 107 bytes wherever they fit on a node.
+	// os.MkdirTemp's name is up to 10 digits, of a length that varies.
+	root := filepath.Join(os.TempDir(), rootPrefix+id)
+	if err := os.Mkdir(root, 0o700); err != nil {
 		return fmt.Errorf("create the temporary kubelet root: %w", err)
 	}
 	r.root = root
