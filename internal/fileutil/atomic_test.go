@@ -7,14 +7,30 @@ import (
 	"testing"
 )
 
+// writers are the two ways to replace a file; both are atomic, never
+// follow links and leave nothing behind.
+var writers = []struct {
+	name  string
+	write func(string, []byte, os.FileMode) error
+}{{"WriteAtomic", WriteAtomic}, {"WriteCheckpoint", WriteCheckpoint}}
+
 func TestWriteAtomic(t *testing.T) {
 	t.Parallel()
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			testWrite(t, w.write)
+		})
+	}
+}
+
+func testWrite(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.json")
-	if err := WriteAtomic(path, []byte("one"), 0o600); err != nil {
+	if err := write(path, []byte("one"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteAtomic(path, []byte("two"), 0o600); err != nil {
+	if err := write(path, []byte("two"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(path); string(b) != "two" {
@@ -32,6 +48,15 @@ func TestWriteAtomic(t *testing.T) {
 // the old predictable temporary path) is replaced, never written through.
 func TestWriteAtomicDoesNotFollowLinks(t *testing.T) {
 	t.Parallel()
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			testNoLinks(t, w.write)
+		})
+	}
+}
+
+func testNoLinks(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	dir := t.TempDir()
 	victim := filepath.Join(t.TempDir(), "victim")
 	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
@@ -43,7 +68,7 @@ func TestWriteAtomicDoesNotFollowLinks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := WriteAtomic(path, []byte("mine"), 0o600); err != nil {
+	if err := write(path, []byte("mine"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(victim); string(b) != "keep" {
@@ -58,6 +83,15 @@ func TestWriteAtomicDoesNotFollowLinks(t *testing.T) {
 // directory), no temporary file is left.
 func TestWriteAtomicLeavesNothingOnFailure(t *testing.T) {
 	t.Parallel()
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			testNothingLeft(t, w.write)
+		})
+	}
+}
+
+func testNothingLeft(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "busy")
 	if err := os.Mkdir(path, 0o700); err != nil {
@@ -66,11 +100,34 @@ func TestWriteAtomicLeavesNothingOnFailure(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(path, "x"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := WriteAtomic(path, []byte("x"), 0o600)
+	err := write(path, []byte("x"), 0o600)
 	if err == nil || !strings.Contains(err.Error(), path) {
-		t.Fatalf("WriteAtomic over a directory: %v, want an error naming it", err)
+		t.Fatalf("a write over a directory: %v, want an error naming it", err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Fatalf("files left: %v", ents)
+	}
+}
+
+// TestDirectorySync: WriteAtomic syncs the directory after the rename;
+// WriteCheckpoint, as the kubelet's checkpoints, does not. Not parallel:
+// it replaces syncDirectory.
+func TestDirectorySync(t *testing.T) {
+	var synced []string
+	orig := syncDirectory
+	syncDirectory = func(dir string) { synced = append(synced, dir) }
+	t.Cleanup(func() { syncDirectory = orig })
+	dir := t.TempDir()
+	if err := WriteCheckpoint(filepath.Join(dir, "checkpoint"), []byte("a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if len(synced) != 0 {
+		t.Fatalf("WriteCheckpoint synced %v, want no directory synced", synced)
+	}
+	if err := WriteAtomic(filepath.Join(dir, "state"), []byte("a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if len(synced) != 1 || synced[0] != dir {
+		t.Fatalf("WriteAtomic synced %v, want [%s]", synced, dir)
 	}
 }

@@ -77,7 +77,7 @@ func (c *healthCache) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return fileutil.WriteAtomic(c.path, blob, 0o600)
+	return fileutil.WriteCheckpoint(c.path, blob, 0o600)
 }
 
 // get returns a device's health at now: Unknown when nothing was reported

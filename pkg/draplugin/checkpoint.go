@@ -130,7 +130,7 @@ func writeCheckpoint(path string, claims map[string]*preparedClaim) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return fmt.Errorf("write the DRA driver checkpoint: %w", err)
 	}
-	if err := fileutil.WriteAtomic(path, blob, 0o600); err != nil {
+	if err := fileutil.WriteCheckpoint(path, blob, 0o600); err != nil {
 		return fmt.Errorf("write the DRA driver checkpoint: %w", err)
 	}
 	return nil

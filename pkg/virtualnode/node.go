@@ -359,6 +359,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	mgr := host.Manager
 	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiLn: apiLn, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{},
 		nodes: newNodeCache(cfg.HeartbeatClient.CoreV1().Nodes(), cfg.Name)}
+	n.nodes.log = log.With("component", "registration")
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP

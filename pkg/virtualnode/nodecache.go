@@ -2,12 +2,20 @@ package virtualnode
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
@@ -30,9 +38,24 @@ import (
 // server's watch cache; with 1 000 nodes in one process those reads were
 // a third of the requests the nodes made while starting
 // (docs/performance.md).
+//
+// Until the node's Node is first written, its reads and writes are
+// retried when they fail for a reason that passes (the request timed out,
+// the API server is busy, restarting or unreachable), as the kubelet
+// retries its registration until it succeeds: virtual-kubelet's
+// controller ends at the first failure of its registration, and with a
+// thousand nodes starting in one process, one slow answer would end them
+// all. A Create retried after a timeout whose request did create the Node
+// finds it there (AlreadyExists) and takes it, as the kubelet takes a
+// Node of its name that exists. Once registered, a failed write is the
+// controller's to retry at its next update.
 type nodeCache struct {
 	corev1client.NodeInterface
 	name string
+	log  *slog.Logger
+	// retry is the wait between the registration's attempts.
+	retry      wait.Backoff
+	registered atomic.Bool
 
 	mu   sync.Mutex
 	last *corev1.Node
@@ -41,13 +64,59 @@ type nodeCache struct {
 	absent bool
 }
 
+// registrationRetry is the kubelet's wait between attempts to register:
+// 100ms, doubled up to 7s; jittered, so that nodes that failed together
+// do not come back together.
+var registrationRetry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 7 * time.Second}
+
 func newNodeCache(nodes corev1client.NodeInterface, name string) *nodeCache {
-	return &nodeCache{NodeInterface: nodes, name: name}
+	return &nodeCache{NodeInterface: nodes, name: name, log: slog.New(slog.DiscardHandler), retry: registrationRetry}
+}
+
+// transient reports whether a request that failed with err may succeed if
+// made again: it timed out, or the API server was busy, failing or
+// unreachable.
+func transient(err error) bool {
+	switch {
+	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err), apierrors.IsTooManyRequests(err),
+		apierrors.IsInternalError(err), apierrors.IsServiceUnavailable(err), apierrors.IsUnexpectedServerError(err):
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		return true // the request's own timeout
+	case utilnet.IsConnectionReset(err), utilnet.IsConnectionRefused(err), utilnet.IsProbableEOF(err):
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+// untilRegistered calls op until it succeeds, fails for a reason that does
+// not pass, or ctx ends, while the node is not registered yet; once it is,
+// op is called once.
+func untilRegistered[T any](ctx context.Context, c *nodeCache, what string, op func() (T, error)) (T, error) {
+	backoff := c.retry
+	for {
+		v, err := op()
+		if err == nil || c.registered.Load() || !transient(err) || ctx.Err() != nil {
+			return v, err
+		}
+		d := backoff.Step()
+		c.log.Info("Registering the node: retrying", "request", what, "err", err, "after", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, err
+		case <-t.C:
+		}
+	}
 }
 
 // read reads the Node from the API server and keeps what it found.
 func (c *nodeCache) read(ctx context.Context) (*corev1.Node, error) {
-	node, err := c.NodeInterface.Get(ctx, c.name, metav1.GetOptions{})
+	node, err := untilRegistered(ctx, c, "get", func() (*corev1.Node, error) {
+		return c.NodeInterface.Get(ctx, c.name, metav1.GetOptions{})
+	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -92,6 +161,7 @@ func (c *nodeCache) keep(node *corev1.Node, err error) (*corev1.Node, error) {
 	c.last = nil
 	if err == nil && node != nil {
 		c.last = node.DeepCopy()
+		c.registered.Store(true)
 	}
 	return node, err
 }
@@ -103,7 +173,16 @@ func (c *nodeCache) Create(ctx context.Context, node *corev1.Node, opts metav1.C
 	if node.Name != c.name {
 		return c.NodeInterface.Create(ctx, node, opts)
 	}
-	return c.keep(c.NodeInterface.Create(ctx, node, opts))
+	retried := false
+	return c.keep(untilRegistered(ctx, c, "create", func() (*corev1.Node, error) {
+		created, err := c.NodeInterface.Create(ctx, node, opts)
+		if retried && apierrors.IsAlreadyExists(err) {
+			// The attempt that timed out created it.
+			return c.NodeInterface.Get(ctx, c.name, metav1.GetOptions{})
+		}
+		retried = true
+		return created, err
+	}))
 }
 
 func (c *nodeCache) Update(ctx context.Context, node *corev1.Node, opts metav1.UpdateOptions) (*corev1.Node, error) {
@@ -124,7 +203,9 @@ func (c *nodeCache) Patch(ctx context.Context, name string, pt types.PatchType, 
 	if name != c.name {
 		return c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...)
 	}
-	return c.keep(c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...))
+	return c.keep(untilRegistered(ctx, c, "patch", func() (*corev1.Node, error) {
+		return c.NodeInterface.Patch(ctx, name, pt, data, opts, subresources...)
+	}))
 }
 
 func (c *nodeCache) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {

@@ -5,15 +5,19 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -137,5 +141,93 @@ func TestRemoveStartupTaints(t *testing.T) {
 	n.removeStartupTaints(ctx)
 	if len(client.Actions()) != before {
 		t.Fatalf("%d requests with no start-up taint left, want none", len(client.Actions())-before)
+	}
+}
+
+// TestRegistrationRetried: until the node's Node is first written, a
+// request that failed for a reason that passes is made again, as the
+// kubelet retries its registration; a Create whose timed-out attempt did
+// create the Node takes it; a refusal that will not pass (Forbidden) ends
+// the registration at once; and once registered, nothing is retried.
+func TestRegistrationRetried(t *testing.T) {
+	ctx := context.Background()
+	fast := func(c *nodeCache) *nodeCache {
+		c.retry = wait.Backoff{Duration: time.Millisecond, Factor: 1, Steps: math.MaxInt32}
+		return c
+	}
+	countCreates := func(client *fake.Clientset) int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "create" && a.GetResource().Resource == "nodes" {
+				n++
+			}
+		}
+		return n
+	}
+	vn := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "vn"}}
+
+	// The first two POSTs time out; the second's did create the Node.
+	client := fake.NewClientset()
+	tracker := client.Tracker()
+	attempts := 0
+	client.PrependReactor("create", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		attempts++
+		switch attempts {
+		case 1:
+			return true, nil, &url.Error{Op: "Post", URL: "https://apiserver/api/v1/nodes", Err: context.DeadlineExceeded}
+		case 2:
+			if err := tracker.Create(corev1.SchemeGroupVersion.WithResource("nodes"), vn.DeepCopy(), ""); err != nil {
+				t.Fatal(err)
+			}
+			return true, nil, apierrors.NewTimeoutError("request did not complete within the allowed duration", 0)
+		}
+		return false, nil, nil
+	})
+	c := fast(newNodeCache(client.CoreV1().Nodes(), "vn"))
+	got, err := c.Create(ctx, vn.DeepCopy(), metav1.CreateOptions{})
+	if err != nil || got == nil || got.Name != "vn" {
+		t.Fatalf("Create through two timeouts: %v, %v; want the Node", got, err)
+	}
+	if n := countCreates(client); n != 3 {
+		t.Fatalf("%d POSTs, want 3 (two timed out, the third found the Node the second made)", n)
+	}
+	if !c.registered.Load() {
+		t.Fatal("not registered after the Node was created")
+	}
+	// Registered: a failure is returned at once.
+	client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("restarting")
+	})
+	if _, err := c.Patch(ctx, "vn", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{}, "status"); !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("Patch after registration: %v, want the API server's error returned at once", err)
+	}
+
+	// Forbidden does not pass: one attempt.
+	client = fake.NewClientset()
+	client.PrependReactor("create", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "vn", errors.New("no RBAC"))
+	})
+	c = fast(newNodeCache(client.CoreV1().Nodes(), "vn"))
+	if _, err := c.Create(ctx, vn.DeepCopy(), metav1.CreateOptions{}); !apierrors.IsForbidden(err) || countCreates(client) != 1 {
+		t.Fatalf("Create refused: %v after %d POSTs, want Forbidden after one", err, countCreates(client))
+	}
+
+	// The status write of a node that exists (a restart) is retried too,
+	// and the context's end stops the retries.
+	client = fake.NewClientset(vn.DeepCopy())
+	client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewTooManyRequests("busy", 1)
+	})
+	c = fast(newNodeCache(client.CoreV1().Nodes(), "vn"))
+	cctx, cancel := context.WithCancel(ctx)
+	patches := 0
+	client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if patches++; patches == 5 {
+			cancel()
+		}
+		return false, nil, nil
+	})
+	if _, err := c.Patch(cctx, "vn", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{}, "status"); !apierrors.IsTooManyRequests(err) || patches != 5 {
+		t.Fatalf("Patch while the API server is busy: %v after %d attempts, want TooManyRequests after 5 (the context ended)", err, patches)
 	}
 }

@@ -54,7 +54,7 @@ func BenchmarkKwokSim(b *testing.B) {
 			defer cancel()
 			prefix := unique("kwok")
 
-			pid, exited := startKwok(b, cp, kw)
+			pid, exited := startKwok(b, cp, kw, 0)
 			for i := range benchNodes {
 				if _, err := c.CoreV1().Nodes().Create(ctx, kwokNode(fmt.Sprintf("%s-%d", prefix, i)), metav1.CreateOptions{}); err != nil {
 					b.Fatal(err)

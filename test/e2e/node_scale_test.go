@@ -700,7 +700,8 @@ func scaleSize(tb testing.TB) (nodes, devices int) {
 // devices, and what they added per node: goroutines, their stacks, Go
 // heap in use and the process's resident memory. With DPKIT_PROFILE_DIR
 // set, the goroutines (by stack) and the heap are written there
-// (goroutines.txt, heap.pprof) for go tool pprof. Run with -benchtime 1x.
+// (goroutines.txt, heap.pprof) for go tool pprof, and the CPU profile of
+// the nodes' start (cpu-start-<prefix>.pprof). Run with -benchtime 1x.
 func BenchmarkVirtualNodeFootprint(b *testing.B) {
 	nodes, devices := scaleSize(b)
 	cp, c := benchControlPlane(b, 1000, 2000)
@@ -714,7 +715,9 @@ func BenchmarkVirtualNodeFootprint(b *testing.B) {
 		before := footprintNow()
 		s := &scale{nodes: nodes, devices: devices, prefix: unique("fp"), resource: benchResource}
 		cpu0 := cpuSeconds(benchPIDs(cp, nil))
+		stopProfile := profileCPU(b, "cpu-start-"+s.prefix)
 		startScale(b, ctx, cp.Kubeconfig, c, s)
+		stopProfile()
 		reportStartCPU(b, cpu0, cpuSeconds(benchPIDs(cp, nil)))
 		after := footprintNow()
 		per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(nodes) }
@@ -760,8 +763,9 @@ func footprintNow() footprint {
 // dpkit node --count N --backend sim --plugin-config <fake, D devices> in
 // this process against a control plane of its own (scheduler QPS 1000);
 // every node Ready with its devices, then N*D single-device pods Running,
-// checked through every node's PodResources for devices held twice. Run
-// with -benchtime 1x.
+// checked through every node's PodResources for devices held twice. With
+// DPKIT_PROFILE_DIR set, the CPU profile of the pods' window is written
+// there (cpu-pods-<prefix>.pprof). Run with -benchtime 1x.
 func BenchmarkVirtualNodeScale(b *testing.B) {
 	nodes, devices := scaleSize(b)
 	cp, c := benchControlPlane(b, 1000, 2000)
@@ -778,10 +782,38 @@ func BenchmarkVirtualNodeScale(b *testing.B) {
 func benchScale(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane, c kubernetes.Interface, s *scale) {
 	startScale(b, ctx, cp.Kubeconfig, c, s)
 	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
+	stopProfile := profileCPU(b, "cpu-pods-"+s.prefix)
 	ns, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, benchPIDs(cp, nil))
+	stopProfile()
 	checkNoDoubleAllocation(b, ctx, s, ns)
 	reportScale(b, s, cpu0, cpu1)
 	s.stop()
+}
+
+// profileCPU starts a CPU profile of this process (the nodes and the
+// clients) when DPKIT_PROFILE_DIR is set, written to <dir>/<name>.pprof by
+// the function it returns: the pods' window of the scale benchmarks
+// (cpu-pods-<prefix>), the nodes' start in BenchmarkVirtualNodeFootprint
+// (cpu-start-<prefix>).
+func profileCPU(b *testing.B, name string) func() {
+	dir := os.Getenv("DPKIT_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, name+".pprof"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // BenchmarkVirtualNodeScaleDRA is BenchmarkVirtualNodeScale through DRA,
@@ -821,47 +853,67 @@ func BenchmarkVirtualNodeScaleDRA(b *testing.B) {
 }
 
 // BenchmarkKwokScale is BenchmarkVirtualNodeScale with kwok managing the
-// nodes (which it cannot give devices: the capacity is only declared).
-// Skipped until kwok is built with hack/build-kwok.sh.
+// nodes (which it cannot give devices: the capacity is only declared), two
+// ways: "no-lease", the kwok binary's defaults (its nodes renew no Lease);
+// "kubelet-lease", each node's Lease kept as the kubelet keeps it and as
+// dpkit's nodes do (--node-lease-duration-seconds=40, renewed every 10 s;
+// kwokctl's clusters run kwok with a Lease too, of 200 s). Skipped until
+// kwok is built with hack/build-kwok.sh.
 func BenchmarkKwokScale(b *testing.B) {
 	nodes, devices := scaleSize(b)
 	kw := kwokBinaries(b)
-	cp, c := benchControlPlane(b, 1000, 2000)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	for range b.N {
-		s := &scale{nodes: nodes, devices: devices, prefix: unique("kwok"), resource: benchResource}
-		ready := watchNodesReady(ctx, c, s.prefix+"-", nodes, benchResource, int64(devices))
-		req0, err := apiRequestsBy(ctx, c)
-		if err != nil {
-			b.Fatal(err)
-		}
-		start := time.Now()
-		pid, _ := startKwok(b, cp, kw)
-		pids := benchPIDs(cp, map[string]int{"kwok": pid})
-		cpu0 := cpuSeconds(pids)
-		rss0 := processRSS(pid)
-		createKwokNodes(b, ctx, c, s.prefix, nodes, devices)
-		select {
-		case <-ready.done:
-		case <-ctx.Done():
-			b.Fatalf("%d of %d kwok nodes Ready: %v", ready.count(), nodes, ctx.Err())
-		}
-		s.readyS = time.Since(start).Seconds()
-		ready.stop()
-		reportStartCPU(b, cpu0, cpuSeconds(pids))
-		req1, err := apiRequestsBy(ctx, c)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var busiest string
-		s.apiPerNodeStart, busiest = requestsPer(req0, req1, float64(nodes))
-		b.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", s.apiPerNodeStart, busiest)
-		s.rssPerNodeKiB = (float64(processRSS(pid)) - float64(rss0)) / 1024 / float64(nodes)
-		s.apiQPSPerNode = measureIdleQPS(b, ctx, c, nodes, 30*time.Second)
-		_, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, benchPIDs(cp, map[string]int{"kwok": pid}))
-		reportScale(b, s, cpu0, cpu1)
+	for _, v := range []struct {
+		name         string
+		leaseSeconds int
+	}{{"no-lease", 0}, {"kubelet-lease", kubeletLeaseSeconds}} {
+		b.Run(v.name, func(b *testing.B) {
+			cp, c := benchControlPlane(b, 1000, 2000)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+			defer cancel()
+			for range b.N {
+				benchKwok(b, ctx, cp, c, kw, v.leaseSeconds, &scale{nodes: nodes, devices: devices, prefix: unique("kwok"), resource: benchResource})
+			}
+		})
 	}
+}
+
+// kubeletLeaseSeconds is the kubelet's nodeLeaseDurationSeconds (its
+// default, and dpkit's nodes'): a Lease renewed every quarter of it.
+const kubeletLeaseSeconds = 40
+
+// benchKwok is one measured run of s with kwok managing the nodes,
+// renewing their Leases when leaseSeconds is not 0.
+func benchKwok(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane, c kubernetes.Interface, kw [2]string, leaseSeconds int, s *scale) {
+	ready := watchNodesReady(ctx, c, s.prefix+"-", s.nodes, benchResource, int64(s.devices))
+	req0, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	pid, _ := startKwok(b, cp, kw, leaseSeconds)
+	pids := benchPIDs(cp, map[string]int{"kwok": pid})
+	cpu0 := cpuSeconds(pids)
+	rss0 := processRSS(pid)
+	createKwokNodes(b, ctx, c, s.prefix, s.nodes, s.devices)
+	select {
+	case <-ready.done:
+	case <-ctx.Done():
+		b.Fatalf("%d of %d kwok nodes Ready: %v", ready.count(), s.nodes, ctx.Err())
+	}
+	s.readyS = time.Since(start).Seconds()
+	ready.stop()
+	reportStartCPU(b, cpu0, cpuSeconds(pids))
+	req1, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var busiest string
+	s.apiPerNodeStart, busiest = requestsPer(req0, req1, float64(s.nodes))
+	b.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", s.apiPerNodeStart, busiest)
+	s.rssPerNodeKiB = (float64(processRSS(pid)) - float64(rss0)) / 1024 / float64(s.nodes)
+	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
+	_, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, pids)
+	reportScale(b, s, cpu0, cpu1)
 }
 
 func benchPIDs(cp *controlplane.ControlPlane, extra map[string]int) map[string]int {
@@ -915,7 +967,7 @@ func kwokBinaries(b *testing.B) [2]string {
 
 // startKwok starts kwok on cp's API server until b ends and returns its
 // process ID and a channel that has kwok's exit if it ends before.
-func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) (int, <-chan error) {
+func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string, leaseSeconds int) (int, <-chan error) {
 	logPath := filepath.Join(cp.Dir, "kwok.log")
 	log, err := os.Create(logPath)
 	if err != nil {
@@ -928,6 +980,7 @@ func startKwok(b *testing.B, cp *controlplane.ControlPlane, kw [2]string) (int, 
 		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
 		"--cidr=10.0.0.0/16",
 		"--v=WARN",
+		"--node-lease-duration-seconds="+strconv.Itoa(leaseSeconds),
 	)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {

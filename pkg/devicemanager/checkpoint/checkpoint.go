@@ -148,7 +148,7 @@ func Write(path string, cp Checkpoint) error {
 // WriteFile replaces the file at path with blob atomically (readable by
 // its owner only, as the kubelet's checkpoints).
 func WriteFile(path string, blob []byte) error {
-	if err := fileutil.WriteAtomic(path, blob, 0o600); err != nil {
+	if err := fileutil.WriteCheckpoint(path, blob, 0o600); err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
 	return nil

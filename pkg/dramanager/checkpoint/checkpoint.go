@@ -200,7 +200,7 @@ func Write(path string, claims []ClaimState) error {
 	if err != nil {
 		return err
 	}
-	if err := fileutil.WriteAtomic(path, blob, 0o600); err != nil {
+	if err := fileutil.WriteCheckpoint(path, blob, 0o600); err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
 	return nil
