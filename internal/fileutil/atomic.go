@@ -47,8 +47,10 @@ func writeAtomic(path string, data []byte, perm os.FileMode, syncDir bool) (err 
 	if _, err = tmp.Write(data); err != nil {
 		return err
 	}
-	if err = tmp.Chmod(perm); err != nil {
-		return err
+	if perm != 0o600 { // os.CreateTemp's mode
+		if err = tmp.Chmod(perm); err != nil {
+			return err
+		}
 	}
 	if err = tmp.Sync(); err != nil {
 		return err

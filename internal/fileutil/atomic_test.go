@@ -39,6 +39,12 @@ func testWrite(t *testing.T, write func(string, []byte, os.FileMode) error) {
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("mode %v, want 0600", fi.Mode().Perm())
 	}
+	if err := write(path, []byte("three"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v, want 0644", fi.Mode().Perm())
+	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Fatalf("files left: %v", ents)
 	}

@@ -122,8 +122,10 @@ func (p *provider) withClaimStatus(pod *corev1.Pod) *corev1.Pod {
 	if api == nil || api.UID != pod.UID {
 		return pod
 	}
-	if pod.Status.ResourceClaimStatuses != nil && pod.Status.ExtendedResourceClaimStatus != nil {
-		return pod
+	needClaims := pod.Status.ResourceClaimStatuses == nil && api.Status.ResourceClaimStatuses != nil
+	needExtended := pod.Status.ExtendedResourceClaimStatus == nil && api.Status.ExtendedResourceClaimStatus != nil
+	if !needClaims && !needExtended {
+		return pod // nothing to add: no copy
 	}
 	out := pod.DeepCopy()
 	if out.Status.ResourceClaimStatuses == nil {

@@ -792,14 +792,17 @@ func benchScale(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane
 
 // profileCPU starts a CPU profile of this process (the nodes and the
 // clients) when DPKIT_PROFILE_DIR is set, written to <dir>/<name>.pprof by
-// the function it returns: the pods' window of the scale benchmarks
-// (cpu-pods-<prefix>), the nodes' start in BenchmarkVirtualNodeFootprint
-// (cpu-start-<prefix>).
+// the function it returns, with the allocations made meanwhile
+// (<name>-allocs.pprof and <name>-allocs-base.pprof: go tool pprof
+// -sample_index=alloc_space -base <base> <allocs>): the pods' window of the
+// scale benchmarks (cpu-pods-<prefix>), the nodes' start in
+// BenchmarkVirtualNodeFootprint (cpu-start-<prefix>).
 func profileCPU(b *testing.B, name string) func() {
 	dir := os.Getenv("DPKIT_PROFILE_DIR")
 	if dir == "" {
 		return func() {}
 	}
+	writeProfile(b, filepath.Join(dir, name+"-allocs-base.pprof"), "allocs")
 	f, err := os.Create(filepath.Join(dir, name+".pprof"))
 	if err != nil {
 		b.Fatal(err)
@@ -813,6 +816,22 @@ func profileCPU(b *testing.B, name string) func() {
 		if err := f.Close(); err != nil {
 			b.Fatal(err)
 		}
+		writeProfile(b, filepath.Join(dir, name+"-allocs.pprof"), "allocs")
+	}
+}
+
+// writeProfile writes the named runtime profile to path.
+func writeProfile(b *testing.B, path, profile string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	err = pprof.Lookup(profile).WriteTo(f, 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		b.Fatal(err)
 	}
 }
 

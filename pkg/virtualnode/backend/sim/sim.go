@@ -65,17 +65,16 @@ func (b *Backend) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	sp.ctx, sp.cancel = context.WithCancel(context.Background())
 	sp.pod.Status.InitContainerStatuses, sp.pod.Status.ContainerStatuses = podruntime.WaitingStatuses(sp.pod)
 	b.pods[pod.UID] = sp
-	out := b.publishLocked(sp, false)
-	if b.cfg.StartDelay > 0 {
-		sp.timers = append(sp.timers, time.AfterFunc(b.cfg.StartDelay, func() { b.run(pod.UID) }))
-	}
-	b.mu.Unlock()
 	if b.cfg.StartDelay <= 0 {
+		b.mu.Unlock()
 		// Nothing to wait for: the pod is reported once, as it runs
 		// (one status write per pod, not two).
 		b.run(pod.UID)
 		return nil
 	}
+	out := b.publishLocked(sp, false)
+	sp.timers = append(sp.timers, time.AfterFunc(b.cfg.StartDelay, func() { b.run(pod.UID) }))
+	b.mu.Unlock()
 	b.cfg.Notify(out)
 	return nil
 }
