@@ -86,8 +86,10 @@ func transient(err error) bool {
 	case utilnet.IsConnectionReset(err), utilnet.IsConnectionRefused(err), utilnet.IsProbableEOF(err):
 		return true
 	}
+	// Other transport failures (a certificate the node does not trust)
+	// do not pass by themselves: they stop the node with their message.
 	var ne net.Error
-	return errors.As(err, &ne)
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // untilRegistered calls op until it succeeds, fails for a reason that does

@@ -2,6 +2,7 @@ package virtualnode
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -229,5 +231,28 @@ func TestRegistrationRetried(t *testing.T) {
 	})
 	if _, err := c.Patch(cctx, "vn", types.MergePatchType, []byte(`{}`), metav1.PatchOptions{}, "status"); !apierrors.IsTooManyRequests(err) || patches != 5 {
 		t.Fatalf("Patch while the API server is busy: %v after %d attempts, want TooManyRequests after 5 (the context ended)", err, patches)
+	}
+}
+
+// TestTransient: what the registration retries, and what it does not.
+func TestTransient(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"request timeout", &url.Error{Op: "Post", URL: "https://a/api/v1/nodes", Err: context.DeadlineExceeded}, true},
+		{"server timeout", apierrors.NewTimeoutError("slow", 1), true},
+		{"too many requests", apierrors.NewTooManyRequests("busy", 1), true},
+		{"internal error", apierrors.NewInternalError(errors.New("etcd")), true},
+		{"unavailable", apierrors.NewServiceUnavailable("restarting"), true},
+		{"connection refused", &url.Error{Op: "Post", URL: "https://a", Err: syscall.ECONNREFUSED}, true},
+		{"forbidden", apierrors.NewForbidden(corev1.Resource("nodes"), "vn", errors.New("no")), false},
+		{"invalid", apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Node").GroupKind(), "vn", nil), false},
+		{"untrusted certificate", &url.Error{Op: "Post", URL: "https://a", Err: x509.UnknownAuthorityError{}}, false},
+	} {
+		if got := transient(tc.err); got != tc.want {
+			t.Errorf("transient(%s: %v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }
