@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -59,6 +60,7 @@ type scale struct {
 	readyS          float64 // Run called -> every node Ready with its devices allocatable
 	heapPerNodeKiB  float64 // Go heap in use after a GC, per node (node + its plugin)
 	rssPerNodeKiB   float64 // the process's resident memory, per node
+	rootPerNodeKiB  float64 // what the nodes' roots take on their file system, per node
 	createS, runS   float64 // pods created; creation start -> last pod Running
 	podsRunningPerS float64
 	apiQPSPerNode   float64 // requests the API server served per second per node while idle
@@ -76,12 +78,28 @@ type scale struct {
 	allocatableTotal            int64
 }
 
+// scaleRoot makes the directory the nodes' roots go under: in
+// DPKIT_SCALE_ROOT when set (a tmpfs, for instance, as a simulator's
+// nodes may keep their state in memory), else in the temporary directory.
+func scaleRoot(tb testing.TB) string {
+	parent := os.Getenv("DPKIT_SCALE_ROOT")
+	if parent == "" {
+		return testdir.Short(tb, "vns")
+	}
+	dir, err := os.MkdirTemp(parent, "vns")
+	if err != nil {
+		tb.Fatalf("DPKIT_SCALE_ROOT: %v", err)
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
 // startScale starts s.nodes virtual nodes (sim backend) with s.devices
 // fake devices each and waits until every node is Ready with its devices
 // allocatable.
 func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kubernetes.Interface, s *scale) {
 	tb.Helper()
-	root := testdir.Short(tb, "vns")
+	root := scaleRoot(tb)
 	s.root = root
 	cfg := filepath.Join(root, "plugin.yaml")
 	body := fmt.Sprintf("apiVersion: dpkit.io/v1alpha1\nkind: PluginConfig\nplugins:\n- fake:\n    resources:\n    - name: %s\n      count: %d\n", s.resource, s.devices)
@@ -164,6 +182,25 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	// what its nodes need, once the other's memory is given back.
 	s.heapPerNodeKiB = (float64(heap1) - float64(heap0)) / 1024 / float64(s.nodes)
 	s.rssPerNodeKiB = (float64(rss1) - float64(rss0)) / 1024 / float64(s.nodes)
+	s.rootPerNodeKiB = float64(diskUsage(root)) / 1024 / float64(s.nodes)
+}
+
+// diskUsage is what the files under dir take on their file system (its
+// blocks, as du counts them); on a tmpfs, memory.
+func diskUsage(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil //nolint:nilerr // a file gone meanwhile counts nothing
+		}
+		if fi, err := d.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 // The scale.fronts that serve through DRA.
@@ -725,6 +762,7 @@ func BenchmarkVirtualNodeFootprint(b *testing.B) {
 		b.ReportMetric(per(before.stack, after.stack)/1024, "stack_KiB/node")
 		b.ReportMetric(per(before.heap, after.heap)/1024, "heap_KiB/node")
 		b.ReportMetric(per(before.rss, after.rss)/1024, "rss_KiB/node")
+		b.ReportMetric(s.rootPerNodeKiB, "root_KiB/node")
 		b.ReportMetric(s.readyS, "all_ready_s")
 		b.ReportMetric(s.apiPerNodeStart, "start_api_requests/node")
 		if dir != "" {
@@ -963,6 +1001,9 @@ func reportScale(b *testing.B, s *scale, cpu0, cpu1 map[string]float64) {
 		b.ReportMetric(s.heapPerNodeKiB, "heap_KiB/node")
 	}
 	b.ReportMetric(s.rssPerNodeKiB, "rss_KiB/node")
+	if s.rootPerNodeKiB > 0 {
+		b.ReportMetric(s.rootPerNodeKiB, "root_KiB/node")
+	}
 	b.ReportMetric(s.apiQPSPerNode, "idle_api_qps/node")
 	b.ReportMetric(s.apiPerPod, "api_requests/pod")
 	b.ReportMetric(s.apiPerNodeStart, "start_api_requests/node")
