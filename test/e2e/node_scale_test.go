@@ -170,19 +170,26 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 		waitSlices(tb, ctx, c, s)
 	}
 	s.readyS = time.Since(start).Seconds()
-	req1, err := apiRequestsBy(ctx, c)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var busiest string
-	s.apiPerNodeStart, busiest = requestsPer(req0, req1, float64(s.nodes))
-	tb.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", s.apiPerNodeStart, busiest)
+	s.apiPerNodeStart = startRequests(tb, ctx, c, req0, s.nodes)
 	heap1, rss1 := memoryInUse()
 	// Signed: a run after another in the same process may start above
 	// what its nodes need, once the other's memory is given back.
 	s.heapPerNodeKiB = (float64(heap1) - float64(heap0)) / 1024 / float64(s.nodes)
 	s.rssPerNodeKiB = (float64(rss1) - float64(rss0)) / 1024 / float64(s.nodes)
 	s.rootPerNodeKiB = float64(diskUsage(root)) / 1024 / float64(s.nodes)
+}
+
+// startRequests returns the API requests per node served since req0 (the
+// nodes' start) and logs the busiest kinds.
+func startRequests(tb testing.TB, ctx context.Context, c kubernetes.Interface, req0 map[string]float64, nodes int) float64 {
+	tb.Helper()
+	req1, err := apiRequestsBy(ctx, c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	per, busiest := requestsPer(req0, req1, float64(nodes))
+	tb.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", per, busiest)
+	return per
 }
 
 // diskUsage is what the files under dir take on their file system (its
@@ -960,13 +967,7 @@ func benchKwok(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane,
 	s.readyS = time.Since(start).Seconds()
 	ready.stop()
 	reportStartCPU(b, cpu0, cpuSeconds(pids))
-	req1, err := apiRequestsBy(ctx, c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var busiest string
-	s.apiPerNodeStart, busiest = requestsPer(req0, req1, float64(s.nodes))
-	b.Logf("API requests per node until all were Ready: %.2f; the busiest:%s", s.apiPerNodeStart, busiest)
+	s.apiPerNodeStart = startRequests(b, ctx, c, req0, s.nodes)
 	s.rssPerNodeKiB = (float64(processRSS(pid)) - float64(rss0)) / 1024 / float64(s.nodes)
 	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
 	_, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, pids)
