@@ -17,7 +17,13 @@ import (
 // subtest name pushes the sockets past the limit. Keep prefix short.
 func Short(t testing.TB, prefix string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", prefix)
+	return In(t, "", prefix)
+}
+
+// In is Short below parent ("" is the system's temporary directory).
+func In(t testing.TB, parent, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(parent, prefix)
 	if err != nil {
 		t.Fatalf("making a short temporary directory: %v", err)
 	}

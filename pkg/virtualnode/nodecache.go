@@ -175,14 +175,14 @@ func (c *nodeCache) Create(ctx context.Context, node *corev1.Node, opts metav1.C
 	if node.Name != c.name {
 		return c.NodeInterface.Create(ctx, node, opts)
 	}
-	retried := false
+	again := false // an earlier attempt was made
 	return c.keep(untilRegistered(ctx, c, "create", func() (*corev1.Node, error) {
 		created, err := c.NodeInterface.Create(ctx, node, opts)
-		if retried && apierrors.IsAlreadyExists(err) {
+		if again && apierrors.IsAlreadyExists(err) {
 			// The attempt that timed out created it.
 			return c.NodeInterface.Get(ctx, c.name, metav1.GetOptions{})
 		}
-		retried = true
+		again = true
 		return created, err
 	}))
 }

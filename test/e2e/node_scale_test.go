@@ -82,16 +82,7 @@ type scale struct {
 // DPKIT_SCALE_ROOT when set (a tmpfs, for instance, as a simulator's
 // nodes may keep their state in memory), else in the temporary directory.
 func scaleRoot(tb testing.TB) string {
-	parent := os.Getenv("DPKIT_SCALE_ROOT")
-	if parent == "" {
-		return testdir.Short(tb, "vns")
-	}
-	dir, err := os.MkdirTemp(parent, "vns")
-	if err != nil {
-		tb.Fatalf("DPKIT_SCALE_ROOT: %v", err)
-	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
+	return testdir.In(tb, os.Getenv("DPKIT_SCALE_ROOT"), "vns")
 }
 
 // startScale starts s.nodes virtual nodes (sim backend) with s.devices
@@ -773,22 +764,8 @@ func BenchmarkVirtualNodeFootprint(b *testing.B) {
 		b.ReportMetric(s.readyS, "all_ready_s")
 		b.ReportMetric(s.apiPerNodeStart, "start_api_requests/node")
 		if dir != "" {
-			for name, p := range map[string]struct {
-				profile string
-				debug   int
-			}{"goroutines.txt": {"goroutine", 1}, "heap.pprof": {"heap", 0}} {
-				f, err := os.Create(filepath.Join(dir, name))
-				if err != nil {
-					b.Fatal(err)
-				}
-				err = pprof.Lookup(p.profile).WriteTo(f, p.debug)
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
+			writeProfile(b, filepath.Join(dir, "goroutines.txt"), "goroutine", 1)
+			writeProfile(b, filepath.Join(dir, "heap.pprof"), "heap", 0)
 		}
 		s.stop()
 	}
@@ -847,7 +824,7 @@ func profileCPU(b *testing.B, name string) func() {
 	if dir == "" {
 		return func() {}
 	}
-	writeProfile(b, filepath.Join(dir, name+"-allocs-base.pprof"), "allocs")
+	writeProfile(b, filepath.Join(dir, name+"-allocs-base.pprof"), "allocs", 0)
 	f, err := os.Create(filepath.Join(dir, name+".pprof"))
 	if err != nil {
 		b.Fatal(err)
@@ -861,17 +838,18 @@ func profileCPU(b *testing.B, name string) func() {
 		if err := f.Close(); err != nil {
 			b.Fatal(err)
 		}
-		writeProfile(b, filepath.Join(dir, name+"-allocs.pprof"), "allocs")
+		writeProfile(b, filepath.Join(dir, name+"-allocs.pprof"), "allocs", 0)
 	}
 }
 
-// writeProfile writes the named runtime profile to path.
-func writeProfile(b *testing.B, path, profile string) {
+// writeProfile writes the named runtime profile to path (debug as
+// pprof.Profile.WriteTo takes it: 0 for go tool pprof, 1 for text).
+func writeProfile(b *testing.B, path, profile string, debug int) {
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)
 	}
-	err = pprof.Lookup(profile).WriteTo(f, 0)
+	err = pprof.Lookup(profile).WriteTo(f, debug)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
