@@ -289,14 +289,20 @@ func (o *Options) pluginConfig() (perNode func(root, node string) (*config.Plugi
 }
 
 // DefaultPodSyncWorkers is the workers of each of a node's pod queues when
-// --pod-sync-workers is 0: virtual-kubelet's 10 for one node; 2 for each
-// of many nodes in one process, whose pods are a few per node, so that a
-// node costs 6 idle goroutines rather than 30 (docs/performance.md).
-func DefaultPodSyncWorkers(count int) int {
-	if count > 1 {
-		return 2
+// --pod-sync-workers is 0: virtual-kubelet's 10 for one node; for each of
+// many nodes in one process, whose pods are a few per node, 2, so that a
+// node costs 6 idle goroutines rather than 30; and 1 with the sim
+// backend, whose pods start and stop without waiting on anything, so that
+// no pod of a node waits behind another's start (a container's, a
+// process's) and a node costs 3 fewer (docs/performance.md).
+func DefaultPodSyncWorkers(count int, backend string) int {
+	switch {
+	case count <= 1:
+		return virtualnode.DefaultPodSyncWorker
+	case backend == "sim":
+		return 1
 	}
-	return virtualnode.DefaultPodSyncWorker
+	return 2
 }
 
 // The --plugin-registration values.
@@ -444,7 +450,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	)
 	if o.Count > 1 {
 		classes = virtualnode.NewDeviceClasses(client)
-		shared = informers.NewSharedInformerFactory(client, 0)
+		shared = virtualnode.NewInformerFactory(client)
 		defer shared.Shutdown()
 		if router, err = virtualnode.NewPodRouter(ctx, shared.Core().V1().Pods()); err != nil {
 			return err
@@ -455,7 +461,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	defer events.Shutdown()
 	workers := o.PodSyncWorkers
 	if workers == 0 {
-		workers = DefaultPodSyncWorkers(o.Count)
+		workers = DefaultPodSyncWorkers(o.Count, o.Backend)
 	}
 	registration := o.PluginRegistration
 	if registration == "" {
@@ -504,10 +510,12 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			HostProcesses: o.Backend == "process",
 			NodeIP:        o.NodeIP,
 			Port:          o.Port,
-			ClientCAFile:  o.ClientCAFile,
-			TLSCertFile:   o.TLSCertFile,
-			TLSKeyFile:    o.TLSKeyFile,
-			Logger:        log,
+			// Without a node API nothing could read the nodes' metrics.
+			NoMetrics:    o.Port < 0,
+			ClientCAFile: o.ClientCAFile,
+			TLSCertFile:  o.TLSCertFile,
+			TLSKeyFile:   o.TLSKeyFile,
+			Logger:       log,
 
 			PodSyncWorkers:      workers,
 			DeviceGracePeriod:   o.DeviceGracePeriod,

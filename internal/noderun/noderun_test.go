@@ -71,14 +71,20 @@ func TestValidate(t *testing.T) {
 }
 
 // TestDefaultPodSyncWorkers: one node keeps virtual-kubelet's 10 workers
-// per queue, each of many nodes 2.
+// per queue, each of many nodes 2, and 1 with the sim backend.
 func TestDefaultPodSyncWorkers(t *testing.T) {
 	t.Parallel()
-	if got := DefaultPodSyncWorkers(1); got != 10 {
-		t.Errorf("one node: %d workers, want 10", got)
-	}
-	if got := DefaultPodSyncWorkers(1000); got != 2 {
-		t.Errorf("1000 nodes: %d workers each, want 2", got)
+	for _, tc := range []struct {
+		count   int
+		backend string
+		want    int
+	}{
+		{1, "sim", 10}, {1, "process", 10}, {1, "cri", 10},
+		{1000, "process", 2}, {1000, "cri", 2}, {1000, "sim", 1},
+	} {
+		if got := DefaultPodSyncWorkers(tc.count, tc.backend); got != tc.want {
+			t.Errorf("%d nodes, %s backend: %d workers each, want %d", tc.count, tc.backend, got, tc.want)
+		}
 	}
 }
 

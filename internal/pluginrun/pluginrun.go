@@ -175,6 +175,8 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 		return err
 	}
 	defer closeFronts()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	g, ctx := errgroup.WithContext(ctx)
 	for _, run := range runners {
 		g.Go(func() error { return run(ctx) })
@@ -224,10 +226,19 @@ func RunWith(ctx context.Context, log *slog.Logger, cfg *config.PluginConfig, st
 	if started != nil {
 		started(Served{Server: srv, MetricsAddr: addr, DRADrivers: drivers, Ready: ready})
 	}
-	if srv != nil {
-		g.Go(func() error { return srv.Run(ctx) })
+	if srv == nil {
+		return g.Wait()
 	}
-	return g.Wait()
+	// The server runs on this goroutine rather than one more that this
+	// one waits for: one fewer for each node of a process.
+	err = srv.Run(ctx)
+	if err != nil {
+		cancel(err)
+	}
+	if werr := g.Wait(); err == nil {
+		return werr
+	}
+	return err
 }
 
 // fronts returns the resources the device plugin server serves and the

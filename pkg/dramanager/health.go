@@ -206,8 +206,17 @@ func (c *healthCache) clear(driver string) ([]DeviceHealth, error) {
 // the time they do: a driver that stops reporting without closing its
 // stream makes its devices Unknown in the pods' status without waiting
 // for another change. It sleeps until the earliest expiry, and
-// recomputes it after every report. It returns when ctx ends.
+// recomputes it after every report. With ActivePods set, the same
+// goroutine starts the reconciliation every ReconcilePeriod (one fewer
+// for each of the thousand nodes of a process). It returns when ctx
+// ends.
 func (m *Manager) expireHealth(ctx context.Context) {
+	var reconcile <-chan time.Time
+	if m.cfg.ActivePods != nil {
+		t := m.cfg.Clock.NewTicker(m.cfg.ReconcilePeriod)
+		defer t.Stop()
+		reconcile = t.C()
+	}
 	for {
 		reported := m.healthReported.C()
 		expired, next, err := m.health.expire(m.cfg.Clock.Now(), m.cfg.HealthTimeout)
@@ -231,6 +240,8 @@ func (m *Manager) expireHealth(ctx context.Context) {
 		case <-ctx.Done():
 		case <-reported:
 		case <-wake:
+		case <-reconcile:
+			m.startReconcile(ctx)
 		}
 		if timer != nil {
 			timer.Stop()

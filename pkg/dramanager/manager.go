@@ -52,6 +52,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,6 +73,8 @@ type Manager struct {
 	health  *healthCache
 	plugins plugins
 	updates chan []types.UID
+	// reconciling is set while a reconciliation runs (startReconcile).
+	reconciling atomic.Bool
 	// pluginsChanged is broadcast when Plugins' answer may have changed.
 	pluginsChanged broadcast.Change
 	metrics        *metrics
@@ -167,14 +170,30 @@ func (m *Manager) Start(ctx context.Context) error {
 		defer m.wg.Done()
 		m.expireHealth(m.ctx)
 	}()
-	if m.cfg.ActivePods != nil {
-		m.wg.Add(1)
-		go func() {
-			defer m.wg.Done()
-			m.reconcileLoop(m.ctx)
-		}()
-	}
 	return nil
+}
+
+// startReconcile unprepares, in a goroutine of its own, the claims of the
+// pods no longer active, unless the last round still runs: the calls to
+// the drivers take as long as the drivers do, and the health expiry
+// that starts it must not wait for them.
+func (m *Manager) startReconcile(ctx context.Context) {
+	if !m.reconciling.CompareAndSwap(false, true) {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer m.reconciling.Store(false)
+		pods := m.cfg.ActivePods()
+		active := make([]types.UID, 0, len(pods))
+		for _, p := range pods {
+			active = append(active, p.UID)
+		}
+		if err := m.Reconcile(ctx, active); err != nil {
+			m.log.Info("Unpreparing the claims of inactive pods failed, will retry", "err", err)
+		}
+	}()
 }
 
 // Stop ends what Start started, closes the drivers' connections and
@@ -191,26 +210,6 @@ func (m *Manager) Stop() {
 	}
 	m.closePlugins()
 	m.wg.Wait()
-}
-
-func (m *Manager) reconcileLoop(ctx context.Context) {
-	t := m.cfg.Clock.NewTicker(m.cfg.ReconcilePeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-		pods := m.cfg.ActivePods()
-		active := make([]types.UID, 0, len(pods))
-		for _, p := range pods {
-			active = append(active, p.UID)
-		}
-		if err := m.Reconcile(ctx, active); err != nil {
-			m.log.Info("Unpreparing the claims of inactive pods failed, will retry", "err", err)
-		}
-	}
 }
 
 // Reconcile unprepares the claims of every pod the cache references that

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -460,4 +461,52 @@ func TestNewWritesEmptyCheckpoint(t *testing.T) {
 	if string(got) != kubelet {
 		t.Fatalf("checkpoint of a fresh root:\n%s\nwant the kubelet's\n%s", got, kubelet)
 	}
+}
+
+// TestReconcileEveryPeriod: every ReconcilePeriod the manager unprepares
+// the claims of the pods ActivePods no longer lists, as the kubelet's
+// reconcile loop does, and keeps those of the pods it lists.
+func TestReconcileEveryPeriod(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	var mu sync.Mutex
+	active := []*corev1.Pod{dratest.Pod("default", "p1", "pod-1", "a"), dratest.Pod("default", "p2", "pod-2", "b")}
+	// The loop called onHealthTimer once it holds the ticker.
+	looping := make(chan struct{}, 1)
+	n := newNodeHooked(t, "", func(c *Config) {
+		c.Clock = clk
+		c.ActivePods = func() []*corev1.Pod {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(active)
+		}
+	}, func(m *Manager) {
+		m.onHealthTimer = func(time.Time) {
+			select {
+			case looping <- struct{}{}:
+			default:
+			}
+		}
+	})
+	d := n.startDriver(t)
+	n.waitPlugins(t, 1)
+	n.claims.Add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-0")
+	n.claims.Add(t, "default", "b", "uid-b", []types.UID{"pod-2"}, "dev-1")
+	ctx := context.Background()
+	for _, p := range active {
+		if err := n.m.PrepareResources(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if m, _ := d.NextCall(t); m != "NodePrepareResources" {
+			t.Fatalf("call %s", m)
+		}
+	}
+	mu.Lock()
+	active = active[1:]
+	mu.Unlock()
+	<-looping
+	clk.Step(DefaultReconcilePeriod)
+	if m, uids := d.NextCall(t); m != "NodeUnprepareResources" || !reflect.DeepEqual(uids, []string{"uid-a"}) {
+		t.Fatalf("call %s %v, want NodeUnprepareResources [uid-a]", m, uids)
+	}
+	d.NoMoreCalls(t)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,7 +40,29 @@ const claimsInUseHelp = "The number of ResourceClaims that are currently in use 
 var claimsInUseDesc = prometheus.NewDesc("dra_resource_claims_in_use", claimsInUseHelp, []string{"driver_name"}, nil)
 
 func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
-	mt := &metrics{
+	if reg == nil {
+		return unregistered(), nil
+	}
+	mt := buildMetrics()
+	var errs []error
+	for _, c := range []prometheus.Collector{mt.operations, mt.grpc, claimsInUse{m}} {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("registering metrics (a registry takes one DRA manager's; give each manager its own): %w", err)
+	}
+	return mt, nil
+}
+
+// unregistered is the histograms of every manager without a registry:
+// nothing reads them, so they share one set rather than each holding
+// its own.
+var unregistered = sync.OnceValue(buildMetrics)
+
+func buildMetrics() *metrics {
+	return &metrics{
 		operations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Subsystem: "dra",
 			Name:      "operations_duration_seconds",
@@ -55,19 +78,6 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			Buckets:   durationBuckets,
 		}, []string{"driver_name", "method_name", "grpc_status_code"}),
 	}
-	if reg == nil {
-		return mt, nil
-	}
-	var errs []error
-	for _, c := range []prometheus.Collector{mt.operations, mt.grpc, claimsInUse{m}} {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("registering metrics (a registry takes one DRA manager's; give each manager its own): %w", err)
-	}
-	return mt, nil
 }
 
 // observeOperation records one PrepareResources or UnprepareResources.

@@ -1,8 +1,6 @@
 package pluginwatcher
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -81,31 +79,6 @@ func (w *Watcher) traverse(fsw *fswatch.Watch, dir string) error {
 // ignoredName reports whether path's base name starts with a dot.
 func ignoredName(path string) bool {
 	return strings.HasPrefix(filepath.Base(path), ".")
-}
-
-// watchLoop turns file system events into desired state changes until
-// ctx is done.
-func (w *Watcher) watchLoop(ctx context.Context, fsw *fswatch.Watch) {
-	defer func() { _ = fsw.Close() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-fsw.Events:
-			if !ok {
-				return
-			}
-			w.handleEvent(fsw, ev)
-		case err, ok := <-fsw.Errors:
-			if !ok {
-				return
-			}
-			w.log.Error("File system watcher error", "err", err)
-			if errors.Is(err, fsnotify.ErrEventOverflow) {
-				w.resync(fsw)
-			}
-		}
-	}
 }
 
 func (w *Watcher) handleEvent(fsw *fswatch.Watch, ev fsnotify.Event) {

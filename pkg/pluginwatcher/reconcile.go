@@ -8,10 +8,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/dpkit/dpkit/internal/backoff"
+	"github.com/dpkit/dpkit/internal/fswatch"
 	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
@@ -26,20 +29,50 @@ const (
 // has no handler.
 var ErrNoHandler = errors.New("no handler registered for plugin type")
 
-// reconcileLoop reconciles the desired and actual states every period and
-// whenever something changed, until ctx is done; it then waits for the
-// operations it started.
-func (w *Watcher) reconcileLoop(ctx context.Context) {
+// loop turns file system events into desired state changes and
+// reconciles the desired and actual states every period and whenever
+// something changed, until ctx is done; it then waits for the operations
+// it started. One goroutine does both, one fewer for each of the
+// thousand nodes of a process: reconcile only starts operations, so an
+// event waits for none of them.
+func (w *Watcher) loop(ctx context.Context, fsw *fswatch.Watch) {
 	defer w.ops.Wait()
+	defer func() { _ = fsw.Close() }()
 	t := w.clock.NewTicker(w.period)
 	defer t.Stop()
 	for {
 		w.reconcile(ctx)
+		if !w.next(ctx, t, fsw) {
+			return
+		}
+	}
+}
+
+// next handles file system events until the next reconciliation is due:
+// the period passed or the desired state changed (kickCh). It returns
+// false when the watcher ends.
+func (w *Watcher) next(ctx context.Context, t clock.Ticker, fsw *fswatch.Watch) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-t.C():
+			return true
 		case <-w.kickCh:
+			return true
+		case ev, ok := <-fsw.Events:
+			if !ok {
+				return false
+			}
+			w.handleEvent(fsw, ev)
+		case err, ok := <-fsw.Errors:
+			if !ok {
+				return false
+			}
+			w.log.Error("File system watcher error", "err", err)
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				w.resync(fsw)
+			}
 		}
 	}
 }

@@ -291,22 +291,9 @@ func (w *Watcher) Start(ctx context.Context) error {
 		close(w.done)
 		return err
 	}
-	// The last loop to return closes done: no goroutine waits for them,
-	// one fewer for each of the thousand nodes of a process.
-	var loops atomic.Int32
-	loops.Store(2)
-	finished := func() {
-		if loops.Add(-1) == 0 {
-			close(w.done)
-		}
-	}
 	go func() {
-		defer finished()
-		w.watchLoop(ctx, fsw)
-	}()
-	go func() {
-		defer finished()
-		w.reconcileLoop(ctx)
+		defer close(w.done)
+		w.loop(ctx, fsw)
 	}()
 	return nil
 }

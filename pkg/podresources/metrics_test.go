@@ -64,3 +64,26 @@ kubelet_pod_resources_endpoint_requests_total{server_api_version="v1"} 5
 		t.Error("registering the metrics twice succeeded")
 	}
 }
+
+// TestUnregisteredMetricsShared: servers without a registry share one
+// set of counters, which nothing reads; each registry gets its own.
+func TestUnregisteredMetricsShared(t *testing.T) {
+	a, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Error("two servers without a registry hold counters of their own")
+	}
+	r, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r == a {
+		t.Error("a server with a registry counts in the shared counters")
+	}
+}

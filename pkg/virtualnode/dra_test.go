@@ -44,8 +44,9 @@ func startDRAProvider(t *testing.T, root string) (context.Context, dratest.Claim
 	}
 	done := make(chan struct{}, 2)
 	go func() { p.runDRA(ctx); done <- struct{}{} }()
-	go func() { p.watchHealth(ctx); done <- struct{}{} }()
-	t.Cleanup(func() { cancel(); <-done; <-done; host.Stop() })
+	devices, unsubscribe := host.Manager.Subscribe()
+	go func() { p.watchHealth(ctx, devices, nil); done <- struct{}{} }()
+	t.Cleanup(func() { cancel(); <-done; <-done; unsubscribe(); host.Stop() })
 	return ctx, claims, p, rec
 }
 

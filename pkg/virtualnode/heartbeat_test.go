@@ -2,6 +2,7 @@ package virtualnode
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -62,5 +63,49 @@ func TestRunHeartbeatsOnHeartbeatClient(t *testing.T) {
 	}
 	if len(leases.Items) != 0 {
 		t.Errorf("Lease written through the main client: %v", leases.Items)
+	}
+}
+
+// TestNoMetrics: a node keeps the kubelet's metrics (PodResources
+// counters among them) unless Config.NoMetrics, when Metrics gathers
+// nothing.
+func TestNoMetrics(t *testing.T) {
+	for _, none := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		started := make(chan *Node, 1)
+		go func() {
+			done <- Run(ctx, Config{
+				Name: "vn-metrics", Root: testdir.Short(t, "vnp"), Client: fake.NewClientset(), Port: -1, NoMetrics: none,
+				EventRecorder: record.NewFakeRecorder(100),
+				NewBackend: func(_, _ string, c backend.Config) (backend.Backend, error) {
+					return sim.New(sim.Config{Config: c}), nil
+				},
+			}, func(n *Node) { started <- n })
+		}()
+		var n *Node
+		select {
+		case n = <-started:
+		case err := <-done:
+			t.Fatalf("Run returned before the node started: %v", err)
+		}
+		mfs, err := n.Metrics().Gather()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, mf := range mfs {
+			names = append(names, mf.GetName())
+		}
+		switch {
+		case none && len(names) != 0:
+			t.Errorf("NoMetrics: Metrics gathered %v, want nothing", names)
+		case !none && !slices.Contains(names, "kubelet_pod_resources_endpoint_requests_total"):
+			t.Errorf("Metrics gathered %v, want the PodResources counters among them", names)
+		}
 	}
 }

@@ -27,6 +27,7 @@ import (
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -128,6 +129,12 @@ type Config struct {
 	// Port of the node API (the kubelet port). 0 means DefaultPort; -1
 	// disables the node API.
 	Port int
+	// NoMetrics keeps none of the node's kubelet metrics (DRA,
+	// PodResources): Metrics gathers nothing and the node API serves an
+	// empty /metrics. dpkit node sets it for nodes without a node API,
+	// whose metrics nothing could read; each node's would hold about
+	// 6 KiB.
+	NoMetrics bool
 	// ClientCAFile, TLSCertFile and TLSKeyFile secure the node API; a
 	// self-signed certificate is made when the key pair is absent.
 	ClientCAFile, TLSCertFile, TLSKeyFile string
@@ -244,8 +251,11 @@ type Node struct {
 func (n *Node) DeviceManager() *devicehost.DeviceManager { return n.mgr }
 
 // Metrics returns the node's kubelet metrics (DRA, PodResources), which
-// the node API serves on /metrics.
+// the node API serves on /metrics; none with Config.NoMetrics.
 func (n *Node) Metrics() prometheus.Gatherer { return n.metrics }
+
+// noMetrics is the empty registry of every node with Config.NoMetrics.
+var noMetrics = prometheus.NewRegistry()
 
 // DRAManager returns the node's DRA manager.
 func (n *Node) DRAManager() *devicehost.DRAManager { return n.dra }
@@ -339,7 +349,11 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		apiLn = l
 	}
 
-	reg := prometheus.NewRegistry()
+	reg, registerer := noMetrics, prometheus.Registerer(nil)
+	if !cfg.NoMetrics {
+		r := prometheus.NewRegistry()
+		reg, registerer = r, r
+	}
 	host, err := devicehost.New(devicehost.Config{
 		Root:           cfg.Root,
 		Logger:         log,
@@ -351,7 +365,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		Claims:         apiClaims{cfg.Client},
 		Slices:         apiSlices{client: cfg.Client, node: cfg.Name},
 		WipingDelay:    cfg.DRAWipingDelay,
-		Registerer:     reg,
+		Registerer:     registerer,
 	})
 	if err != nil {
 		return err
@@ -394,14 +408,14 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 
 	factory := cfg.Informers
 	if factory == nil {
-		factory = informers.NewSharedInformerFactory(cfg.Client, 0)
-		podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		factory = NewInformerFactory(cfg.Client)
+		podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, stripManagedFields,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Name).String()
 			}))
 		// The node's own Node, as the kubelet watches it (its labels
 		// and taints, for admission).
-		nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, stripManagedFields,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.Name).String()
 			}))
@@ -479,14 +493,16 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	defer unsubscribe()
 	n.node = n.nodeObject()
 	n.markSent(n.node)
-	registered := n.node.DeepCopy()
 	n.prov.node = func() *corev1.Node {
 		if cur, err := nodeLister.Get(cfg.Name); err == nil {
 			return cur
 		}
 		// Not yet listed: the node as it registers, with its own labels
-		// and taints.
-		return registered
+		// and taints (a copy made only then, not held for the node's
+		// life).
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.node.DeepCopy()
 	}
 	opts := []vknode.NodeControllerOpt{
 		vknode.WithNodeEnableLeaseV1(cfg.HeartbeatClient.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
@@ -503,16 +519,6 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		// The host serves the PodResources API; a failure there ends the
-		// node.
-		select {
-		case <-host.Done():
-			return host.Err()
-		case <-gctx.Done():
-			return nil
-		}
-	})
-	g.Go(func() error {
 		if err := nc.Run(gctx); err != nil && gctx.Err() == nil {
 			return fmt.Errorf("node controller: %w", err)
 		}
@@ -527,9 +533,8 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	podFactory.Start(gctx.Done())
 	nodeFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
-	g.Go(func() error { n.watchDevices(gctx, devices); return nil })
 	g.Go(func() error { n.sendStatus(gctx); return nil })
-	g.Go(func() error { n.prov.watchHealth(gctx); return nil })
+	g.Go(func() error { n.prov.watchHealth(gctx, devices, func() { n.devicesChanged(gctx) }); return nil })
 	g.Go(func() error { n.prov.runDRA(gctx); return nil })
 	if cfg.Port > 0 {
 		if err := n.startAPI(gctx, g); err != nil {
@@ -568,8 +573,39 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			return nil
 		})
 	}
-	return g.Wait()
+	// The host serves the PodResources API; a failure there ends the
+	// node. This goroutine waits for it: one fewer for each node of a
+	// process.
+	var hostErr error
+	select {
+	case <-host.Done():
+		if hostErr = host.Err(); hostErr != nil {
+			cancel()
+		}
+	case <-gctx.Done():
+	}
+	if err := g.Wait(); hostErr == nil {
+		return err
+	}
+	return hostErr
 }
+
+// NewInformerFactory returns the informer factory that nodes of one
+// process share (Config.Informers). What it caches carries no
+// managedFields: no part of a node reads them, and an update without
+// them keeps the API server's, so a thousand nodes do not hold every
+// Node's and pod's field owners (as kube-scheduler and
+// kube-controller-manager drop them).
+func NewInformerFactory(client kubernetes.Interface) informers.SharedInformerFactory {
+	return informers.NewSharedInformerFactoryWithOptions(client, 0, stripManagedFields)
+}
+
+var stripManagedFields = informers.WithTransform(func(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil && m.GetManagedFields() != nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+})
 
 // NewEventBroadcaster returns a broadcaster that writes events to the API
 // through client until ctx ends or it is shut down. Nodes of one process

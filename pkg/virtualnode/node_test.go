@@ -216,7 +216,11 @@ func TestStatusChangeBeforeCallback(t *testing.T) {
 		}
 	}
 	want(2)
-	go n.watchDevices(ctx, devices)
+	go func() {
+		for range devices {
+			n.devicesChanged(ctx)
+		}
+	}()
 	servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: dptest.NewDevices("d0", "d1", "d2")})
 	want(3)
 }

@@ -123,6 +123,7 @@ func (c *nodeCache) read(ctx context.Context) (*corev1.Node, error) {
 	defer c.mu.Unlock()
 	switch {
 	case err == nil:
+		node.ManagedFields = nil
 		c.last, c.absent = node, false
 	case apierrors.IsNotFound(err):
 		c.last, c.absent = nil, true
@@ -152,7 +153,11 @@ func (c *nodeCache) Get(ctx context.Context, name string, opts metav1.GetOptions
 }
 
 // keep records the outcome of a write of the node's Node: the Node it
-// returned, or no copy at all when it failed.
+// returned, or no copy at all when it failed. The copy is the Node it
+// returns: virtual-kubelet's controller keeps that as its view of the
+// server and only reads it (it hands out copies), as does this node, so
+// one object serves both. It carries no managedFields: nothing reads
+// them.
 func (c *nodeCache) keep(node *corev1.Node, err error) (*corev1.Node, error) {
 	if err == nil && node != nil && node.Name != c.name {
 		return node, err
@@ -162,7 +167,8 @@ func (c *nodeCache) keep(node *corev1.Node, err error) (*corev1.Node, error) {
 	c.absent = false
 	c.last = nil
 	if err == nil && node != nil {
-		c.last = node.DeepCopy()
+		node.ManagedFields = nil
+		c.last = node
 		c.registered.Store(true)
 	}
 	return node, err

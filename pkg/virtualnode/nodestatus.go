@@ -262,22 +262,12 @@ func notifyNode(ctx context.Context, cb func(*corev1.Node), node *corev1.Node) {
 	}
 }
 
-// watchDevices has the node status sent whenever the device manager's
-// resources change.
-func (n *Node) watchDevices(ctx context.Context, ch <-chan struct{}) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		}
-		n.kickStatus()
-		dc, _ := n.mgr.Capacity()
-		n.warnServedBothWays(ctx, n.newPluginNames(dc))
-	}
+// devicesChanged has the node status sent after the device manager's
+// resources changed (watchHealth calls it).
+func (n *Node) devicesChanged(ctx context.Context) {
+	n.kickStatus()
+	dc, _ := n.mgr.Capacity()
+	n.warnServedBothWays(ctx, n.newPluginNames(dc))
 }
 
 // startupTaints are the taints the API server's TaintNodesByCondition

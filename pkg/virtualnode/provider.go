@@ -227,9 +227,11 @@ func resourcesStatusDiffers(pod *corev1.Pod, byContainer map[string][]corev1.Res
 // manager's notifications cover health changes, devices no longer listed,
 // plugins connecting and going away and resources removed; the DRA
 // manager's (Updates) health reports and drivers' health streams ending.
-func (p *provider) watchHealth(ctx context.Context) {
-	ch, cancel := p.host.Manager.Subscribe()
-	defer cancel()
+// devices is a subscription to the device manager (Subscribe), whose
+// every notification also calls devicesChanged when set: one goroutine
+// and one subscription for both, one fewer each for every node of a
+// process. It returns when ctx ends or devices closes.
+func (p *provider) watchHealth(ctx context.Context, devices <-chan struct{}, devicesChanged func()) {
 	draUpdates := p.host.DRA.Updates()
 	for {
 		for _, pod := range p.refreshHealth() {
@@ -238,9 +240,12 @@ func (p *provider) watchHealth(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-ch:
+		case _, ok := <-devices:
 			if !ok {
 				return
+			}
+			if devicesChanged != nil {
+				devicesChanged()
 			}
 		case <-draUpdates:
 		}
