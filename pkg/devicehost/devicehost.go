@@ -102,6 +102,10 @@ type Config struct {
 	// (dramanager.Config.Registerer) and PodResources metrics
 	// (podresources.Config.Registerer). A registry takes one host's.
 	Registerer prometheus.Registerer
+	// Failed, when set, is called with Err once serving the PodResources
+	// API failed and Done is closed: an owner that ends with its host
+	// learns of it without a goroutine waiting on Done.
+	Failed func(error)
 }
 
 // Host is the kubelet side of a node. Create it with New, Start it, and
@@ -244,6 +248,9 @@ func (h *Host) serve(ctx context.Context, cancel context.CancelFunc, l net.Liste
 	<-h.Watcher.Done()
 	h.err = err
 	close(h.done)
+	if err != nil && h.cfg.Failed != nil {
+		h.cfg.Failed(err)
+	}
 }
 
 // podsIn returns the pods whose UID is in uids.

@@ -252,27 +252,45 @@ func (m *Manager) attach(ctx context.Context, resource, socket string, conn io.C
 
 // run consumes the plugin's ListAndWatch stream until it ends.
 func (m *Manager) run(ctx context.Context, e *endpoint) {
+	err := m.listAndWatch(ctx, e)
+	switch {
+	case ctx.Err() != nil:
+		// the manager disconnected it
+	case errors.Is(err, io.EOF):
+		// The plugin returned from ListAndWatch: it is stopping (the
+		// SDK ends its streams so on shutdown), which is no failure.
+		// A plugin that dies or drops the connection ends the stream
+		// with an error status instead.
+		m.log.Info("Device plugin ended its ListAndWatch stream", "resource", e.resource, "endpoint", e.socket)
+	default:
+		m.log.Error("ListAndWatch ended", "resource", e.resource, "endpoint", e.socket, "err", err)
+	}
+}
+
+// pushingClient is a plugin client that runs ListAndWatch on the
+// caller's goroutine and hands it each list (an in-process plugin's,
+// deviceplugin.InProcessClient).
+type pushingClient interface {
+	ListAndWatchTo(context.Context, *pluginapi.Empty, func(*pluginapi.ListAndWatchResponse) error) error
+}
+
+// listAndWatch applies each list the plugin's stream carries and returns
+// what ended it (io.EOF when the plugin returned).
+func (m *Manager) listAndWatch(ctx context.Context, e *endpoint) error {
+	if p, ok := e.api.(pushingClient); ok {
+		return p.ListAndWatchTo(ctx, &pluginapi.Empty{}, func(resp *pluginapi.ListAndWatchResponse) error {
+			m.applyDevices(e, resp.Devices)
+			return nil
+		})
+	}
 	stream, err := e.api.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
-		m.log.Error("ListAndWatch failed", "resource", e.resource, "endpoint", e.socket, "err", err)
-		return
+		return fmt.Errorf("ListAndWatch failed: %w", err)
 	}
 	for {
 		resp, err := stream.Recv()
-		switch {
-		case err == nil:
-		case ctx.Err() != nil:
-			return // the manager disconnected it
-		case errors.Is(err, io.EOF):
-			// The plugin returned from ListAndWatch: it is stopping (the
-			// SDK ends its streams so on shutdown), which is no failure.
-			// A plugin that dies or drops the connection ends the stream
-			// with an error status instead.
-			m.log.Info("Device plugin ended its ListAndWatch stream", "resource", e.resource, "endpoint", e.socket)
-			return
-		default:
-			m.log.Error("ListAndWatch ended", "resource", e.resource, "endpoint", e.socket, "err", err)
-			return
+		if err != nil {
+			return err
 		}
 		m.applyDevices(e, resp.Devices)
 	}
@@ -308,7 +326,7 @@ func (m *Manager) disconnect(e *endpoint) {
 	r.stopTime = m.cfg.Clock.Now()
 	m.markUnhealthyLocked(r)
 	m.notifyLocked()
-	m.wakeGC()
+	m.wakeGCLocked()
 	m.log.Info("Last device plugin of the resource disconnected; devices are unhealthy until it returns", "resource", e.resource, "endpoint", e.socket, "gracePeriod", m.cfg.GracePeriod)
 }
 

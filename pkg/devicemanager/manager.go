@@ -61,6 +61,8 @@ type Manager struct {
 	ctx    context.Context // cancelled by Stop; parent of plugin streams
 	cancel context.CancelFunc
 	wake   chan struct{} // re-arms the grace period timer
+	// gcRunning says the grace period loop runs (wakeGCLocked).
+	gcRunning bool
 	// checkpointLost is set when the checkpoint existed but could not be
 	// read; unknown then maps resource -> pod UID -> namespace/name of the
 	// pods whose devices are unaccounted for (HoldUnknown).
@@ -179,18 +181,17 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.mu.Lock()
 	m.server = srv
 	m.started = true
+	m.wg.Add(1)
+	// The checkpoint's resources wait for their plugins for the grace
+	// period.
+	m.wakeGCLocked()
 	m.mu.Unlock()
 
-	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
 		if err := srv.Serve(ln); err != nil {
 			m.log.Error("Registration server stopped", "err", err)
 		}
-	}()
-	go func() {
-		defer m.wg.Done()
-		m.gcLoop()
 	}()
 	m.log.Info("Device manager started", "socket", m.SocketPath())
 	return nil
@@ -288,38 +289,55 @@ func (m *Manager) notifyLocked() {
 	}
 }
 
-func (m *Manager) wakeGC() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
+// wakeGCLocked has the grace period loop look again at the resources:
+// it starts the loop when a resource waits for its plugin and the loop
+// is not running (a node whose plugins are all there has no goroutine for
+// it, one fewer for each of the thousand nodes of a process), and wakes
+// it when it runs. m.mu is held.
+func (m *Manager) wakeGCLocked() {
+	if m.gcRunning {
+		select {
+		case m.wake <- struct{}{}:
+		default:
+		}
+		return
 	}
+	if !m.started || m.stopping || m.nextExpiryLocked().IsZero() {
+		return
+	}
+	m.gcRunning = true
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.gcLoop()
+	}()
 }
 
 // gcLoop removes resources whose plugins have been gone longer than the
-// grace period.
+// grace period; it returns when none waits for its plugin any more, or
+// the manager stops.
 func (m *Manager) gcLoop() {
 	for {
 		m.mu.Lock()
 		changed := m.collectExpiredLocked()
 		next := m.nextExpiryLocked()
+		if next.IsZero() {
+			m.gcRunning = false
+		}
 		m.mu.Unlock()
 		if changed {
 			_ = m.writeCheckpoint() // logged
 		}
-		var timerC <-chan time.Time
-		var timer interface{ Stop() bool }
-		if !next.IsZero() {
-			t := m.cfg.Clock.NewTimer(next.Sub(m.cfg.Clock.Now()))
-			timer, timerC = t, t.C()
+		if next.IsZero() {
+			return
 		}
+		t := m.cfg.Clock.NewTimer(next.Sub(m.cfg.Clock.Now()))
 		select {
 		case <-m.ctx.Done():
 		case <-m.wake:
-		case <-timerC:
+		case <-t.C():
 		}
-		if timer != nil {
-			timer.Stop()
-		}
+		t.Stop()
 		if m.ctx.Err() != nil {
 			return
 		}

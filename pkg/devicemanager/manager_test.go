@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -583,6 +584,52 @@ func TestDisconnectAndGracePeriod(t *testing.T) {
 	// The pod keeps its assignment.
 	if got := containerIDs(m.PodAllocation("p1"), "app", res); len(got) != 1 {
 		t.Fatalf("assignment lost: %v", got)
+	}
+}
+
+// TestGracePeriodEndsUnasked: the resource goes when the grace period
+// ends with nobody reading the manager: subscribers hear of it then (a
+// node's status drops the resource), from the loop that runs only while
+// a resource waits for its plugin.
+func TestGracePeriodEndsUnasked(t *testing.T) {
+	dir := testdir.Short(t, "dm")
+	fc := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	m := startManager(t, Config{Root: dir, Clock: fc, GracePeriod: time.Minute})
+	if fc.HasWaiters() {
+		t.Fatal("a timer runs with no resource waiting for its plugin")
+	}
+	p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1"))
+	p.register(t, m.SocketPath())
+	waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 1 })
+	p.stop()
+	waitFor(t, m, "unhealthy after disconnect", func() bool {
+		r := m.Resources()
+		return len(r) == 1 && !r[0].Connected
+	})
+	// The loop's timer, then the grace period passed.
+	deadline := time.Now().Add(10 * time.Second)
+	for !fc.HasWaiters() {
+		if time.Now().After(deadline) {
+			t.Fatal("no grace period timer after the plugin went")
+		}
+		runtime.Gosched()
+	}
+	ch, cancel := m.Subscribe()
+	defer cancel()
+	fc.Step(61 * time.Second)
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification when the grace period ended")
+	}
+	m.mu.Lock()
+	left, running := len(m.resources), m.gcRunning
+	m.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d resources left after the grace period", left)
+	}
+	if running {
+		t.Error("the grace period loop still runs with no resource waiting")
 	}
 }
 

@@ -163,6 +163,77 @@ func TestInProcessClientListAndWatch(t *testing.T) {
 	}
 }
 
+// pushing is the in-process client's ListAndWatchTo, which the device
+// manager uses when a client has it.
+type pushing interface {
+	ListAndWatchTo(context.Context, *pluginapi.Empty, func(*pluginapi.ListAndWatchResponse) error) error
+}
+
+// TestInProcessClientListAndWatchTo: the lists reach the caller's recv in
+// order and the stream ends as ListAndWatch's does (io.EOF, the plugin's
+// error as a status, ResourceExhausted over the limit, Canceled with the
+// plugin's context ended when the kubelet cancels); recv's error ends it,
+// the plugin's Send returning it.
+func TestInProcessClientListAndWatchTo(t *testing.T) {
+	t.Parallel()
+	recvAll := func(ctx context.Context, srv *scripted, recv func(*pluginapi.ListAndWatchResponse) error) ([]string, error) {
+		c, ok := deviceplugin.InProcessClient(srv).(pushing)
+		if !ok {
+			t.Fatal("the in-process client has no ListAndWatchTo")
+		}
+		var got []string
+		err := c.ListAndWatchTo(ctx, &pluginapi.Empty{}, func(l *pluginapi.ListAndWatchResponse) error {
+			var ids []string
+			for _, d := range l.Devices {
+				ids = append(ids, d.ID)
+			}
+			got = append(got, strings.Join(ids, ","))
+			if recv != nil {
+				return recv(l)
+			}
+			return nil
+		})
+		return got, err
+	}
+	bg := context.Background()
+	got, err := recvAll(bg, &scripted{lists: []*pluginapi.ListAndWatchResponse{list("a"), list("a", "b")}}, nil)
+	if !errors.Is(err, io.EOF) || strings.Join(got, " ") != "a a,b" {
+		t.Errorf("lists %q ending %v, want [a a,b] then io.EOF", got, err)
+	}
+	if _, err := recvAll(bg, &scripted{streamErr: errors.New("scan failed")}, nil); code(err) != codes.Unknown || status.Convert(err).Message() != "scan failed" {
+		t.Errorf("plugin error: %v, want Unknown scan failed", err)
+	}
+	big := list(strings.Repeat("x", deviceplugin.KubeletMaxMessageSize))
+	if got, err := recvAll(bg, &scripted{lists: []*pluginapi.ListAndWatchResponse{big, list("a")}}, nil); code(err) != codes.ResourceExhausted || len(got) != 0 {
+		t.Errorf("list over the limit: %d lists, %v, want none and ResourceExhausted", len(got), err)
+	}
+	if got, err := recvAll(bg, &scripted{lists: []*pluginapi.ListAndWatchResponse{list("a"), list("b")}}, func(*pluginapi.ListAndWatchResponse) error {
+		return errors.New("full")
+	}); code(err) != codes.Unknown || len(got) != 1 {
+		t.Errorf("recv failing: %d lists, %v, want the first and Unknown full", len(got), err)
+	}
+
+	srv := &scripted{lists: []*pluginapi.ListAndWatchResponse{list("a")}, streamCtx: make(chan context.Context, 1), sendAfterEnd: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := recvAll(ctx, srv, nil)
+		done <- err
+	}()
+	pctx := <-srv.streamCtx
+	cancel()
+	<-pctx.Done()
+	if err := <-srv.sendAfterEnd; code(err) != codes.Canceled {
+		t.Errorf("Send after the kubelet ended the stream: %v, want Canceled", err)
+	}
+	if err := <-done; code(err) != codes.Canceled {
+		t.Errorf("stream's end after cancel: %v, want Canceled", err)
+	}
+	if _, err := recvAll(ctx, srv, nil); code(err) != codes.Canceled {
+		t.Errorf("ListAndWatchTo with an ended context: %v, want Canceled", err)
+	}
+}
+
 // TestInProcessConfig: the in-process registration needs its kubelet,
 // and a kubelet in process does not go with a socket registration.
 func TestInProcessConfig(t *testing.T) {

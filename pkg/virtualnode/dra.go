@@ -68,12 +68,79 @@ func (s apiSlices) WipeResourceSlices(ctx context.Context, driver string) error 
 
 // draQueue holds the pods the DRA loop works for: pods admitted whose
 // claims could not be prepared yet (they wait, Pending, and start once
-// prepared), and pods that ended whose claims must be unprepared.
+// prepared), and pods that ended whose claims must be unprepared. The
+// loop runs only while it has work, on a goroutine it starts when work
+// comes (add) and ends when it has none left (idle): a node with no pod
+// waiting on claims has no goroutine for it, one fewer for each of the
+// thousand idle nodes of a process.
 type draQueue struct {
 	mu        sync.Mutex
 	waiting   map[types.UID]*corev1.Pod
 	unprepare map[types.UID]*corev1.Pod
 	kick      chan struct{} // one slot: the loop has work
+
+	ctx     context.Context // the node's, from start; no loop before it
+	loop    func(context.Context)
+	running bool
+	closed  bool // stop was called: no loop starts again
+	wg      sync.WaitGroup
+}
+
+// start lets the loop run on ctx, now if there is work already.
+func (q *draQueue) start(ctx context.Context, loop func(context.Context)) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.ctx, q.loop = ctx, loop
+	q.runLocked()
+}
+
+// stop keeps the loop from starting again and waits for it to return
+// (its context ended first).
+func (q *draQueue) stop() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.wg.Wait()
+}
+
+// runLocked starts the loop when there is work, it is not running and
+// the node runs.
+func (q *draQueue) runLocked() {
+	if q.running || q.closed || q.ctx == nil || len(q.waiting)+len(q.unprepare) == 0 {
+		return
+	}
+	q.running = true
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		q.loop(q.ctx)
+	}()
+}
+
+// add queues pod as waiting for its claims (waiting true) or as ended
+// with claims to unprepare, starting the loop if it is not running. The
+// loop sees it at its next round: wake for one now.
+func (q *draQueue) add(pod *corev1.Pod, waiting bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if waiting {
+		q.waiting[pod.UID] = pod
+	} else {
+		q.unprepare[pod.UID] = pod
+	}
+	q.runLocked()
+}
+
+// idle reports, for the loop, whether it has no work left, in which case
+// it must return: the next add starts it again.
+func (q *draQueue) idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiting)+len(q.unprepare) > 0 {
+		return false
+	}
+	q.running = false
+	return true
 }
 
 func (q *draQueue) init() {
@@ -167,9 +234,7 @@ func (p *provider) startWithClaims(ctx context.Context, pod *corev1.Pod) error {
 			p.recorder.Event(pod, corev1.EventTypeWarning, devicehost.FailedPrepareDynamicResources, msg)
 		}
 		p.publishWaiting(pod, msg)
-		p.draq.mu.Lock()
-		p.draq.waiting[pod.UID] = pod
-		p.draq.mu.Unlock()
+		p.draq.add(pod, true)
 		select {
 		case <-changed:
 			// A driver came or went while preparing: try again now
@@ -255,9 +320,7 @@ func (p *provider) queueUnprepare(pod *corev1.Pod) {
 	if !devicehost.HasClaims(pod) && !p.host.DRA.PodMightNeedToUnprepareResources(pod.UID) {
 		return
 	}
-	p.draq.mu.Lock()
-	p.draq.unprepare[pod.UID] = pod
-	p.draq.mu.Unlock()
+	p.draq.add(pod, false)
 	p.draq.wake()
 }
 
@@ -267,12 +330,25 @@ func (p *provider) queueUnprepare(pod *corev1.Pod) {
 // kubelet does once a pod's containers stopped); an unprepare that fails
 // is tried again every draRetryPeriod (and the DRA manager's reconcile
 // loop unprepares the claims of pods no longer active too). It returns
-// when ctx ends.
+// when ctx ends or it has no pod left to work for (draQueue).
 func (p *provider) runDRA(ctx context.Context) {
 	t := time.NewTicker(draRetryPeriod)
 	defer t.Stop()
+	// A driver that registers or goes from here on is a reason to try
+	// the waiting pods again.
+	changed := p.host.DRA.PluginsChanged()
 	for {
-		changed := p.host.DRA.PluginsChanged()
+		if p.draq.idle() {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-p.draq.kick:
+		case <-t.C:
+		}
+		changed = p.host.DRA.PluginsChanged()
 		waiting, ended := p.draq.takeAll()
 		slices.SortFunc(ended, byKey)
 		for _, pod := range ended {
@@ -281,9 +357,7 @@ func (p *provider) runDRA(ctx context.Context) {
 					return
 				}
 				p.log.Info("Unpreparing the claims of an ended pod failed, will retry", "pod", key(pod.Namespace, pod.Name), "err", err)
-				p.draq.mu.Lock()
-				p.draq.unprepare[pod.UID] = pod
-				p.draq.mu.Unlock()
+				p.draq.add(pod, false) // at the next round, not at once
 				continue
 			}
 			if p.unprepared != nil {
@@ -295,13 +369,6 @@ func (p *provider) runDRA(ctx context.Context) {
 			if err := p.startWithClaims(ctx, pod); err != nil && ctx.Err() == nil {
 				p.log.Warn("Starting a pod whose claims are prepared", "pod", key(pod.Namespace, pod.Name), "err", err)
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-p.draq.kick:
-		case <-t.C:
 		}
 	}
 }

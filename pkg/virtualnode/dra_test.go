@@ -42,11 +42,11 @@ func startDRAProvider(t *testing.T, root string) (context.Context, dratest.Claim
 	if err := host.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{}, 2)
-	go func() { p.runDRA(ctx); done <- struct{}{} }()
+	done := make(chan struct{})
+	p.draq.start(ctx, p.runDRA)
 	devices, unsubscribe := host.Manager.Subscribe()
-	go func() { p.watchHealth(ctx, devices, nil); done <- struct{}{} }()
-	t.Cleanup(func() { cancel(); <-done; <-done; unsubscribe(); host.Stop() })
+	go func() { p.watchHealth(ctx, devices, nil); close(done) }()
+	t.Cleanup(func() { cancel(); p.draq.stop(); <-done; unsubscribe(); host.Stop() })
 	return ctx, claims, p, rec
 }
 

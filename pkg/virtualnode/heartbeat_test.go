@@ -109,3 +109,39 @@ func TestNoMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestInformerFactoryStrips: the shared informers hold Nodes and pods
+// without managedFields, and Nodes without the status their node last
+// applied; the rest stays.
+func TestInformerFactoryStrips(t *testing.T) {
+	owners := []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate}}
+	client := fake.NewClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "vn", ManagedFields: owners, Labels: map[string]string{"a": "b"},
+			Annotations: map[string]string{lastAppliedStatus: `{"capacity":{}}`, "keep": "me"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p", ManagedFields: owners}},
+	)
+	f := NewInformerFactory(client)
+	nodes, pods := f.Core().V1().Nodes().Lister(), f.Core().V1().Pods().Lister()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); f.Shutdown() }()
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			t.Fatalf("%v not synced", typ)
+		}
+	}
+	n, err := nodes.Get("vn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.ManagedFields != nil || n.Annotations[lastAppliedStatus] != "" || n.Annotations["keep"] != "me" || n.Labels["a"] != "b" {
+		t.Errorf("cached Node: managedFields %v, annotations %v, labels %v; want no managedFields, only the keep annotation, the labels", n.ManagedFields, n.Annotations, n.Labels)
+	}
+	p, err := pods.Pods("default").Get("p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ManagedFields != nil {
+		t.Errorf("cached pod: managedFields %v, want none", p.ManagedFields)
+	}
+}

@@ -349,6 +349,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		apiLn = l
 	}
 
+	hostFailed := func() {} // the node's cancel once it has one
 	reg, registerer := noMetrics, prometheus.Registerer(nil)
 	if !cfg.NoMetrics {
 		r := prometheus.NewRegistry()
@@ -366,6 +367,9 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 		Slices:         apiSlices{client: cfg.Client, node: cfg.Name},
 		WipingDelay:    cfg.DRAWipingDelay,
 		Registerer:     registerer,
+		// Serving PodResources failed: the node ends (run returns the
+		// host's error).
+		Failed: func(error) { hostFailed() },
 	})
 	if err != nil {
 		return err
@@ -399,6 +403,7 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	hostFailed = cancel
 	if err := host.Start(ctx, devicehost.UIDs(host.Pods.GetActivePods())); err != nil {
 		return err
 	}
@@ -519,12 +524,6 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := nc.Run(gctx); err != nil && gctx.Err() == nil {
-			return fmt.Errorf("node controller: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
 		if err := pc.Run(gctx, cfg.PodSyncWorkers); err != nil && gctx.Err() == nil {
 			return fmt.Errorf("pod controller: %w", err)
 		}
@@ -535,7 +534,8 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	factory.Start(gctx.Done())
 	g.Go(func() error { n.sendStatus(gctx); return nil })
 	g.Go(func() error { n.prov.watchHealth(gctx, devices, func() { n.devicesChanged(gctx) }); return nil })
-	g.Go(func() error { n.prov.runDRA(gctx); return nil })
+	n.prov.draq.start(gctx, n.prov.runDRA)
+	defer n.prov.draq.stop() // after g.Wait, which ends gctx
 	if cfg.Port > 0 {
 		if err := n.startAPI(gctx, g); err != nil {
 			cancel()
@@ -573,21 +573,24 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			return nil
 		})
 	}
-	// The host serves the PodResources API; a failure there ends the
-	// node. This goroutine waits for it: one fewer for each node of a
-	// process.
-	var hostErr error
-	select {
-	case <-host.Done():
-		if hostErr = host.Err(); hostErr != nil {
-			cancel()
-		}
-	case <-gctx.Done():
+	// The node controller runs on this goroutine, one fewer for each
+	// node of a process; its end, a failure of the host (Failed above) or
+	// of anything in g ends the node.
+	err = nc.Run(gctx)
+	if err != nil && gctx.Err() == nil {
+		err = fmt.Errorf("node controller: %w", err)
+		cancel()
+	} else {
+		err = nil
 	}
-	if err := g.Wait(); hostErr == nil {
+	werr := g.Wait()
+	if herr := host.Err(); herr != nil {
+		return herr
+	}
+	if err != nil {
 		return err
 	}
-	return hostErr
+	return werr
 }
 
 // NewInformerFactory returns the informer factory that nodes of one
@@ -595,7 +598,9 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 // managedFields: no part of a node reads them, and an update without
 // them keeps the API server's, so a thousand nodes do not hold every
 // Node's and pod's field owners (as kube-scheduler and
-// kube-controller-manager drop them).
+// kube-controller-manager drop them). Nor do its Nodes carry the status
+// each node last applied (an annotation of a couple of KiB, which a node
+// reads from its own Node as the API server has it, not from here).
 func NewInformerFactory(client kubernetes.Interface) informers.SharedInformerFactory {
 	return informers.NewSharedInformerFactoryWithOptions(client, 0, stripManagedFields)
 }
@@ -603,6 +608,9 @@ func NewInformerFactory(client kubernetes.Interface) informers.SharedInformerFac
 var stripManagedFields = informers.WithTransform(func(obj any) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil && m.GetManagedFields() != nil {
 		m.SetManagedFields(nil)
+	}
+	if node, ok := obj.(*corev1.Node); ok {
+		delete(node.Annotations, lastAppliedStatus)
 	}
 	return obj, nil
 })
