@@ -227,8 +227,15 @@ type Node struct {
 	node     *corev1.Node
 	notifyCB func(*corev1.Node)
 	// statusKick asks sendStatus to hand virtual-kubelet the node's
-	// current status.
-	statusKick chan struct{}
+	// current status. sendStatus runs on statusCtx, from startStatus,
+	// only while a send is pending (statusRunning) and until stopStatus
+	// (statusClosed).
+	statusKick    chan struct{}
+	statusMu      sync.Mutex
+	statusCtx     context.Context
+	statusRunning bool
+	statusClosed  bool
+	statusWG      sync.WaitGroup
 	// pluginResources are the device-plugin resources the node has
 	// reported. One the device manager removed stays on the Node with
 	// zero capacity and allocatable, as the kubelet keeps it (see
@@ -532,7 +539,8 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	podFactory.Start(gctx.Done())
 	nodeFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
-	g.Go(func() error { n.sendStatus(gctx); return nil })
+	n.startStatus(gctx)
+	defer n.stopStatus() // after g.Wait, which ends gctx
 	g.Go(func() error { n.prov.watchHealth(gctx, devices, func() { n.devicesChanged(gctx) }); return nil })
 	n.prov.draq.start(gctx, n.prov.runDRA)
 	defer n.prov.draq.stop() // after g.Wait, which ends gctx

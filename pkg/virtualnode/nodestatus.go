@@ -157,25 +157,65 @@ func (n *Node) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
 	n.kickStatus()
 }
 
-// kickStatus asks sendStatus to send the node's status.
+// kickStatus asks sendStatus to send the node's status, starting it when
+// it does not run (and the node does).
 func (n *Node) kickStatus() {
 	select {
 	case n.statusKick <- struct{}{}:
 	default: // one is pending; it will read the status when it runs
 	}
+	n.statusMu.Lock()
+	defer n.statusMu.Unlock()
+	if n.statusRunning || n.statusClosed || n.statusCtx == nil {
+		return
+	}
+	n.statusRunning = true
+	n.statusWG.Add(1)
+	go func() {
+		defer n.statusWG.Done()
+		n.sendStatus(n.statusCtx)
+	}()
+}
+
+// startStatus lets sendStatus run on ctx, now if a send is pending.
+func (n *Node) startStatus(ctx context.Context) {
+	n.statusMu.Lock()
+	n.statusCtx = ctx
+	n.statusMu.Unlock()
+	n.kickStatus()
+}
+
+// stopStatus keeps sendStatus from starting again and waits for it to
+// return (its context ended first).
+func (n *Node) stopStatus() {
+	n.statusMu.Lock()
+	n.statusClosed = true
+	n.statusMu.Unlock()
+	n.statusWG.Wait()
 }
 
 // sendStatus hands virtual-kubelet the node's status, computed when it is
 // sent, each time it is asked (kickStatus) and it changed: one goroutine
 // sends, and each send carries everything before it, so no change is lost
 // (a change before virtual-kubelet gave its callback, or while a send
-// waited) nor overtaken by an older status.
+// waited) nor overtaken by an older status. It returns when no send is
+// pending (kickStatus starts it again) or ctx ends: a node whose status
+// does not change has no goroutine for it, one fewer for each of the
+// thousand nodes of a process.
 func (n *Node) sendStatus(ctx context.Context) {
 	for {
 		select {
-		case <-ctx.Done():
-			return
 		case <-n.statusKick:
+		default:
+			n.statusMu.Lock()
+			select {
+			case <-n.statusKick: // asked meanwhile
+				n.statusMu.Unlock()
+			default:
+				n.statusRunning = false
+				n.statusMu.Unlock()
+				return
+			}
 		}
 		// Changes that come together, as a plugin's registration and
 		// its first list of devices, go in one write: the status is

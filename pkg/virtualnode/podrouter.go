@@ -19,7 +19,8 @@ import (
 // thousand nodes, a thousand deliveries per pod event. The router is the
 // informer's one handler and hands each event to the node the pod is
 // bound to (spec.nodeName; both nodes when it changes), in order, on one
-// goroutine per node, so a slow handler holds up its own node only.
+// goroutine per node while the node has events to deliver, so a slow
+// handler holds up its own node only, and an idle node has no goroutine.
 type PodRouter struct {
 	ctx      context.Context
 	informer cache.SharedIndexInformer
@@ -30,8 +31,8 @@ type PodRouter struct {
 	nodes map[string]*routedNode
 }
 
-// NewPodRouter makes the router of the shared pod informer pods; its
-// goroutines end with ctx. Add it before the informer starts.
+// NewPodRouter makes the router of the shared pod informer pods; it
+// delivers nothing once ctx ends. Add it before the informer starts.
 func NewPodRouter(ctx context.Context, pods corev1informers.PodInformer) (*PodRouter, error) {
 	r := &PodRouter{ctx: ctx, informer: pods.Informer(), lister: pods.Lister(), nodes: map[string]*routedNode{}}
 	reg, err := r.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -89,15 +90,14 @@ func (r *PodRouter) send(node string, deliver func(cache.ResourceEventHandler)) 
 	}
 }
 
-// node returns node's queue, starting its goroutine the first time.
+// node returns node's queue.
 func (r *PodRouter) node(name string) *routedNode {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rn := r.nodes[name]
 	if rn == nil {
-		rn = &routedNode{wake: make(chan struct{}, 1)}
+		rn = &routedNode{ctx: r.ctx}
 		r.nodes[name] = rn
-		go rn.run(r.ctx)
 	}
 	return rn
 }
@@ -113,7 +113,7 @@ func (r *PodRouter) add(node string, h cache.ResourceEventHandler) (cache.Resour
 	rn.handlers = append(rn.handlers, routedHandler{h: h, reg: reg})
 	// Queued with the handler added, under the same lock as events are
 	// queued: every event after the snapshot is delivered after it.
-	rn.queue = append(rn.queue, func() {
+	rn.pushLocked(func() {
 		for _, obj := range r.informer.GetStore().List() {
 			if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName == node {
 				h.OnAdd(obj, true)
@@ -123,7 +123,6 @@ func (r *PodRouter) add(node string, h cache.ResourceEventHandler) (cache.Resour
 		close(reg.replayed)
 	})
 	rn.mu.Unlock()
-	rn.kick()
 	return reg, nil
 }
 
@@ -142,11 +141,13 @@ func (r *PodRouter) remove(node string, reg cache.ResourceEventHandlerRegistrati
 
 // routedNode is one node's queue of events and its handlers.
 type routedNode struct {
-	wake chan struct{}
+	ctx context.Context // the router's
 
 	mu       sync.Mutex
 	handlers []routedHandler
 	queue    []func()
+	// draining says a goroutine delivers the queue (drain).
+	draining bool
 }
 
 type routedHandler struct {
@@ -159,32 +160,37 @@ func (rn *routedNode) send(deliver func(cache.ResourceEventHandler)) {
 	// The handlers of the moment: one added later learns of this pod
 	// from the store.
 	hs := rn.handlers
-	rn.queue = append(rn.queue, func() {
+	rn.pushLocked(func() {
 		for _, rh := range hs {
 			deliver(rh.h)
 		}
 	})
 	rn.mu.Unlock()
-	rn.kick()
 }
 
-func (rn *routedNode) kick() {
-	select {
-	case rn.wake <- struct{}{}:
-	default:
+// pushLocked queues f, starting the goroutine that delivers the queue
+// when none runs. rn.mu is held.
+func (rn *routedNode) pushLocked(f func()) {
+	rn.queue = append(rn.queue, f)
+	if rn.draining || rn.ctx.Err() != nil {
+		return
 	}
+	rn.draining = true
+	go rn.drain()
 }
 
-func (rn *routedNode) run(ctx context.Context) {
+// drain delivers the queue in order until it is empty or the router's
+// context ended.
+func (rn *routedNode) drain() {
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-rn.wake:
-		}
 		rn.mu.Lock()
 		q := rn.queue
 		rn.queue = nil
+		if len(q) == 0 || rn.ctx.Err() != nil {
+			rn.draining = false
+			rn.mu.Unlock()
+			return
+		}
 		rn.mu.Unlock()
 		for _, f := range q {
 			f()
