@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpkit/dpkit/internal/ondemand"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/virtualnode/podruntime"
 )
@@ -69,8 +70,7 @@ func (s apiSlices) WipeResourceSlices(ctx context.Context, driver string) error 
 // draQueue holds the pods the DRA loop works for: pods admitted whose
 // claims could not be prepared yet (they wait, Pending, and start once
 // prepared), and pods that ended whose claims must be unprepared. The
-// loop runs only while it has work, on a goroutine it starts when work
-// comes (add) and ends when it has none left (idle): a node with no pod
+// loop runs only while it has work (ondemand.Loop): a node with no pod
 // waiting on claims has no goroutine for it, one fewer for each of the
 // thousand idle nodes of a process.
 type draQueue struct {
@@ -78,69 +78,7 @@ type draQueue struct {
 	waiting   map[types.UID]*corev1.Pod
 	unprepare map[types.UID]*corev1.Pod
 	kick      chan struct{} // one slot: the loop has work
-
-	ctx     context.Context // the node's, from start; no loop before it
-	loop    func(context.Context)
-	running bool
-	closed  bool // stop was called: no loop starts again
-	wg      sync.WaitGroup
-}
-
-// start lets the loop run on ctx, now if there is work already.
-func (q *draQueue) start(ctx context.Context, loop func(context.Context)) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.ctx, q.loop = ctx, loop
-	q.runLocked()
-}
-
-// stop keeps the loop from starting again and waits for it to return
-// (its context ended first).
-func (q *draQueue) stop() {
-	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
-	q.wg.Wait()
-}
-
-// runLocked starts the loop when there is work, it is not running and
-// the node runs.
-func (q *draQueue) runLocked() {
-	if q.running || q.closed || q.ctx == nil || len(q.waiting)+len(q.unprepare) == 0 {
-		return
-	}
-	q.running = true
-	q.wg.Add(1)
-	go func() {
-		defer q.wg.Done()
-		q.loop(q.ctx)
-	}()
-}
-
-// add queues pod as waiting for its claims (waiting true) or as ended
-// with claims to unprepare, starting the loop if it is not running. The
-// loop sees it at its next round: wake for one now.
-func (q *draQueue) add(pod *corev1.Pod, waiting bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if waiting {
-		q.waiting[pod.UID] = pod
-	} else {
-		q.unprepare[pod.UID] = pod
-	}
-	q.runLocked()
-}
-
-// idle reports, for the loop, whether it has no work left, in which case
-// it must return: the next add starts it again.
-func (q *draQueue) idle() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if len(q.waiting)+len(q.unprepare) > 0 {
-		return false
-	}
-	q.running = false
-	return true
+	loop      ondemand.Loop
 }
 
 func (q *draQueue) init() {
@@ -154,6 +92,27 @@ func (q *draQueue) wake() {
 	case q.kick <- struct{}{}:
 	default:
 	}
+}
+
+// hasWork says whether a pod waits or has claims to unprepare.
+func (q *draQueue) hasWork() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiting)+len(q.unprepare) > 0
+}
+
+// add queues pod as waiting for its claims (waiting true) or as ended
+// with claims to unprepare, starting the loop if it is not running. The
+// loop sees it at its next round: wake for one now.
+func (q *draQueue) add(pod *corev1.Pod, waiting bool) {
+	q.mu.Lock()
+	if waiting {
+		q.waiting[pod.UID] = pod
+	} else {
+		q.unprepare[pod.UID] = pod
+	}
+	q.mu.Unlock()
+	q.loop.Ensure()
 }
 
 // take removes and returns the waiting pod of uid, if any: whoever takes
@@ -338,7 +297,7 @@ func (p *provider) runDRA(ctx context.Context) {
 	// the waiting pods again.
 	changed := p.host.DRA.PluginsChanged()
 	for {
-		if p.draq.idle() {
+		if p.draq.loop.Idle(p.draq.hasWork) {
 			return
 		}
 		select {

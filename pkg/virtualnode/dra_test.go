@@ -43,10 +43,10 @@ func startDRAProvider(t *testing.T, root string) (context.Context, dratest.Claim
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	p.draq.start(ctx, p.runDRA)
+	p.draq.loop.Start(ctx, p.runDRA, p.draq.hasWork)
 	devices, unsubscribe := host.Manager.Subscribe()
 	go func() { p.watchHealth(ctx, devices, nil); close(done) }()
-	t.Cleanup(func() { cancel(); p.draq.stop(); <-done; unsubscribe(); host.Stop() })
+	t.Cleanup(func() { cancel(); p.draq.loop.Stop(); <-done; unsubscribe(); host.Stop() })
 	return ctx, claims, p, rec
 }
 

@@ -41,6 +41,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/internal/ondemand"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/pluginwatcher"
 	"github.com/dpkit/dpkit/pkg/podresources"
@@ -227,15 +228,9 @@ type Node struct {
 	node     *corev1.Node
 	notifyCB func(*corev1.Node)
 	// statusKick asks sendStatus to hand virtual-kubelet the node's
-	// current status. sendStatus runs on statusCtx, from startStatus,
-	// only while a send is pending (statusRunning) and until stopStatus
-	// (statusClosed).
-	statusKick    chan struct{}
-	statusMu      sync.Mutex
-	statusCtx     context.Context
-	statusRunning bool
-	statusClosed  bool
-	statusWG      sync.WaitGroup
+	// current status; sendStatus runs only while a send is pending.
+	statusKick chan struct{}
+	status     ondemand.Loop
 	// pluginResources are the device-plugin resources the node has
 	// reported. One the device manager removed stays on the Node with
 	// zero capacity and allocatable, as the kubelet keeps it (see
@@ -539,11 +534,11 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	podFactory.Start(gctx.Done())
 	nodeFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
-	n.startStatus(gctx)
-	defer n.stopStatus() // after g.Wait, which ends gctx
+	n.status.Start(gctx, n.sendStatus, n.statusPending)
+	defer n.status.Stop() // after g.Wait, which ends gctx
 	g.Go(func() error { n.prov.watchHealth(gctx, devices, func() { n.devicesChanged(gctx) }); return nil })
-	n.prov.draq.start(gctx, n.prov.runDRA)
-	defer n.prov.draq.stop() // after g.Wait, which ends gctx
+	n.prov.draq.loop.Start(gctx, n.prov.runDRA, n.prov.draq.hasWork)
+	defer n.prov.draq.loop.Stop() // after g.Wait, which ends gctx
 	if cfg.Port > 0 {
 		if err := n.startAPI(gctx, g); err != nil {
 			cancel()

@@ -191,8 +191,8 @@ func TestStatusChangeBeforeCallback(t *testing.T) {
 	defer unsubscribe()
 	n.node = n.nodeObject()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); n.stopStatus() }()
-	n.startStatus(ctx)
+	defer func() { cancel(); n.status.Stop() }()
+	n.status.Start(ctx, n.sendStatus, n.statusPending)
 
 	// The change is seen before the callback exists (no watcher yet: the
 	// status can only come from NotifyNodeStatus asking for it).

@@ -164,59 +164,23 @@ func (n *Node) kickStatus() {
 	case n.statusKick <- struct{}{}:
 	default: // one is pending; it will read the status when it runs
 	}
-	n.statusMu.Lock()
-	defer n.statusMu.Unlock()
-	if n.statusRunning || n.statusClosed || n.statusCtx == nil {
-		return
-	}
-	n.statusRunning = true
-	n.statusWG.Add(1)
-	go func() {
-		defer n.statusWG.Done()
-		n.sendStatus(n.statusCtx)
-	}()
+	n.status.Ensure()
 }
 
-// startStatus lets sendStatus run on ctx, now if a send is pending.
-func (n *Node) startStatus(ctx context.Context) {
-	n.statusMu.Lock()
-	n.statusCtx = ctx
-	n.statusMu.Unlock()
-	n.kickStatus()
-}
-
-// stopStatus keeps sendStatus from starting again and waits for it to
-// return (its context ended first).
-func (n *Node) stopStatus() {
-	n.statusMu.Lock()
-	n.statusClosed = true
-	n.statusMu.Unlock()
-	n.statusWG.Wait()
-}
+// statusPending says whether a send is pending, without taking it.
+func (n *Node) statusPending() bool { return len(n.statusKick) > 0 }
 
 // sendStatus hands virtual-kubelet the node's status, computed when it is
 // sent, each time it is asked (kickStatus) and it changed: one goroutine
 // sends, and each send carries everything before it, so no change is lost
 // (a change before virtual-kubelet gave its callback, or while a send
 // waited) nor overtaken by an older status. It returns when no send is
-// pending (kickStatus starts it again) or ctx ends: a node whose status
-// does not change has no goroutine for it, one fewer for each of the
-// thousand nodes of a process.
+// pending (kickStatus starts it again: ondemand.Loop) or ctx ends: a
+// node whose status does not change has no goroutine for it, one fewer
+// for each of the thousand nodes of a process.
 func (n *Node) sendStatus(ctx context.Context) {
-	for {
-		select {
-		case <-n.statusKick:
-		default:
-			n.statusMu.Lock()
-			select {
-			case <-n.statusKick: // asked meanwhile
-				n.statusMu.Unlock()
-			default:
-				n.statusRunning = false
-				n.statusMu.Unlock()
-				return
-			}
-		}
+	for !n.status.Idle(n.statusPending) {
+		<-n.statusKick // this goroutine alone takes it
 		// Changes that come together, as a plugin's registration and
 		// its first list of devices, go in one write: the status is
 		// read StatusCoalesce after the first of them. (The kubelet
