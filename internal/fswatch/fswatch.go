@@ -25,9 +25,11 @@ import (
 )
 
 // EventBuffer is how many events a Watch holds unread before it is told
-// of an overflow. Its owners read at once and see a few events a minute;
-// 2.5 KiB a Watch, where fsnotify's reader was a 128 KiB stack.
-const EventBuffer = 64
+// of an overflow. Its owners read at once, see a few events a minute and
+// look again at the directory on an overflow; under 0.5 KiB a Watch
+// (a process of a thousand nodes has two thousand), where fsnotify's
+// reader was a 128 KiB stack.
+const EventBuffer = 16
 
 // Watch is one owner's view of the process's shared watcher.
 type Watch struct {

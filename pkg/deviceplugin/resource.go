@@ -20,6 +20,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/dpkit/dpkit/internal/backoff"
+	"github.com/dpkit/dpkit/internal/ondemand"
 	"github.com/dpkit/dpkit/internal/unixsock"
 )
 
@@ -61,9 +62,14 @@ type resource struct {
 	devices  *deviceSet
 
 	stopping chan struct{} // closed when the server shuts down
-	trigger  chan struct{} // wakes the registration loop; reasons are in pending
+	trigger  chan struct{} // wakes the registration loop in a back-off; reasons are in pending
 	scanned  chan struct{} // closed on the first snapshot
 	scanOnce sync.Once
+	// registration runs the registration loop while reasons are pending
+	// (kubelet and in-process modes); waitedFirstScan is the loop's own:
+	// only its first run waits for the first snapshot.
+	registration    ondemand.Loop
+	waitedFirstScan bool
 
 	// relistenMu makes relisten's "is the socket still ours? if not,
 	// listen again" one step: the fsnotify handler, the registration loop
@@ -423,10 +429,18 @@ func (r *resource) requestRegistration(reason string) {
 	}
 	r.pending[reason] = true
 	r.mu.Unlock()
+	r.registration.Ensure()
 	select {
-	case r.trigger <- struct{}{}:
+	case r.trigger <- struct{}{}: // a loop in a back-off retries at once
 	default: // the loop is already woken and will take every pending reason
 	}
+}
+
+// hasPending reports whether a reason to register waits for the loop.
+func (r *resource) hasPending() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pending) > 0
 }
 
 // takeReasons returns the pending reasons that still call for a
@@ -585,24 +599,32 @@ func (r *resource) needsRegistration(reason string) bool {
 	}
 }
 
-// registerLoop registers the resource each time a trigger asks for it,
-// retrying forever with jittered back-off until it succeeds. A new trigger
-// during a back-off retries at once.
+// registerLoop registers the resource for every reason asked of it
+// (requestRegistration), retrying with jittered back-off until it
+// succeeds; a new reason during a back-off retries at once. It runs, on
+// a goroutine of its own, only while reasons are pending (r.registration):
+// a registered plugin, which a kubelet rarely asks to register again,
+// holds none.
 func (r *resource) registerLoop(ctx context.Context) {
 	// Serve the first full device list: wait briefly for the first scan.
-	select {
-	case <-r.scanned:
-	case <-r.cfg.Clock.After(r.cfg.FirstScanWait):
-		r.log.Warn("Plugin reported no devices in time; registering with none", "firstScanWait", r.cfg.FirstScanWait)
-	case <-ctx.Done():
-		return
+	if !r.waitedFirstScan {
+		t := r.cfg.Clock.NewTimer(r.cfg.FirstScanWait)
+		select {
+		case <-r.scanned:
+		case <-t.C():
+			r.log.Warn("Plugin reported no devices in time; registering with none", "firstScanWait", r.cfg.FirstScanWait)
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+		r.waitedFirstScan = true
 	}
 	b := backoff.Retry{Exponential: backoff.Exponential{Initial: r.cfg.RetryMin, Max: r.cfg.RetryMax}, Jitter: true}
-	for {
+	for ctx.Err() == nil && !r.registration.Idle(r.hasPending) {
 		select {
-		case <-ctx.Done():
-			return
-		case <-r.trigger:
+		case <-r.trigger: // taken with the reasons it woke for
+		default:
 		}
 		reasons := r.takeReasons()
 		if len(reasons) == 0 {
@@ -639,16 +661,19 @@ func (r *resource) registerLoop(ctx context.Context) {
 				level = slog.LevelDebug
 			}
 			r.log.Log(ctx, level, "Registration failed; retrying until it succeeds", "err", err, "retryIn", wait.Round(time.Millisecond))
+			t := r.cfg.Clock.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-r.cfg.Clock.After(wait):
+			case <-t.C():
 			case <-r.trigger:
 				// Something changed (the kubelet socket appeared, say):
 				// try again at once.
 				r.takeReasons()
 				b.Reset()
 			}
+			t.Stop()
 		}
 	}
 }

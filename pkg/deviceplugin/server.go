@@ -99,8 +99,7 @@ func (s *Server) Run(ctx context.Context) error {
 		// (NotifyRegistrationStatus); a loop of ours there could only
 		// race it.
 		if s.mode == RegistrationKubelet || s.mode == RegistrationInProcess {
-			wg.Add(1)
-			go func() { defer wg.Done(); r.registerLoop(ctx) }()
+			r.registration.Start(ctx, r.registerLoop, nil)
 			r.requestRegistration(reasonStart)
 		}
 	}
@@ -131,6 +130,9 @@ loop:
 	}
 	cancel()
 	wg.Wait()
+	for _, r := range s.resources {
+		r.registration.Stop()
+	}
 	var swg sync.WaitGroup
 	for _, r := range s.resources {
 		swg.Add(1)

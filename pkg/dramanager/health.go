@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -340,8 +341,7 @@ func (m *Manager) deviceHealth(d *drahealthv1.DeviceHealth) DeviceHealth {
 }
 
 // notify sends the UIDs of the pods using any of devices of driver on
-// Updates, dropping the update when the channel is full (as the kubelet,
-// whose channel also holds 100).
+// Updates, with those of an update still unread.
 func (m *Manager) notify(driver string, devices []DeviceHealth) {
 	if len(devices) == 0 {
 		return
@@ -366,19 +366,29 @@ func (m *Manager) notify(driver string, devices []DeviceHealth) {
 	if len(pods) == 0 {
 		return
 	}
+	// One update waits at most: an update not yet read takes these pods
+	// too, so none is ever dropped (the kubelet's channel holds 100 and
+	// drops what does not fit).
+	m.updatesMu.Lock()
+	defer m.updatesMu.Unlock()
+	select {
+	case prev := <-m.updates:
+		for _, u := range prev {
+			pods[u] = true
+		}
+	default:
+	}
 	uids := make([]types.UID, 0, len(pods))
 	for u := range pods {
 		uids = append(uids, u)
 	}
-	select {
-	case m.updates <- uids:
-	default:
-		m.log.Error("DRA health update channel is full, discarding a pod update", "pods", uids)
-	}
+	slices.Sort(uids)
+	m.updates <- uids // emptied above, and only senders hold updatesMu
 }
 
-// Updates delivers the UIDs of pods whose devices' health changed; the
-// caller recomputes their status with UpdateAllocatedResourcesStatus.
+// Updates delivers the UIDs of pods whose devices' health changed, sorted;
+// the caller recomputes their status with UpdateAllocatedResourcesStatus.
+// Changes that come before the caller reads are delivered together.
 func (m *Manager) Updates() <-chan []types.UID { return m.updates }
 
 // DeviceHealth returns what is known of a device's health now: Unknown

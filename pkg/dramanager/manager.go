@@ -72,7 +72,9 @@ type Manager struct {
 	cache   claimCache
 	health  *healthCache
 	plugins plugins
-	updates chan []types.UID
+	// updates holds one update at most; updatesMu orders its senders.
+	updates   chan []types.UID
+	updatesMu sync.Mutex
 	// reconciling is set while a reconciliation runs (startReconcile).
 	reconciling atomic.Bool
 	// pluginsChanged is broadcast when Plugins' answer may have changed.
@@ -112,7 +114,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		cache:   claimCache{claims: map[string]*claimInfo{}, path: filepath.Join(cfg.Root, checkpoint.FileName)},
-		updates: make(chan []types.UID, 100),
+		updates: make(chan []types.UID, 1),
 	}
 	mt, err := newMetrics(cfg.Registerer, m)
 	if err != nil {

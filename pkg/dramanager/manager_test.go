@@ -3,6 +3,7 @@ package dramanager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -509,4 +510,34 @@ func TestReconcileEveryPeriod(t *testing.T) {
 		t.Fatalf("call %s %v, want NodeUnprepareResources [uid-a]", m, uids)
 	}
 	d.NoMoreCalls(t)
+}
+
+// TestHealthUpdatesNeverDropped: health changes the caller has not read
+// yet wait as one update, with every pod they concern: none is dropped,
+// however many come (the kubelet's channel drops what passes 100).
+func TestHealthUpdatesNeverDropped(t *testing.T) {
+	m := &Manager{updates: make(chan []types.UID, 1), cache: claimCache{claims: map[string]*claimInfo{}}}
+	const claims = 250
+	var want []types.UID
+	for i := range claims {
+		dev := fmt.Sprintf("dev-%03d", i)
+		pod := types.UID("pod-" + dev)
+		want = append(want, pod)
+		m.cache.claims[claimKey("default", dev)] = &claimInfo{ClaimState: checkpoint.ClaimState{
+			PodUIDs:     checkpoint.PodSet{string(pod): {}},
+			DriverState: map[string]checkpoint.DriverState{"d": {Devices: []checkpoint.Device{{PoolName: "pool", DeviceName: dev}}}},
+		}}
+	}
+	for i := range claims {
+		m.notify("d", []DeviceHealth{{PoolName: "pool", DeviceName: fmt.Sprintf("dev-%03d", i), Health: Unhealthy}})
+	}
+	m.notify("other", []DeviceHealth{{PoolName: "pool", DeviceName: "dev-000"}}) // no claim of its driver: nothing to send
+	if got := <-m.Updates(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("%d pods in the update, want all %d in order", len(got), len(want))
+	}
+	select {
+	case got := <-m.Updates():
+		t.Fatalf("a second update %v, want one for all", got)
+	default:
+	}
 }

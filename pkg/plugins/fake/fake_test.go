@@ -101,6 +101,54 @@ func TestFakeEndToEnd(t *testing.T) {
 	}
 }
 
+// TestScanEndsWithItsSchedule: a fake with no health change left to make
+// returns from Scan, its device set final, without waiting for its
+// context; one with changes returns after reporting the last.
+func TestScanEndsWithItsSchedule(t *testing.T) {
+	cfg := fake.Config{Resources: []fake.ResourceConfig{{
+		Name: "example.com/foo", Count: 2,
+		HealthChanges: []fake.HealthChange{{Device: "dev-1", After: plugins.Duration{Duration: time.Minute}, Health: pluginapi.Unhealthy}},
+	}, {Name: "example.com/bar", Count: 1}}}
+	cfg.Default()
+	clk := clocktesting.NewFakeClock(time.Now())
+	resources, err := fake.NewWithClock(cfg, plugins.Options{}, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	scan := func(p deviceplugin.Plugin) (<-chan error, <-chan []deviceplugin.Device) {
+		ended, reports := make(chan error, 1), make(chan []deviceplugin.Device, 2)
+		go func() { ended <- p.Scan(ctx, func(d []deviceplugin.Device) { reports <- d }) }()
+		return ended, reports
+	}
+
+	ended, reports := scan(resources[1].Plugin)
+	if err := <-ended; err != nil {
+		t.Fatalf("Scan of a fake without a schedule: %v, want nil", err)
+	}
+	if d := <-reports; len(d) != 1 || !d[0].Healthy {
+		t.Errorf("reported %+v before ending, want one healthy device", d)
+	}
+
+	ended, reports = scan(resources[0].Plugin)
+	if d := <-reports; len(d) != 2 || !d[1].Healthy {
+		t.Fatalf("first report %+v, want two healthy devices", d)
+	}
+	select {
+	case err := <-ended:
+		t.Fatalf("Scan ended (%v) with a health change still to make", err)
+	default:
+	}
+	clk.Step(time.Minute)
+	if err := <-ended; err != nil {
+		t.Fatalf("Scan after its last change: %v, want nil", err)
+	}
+	if d := <-reports; len(d) != 2 || d[1].Healthy {
+		t.Errorf("last report %+v, want dev-1 unhealthy", d)
+	}
+}
+
 func TestAllocateError(t *testing.T) {
 	cfg := fake.Config{Resources: []fake.ResourceConfig{{Name: "example.com/foo", Allocate: fake.AllocateConfig{Error: "out of fake contexts"}}}}
 	cfg.Default()
