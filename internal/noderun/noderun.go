@@ -101,9 +101,10 @@ type Options struct {
 	// directories (and, for the dra front, publishing for its node), so N
 	// nodes need no N plugin processes.
 	PluginConfig string
-	// PodSyncWorkers is --pod-sync-workers: the workers of each of a
-	// node's three pod queues (sync, delete, status); 0 means
-	// DefaultPodSyncWorkers(Count).
+	// PodSyncWorkers is --pod-sync-workers: the workers of each of the
+	// three pod queues (sync, delete, status) of a node, or of the nodes
+	// of a Count above 1, which share them; 0 means
+	// DefaultPodSyncWorkers(Count, Backend).
 	PodSyncWorkers int
 	// PluginRegistration is --plugin-registration: how the in-process
 	// plugins reach their nodes' device managers, RegistrationSocket or
@@ -288,21 +289,21 @@ func (o *Options) pluginConfig() (perNode func(root, node string) (*config.Plugi
 	}, nodeCDI, nil
 }
 
-// DefaultPodSyncWorkers is the workers of each of a node's pod queues when
-// --pod-sync-workers is 0: virtual-kubelet's 10 for one node; for each of
-// many nodes in one process, whose pods are a few per node, 2, so that a
-// node costs 6 idle goroutines rather than 30; and 1 with the sim
-// backend, whose pods start and stop without waiting on anything, so that
-// no pod of a node waits behind another's start (a container's, a
-// process's) and a node costs 3 fewer (docs/performance.md).
+// DefaultPodSyncWorkers is the workers of each pod queue when
+// --pod-sync-workers is 0. One node has virtual-kubelet's 10. The nodes
+// of a --count above 1 share one pod controller (virtualnode.SharedPods):
+// 2 workers a node, as many pods syncing at once as when each node had
+// its own controller with 2, up to 64 (sim backend: 1 a node, up to 32,
+// its pods starting and stopping without waiting on anything), past which
+// more workers only wait on the API server (docs/performance.md).
 func DefaultPodSyncWorkers(count int, backend string) int {
 	switch {
 	case count <= 1:
 		return virtualnode.DefaultPodSyncWorker
 	case backend == "sim":
-		return 1
+		return min(count, 32)
 	}
-	return 2
+	return min(2*count, 64)
 }
 
 // The --plugin-registration values.
@@ -444,15 +445,24 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	// API client.
 	draFront := drafront.WithClient(client)
 	var (
-		shared  informers.SharedInformerFactory
-		router  *virtualnode.PodRouter
-		classes *virtualnode.DeviceClasses
+		shared     informers.SharedInformerFactory
+		router     *virtualnode.PodRouter
+		sharedPods *virtualnode.SharedPods
+		classes    *virtualnode.DeviceClasses
 	)
 	if o.Count > 1 {
 		classes = virtualnode.NewDeviceClasses(client)
 		shared = virtualnode.NewInformerFactory(client)
 		defer shared.Shutdown()
 		if router, err = virtualnode.NewPodRouter(ctx, shared.Core().V1().Pods()); err != nil {
+			return err
+		}
+		names := make([]string, o.Count)
+		for i := range names {
+			names[i] = o.Name + "-" + strconv.Itoa(i)
+		}
+		// One pod controller for all the nodes (virtualnode.SharedPods).
+		if sharedPods, err = virtualnode.NewSharedPods(client, shared, names); err != nil {
 			return err
 		}
 	}
@@ -492,13 +502,18 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		plugins.Wait()
 		ncancel()
 	}()
+	if sharedPods != nil {
+		// Stopped with the nodes, after the plugins.
+		g.Go(func() error { return sharedPods.Run(nctx, workers) })
+	}
 	for i := range o.Count {
 		cfg := virtualnode.Config{
-			Name:      o.Name,
-			Root:      root,
-			Client:    client,
-			Informers: shared,
-			PodRouter: router,
+			Name:       o.Name,
+			Root:       root,
+			Client:     client,
+			Informers:  shared,
+			PodRouter:  router,
+			SharedPods: sharedPods,
 			// One List of DeviceClasses answers the nodes starting
 			// together.
 			DeviceClasses: classes,

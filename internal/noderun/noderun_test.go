@@ -71,7 +71,8 @@ func TestValidate(t *testing.T) {
 }
 
 // TestDefaultPodSyncWorkers: one node keeps virtual-kubelet's 10 workers
-// per queue, each of many nodes 2, and 1 with the sim backend.
+// per queue; many nodes' shared queues have 2 a node (1 with the sim
+// backend), up to 64 (32).
 func TestDefaultPodSyncWorkers(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -80,10 +81,11 @@ func TestDefaultPodSyncWorkers(t *testing.T) {
 		want    int
 	}{
 		{1, "sim", 10}, {1, "process", 10}, {1, "cri", 10},
-		{1000, "process", 2}, {1000, "cri", 2}, {1000, "sim", 1},
+		{3, "process", 6}, {3, "sim", 3},
+		{1000, "process", 64}, {1000, "cri", 64}, {1000, "sim", 32},
 	} {
 		if got := DefaultPodSyncWorkers(tc.count, tc.backend); got != tc.want {
-			t.Errorf("%d nodes, %s backend: %d workers each, want %d", tc.count, tc.backend, got, tc.want)
+			t.Errorf("%d nodes, %s backend: %d workers a queue, want %d", tc.count, tc.backend, got, tc.want)
 		}
 	}
 }

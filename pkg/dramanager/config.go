@@ -61,7 +61,7 @@ type Config struct {
 	// Clock drives health timeouts, the reconcile loop and the health
 	// stream's retries; nil means the real clock. (gRPC call deadlines
 	// are real time.)
-	Clock clock.WithTicker
+	Clock clock.WithTickerAndDelayedExecution
 	// CallTimeout bounds each call to a driver. Default 45s.
 	CallTimeout time.Duration
 	// HealthTimeout is the default validity of a health report. Default 30s.

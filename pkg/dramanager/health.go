@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"k8s.io/utils/clock"
 	"os"
 	"slices"
 	"sync"
@@ -203,53 +204,96 @@ func (c *healthCache) clear(driver string) ([]DeviceHealth, error) {
 	return gone, c.saveLocked()
 }
 
-// expireHealth tells the pods whose devices' last reports time out, at
-// the time they do: a driver that stops reporting without closing its
-// stream makes its devices Unknown in the pods' status without waiting
-// for another change. It sleeps until the earliest expiry, and
-// recomputes it after every report. With ActivePods set, the same
-// goroutine starts the reconciliation every ReconcilePeriod (one fewer
-// for each of the thousand nodes of a process). It returns when ctx
-// ends.
-func (m *Manager) expireHealth(ctx context.Context) {
-	var reconcile <-chan time.Time
+// startTimers arms the health expiry (armHealth) and, with ActivePods
+// set, the reconciliation every ReconcilePeriod. Both run on timers: no
+// goroutine waits for them (one fewer for each of the thousand nodes of
+// a process). stopTimers ends them.
+func (m *Manager) startTimers(ctx context.Context) {
+	m.timersMu.Lock()
+	m.timersCtx = ctx
 	if m.cfg.ActivePods != nil {
-		t := m.cfg.Clock.NewTicker(m.cfg.ReconcilePeriod)
-		defer t.Stop()
-		reconcile = t.C()
+		m.reconcileTimer = m.after(m.cfg.ReconcilePeriod, m.reconcileTick)
 	}
-	for {
-		reported := m.healthReported.C()
-		expired, next, err := m.health.expire(m.cfg.Clock.Now(), m.cfg.HealthTimeout)
-		if err != nil {
-			m.log.Error("Saving the DRA health state failed", "err", err)
+	m.timersMu.Unlock()
+	m.armHealth()
+}
+
+// stopTimers stops the timers; a callback already running finishes
+// before Stop returns (m.wg), and none starts work after it.
+func (m *Manager) stopTimers() {
+	m.timersMu.Lock()
+	defer m.timersMu.Unlock()
+	m.timersStopped = true
+	for _, t := range []clock.Timer{m.reconcileTimer, m.healthTimer} {
+		if t != nil {
+			t.Stop()
 		}
-		for _, driver := range sortedKeys(expired) {
-			m.log.Info("DRA driver stopped reporting the health of devices, now Unknown", "driver", driver, "devices", len(expired[driver]))
-			m.notify(driver, expired[driver])
-		}
-		var wake <-chan time.Time
-		var timer interface{ Stop() bool }
-		if !next.IsZero() {
-			t := m.cfg.Clock.NewTimer(next.Sub(m.cfg.Clock.Now()))
-			wake, timer = t.C(), t
-		}
-		if m.onHealthTimer != nil {
-			m.onHealthTimer(next)
-		}
-		select {
-		case <-ctx.Done():
-		case <-reported:
-		case <-wake:
-		case <-reconcile:
-			m.startReconcile(ctx)
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		if ctx.Err() != nil {
+	}
+	m.afterMu.Lock()
+	m.afterStopped = true
+	m.afterMu.Unlock()
+}
+
+// after runs f on a goroutine of its own d from now, counted in m.wg,
+// unless the timers stopped. The goroutine lives only while f runs: a
+// clock may call its timers' functions holding a lock of its own
+// (k8s.io/utils' fake clock does), which f, asking the clock the time,
+// would wait for.
+func (m *Manager) after(d time.Duration, f func()) clock.Timer {
+	return m.cfg.Clock.AfterFunc(d, func() {
+		m.afterMu.Lock()
+		defer m.afterMu.Unlock()
+		if m.afterStopped {
 			return
 		}
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			f()
+		}()
+	})
+}
+
+// reconcileTick starts a reconciliation (startReconcile) and arms the
+// next.
+func (m *Manager) reconcileTick() {
+	m.timersMu.Lock()
+	defer m.timersMu.Unlock()
+	if m.timersStopped || m.timersCtx.Err() != nil {
+		return
+	}
+	m.startReconcile(m.timersCtx)
+	m.reconcileTimer = m.after(m.cfg.ReconcilePeriod, m.reconcileTick)
+}
+
+// armHealth tells the pods whose devices' last reports timed out, and
+// arms the timer for the earliest expiry to come: a driver that stops
+// reporting without closing its stream makes its devices Unknown in the
+// pods' status at the time they time out, without waiting for another
+// change. It runs at the start, on that timer and after every report.
+func (m *Manager) armHealth() {
+	m.timersMu.Lock()
+	defer m.timersMu.Unlock()
+	if m.timersStopped || m.timersCtx == nil || m.timersCtx.Err() != nil {
+		return
+	}
+	expired, next, err := m.health.expire(m.cfg.Clock.Now(), m.cfg.HealthTimeout)
+	if err != nil {
+		m.log.Error("Saving the DRA health state failed", "err", err)
+	}
+	for _, driver := range sortedKeys(expired) {
+		m.log.Info("DRA driver stopped reporting the health of devices, now Unknown", "driver", driver, "devices", len(expired[driver]))
+		m.notify(driver, expired[driver])
+	}
+	if m.healthTimer != nil {
+		m.healthTimer.Stop()
+		m.healthTimer = nil
+	}
+	if !next.IsZero() {
+		m.healthTimer = m.after(next.Sub(m.cfg.Clock.Now()), m.armHealth)
+	}
+	if m.onHealthTimer != nil {
+		m.onHealthTimer(next)
 	}
 }
 
@@ -306,7 +350,7 @@ func (m *Manager) handleHealthStream(stream drahealthv1.DRAResourceHealth_NodeWa
 		if err != nil {
 			m.log.Error("Saving the DRA health state failed", "driver", driver, "err", err)
 		}
-		m.healthReported.Broadcast()
+		m.armHealth()
 		m.notify(driver, changed)
 		if m.onHealth != nil {
 			m.onHealth(driver)

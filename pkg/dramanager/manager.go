@@ -59,6 +59,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/dpkit/dpkit/internal/broadcast"
 	"github.com/dpkit/dpkit/pkg/dramanager/checkpoint"
@@ -80,10 +81,18 @@ type Manager struct {
 	// pluginsChanged is broadcast when Plugins' answer may have changed.
 	pluginsChanged broadcast.Change
 	metrics        *metrics
-	// healthReported is broadcast after every health report.
-	healthReported broadcast.Change
+	// timersMu guards the timers (startTimers) and what their callbacks
+	// start.
+	timersMu       sync.Mutex
+	timersCtx      context.Context
+	timersStopped  bool
+	reconcileTimer clock.Timer
+	healthTimer    clock.Timer
+	// afterMu orders the timers' goroutines (after) before Stop's wait.
+	afterMu      sync.Mutex
+	afterStopped bool
 	// onHealthTimer, set by tests before Start, is called each time the
-	// health expiry loop sleeps, with the time it wakes (zero: none).
+	// health expiry timer is armed, with the time it fires (zero: none).
 	onHealthTimer func(next time.Time)
 	// onHealth, set by tests before Start, is called after every report.
 	onHealth func(driver string)
@@ -167,11 +176,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.wipe(m.ctx, "")
 		}()
 	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		m.expireHealth(m.ctx)
-	}()
+	m.startTimers(m.ctx)
 	return nil
 }
 
@@ -210,6 +215,7 @@ func (m *Manager) Stop() {
 	if cancel != nil {
 		cancel()
 	}
+	m.stopTimers()
 	m.closePlugins()
 	m.wg.Wait()
 }

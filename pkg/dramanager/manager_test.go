@@ -326,7 +326,7 @@ func TestRollingUpdate(t *testing.T) {
 	old.NoMoreCalls(t)
 }
 
-// armed waits until the health expiry loop sleeps until want.
+// armed waits until the health expiry timer is armed for want.
 func armed(t *testing.T, timers <-chan time.Time, want time.Time) {
 	t.Helper()
 	for {
@@ -336,7 +336,7 @@ func armed(t *testing.T, timers <-chan time.Time, want time.Time) {
 				return
 			}
 		case <-time.After(time.Minute):
-			t.Fatalf("the health expiry loop did not sleep until %v within a minute", want)
+			t.Fatalf("the health expiry timer was not armed for %v within a minute", want)
 		}
 	}
 }
@@ -471,7 +471,7 @@ func TestReconcileEveryPeriod(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	var mu sync.Mutex
 	active := []*corev1.Pod{dratest.Pod("default", "p1", "pod-1", "a"), dratest.Pod("default", "p2", "pod-2", "b")}
-	// The loop called onHealthTimer once it holds the ticker.
+	// onHealthTimer is called once the reconcile timer is armed.
 	looping := make(chan struct{}, 1)
 	n := newNodeHooked(t, "", func(c *Config) {
 		c.Clock = clk

@@ -103,6 +103,11 @@ type Config struct {
 	// events of its own pods only (NewPodRouter over Informers' pod
 	// informer); without it every node is told of every pod.
 	PodRouter *PodRouter
+	// SharedPods, with Informers, runs one virtual-kubelet pod controller
+	// for the nodes of the process (NewSharedPods, named with this node):
+	// the node joins it instead of running its own, and PodSyncWorkers
+	// is unused.
+	SharedPods *SharedPods
 	// NewBackend builds the backend. Required.
 	NewBackend NewBackend
 	// Resources are the declared capacity (cpu, memory, pods and any
@@ -461,20 +466,28 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			return p
 		},
 	})
-	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
-		PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
-		PodInformer:       podInformer,
-		EventRecorder:     withoutVKSuccess{recorder},
-		Provider:          n.prov,
-		ConfigMapInformer: factory.Core().V1().ConfigMaps(),
-		SecretInformer:    factory.Core().V1().Secrets(),
-		ServiceInformer:   factory.Core().V1().Services(),
-		PodEventFilterFunc: func(_ context.Context, p *corev1.Pod) bool {
-			return p.Spec.NodeName == cfg.Name
-		},
-	})
-	if err != nil {
-		return err
+	var pc *vknode.PodController // nil with SharedPods
+	var podsReady <-chan struct{}
+	if cfg.SharedPods != nil {
+		podsReady = cfg.SharedPods.Ready()
+	} else {
+		var err error
+		pc, err = vknode.NewPodController(vknode.PodControllerConfig{
+			PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
+			PodInformer:       podInformer,
+			EventRecorder:     withoutVKSuccess{recorder},
+			Provider:          n.prov,
+			ConfigMapInformer: factory.Core().V1().ConfigMaps(),
+			SecretInformer:    factory.Core().V1().Secrets(),
+			ServiceInformer:   factory.Core().V1().Services(),
+			PodEventFilterFunc: func(_ context.Context, p *corev1.Pod) bool {
+				return p.Spec.NodeName == cfg.Name
+			},
+		})
+		if err != nil {
+			return err
+		}
+		podsReady = pc.Ready()
 	}
 	if _, err := podInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
 		FilterFunc: func(obj any) bool {
@@ -524,13 +537,23 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		return err
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := pc.Run(gctx, cfg.PodSyncWorkers); err != nil && gctx.Err() == nil {
-			return fmt.Errorf("pod controller: %w", err)
+	// The provider is complete: the pod controller may call it from now.
+	if cfg.SharedPods != nil {
+		leave, err := cfg.SharedPods.join(cfg.Name, n.prov, recorder, n.dra.PodMightNeedToUnprepareResources)
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+		defer leave()
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	if pc != nil {
+		g.Go(func() error {
+			if err := pc.Run(gctx, cfg.PodSyncWorkers); err != nil && gctx.Err() == nil {
+				return fmt.Errorf("pod controller: %w", err)
+			}
+			return nil
+		})
+	}
 	podFactory.Start(gctx.Done())
 	nodeFactory.Start(gctx.Done())
 	factory.Start(gctx.Done())
@@ -554,7 +577,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		}
 		n.removeStartupTaints(gctx)
 		select {
-		case <-pc.Ready():
+		case <-podsReady:
 		case <-gctx.Done():
 			return nil
 		}
@@ -568,7 +591,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	if oc, ok := n.be.(backend.OrphanCleaner); ok {
 		g.Go(func() error {
 			select {
-			case <-pc.Ready():
+			case <-podsReady:
 			case <-gctx.Done():
 				return nil
 			}

@@ -91,7 +91,7 @@ The API server is reached with --kubeconfig, else $KUBECONFIG, else
 	f.IntVar(&o.Count, "count", 1, "number of virtual nodes to run in this process")
 	f.StringVar(&o.PluginConfig, "plugin-config", "", "a dpkit plugin config (e.g. examples/fake.yaml) served in this process for every node, on its own directories (both fronts; the dra front publishes for its node): N nodes with devices and no N plugin processes")
 	f.StringVar(&o.PluginRegistration, "plugin-registration", "", "how --plugin-config's plugins reach their nodes: socket (each serves its socket in its node's plugins_registry, as a DaemonSet's plugin) or in-process (no socket: the same calls, made in this process); default socket for one node, in-process with --count above 1")
-	f.IntVar(&o.PodSyncWorkers, "pod-sync-workers", 0, "workers of each of a node's three pod queues (sync, delete, status); 0: 10 for one node, 2 per node with --count above 1")
+	f.IntVar(&o.PodSyncWorkers, "pod-sync-workers", 0, "workers of each of the three pod queues (sync, delete, status), which the nodes of a --count above 1 share; 0: 10 for one node, 2 a node up to 64 with --count above 1 (sim backend: 1 a node, up to 32)")
 	f.Float64Var(&o.QPS, "qps", 50, "API client queries per second, shared by all nodes; TokenReviews and SubjectAccessReviews each have a limiter of their own at this rate, Lease renewals and node status updates are not throttled")
 	f.IntVar(&o.Burst, "burst", 100, "API client burst (and the review limiters')")
 	f.DurationVar(&o.SimStart, "sim-start-delay", 0, "sim backend: how long pods stay Pending before running")
