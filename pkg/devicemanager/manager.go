@@ -49,10 +49,12 @@ type Manager struct {
 	resources map[string]*resourceState
 	// owner maps resource -> device ID -> pod UID for every device held by
 	// a pod (or reserved for one during Admit).
-	owner   map[string]map[string]string
-	pods    map[string]*podState
-	subs    map[int]chan struct{}
-	nextSub int
+	owner map[string]map[string]string
+	pods  map[string]*podState
+	subs  map[int]chan struct{}
+	// subFuncs are SubscribeFunc's subscribers.
+	subFuncs map[int]func()
+	nextSub  int
 	// held are the pods whose admission waits for their resources'
 	// plugins (Config.AdmissionWait), by UID: "namespace/name".
 	held map[string]string
@@ -280,12 +282,35 @@ func (m *Manager) Subscribe() (<-chan struct{}, func()) {
 	}
 }
 
+// SubscribeFunc has f called on every change Subscribe tells of. f is
+// called with the manager's lock held: it must only take note and return
+// (ondemand.Loop.Ensure, say), without calling the manager. A subscriber
+// that way holds no goroutine to wait on a channel. Call cancel to stop.
+func (m *Manager) SubscribeFunc(f func()) (cancel func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := m.nextSub
+	m.nextSub++
+	if m.subFuncs == nil {
+		m.subFuncs = map[int]func(){}
+	}
+	m.subFuncs[id] = f
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		delete(m.subFuncs, id)
+	}
+}
+
 func (m *Manager) notifyLocked() {
 	for _, ch := range m.subs {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+	for _, f := range m.subFuncs {
+		f()
 	}
 }
 

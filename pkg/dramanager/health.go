@@ -428,6 +428,21 @@ func (m *Manager) notify(driver string, devices []DeviceHealth) {
 	}
 	slices.Sort(uids)
 	m.updates <- uids // emptied above, and only senders hold updatesMu
+	if f := m.onUpdate.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// OnUpdate has f called after every update sent on Updates, so that its
+// reader need not wait on the channel: f must only take note and return
+// (ondemand.Loop.Ensure, say); the reader then takes the update without
+// blocking. nil stops it.
+func (m *Manager) OnUpdate(f func()) {
+	if f == nil {
+		m.onUpdate.Store(nil)
+		return
+	}
+	m.onUpdate.Store(&f)
 }
 
 // Updates delivers the UIDs of pods whose devices' health changed, sorted;

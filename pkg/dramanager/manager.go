@@ -76,6 +76,7 @@ type Manager struct {
 	// updates holds one update at most; updatesMu orders its senders.
 	updates   chan []types.UID
 	updatesMu sync.Mutex
+	onUpdate  atomic.Pointer[func()] // OnUpdate's
 	// reconciling is set while a reconciliation runs (startReconcile).
 	reconciling atomic.Bool
 	// pluginsChanged is broadcast when Plugins' answer may have changed.

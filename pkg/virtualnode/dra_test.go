@@ -42,11 +42,9 @@ func startDRAProvider(t *testing.T, root string) (context.Context, dratest.Claim
 	if err := host.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
 	p.draq.loop.Start(ctx, p.runDRA, p.draq.hasWork)
-	devices, unsubscribe := host.Manager.Subscribe()
-	go func() { p.watchHealth(ctx, devices, nil); close(done) }()
-	t.Cleanup(func() { cancel(); p.draq.loop.Stop(); <-done; unsubscribe(); host.Stop() })
+	stopHealth := p.startHealth(ctx, nil)
+	t.Cleanup(func() { cancel(); p.draq.loop.Stop(); stopHealth(); host.Stop() })
 	return ctx, claims, p, rec
 }
 

@@ -172,9 +172,7 @@ func TestPodStatusDeviceHealth(t *testing.T) {
 	ctx, host, p := startProvider(t, root)
 	p.be = sim.New(sim.Config{Config: backend.Config{Notify: p.backendNotify, PreStart: p.preStart}})
 	got := recordStatuses(ctx, p)
-	devices, unsubscribe := p.host.Manager.Subscribe()
-	t.Cleanup(unsubscribe)
-	go p.watchHealth(ctx, devices, nil)
+	t.Cleanup(p.startHealth(ctx, nil))
 	const foo = "example.com/foo"
 	devs := dptest.NewDevices("d0", "d1", "d2", "d3", "d4", "d5")
 	stopPlugin := servePlugins(t, root, deviceplugin.Resource{Name: foo, Plugin: devs})

@@ -313,7 +313,8 @@ func DefaultHostname() string {
 }
 
 // Run runs the node until ctx is done. started, when not nil, is called
-// once the node is registered and its pod controller is running.
+// once the node is registered and its pod controller is running (with
+// Config.SharedPods, once the node has joined it).
 func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("virtual node: %w", err)
@@ -507,10 +508,6 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		}
 	}
 	n.rememberPluginResources(ctx)
-	// Subscribed before the node's first status is computed, so no device
-	// change after it is missed.
-	devices, unsubscribe := n.mgr.Subscribe()
-	defer unsubscribe()
 	n.node = n.nodeObject()
 	n.markSent(n.node)
 	n.prov.node = func() *corev1.Node {
@@ -559,7 +556,8 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	factory.Start(gctx.Done())
 	n.status.Start(gctx, n.sendStatus, n.statusPending)
 	defer n.status.Stop() // after g.Wait, which ends gctx
-	g.Go(func() error { n.prov.watchHealth(gctx, devices, func() { n.devicesChanged(gctx) }); return nil })
+	stopHealth := n.prov.startHealth(gctx, func() { n.devicesChanged(gctx) })
+	defer stopHealth() // after g.Wait, which ends gctx
 	n.prov.draq.loop.Start(gctx, n.prov.runDRA, n.prov.draq.hasWork)
 	defer n.prov.draq.loop.Stop() // after g.Wait, which ends gctx
 	if cfg.Port > 0 {
@@ -576,10 +574,15 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			return nil
 		}
 		n.removeStartupTaints(gctx)
-		select {
-		case <-podsReady:
-		case <-gctx.Done():
-			return nil
+		// A node's own pod controller runs by now; a shared one waits for
+		// every node of the process, which this node's plugins need not
+		// (they start once the node runs): it has joined.
+		if cfg.SharedPods == nil {
+			select {
+			case <-podsReady:
+			case <-gctx.Done():
+				return nil
+			}
 		}
 		n.log.Info("Virtual node running", "root", cfg.Root, "registration", n.mgr.SocketPath(),
 			"podResources", podresources.SocketPath(cfg.Root), "api", n.APIAddr())

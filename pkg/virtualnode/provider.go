@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/dpkit/dpkit/internal/ondemand"
 	"github.com/dpkit/dpkit/pkg/devicehost"
 	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
@@ -29,8 +30,10 @@ type provider struct {
 	// what their containers get; draq is the work of the DRA loop
 	// (runDRA).
 	host *devicehost.Host
-	draq draQueue
-	be   backend.Backend
+	// health runs startHealth's loop while it has notifications.
+	health ondemand.Loop
+	draq   draQueue
+	be     backend.Backend
 	// nodeIP is reported in the status of pods waiting for their claims.
 	nodeIP string
 	// recorder records the kubelet's events; set before pods arrive.
@@ -221,34 +224,44 @@ func resourcesStatusDiffers(pod *corev1.Pod, byContainer map[string][]corev1.Res
 	return false
 }
 
-// watchHealth reports again every active pod whose devices' health
+// startHealth reports again every active pod whose devices' health
 // changed, as the kubelet resyncs the pods a device plugin's or a DRA
-// driver's health update concerns; it returns when ctx ends. The device
-// manager's notifications cover health changes, devices no longer listed,
-// plugins connecting and going away and resources removed; the DRA
-// manager's (Updates) health reports and drivers' health streams ending.
-// devices is a subscription to the device manager (Subscribe), whose
-// every notification also calls devicesChanged when set: one goroutine
-// and one subscription for both, one fewer each for every node of a
-// process. It returns when ctx ends or devices closes.
-func (p *provider) watchHealth(ctx context.Context, devices <-chan struct{}, devicesChanged func()) {
-	draUpdates := p.host.DRA.Updates()
-	for {
-		for _, pod := range p.refreshHealth() {
-			p.publish(pod.Namespace, pod.Name)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-devices:
-			if !ok {
-				return
-			}
-			if devicesChanged != nil {
+// driver's health update concerns, until ctx ends or stop is called. The
+// device manager's notifications cover health changes, devices no longer
+// listed, plugins connecting and going away and resources removed; the
+// DRA manager's (Updates) health reports and drivers' health streams
+// ending. Every device manager notification also calls devicesChanged,
+// when set. It looks once at the start, then on a goroutine that runs
+// only while notifications are pending (p.health): an idle node holds
+// none for it.
+func (p *provider) startHealth(ctx context.Context, devicesChanged func()) (stop func()) {
+	var devices, dra atomic.Bool
+	// The first look includes devicesChanged: a change between the
+	// node's first status and the subscription below is not missed.
+	devices.Store(true)
+	pending := func() bool { return devices.Load() || dra.Load() }
+	p.health.Start(ctx, func(ctx context.Context) {
+		for ctx.Err() == nil && !p.health.Idle(pending) {
+			if devices.Swap(false) && devicesChanged != nil {
 				devicesChanged()
 			}
-		case <-draUpdates:
+			if dra.Swap(false) {
+				select {
+				case <-p.host.DRA.Updates(): // the pods are recomputed below
+				default:
+				}
+			}
+			for _, pod := range p.refreshHealth() {
+				p.publish(pod.Namespace, pod.Name)
+			}
 		}
+	}, pending)
+	unsubscribe := p.host.Manager.SubscribeFunc(func() { devices.Store(true); p.health.Ensure() })
+	p.host.DRA.OnUpdate(func() { dra.Store(true); p.health.Ensure() })
+	return func() {
+		unsubscribe()
+		p.host.DRA.OnUpdate(nil)
+		p.health.Stop()
 	}
 }
 

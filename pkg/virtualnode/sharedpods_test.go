@@ -19,7 +19,7 @@ import (
 )
 
 // TestSharedPods runs two nodes on one pod controller: it starts once
-// both joined; each pod runs on, and is reported by, the node it is
+// both joined (a node runs, and its plugins may start, before that); each pod runs on, and is reported by, the node it is
 // bound to; a pod bound to a node outside the process is left alone;
 // a pod deleted from the API server leaves its node; the controller's
 // events go to the recorder of the pod's node.
@@ -88,8 +88,6 @@ func TestSharedPods(t *testing.T) {
 	select {
 	case <-shared.Ready():
 		t.Fatal("the shared pod controller runs with one node of two joined")
-	case <-nodes["vn-a"]:
-		t.Fatal("a node started before the pod controller it shares")
 	default:
 	}
 	start("vn-b")
