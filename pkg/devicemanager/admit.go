@@ -2,6 +2,7 @@ package devicemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -22,12 +23,45 @@ import (
 //
 // On failure the devices allocated by this call are released and the
 // error is an *AdmissionError whose Reason is UnexpectedAdmissionError or
-// TopologyAffinityError.
+// TopologyAffinityError. An admission cut short by ctx or by Stop is not
+// the pod's failure and returns no *AdmissionError (interrupted).
 func (m *Manager) Admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {
+	var (
+		alloc *PodAllocation
+		err   error
+	)
 	if m.cfg.AdmissionWait > 0 {
-		return m.admitHeld(ctx, pod)
+		alloc, err = m.admitHeld(ctx, pod)
+	} else {
+		alloc, err = m.admit(ctx, pod)
 	}
-	return m.admit(ctx, pod)
+	if err != nil {
+		return nil, m.interrupted(ctx, pod, err)
+	}
+	return alloc, nil
+}
+
+// interrupted returns err, unless the admission failed while its caller
+// gave up (ctx done) or the manager was stopping: a plugin's Allocate cut
+// off by the node's own shutdown says nothing of the pod. A kubelet that
+// stops writes nothing either, and its next run admits the pod again; a
+// rejection here would fail a pod for good for the node's restart. The
+// error then wraps ctx's cause or ErrNotStarted, and no *AdmissionError.
+func (m *Manager) interrupted(ctx context.Context, pod *corev1.Pod, err error) error {
+	var ae *AdmissionError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("admission of pod %s/%s interrupted (%v): %w", pod.Namespace, pod.Name, err, context.Cause(ctx))
+	}
+	m.mu.Lock()
+	stopping := m.stopping
+	m.mu.Unlock()
+	if stopping {
+		return fmt.Errorf("admission of pod %s/%s interrupted (%v): %w", pod.Namespace, pod.Name, err, ErrNotStarted)
+	}
+	return err
 }
 
 func (m *Manager) admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {

@@ -466,6 +466,54 @@ func TestAllocateDeadline(t *testing.T) {
 	}
 }
 
+// TestAdmissionInterrupted: an Allocate cut off because the caller gave
+// up or the manager is stopping (a node shutting down) is no admission
+// failure: Admit returns no *AdmissionError, so the pod is not rejected
+// and the next run admits it; its devices are released meanwhile.
+func TestAdmissionInterrupted(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want error
+		// interrupt cuts the admission off; cancel is its context's.
+		interrupt func(m *Manager, cancel context.CancelFunc)
+	}{
+		{"caller gave up", context.Canceled, func(_ *Manager, cancel context.CancelFunc) { cancel() }},
+		{"manager stopping", ErrNotStarted, func(m *Manager, _ context.CancelFunc) { m.Stop() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testdir.Short(t, "dm")
+			m := startManager(t, Config{Root: dir})
+			p := newStub(t, PluginDir(dir), res, "dev.sock", nil, devs("d1"))
+			inFlight, release := make(chan struct{}, 1), make(chan struct{})
+			t.Cleanup(func() { close(release) }) // before the stub's server stops
+			p.allocate = func([]string) (*pluginapi.AllocateResponse, error) {
+				inFlight <- struct{}{}
+				<-release
+				return nil, errBoom
+			}
+			p.register(t, m.SocketPath())
+			waitFor(t, m, "devices", func() bool { return allocatable(m, res) == 1 })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			admitted := make(chan error, 1)
+			go func() {
+				_, err := m.Admit(ctx, makePod("p1", c("app", 1)))
+				admitted <- err
+			}()
+			<-inFlight
+			tc.interrupt(m, cancel)
+			err := <-admitted
+			var ae *AdmissionError
+			if errors.As(err, &ae) || !errors.Is(err, tc.want) {
+				t.Fatalf("Admit error %v, want one wrapping %v and no *AdmissionError", err, tc.want)
+			}
+			if len(m.Pods()) != 0 {
+				t.Fatalf("pods recorded after an interrupted admission: %v", m.Pods())
+			}
+		})
+	}
+}
+
 func TestAllocateErrorReleasesAndRollsBackPod(t *testing.T) {
 	dir := testdir.Short(t, "dm")
 	m := startManager(t, Config{Root: dir})

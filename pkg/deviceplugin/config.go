@@ -105,9 +105,11 @@ type Config struct {
 	// ShutdownTimeout bounds how long shutdown waits for in-flight RPCs.
 	// Default 10s.
 	ShutdownTimeout time.Duration
-	// FirstScanWait is how long registration waits for the plugin's first
-	// device list, so the kubelet's first ListAndWatch message is full;
-	// after it the plugin registers with what it has. Default 5s.
+	// FirstScanWait is how long registration (and, in registry mode,
+	// where the kubelet's plugin watcher may find the socket before the
+	// first scan, the first ListAndWatch message) waits for the plugin's
+	// first device list, so the kubelet's first ListAndWatch message is
+	// full; after it the plugin registers with what it has. Default 5s.
 	FirstScanWait time.Duration
 	// StreamEndedGuard is how long after a registration a ListAndWatch
 	// stream that ends is taken for the kubelet's previous connection

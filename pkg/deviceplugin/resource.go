@@ -66,10 +66,11 @@ type resource struct {
 	scanned  chan struct{} // closed on the first snapshot
 	scanOnce sync.Once
 	// registration runs the registration loop while reasons are pending
-	// (kubelet and in-process modes); waitedFirstScan is the loop's own:
-	// only its first run waits for the first snapshot.
-	registration    ondemand.Loop
-	waitedFirstScan bool
+	// (kubelet and in-process modes).
+	registration ondemand.Loop
+	// firstScanBy is when waiting for the first snapshot ends
+	// (awaitFirstScan), set by the first wait; guarded by mu.
+	firstScanBy time.Time
 
 	// relistenMu makes relisten's "is the socket still ours? if not,
 	// listen again" one step: the fsnotify handler, the registration loop
@@ -599,6 +600,41 @@ func (r *resource) needsRegistration(reason string) bool {
 	}
 }
 
+// awaitFirstScan waits for the plugin's first device list, until
+// FirstScanWait after the first wait began: what the kubelet first sees
+// of the resource, at its registration or on the first ListAndWatch of a
+// plugin watcher that found the socket, is the plugin's devices, not an
+// empty list it would refuse pods for. It reports false when ctx ended or
+// the server stops first.
+func (r *resource) awaitFirstScan(ctx context.Context, what string) bool {
+	select {
+	case <-r.scanned:
+		return true
+	default:
+	}
+	r.mu.Lock()
+	if r.firstScanBy.IsZero() {
+		r.firstScanBy = r.cfg.Clock.Now().Add(r.cfg.FirstScanWait)
+	}
+	left := r.firstScanBy.Sub(r.cfg.Clock.Now())
+	r.mu.Unlock()
+	if left <= 0 {
+		return true // waited once already: go on with what there is
+	}
+	t := r.cfg.Clock.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-r.scanned:
+	case <-t.C():
+		r.log.Warn("Plugin reported no devices in time; "+what+" with none", "firstScanWait", r.cfg.FirstScanWait)
+	case <-ctx.Done():
+		return false
+	case <-r.stopping:
+		return false
+	}
+	return true
+}
+
 // registerLoop registers the resource for every reason asked of it
 // (requestRegistration), retrying with jittered back-off until it
 // succeeds; a new reason during a back-off retries at once. It runs, on
@@ -607,18 +643,8 @@ func (r *resource) needsRegistration(reason string) bool {
 // holds none.
 func (r *resource) registerLoop(ctx context.Context) {
 	// Serve the first full device list: wait briefly for the first scan.
-	if !r.waitedFirstScan {
-		t := r.cfg.Clock.NewTimer(r.cfg.FirstScanWait)
-		select {
-		case <-r.scanned:
-		case <-t.C():
-			r.log.Warn("Plugin reported no devices in time; registering with none", "firstScanWait", r.cfg.FirstScanWait)
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-		t.Stop()
-		r.waitedFirstScan = true
+	if !r.awaitFirstScan(ctx, "registering") {
+		return
 	}
 	b := backoff.Retry{Exponential: backoff.Exponential{Initial: r.cfg.RetryMin, Max: r.cfg.RetryMax}, Jitter: true}
 	for ctx.Err() == nil && !r.registration.Idle(r.hasPending) {

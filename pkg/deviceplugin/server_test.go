@@ -537,15 +537,12 @@ func TestRegistryModeNotifiedBeforeFirstScan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The stream is open before the devices come: its first message
+	// waits for them, not an empty list the kubelet would refuse pods for.
+	waitStreams(t, srv, 1)
 	close(p.release)
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(m.Devices) == 2 {
-			break
-		}
+	if m, err := stream.Recv(); err != nil || len(m.Devices) != 2 {
+		t.Fatalf("first ListAndWatch message %v, %v; want the 2 devices of the first scan", m, err)
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
@@ -555,6 +552,45 @@ func TestRegistryModeNotifiedBeforeFirstScan(t *testing.T) {
 	for _, st := range srv.Status() {
 		if !st.Registered {
 			t.Errorf("%s not registered after the first scan", st.Name)
+		}
+	}
+}
+
+// TestRegistryModeFirstListWaitsAtMostFirstScanWait: a plugin whose scan
+// reports nothing gets its stream's first message, an empty list, once
+// FirstScanWait has passed, and later streams at once.
+func TestRegistryModeFirstListWaitsAtMostFirstScanWait(t *testing.T) {
+	p := gatedPlugin{testPlugin: newTestPlugin(2), release: make(chan struct{})}
+	_, conn, ctx := runRegistryServer(t, deviceplugin.Config{Registration: deviceplugin.RegistrationRegistry, FirstScanWait: 100 * time.Millisecond}, p)
+	client := pluginapi.NewDevicePluginClient(conn)
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := stream.Recv(); err != nil || len(m.Devices) != 0 {
+		t.Fatalf("first message after FirstScanWait %v, %v; want an empty list", m, err)
+	}
+	again, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := again.Recv(); err != nil || len(m.Devices) != 0 {
+		t.Fatalf("a later stream's first message %v, %v; want the empty list at once", m, err)
+	}
+}
+
+// waitStreams waits until the server's resource has n ListAndWatch
+// streams open.
+func waitStreams(t *testing.T, srv *deviceplugin.Server, n int) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for srv.Status()[0].Streams != n {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%d ListAndWatch streams open, want %d", srv.Status()[0].Streams, n)
 		}
 	}
 }

@@ -45,6 +45,14 @@ func (s service) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_
 	r.streamOpened()
 	ended := streamEndedByServer
 	defer func() { r.streamClosed(ended) }()
+	// A plugin watcher may find the socket before the plugin's first
+	// scan: its first message waits for the devices.
+	if !r.awaitFirstScan(stream.Context(), "listing") {
+		if stream.Context().Err() != nil {
+			ended = streamEndedByKubelet
+		}
+		return nil
+	}
 
 	sent := ^uint64(0)
 	for {
