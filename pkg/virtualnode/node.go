@@ -474,7 +474,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	} else {
 		var err error
 		pc, err = vknode.NewPodController(vknode.PodControllerConfig{
-			PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: n.dra.PodMightNeedToUnprepareResources},
+			PodClient:         holdingPods{PodsGetter: cfg.Client.CoreV1(), held: func(_, _ string, uid types.UID) bool { return n.dra.PodMightNeedToUnprepareResources(uid) }},
 			PodInformer:       podInformer,
 			EventRecorder:     withoutVKSuccess{recorder},
 			Provider:          n.prov,

@@ -21,25 +21,27 @@ var errClaimsPrepared = errors.New("dpkit node: the pod's ResourceClaims are sti
 // them. Deleted sooner, its claims would be deallocated and their devices
 // given to other pods while the drivers still have them prepared. So a
 // deletion of a pod (by UID precondition, as the controller deletes) whose
-// claims held reports is answered Conflict, which the controller takes as
+// claims held reports (given the pod's namespace, name and UID) is
+// answered Conflict, which the controller takes as
 // "the pod changed" and drops; the node deletes the pod itself once its
 // claims are unprepared (Node.finishDeletion).
 type holdingPods struct {
 	typedcorev1.PodsGetter
-	held func(types.UID) bool
+	held func(namespace, name string, uid types.UID) bool
 }
 
 func (c holdingPods) Pods(namespace string) typedcorev1.PodInterface {
-	return holdingPodInterface{PodInterface: c.PodsGetter.Pods(namespace), held: c.held}
+	return holdingPodInterface{PodInterface: c.PodsGetter.Pods(namespace), namespace: namespace, held: c.held}
 }
 
 type holdingPodInterface struct {
 	typedcorev1.PodInterface
-	held func(types.UID) bool
+	namespace string
+	held      func(namespace, name string, uid types.UID) bool
 }
 
 func (p holdingPodInterface) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
-	if opts.Preconditions != nil && opts.Preconditions.UID != nil && p.held(*opts.Preconditions.UID) {
+	if opts.Preconditions != nil && opts.Preconditions.UID != nil && p.held(p.namespace, name, *opts.Preconditions.UID) {
 		return apierrors.NewConflict(corev1.Resource("pods"), name, errClaimsPrepared)
 	}
 	return p.PodInterface.Delete(ctx, name, opts)

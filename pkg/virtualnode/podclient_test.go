@@ -20,7 +20,7 @@ func TestHoldingPods(t *testing.T) {
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "held", UID: "uid-held"}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "free", UID: "uid-free"}},
 	)
-	pods := holdingPods{PodsGetter: client.CoreV1(), held: func(uid types.UID) bool { return uid == "uid-held" }}.Pods("ns")
+	pods := holdingPods{PodsGetter: client.CoreV1(), held: func(ns, name string, uid types.UID) bool { return ns == "ns" && name == "held" && uid == "uid-held" }}.Pods("ns")
 	for _, tc := range []struct {
 		name      string
 		uid       types.UID

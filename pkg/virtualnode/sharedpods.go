@@ -275,9 +275,16 @@ func (s *SharedPods) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
 	}
 }
 
-// held reports whether the node holding the pod of that UID still has
-// claims prepared for it (holdingPods).
-func (s *SharedPods) held(uid types.UID) bool {
+// held reports whether the node of the pod namespace/name of that UID
+// still has claims prepared for it (holdingPods). The node the pod is
+// bound to is asked; every node of the process only for a pod the
+// informer's cache does not have with that UID.
+func (s *SharedPods) held(namespace, name string, uid types.UID) bool {
+	if p, err := s.pods.Pods(namespace).Get(name); err == nil && p.UID == uid {
+		if n := s.node(p.Spec.NodeName); n != nil {
+			return n.held(uid)
+		}
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, n := range s.nodes {

@@ -3,6 +3,7 @@ package virtualnode
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/dpkit/dpkit/internal/testdir"
@@ -173,5 +176,37 @@ func TestSharedPods(t *testing.T) {
 	}
 	if err := shared.CreatePod(ctx, pod("late", "vn-x")); !errors.Is(err, ErrNodeNotJoined) {
 		t.Errorf("CreatePod on a node not joined: %v, want ErrNodeNotJoined", err)
+	}
+}
+
+// TestSharedPodsHeld: a deletion is held by the node the pod is bound to
+// alone (another node's prepared claims for a pod of the same UID do not
+// hold it); a pod the informer's cache lacks is held by whichever node
+// holds its UID.
+func TestSharedPodsHeld(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	bound := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u"}, Spec: corev1.PodSpec{NodeName: "a"}}
+	if err := indexer.Add(bound); err != nil {
+		t.Fatal(err)
+	}
+	holds := func(uids ...types.UID) func(types.UID) bool {
+		return func(uid types.UID) bool { return slices.Contains(uids, uid) }
+	}
+	s := &SharedPods{pods: corev1listers.NewPodLister(indexer), nodes: map[string]*sharedNode{
+		"a": {held: holds()},
+		"b": {held: holds("u", "gone")},
+	}}
+	if s.held("ns", "p", "u") {
+		t.Error("pod bound to a, which holds nothing: held by b's claims")
+	}
+	s.nodes["a"].held = holds("u")
+	if !s.held("ns", "p", "u") {
+		t.Error("pod bound to a, which holds its claims: not held")
+	}
+	if !s.held("ns", "gone", "gone") {
+		t.Error("pod not in the cache, b holds its claims: not held")
+	}
+	if s.held("ns", "other", "other") {
+		t.Error("pod no node holds: held")
 	}
 }
