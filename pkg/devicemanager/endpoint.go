@@ -242,6 +242,10 @@ func (m *Manager) attach(ctx context.Context, resource, socket string, conn io.C
 	m.log.Info("Device plugin connected", "resource", resource, "endpoint", socket,
 		"preStartRequired", opts.GetPreStartRequired(), "getPreferredAllocationAvailable", opts.GetGetPreferredAllocationAvailable())
 
+	if p, ok := api.(pushingClient); ok {
+		m.watchPushed(sctx, e, p)
+		return nil
+	}
 	go func() {
 		defer m.wg.Done()
 		m.run(sctx, e)
@@ -250,9 +254,37 @@ func (m *Manager) attach(ctx context.Context, resource, socket string, conn io.C
 	return nil
 }
 
+// watchPushed applies each list an in-process plugin pushes, on the
+// plugin's goroutine: no goroutine waits on its stream. Its end, the
+// plugin's (ended) or ctx's (the manager disconnected it), is run's and
+// disconnect's, once.
+func (m *Manager) watchPushed(ctx context.Context, e *endpoint, p pushingClient) {
+	var once sync.Once
+	end := func(err error) {
+		once.Do(func() {
+			m.streamEnded(ctx, e, err)
+			m.disconnect(e)
+			m.wg.Done()
+		})
+	}
+	stop := p.WatchDevices(func(resp *pluginapi.ListAndWatchResponse) error {
+		m.applyDevices(e, resp.Devices)
+		return nil
+	}, end)
+	// A goroutine only once ctx ends, not while it waits.
+	context.AfterFunc(ctx, func() {
+		stop()
+		end(ctx.Err())
+	})
+}
+
 // run consumes the plugin's ListAndWatch stream until it ends.
 func (m *Manager) run(ctx context.Context, e *endpoint) {
-	err := m.listAndWatch(ctx, e)
+	m.streamEnded(ctx, e, m.listAndWatch(ctx, e))
+}
+
+// streamEnded logs what ended the plugin's ListAndWatch stream.
+func (m *Manager) streamEnded(ctx context.Context, e *endpoint, err error) {
 	switch {
 	case ctx.Err() != nil:
 		// the manager disconnected it
@@ -267,22 +299,16 @@ func (m *Manager) run(ctx context.Context, e *endpoint) {
 	}
 }
 
-// pushingClient is a plugin client that runs ListAndWatch on the
-// caller's goroutine and hands it each list (an in-process plugin's,
-// deviceplugin.InProcessClient).
+// pushingClient is a plugin client that hands each list of its
+// ListAndWatch to a callback on the plugin's goroutine, none waiting on
+// the stream (an in-process plugin's, deviceplugin.InProcessClient).
 type pushingClient interface {
-	ListAndWatchTo(context.Context, *pluginapi.Empty, func(*pluginapi.ListAndWatchResponse) error) error
+	WatchDevices(send func(*pluginapi.ListAndWatchResponse) error, ended func(error)) (stop func())
 }
 
 // listAndWatch applies each list the plugin's stream carries and returns
 // what ended it (io.EOF when the plugin returned).
 func (m *Manager) listAndWatch(ctx context.Context, e *endpoint) error {
-	if p, ok := e.api.(pushingClient); ok {
-		return p.ListAndWatchTo(ctx, &pluginapi.Empty{}, func(resp *pluginapi.ListAndWatchResponse) error {
-			m.applyDevices(e, resp.Devices)
-			return nil
-		})
-	}
 	stream, err := e.api.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		return fmt.Errorf("ListAndWatch failed: %w", err)

@@ -3,9 +3,12 @@ package deviceplugin
 import (
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -30,6 +33,9 @@ type deviceSet struct {
 	mu       sync.Mutex
 	cur      *snapshot
 	watchers map[chan struct{}]struct{}
+	// pushed are the watchers handed each snapshot on the goroutine
+	// that made it (resource.pushDevices).
+	pushed   map[*pushWatcher]struct{}
 	onChange func(*snapshot)
 }
 
@@ -37,6 +43,7 @@ func newDeviceSet(onChange func(*snapshot)) *deviceSet {
 	return &deviceSet{
 		cur:      buildSnapshot(0, nil),
 		watchers: make(map[chan struct{}]struct{}),
+		pushed:   make(map[*pushWatcher]struct{}),
 		onChange: onChange,
 	}
 }
@@ -57,9 +64,16 @@ func (s *deviceSet) update(devs []Device) bool {
 		default:
 		}
 	}
+	pushed := make([]*pushWatcher, 0, len(s.pushed))
+	for w := range s.pushed {
+		pushed = append(pushed, w)
+	}
 	s.mu.Unlock()
 	if s.onChange != nil {
 		s.onChange(snap)
+	}
+	for _, w := range pushed {
+		w.push()
 	}
 	return true
 }
@@ -170,4 +184,79 @@ func describeEntry(d Device) string {
 		return health + ", no NUMA node"
 	}
 	return fmt.Sprintf("%s, NUMA nodes %v", health, d.NUMANodes)
+}
+
+// pushWatcher hands a resource's device lists to send, on the goroutine
+// that changed them, newest first and never one older than the last
+// sent: ListAndWatch without a goroutine waiting on the stream
+// (resource.pushDevices).
+type pushWatcher struct {
+	r     *resource
+	send  func(*pluginapi.ListAndWatchResponse) error
+	ended func(error)
+
+	mu   sync.Mutex // held while a list is sent: sends come in order
+	sent uint64
+	done bool
+}
+
+// push sends the newest list unless it was sent; a send that fails ends
+// the stream with its error as a status.
+func (w *pushWatcher) push() {
+	w.mu.Lock()
+	if w.done {
+		w.mu.Unlock()
+		return
+	}
+	snap := w.r.devices.current()
+	if snap.version == w.sent {
+		w.mu.Unlock()
+		return
+	}
+	var err error
+	if n := proto.Size(snap.msg); n > KubeletMaxMessageSize {
+		err = status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, KubeletMaxMessageSize)
+	} else if serr := w.send(proto.Clone(snap.msg).(*pluginapi.ListAndWatchResponse)); serr != nil {
+		err = status.Convert(serr).Err()
+	} else {
+		w.sent = snap.version
+	}
+	w.mu.Unlock()
+	if err != nil {
+		w.finish(streamEndedByKubelet, err)
+	}
+}
+
+// finish ends the stream once: the watcher is dropped, the stream
+// counted closed as end says, and ended told err (none when err is nil:
+// the receiver stopped it).
+func (w *pushWatcher) finish(end streamEnd, err error) {
+	w.mu.Lock()
+	if w.done {
+		w.mu.Unlock()
+		return
+	}
+	w.done = true
+	w.mu.Unlock()
+	d := w.r.devices
+	d.mu.Lock()
+	delete(d.pushed, w)
+	d.mu.Unlock()
+	w.r.streamClosed(end)
+	if err != nil {
+		w.ended(err)
+	}
+}
+
+// endPushed ends every pushed stream as the server's: the plugin stops.
+func (s *deviceSet) endPushed() {
+	s.mu.Lock()
+	pushed := make([]*pushWatcher, 0, len(s.pushed))
+	for w := range s.pushed {
+		pushed = append(pushed, w)
+	}
+	s.mu.Unlock()
+	for _, w := range pushed {
+		w.finish(streamEndedByServer, io.EOF)
+	}
 }

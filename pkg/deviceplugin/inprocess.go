@@ -230,3 +230,29 @@ func (p inProcessServerStream) SendMsg(m any) error {
 	}
 	return p.Send(msg)
 }
+
+// WatchDevices is ListAndWatch for a caller in this process that takes
+// each list on the plugin's goroutine: send gets the current list, then
+// each new one, in order, on the goroutine that changed it; the stream's
+// end is told to ended as Recv would return it (io.EOF when the plugin
+// stops, ResourceExhausted for a list over the kubelet's limit, send's
+// error as a status); stop ends it from the caller's side, ended not
+// told. For the SDK's own server no goroutine waits on the stream: one
+// fewer for each of the thousand nodes of a process. Another server's
+// ListAndWatch runs on a goroutine of its own (ListAndWatchTo), which
+// stop waits for. send and ended must not call stop.
+func (c inProcessClient) WatchDevices(send func(*pluginapi.ListAndWatchResponse) error, ended func(error)) (stop func()) {
+	if svc, ok := c.srv.(service); ok {
+		return svc.r.pushDevices(send, ended)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := c.ListAndWatchTo(ctx, &pluginapi.Empty{}, send)
+		if ctx.Err() == nil {
+			ended(err)
+		}
+	}()
+	return func() { cancel(); <-done }
+}

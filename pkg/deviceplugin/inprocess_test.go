@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -272,4 +273,90 @@ func (nopPlugin) Scan(ctx context.Context, _ func([]deviceplugin.Device)) error 
 
 func (nopPlugin) Allocate(context.Context, []string) (*pluginapi.ContainerAllocateResponse, error) {
 	return &pluginapi.ContainerAllocateResponse{}, nil
+}
+
+// watching is the in-process client's WatchDevices, which the device
+// manager uses when a client has it.
+type watching interface {
+	WatchDevices(send func(*pluginapi.ListAndWatchResponse) error, ended func(error)) (stop func())
+}
+
+// capturingKubelet hands the test the client of each in-process
+// registration.
+type capturingKubelet chan pluginapi.DevicePluginClient
+
+func (k capturingKubelet) ConnectInProcess(_ context.Context, _, _ string, c pluginapi.DevicePluginClient) error {
+	k <- c
+	return nil
+}
+
+// TestInProcessWatchDevices: an SDK server's lists reach a watcher on the
+// plugin's goroutine: the current one before WatchDevices returns, each
+// change in order; the watcher counts as a stream; stop ends it without
+// telling ended; the server's stop ends the others with io.EOF.
+func TestInProcessWatchDevices(t *testing.T) {
+	t.Parallel()
+	k := make(capturingKubelet, 1)
+	p := newTestPlugin(2)
+	srv, err := deviceplugin.NewServer(deviceplugin.Config{PluginDir: t.TempDir(), InProcess: k}, deviceplugin.Resource{Name: res, Plugin: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	var stopped error
+	stopServer := sync.OnceFunc(func() {
+		cancel()
+		stopped = <-done
+	})
+	defer stopServer()
+	c, ok := (<-k).(watching)
+	if !ok {
+		t.Fatal("the in-process client has no WatchDevices")
+	}
+	lists := make(chan string, 10)
+	send := func(l *pluginapi.ListAndWatchResponse) error {
+		var ids []string
+		for _, d := range l.Devices {
+			ids = append(ids, d.ID+":"+d.Health)
+		}
+		lists <- strings.Join(ids, ",")
+		return nil
+	}
+	ended := make(chan error, 1)
+	stop := c.WatchDevices(send, func(err error) { ended <- err })
+	defer stop()
+	select {
+	case l := <-lists:
+		if l != "dev-0:Healthy,dev-1:Healthy" {
+			t.Fatalf("first list %q", l)
+		}
+	default:
+		t.Fatal("no list by the time WatchDevices returned")
+	}
+	p.set("dev-1", false)
+	if l := <-lists; l != "dev-0:Healthy,dev-1:Unhealthy" {
+		t.Fatalf("after a health change: %q", l)
+	}
+	other := c.WatchDevices(func(*pluginapi.ListAndWatchResponse) error { return nil }, func(err error) { t.Errorf("a stopped watcher told %v", err) })
+	if n := srv.Status()[0].Streams; n != 2 {
+		t.Fatalf("%d streams with two watchers", n)
+	}
+	other()
+	if n := srv.Status()[0].Streams; n != 1 {
+		t.Fatalf("%d streams after one watcher stopped", n)
+	}
+	stopServer()
+	if stopped != nil {
+		t.Fatal(stopped)
+	}
+	select {
+	case err := <-ended:
+		if !errors.Is(err, io.EOF) {
+			t.Errorf("the server's stop: %v, want io.EOF", err)
+		}
+	default:
+		t.Error("the server stopped; the watcher was not told")
+	}
 }

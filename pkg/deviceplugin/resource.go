@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -391,6 +392,7 @@ func (r *resource) ownsSocketLocked() bool {
 // shutdown timeout, and removes the socket if it is still ours.
 func (r *resource) shutdown() {
 	close(r.stopping)
+	r.devices.endPushed()
 	r.stopRetired()
 	r.mu.Lock()
 	srv, path := r.srv, r.socketPath
@@ -598,6 +600,40 @@ func (r *resource) needsRegistration(reason string) bool {
 	default:
 		return true
 	}
+}
+
+// pushDevices is ListAndWatch for an in-process caller, on no goroutine
+// of its own: send gets the current list at once, then each new one on
+// the goroutine that made it (the plugin's Scan, a health change), in
+// order; a list over the kubelet's 4 MiB limit, or send's error, ends the
+// stream as gRPC's would (ResourceExhausted, send's error as a status),
+// and the server's stop ends it with io.EOF: ended is told either. stop
+// ends it from the caller's side (ended is not told), as a kubelet that
+// cancels its stream. The first list does not wait for the first scan as
+// a stream's does: an in-process plugin registers, and is watched, once
+// it has waited for it.
+func (r *resource) pushDevices(send func(*pluginapi.ListAndWatchResponse) error, ended func(error)) (stop func()) {
+	w := &pushWatcher{r: r, send: send, ended: ended, sent: ^uint64(0)}
+	r.streamOpened()
+	select {
+	case <-r.stopping:
+		w.finish(streamEndedByServer, io.EOF)
+		return func() {}
+	default:
+	}
+	r.devices.mu.Lock()
+	r.devices.pushed[w] = struct{}{}
+	r.devices.mu.Unlock()
+	// Stopped between the check and the registration: endPushed may
+	// have missed it.
+	select {
+	case <-r.stopping:
+		w.finish(streamEndedByServer, io.EOF)
+		return func() {}
+	default:
+	}
+	w.push()
+	return func() { w.finish(streamEndedByKubelet, nil) }
 }
 
 // awaitFirstScan waits for the plugin's first device list, until
