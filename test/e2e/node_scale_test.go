@@ -57,15 +57,19 @@ type scale struct {
 	fronts string
 
 	// Measured.
-	readyS          float64 // Run called -> every node Ready with its devices allocatable
-	heapPerNodeKiB  float64 // Go heap in use after a GC, per node (node + its plugin)
-	rssPerNodeKiB   float64 // the process's resident memory, per node
-	rootPerNodeKiB  float64 // what the nodes' roots take on their file system, per node
-	createS, runS   float64 // pods created; creation start -> last pod Running
-	podsRunningPerS float64
-	apiQPSPerNode   float64 // requests the API server served per second per node while idle
-	apiPerPod       float64 // requests the API server served per pod while the pods were created and ran
-	apiPerNodeStart float64 // requests the API server served per node until every node was Ready
+	readyS         float64 // Run called -> every node Ready with its devices allocatable
+	heapPerNodeKiB float64 // Go heap in use after a GC, per node (node + its plugin)
+	rssPerNodeKiB  float64 // the process's resident memory, per node
+	// rssIdlePerNodeKiB is the same after the 30 s the nodes are idle
+	// (measureIdleQPS): what the runtime kept or gave back meanwhile.
+	rssIdlePerNodeKiB float64
+	rss0              uint64  // the process's resident memory before the nodes
+	rootPerNodeKiB    float64 // what the nodes' roots take on their file system, per node
+	createS, runS     float64 // pods created; creation start -> last pod Running
+	podsRunningPerS   float64
+	apiQPSPerNode     float64 // requests the API server served per second per node while idle
+	apiPerPod         float64 // requests the API server served per pod while the pods were created and ran
+	apiPerNodeStart   float64 // requests the API server served per node until every node was Ready
 	// together creates the claim pods and the extended-resource pods
 	// at once (fronts both), and counts what became of them: Running,
 	// Failed (rejected at admission) or still pending once nothing
@@ -120,6 +124,7 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	}
 
 	heap0, rss0 := memoryInUse()
+	s.rss0 = rss0
 	req0, err := apiRequestsBy(ctx, c)
 	if err != nil {
 		tb.Fatal(err)
@@ -804,6 +809,7 @@ func BenchmarkVirtualNodeScale(b *testing.B) {
 func benchScale(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane, c kubernetes.Interface, s *scale) {
 	startScale(b, ctx, cp.Kubeconfig, c, s)
 	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
+	s.rssIdlePerNodeKiB = (float64(processRSS(os.Getpid())) - float64(s.rss0)) / 1024 / float64(s.nodes)
 	stopProfile := profileCPU(b, "cpu-pods-"+s.prefix)
 	ns, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, benchPIDs(cp, nil))
 	stopProfile()
@@ -948,6 +954,7 @@ func benchKwok(b *testing.B, ctx context.Context, cp *controlplane.ControlPlane,
 	s.apiPerNodeStart = startRequests(b, ctx, c, req0, s.nodes)
 	s.rssPerNodeKiB = (float64(processRSS(pid)) - float64(rss0)) / 1024 / float64(s.nodes)
 	s.apiQPSPerNode = measureIdleQPS(b, ctx, c, s.nodes, 30*time.Second)
+	s.rssIdlePerNodeKiB = (float64(processRSS(pid)) - float64(rss0)) / 1024 / float64(s.nodes)
 	_, cpu0, cpu1 := runMeasuredPods(b, ctx, c, s, pids)
 	reportScale(b, s, cpu0, cpu1)
 }
@@ -980,6 +987,7 @@ func reportScale(b *testing.B, s *scale, cpu0, cpu1 map[string]float64) {
 		b.ReportMetric(s.heapPerNodeKiB, "heap_KiB/node")
 	}
 	b.ReportMetric(s.rssPerNodeKiB, "rss_KiB/node")
+	b.ReportMetric(s.rssIdlePerNodeKiB, "rss_idle_KiB/node")
 	if s.rootPerNodeKiB > 0 {
 		b.ReportMetric(s.rootPerNodeKiB, "root_KiB/node")
 	}
