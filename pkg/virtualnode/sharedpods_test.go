@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/dpkit/dpkit/internal/testdir"
+	"github.com/dpkit/dpkit/pkg/podresources"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/sim"
 )
@@ -208,5 +209,33 @@ func TestSharedPodsHeld(t *testing.T) {
 	}
 	if s.held("ns", "other", "other") {
 		t.Error("pod no node holds: held")
+	}
+}
+
+// TestSharedPodsHolder: a pod bound to a node of the process is that
+// node's or none's (a pod of the same name on another node is another
+// pod); one gone from the informer's cache is found on whichever node
+// has it.
+func TestSharedPodsHolder(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	if err := indexer.Add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "new"}, Spec: corev1.PodSpec{NodeName: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "old"}, Spec: corev1.PodSpec{NodeName: "b"}}
+	gone := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "gone", UID: "gone"}, Spec: corev1.PodSpec{NodeName: "b"}}
+	a := &sharedNode{prov: &provider{pods: podresources.NewPodStore()}}
+	b := &sharedNode{prov: &provider{pods: podresources.NewPodStore(old, gone)}}
+	s := &SharedPods{pods: corev1listers.NewPodLister(indexer), names: map[string]bool{"a": true, "b": true}, nodes: map[string]*sharedNode{"a": a, "b": b}}
+	if n := s.holder("ns", "p", ""); n != nil {
+		t.Error("a pod bound to a, which does not have it yet: held by b's pod of the same name")
+	}
+	if n := s.holder("ns", "p", "a"); n != nil {
+		t.Error("deleting the pod bound to a: b's pod of the same name found")
+	}
+	if n := s.holder("ns", "p", "b"); n != b {
+		t.Error("the old pod, bound to b: not found on b")
+	}
+	if n := s.holder("ns", "gone", ""); n != b {
+		t.Error("a pod gone from the cache: not found on the node that has it")
 	}
 }

@@ -110,7 +110,9 @@ func startScale(tb testing.TB, ctx context.Context, kubeconfig string, c kuberne
 	o := noderun.Options{
 		Kubeconfig: kubeconfig, Name: s.prefix, Root: root, Backend: "sim", Port: -1, NodeIP: "127.0.0.1",
 		Taints: []string{virtualnode.DefaultTaintKey + ":NoSchedule"}, CPU: "100", Memory: "1Ti", Pods: "110",
-		Count: s.nodes, QPS: 500, Burst: 1000, PluginConfig: cfg,
+		// kwok's client is not throttled; these are the values kwokctl
+		// gives its components for "unlimited".
+		Count: s.nodes, QPS: 5000, Burst: 10000, PluginConfig: cfg,
 	}
 	if err := o.Validate(); err != nil {
 		tb.Fatal(err)
