@@ -53,13 +53,13 @@ func (m *Manager) interrupted(ctx context.Context, pod *corev1.Pod, err error) e
 		return err
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("admission of pod %s/%s interrupted (%v): %w", pod.Namespace, pod.Name, err, context.Cause(ctx))
+		return fmt.Errorf("admission of pod %s/%s interrupted (%s): %w", pod.Namespace, pod.Name, err.Error(), context.Cause(ctx))
 	}
 	m.mu.Lock()
 	stopping := m.stopping
 	m.mu.Unlock()
 	if stopping {
-		return fmt.Errorf("admission of pod %s/%s interrupted (%v): %w", pod.Namespace, pod.Name, err, ErrNotStarted)
+		return fmt.Errorf("admission of pod %s/%s interrupted (%s): %w", pod.Namespace, pod.Name, err.Error(), ErrNotStarted)
 	}
 	return err
 }

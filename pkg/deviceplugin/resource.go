@@ -662,7 +662,7 @@ func (r *resource) awaitFirstScan(ctx context.Context, what string) bool {
 	select {
 	case <-r.scanned:
 	case <-t.C():
-		r.log.Warn("Plugin reported no devices in time; "+what+" with none", "firstScanWait", r.cfg.FirstScanWait)
+		r.log.Warn("Plugin reported no devices in time; going on with none", "step", what, "firstScanWait", r.cfg.FirstScanWait)
 	case <-ctx.Done():
 		return false
 	case <-r.stopping:
