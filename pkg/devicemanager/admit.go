@@ -52,16 +52,19 @@ func (m *Manager) interrupted(ctx context.Context, pod *corev1.Pod, err error) e
 	if !errors.As(err, &ae) {
 		return err
 	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("admission of pod %s/%s interrupted (%s): %w", pod.Namespace, pod.Name, err.Error(), context.Cause(ctx))
-	}
 	m.mu.Lock()
 	stopping := m.stopping
 	m.mu.Unlock()
-	if stopping {
-		return fmt.Errorf("admission of pod %s/%s interrupted (%s): %w", pod.Namespace, pod.Name, err.Error(), ErrNotStarted)
+	var cause error
+	switch {
+	case ctx.Err() != nil:
+		cause = context.Cause(ctx)
+	case stopping:
+		cause = ErrNotStarted
+	default:
+		return err
 	}
-	return err
+	return fmt.Errorf("admission of pod %s/%s interrupted (%s): %w", pod.Namespace, pod.Name, err.Error(), cause)
 }
 
 func (m *Manager) admit(ctx context.Context, pod *corev1.Pod) (*PodAllocation, error) {

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -64,10 +63,7 @@ func (s *deviceSet) update(devs []Device) bool {
 		default:
 		}
 	}
-	pushed := make([]*pushWatcher, 0, len(s.pushed))
-	for w := range s.pushed {
-		pushed = append(pushed, w)
-	}
+	pushed := s.pushedLocked()
 	s.mu.Unlock()
 	if s.onChange != nil {
 		s.onChange(snap)
@@ -213,13 +209,13 @@ func (w *pushWatcher) push() {
 		w.mu.Unlock()
 		return
 	}
-	var err error
-	if n := proto.Size(snap.msg); n > KubeletMaxMessageSize {
-		err = status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, KubeletMaxMessageSize)
-	} else if serr := w.send(proto.Clone(snap.msg).(*pluginapi.ListAndWatchResponse)); serr != nil {
-		err = status.Convert(serr).Err()
-	} else {
-		w.sent = snap.version
+	err := overKubeletLimit(snap.msg)
+	if err == nil {
+		if serr := w.send(proto.Clone(snap.msg).(*pluginapi.ListAndWatchResponse)); serr != nil {
+			err = status.Convert(serr).Err()
+		} else {
+			w.sent = snap.version
+		}
 	}
 	w.mu.Unlock()
 	if err != nil {
@@ -251,12 +247,19 @@ func (w *pushWatcher) finish(end streamEnd, err error) {
 // endPushed ends every pushed stream as the server's: the plugin stops.
 func (s *deviceSet) endPushed() {
 	s.mu.Lock()
-	pushed := make([]*pushWatcher, 0, len(s.pushed))
-	for w := range s.pushed {
-		pushed = append(pushed, w)
-	}
+	pushed := s.pushedLocked()
 	s.mu.Unlock()
 	for _, w := range pushed {
 		w.finish(streamEndedByServer, io.EOF)
 	}
+}
+
+// pushedLocked lists the pushed watchers, to be called on after s.mu is
+// released (a send takes the receiver's locks).
+func (s *deviceSet) pushedLocked() []*pushWatcher {
+	out := make([]*pushWatcher, 0, len(s.pushed))
+	for w := range s.pushed {
+		out = append(out, w)
+	}
+	return out
 }

@@ -107,6 +107,16 @@ func (c inProcessClient) ListAndWatchTo(ctx context.Context, in *pluginapi.Empty
 }
 
 // pushStream is the plugin's end of a ListAndWatchTo stream.
+// overKubeletLimit is what the kubelet's connection answers a
+// ListAndWatch message over its 4 MiB receive limit: ResourceExhausted,
+// with gRPC's text; nil for one within it.
+func overKubeletLimit(m *pluginapi.ListAndWatchResponse) error {
+	if n := proto.Size(m); n > KubeletMaxMessageSize {
+		return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, KubeletMaxMessageSize)
+	}
+	return nil
+}
+
 type pushStream struct {
 	ctx  context.Context
 	recv func(*pluginapi.ListAndWatchResponse) error
@@ -120,8 +130,8 @@ func (p *pushStream) Send(m *pluginapi.ListAndWatchResponse) error {
 	if err := p.ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	if n := proto.Size(m); n > KubeletMaxMessageSize {
-		p.err = status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, KubeletMaxMessageSize)
+	if err := overKubeletLimit(m); err != nil {
+		p.err = err
 		return p.err
 	}
 	if err := p.recv(proto.Clone(m).(*pluginapi.ListAndWatchResponse)); err != nil {
@@ -164,8 +174,8 @@ func (c inProcessClientStream) Recv() (*pluginapi.ListAndWatchResponse, error) {
 	s := c.s
 	select {
 	case m := <-s.msgs:
-		if n := proto.Size(m); n > KubeletMaxMessageSize {
-			return nil, status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, KubeletMaxMessageSize)
+		if err := overKubeletLimit(m); err != nil {
+			return nil, err
 		}
 		return m, nil
 	case <-s.done:

@@ -615,23 +615,19 @@ func (r *resource) needsRegistration(reason string) bool {
 func (r *resource) pushDevices(send func(*pluginapi.ListAndWatchResponse) error, ended func(error)) (stop func()) {
 	w := &pushWatcher{r: r, send: send, ended: ended, sent: ^uint64(0)}
 	r.streamOpened()
+	// Checked under the lock endPushed lists the watchers with, after
+	// the server closed stopping: a watcher is either ended there or
+	// never registered.
+	r.devices.mu.Lock()
 	select {
 	case <-r.stopping:
+		r.devices.mu.Unlock()
 		w.finish(streamEndedByServer, io.EOF)
 		return func() {}
 	default:
 	}
-	r.devices.mu.Lock()
 	r.devices.pushed[w] = struct{}{}
 	r.devices.mu.Unlock()
-	// Stopped between the check and the registration: endPushed may
-	// have missed it.
-	select {
-	case <-r.stopping:
-		w.finish(streamEndedByServer, io.EOF)
-		return func() {}
-	default:
-	}
 	w.push()
 	return func() { w.finish(streamEndedByKubelet, nil) }
 }
