@@ -85,7 +85,7 @@ func TestVerifyDRAFakePlugin(t *testing.T) {
 	}
 	rep, code := runVerifyDRA(t, nil, dpkitBinary(t), "plugin", "--config", config)
 	if code != 0 || rep.Failed() {
-		t.Fatalf("exit %d, failed checks %v; want none", code, failedChecks(rep))
+		t.Fatalf("exit %d, want no failed check; failed: %s", code, failures(rep))
 	}
 	if len(rep.Results) != len(verify.DRAChecks()) {
 		t.Errorf("%d results, want one per check (%d)", len(rep.Results), len(verify.DRAChecks()))
@@ -228,7 +228,7 @@ func TestVerifyDRABrokenDriver(t *testing.T) {
 			}
 			if tc.check == "" || tc.verdict == verify.Pass {
 				if code != 0 || rep.Failed() {
-					t.Errorf("exit %d, failed checks %v; want none", code, failedChecks(rep))
+					t.Errorf("exit %d, want no failed check; failed: %s", code, failures(rep))
 				}
 				for _, r := range rep.Results {
 					switch {
@@ -366,7 +366,7 @@ func TestVerifyDRACleansUp(t *testing.T) {
 			}
 			rep, code, stderr := verifyDRA(t, cp.Kubeconfig, []string{"--log-level", "debug"}, tc.extra, dpkitBinary(t), "plugin", "--config", config)
 			if code != 0 || rep.Failed() {
-				t.Fatalf("exit %d, failed checks %v; want none", code, failedChecks(rep))
+				t.Fatalf("exit %d, want no failed check; failed: %s", code, failures(rep))
 			}
 			if r := result(t, rep, verify.CheckDRARBAC); r.Verdict != verify.Pass {
 				t.Errorf("%s: %s (%s), want a pass: dpkit plugin needs no more than deploy/components/dra/rbac.yaml", r.ID, r.Verdict, r.Detail)
@@ -437,7 +437,7 @@ func TestVerifyDRAVendorPlugins(t *testing.T) {
 			rep, code := runVerifyDRA(t, nil, dpkitBinary(t), "plugin", "--config", config,
 				"--sysfs-root", filepath.Join(host, "sys"), "--dev-root", filepath.Join(host, "dev"), "--proc-root", filepath.Join(host, "proc"))
 			if code != 0 || rep.Failed() {
-				t.Fatalf("exit %d, failed checks %v; want none", code, failedChecks(rep))
+				t.Fatalf("exit %d, want no failed check; failed: %s", code, failures(rep))
 			}
 			if r := rep.Result(tc.pass); r.Verdict != verify.Pass {
 				t.Errorf("%s: %s (%s), want pass", tc.pass, r.Verdict, r.Detail)

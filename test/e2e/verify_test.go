@@ -75,7 +75,7 @@ func TestVerifyUpstreamSamplePlugin(t *testing.T) {
 		cfg.Env = append(os.Environ(), upstream.EnvSampleRegisterControlFile+"="+control)
 		rep := runVerify(t, cfg)
 		if got := failedChecks(rep); len(got) > 0 {
-			t.Errorf("failed checks %v, want none", got)
+			t.Errorf("want no failed check; failed: %s", failures(rep))
 		}
 		if r := rep.Result(verify.CheckPluginWatcher); r.Verdict != verify.Pass {
 			t.Errorf("%s: %s %q, want pass", verify.CheckPluginWatcher, r.Verdict, r.Detail)
@@ -108,6 +108,22 @@ func failedChecks(rep *verify.Report) []string {
 		}
 	}
 	return out
+}
+
+// failures names each failed check with its detail, for a test's failure
+// message: the report's table sits in a long log that a summary of the
+// run cuts short.
+func failures(rep *verify.Report) string {
+	var out []string
+	for _, r := range rep.Results {
+		if r.Verdict == verify.Fail {
+			out = append(out, r.ID+": "+r.Detail)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, "; ")
 }
 
 var (
