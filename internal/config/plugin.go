@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 
@@ -144,6 +145,25 @@ func DecodePluginConfig(data []byte) (*PluginConfig, error) {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// Copies returns a function that makes deep copies of c, each decoded
+// from c's JSON form, encoded once: a fraction of the cost of decoding
+// the file again (dpkit node --count gives each of its nodes its own
+// copy). A copy has every field the file and the defaults set
+// (TestPluginConfigCopies).
+func (c *PluginConfig) Copies() (func() (*PluginConfig, error), error) {
+	data, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("plugin config: %w", err)
+	}
+	return func() (*PluginConfig, error) {
+		out := &PluginConfig{}
+		if err := json.Unmarshal(data, out); err != nil {
+			return nil, fmt.Errorf("plugin config: %w", err)
+		}
+		return out, nil
+	}, nil
 }
 
 // Default fills unset fields of every plugin.

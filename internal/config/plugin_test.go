@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestDecodePluginConfig(t *testing.T) {
@@ -169,4 +171,66 @@ func mustRead(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestPluginConfigCopies decodes every plugin config the project ships
+// and checks that each copy Copies makes equals the decoded config and
+// shares nothing with it or with another copy.
+func TestPluginConfigCopies(t *testing.T) {
+	t.Parallel()
+	var files []string
+	for _, pattern := range []string{
+		"../../examples/*.yaml", "../../examples/profiles/*.yaml", "../../deploy/*/config.yaml",
+		"../../deploy/overlays/*/config.yaml", "../../internal/cli/up/*.yaml", "../../pkg/verify/testdata/*.yaml",
+	} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	decoded := 0
+	for _, f := range files {
+		data := []byte(mustRead(t, f))
+		if !strings.Contains(string(data), "kind: PluginConfig") {
+			continue
+		}
+		t.Run(filepath.Base(filepath.Dir(f))+"/"+filepath.Base(f), func(t *testing.T) {
+			cfg, err := DecodePluginConfig(data)
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			copies, err := cfg.Copies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := copies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(cfg, a); diff != "" {
+				t.Fatalf("copy differs from the decoded config (-decoded +copy):\n%s", diff)
+			}
+			// Nothing shared: changing every plugin of one copy leaves
+			// the config and the next copy as they were.
+			for i := range a.Plugins {
+				a.Plugins[i] = PluginSpec{Fronts: []string{"changed"}}
+			}
+			a.DRA.CDIDir = "/changed"
+			b, err := copies()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(cfg, b); diff != "" {
+				t.Fatalf("a copy changed by another (-decoded +copy):\n%s", diff)
+			}
+			if fresh, _ := DecodePluginConfig(data); !cmp.Equal(fresh, cfg) {
+				t.Fatalf("the decoded config changed by a copy:\n%s", cmp.Diff(fresh, cfg))
+			}
+		})
+		decoded++
+	}
+	if decoded < 10 {
+		t.Fatalf("%d plugin configs decoded of %d files, want the project's examples, profiles and deploy configs", decoded, len(files))
+	}
 }

