@@ -117,6 +117,10 @@ func sharedConnections(rc *rest.Config) (*rest.Config, error) {
 	// (x/net/http2: "unexpected ALPN protocol"), not a refused handshake.
 	h2TLS := tlsConfig.Clone()
 	h2TLS.NextProtos = []string{http2.NextProtoTLS, "http/1.1"}
+	//nolint:staticcheck // x/net/http2's Transport is deprecated for
+	// net/http's own HTTP/2, which dials a connection for every request
+	// that finds the connections full, as client-go's: this one dials one
+	// at a time (TestClientsDialOneConnectionAtATime).
 	out.Transport = &h2First{
 		// The health check client-go gives its connections: a ping
 		// after 30 idle seconds, the connection closed when none
@@ -142,14 +146,14 @@ func sharedConnections(rc *rest.Config) (*rest.Config, error) {
 // h2First sends over HTTP/2 until a server refuses it in the TLS
 // handshake, then over fallback.
 type h2First struct {
-	h2       *http2.Transport
+	h2       *http2.Transport //nolint:staticcheck // see sharedConnections
 	fallback *http.Transport
 	refused  atomic.Bool
 }
 
 func (t *h2First) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.refused.Load() {
-		resp, err := t.h2.RoundTrip(req)
+		resp, err := t.h2.RoundTrip(req) //nolint:staticcheck // see sharedConnections
 		// x/net/http2's dial error: nothing of the request was sent.
 		if err == nil || !strings.Contains(err.Error(), "http2: unexpected ALPN protocol") {
 			return resp, err
@@ -168,6 +172,6 @@ func (t *h2First) CancelRequest(*http.Request) {}
 // CloseIdleConnections closes both transports' idle connections
 // (utilnet.CloseIdleConnectionsFor).
 func (t *h2First) CloseIdleConnections() {
-	t.h2.CloseIdleConnections()
+	t.h2.CloseIdleConnections() //nolint:staticcheck // see sharedConnections
 	t.fallback.CloseIdleConnections()
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -85,7 +84,7 @@ func TestClientsHeartbeatTimeout(t *testing.T) {
 // tlsServer starts a TLS server of h, speaking HTTP/2 when h2 is set
 // (at most streams requests in flight on a connection), that counts the
 // connections made to it; rc is a client config that trusts it.
-func tlsServer(t *testing.T, h http.Handler, h2 bool, streams uint32) (rc *rest.Config, conns *atomic.Int64) {
+func tlsServer(t *testing.T, h http.Handler, h2 bool, streams int) (rc *rest.Config, conns *atomic.Int64) {
 	t.Helper()
 	conns = &atomic.Int64{}
 	srv := httptest.NewUnstartedServer(h)
@@ -96,9 +95,7 @@ func tlsServer(t *testing.T, h http.Handler, h2 bool, streams uint32) (rc *rest.
 	}
 	if h2 {
 		srv.EnableHTTP2 = true
-		if err := http2.ConfigureServer(srv.Config, &http2.Server{MaxConcurrentStreams: streams}); err != nil {
-			t.Fatal(err)
-		}
+		srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: streams}
 	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
