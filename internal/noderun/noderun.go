@@ -268,8 +268,8 @@ func (o *Options) pluginConfig() (perNode func(root, node string) (*config.Plugi
 	if err := configfile.Join(errs); err != nil {
 		return nil, false, fmt.Errorf("--plugin-config %s:\n%w", o.PluginConfig, err)
 	}
-	// Decoded once: decoding the file again for each node was 8% of the
-	// CPU 1 000 nodes took to start.
+	// Decoded once: decoding the file again for each node took about a
+	// seventh of the CPU 1 000 nodes took to start (docs/performance.md).
 	copies, err := cfg.Copies()
 	if err != nil {
 		return nil, false, err
