@@ -33,6 +33,7 @@ import (
 	"github.com/dpkit/dpkit/internal/rootlock"
 	"github.com/dpkit/dpkit/pkg/configfile"
 	"github.com/dpkit/dpkit/pkg/devicemanager"
+	"github.com/dpkit/dpkit/pkg/deviceplugin"
 	"github.com/dpkit/dpkit/pkg/virtualnode"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend"
 	"github.com/dpkit/dpkit/pkg/virtualnode/backend/cri"
@@ -551,20 +552,39 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			}
 		}
 		cfg.EventRecorder = virtualnode.EventRecorder(events, cfg.Name)
+		// The plugin starts once nodeUp closes.
 		nodeUp := make(chan struct{})
 		var node *virtualnode.Node // set before nodeUp closes
+		early := false
 		if pluginCfg != nil {
 			pc, err := pluginCfg(cfg.Root, cfg.Name)
 			if err != nil {
 				return err
 			}
 			plog := log.With("node", cfg.Name, "component", "plugin")
+			// A plugin without the dra front needs nothing of the API
+			// server: it starts once the node's kubelet side runs, and
+			// the node registers its Node with the plugin's devices
+			// (virtualnode.Config.BeforeRegistration), as a kubelet
+			// does whose device plugins registered before its Node.
+			// The dra front publishes ResourceSlices owned by the Node:
+			// a plugin with it starts once the node runs, as a plugin
+			// DaemonSet starts on a running kubelet.
+			served := make(chan *deviceplugin.Server, 1)
+			if early = !pc.UsesFront(config.FrontDRA); early {
+				cfg.BeforeRegistration = func(ctx context.Context, n *virtualnode.Node) error {
+					node = n
+					close(nodeUp)
+					waitListed(ctx, gctx, n.DeviceManager(), served, pluginListWait, plog)
+					return nil
+				}
+			}
 			plugins.Add(1)
 			g.Go(func() error {
 				defer plugins.Done()
-				// Once the node serves its registration socket, as a
-				// plugin DaemonSet starts on a running kubelet: started
-				// before, it logs a failed registration first.
+				// Once the node serves its registration socket:
+				// started before, the plugin logs a failed
+				// registration first.
 				select {
 				case <-nodeUp:
 				case <-gctx.Done():
@@ -577,7 +597,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				if registration == RegistrationInProcess {
 					popts.InProcess = node.DeviceManager()
 				}
-				if err := pluginrun.RunWith(gctx, plog, pc, nil, popts); err != nil && gctx.Err() == nil {
+				if err := pluginrun.RunWith(gctx, plog, pc, func(s pluginrun.Served) { served <- s.Server }, popts); err != nil && gctx.Err() == nil {
 					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
 				}
 				return nil
@@ -585,7 +605,6 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		}
 		g.Go(func() error {
 			return portHint(o, virtualnode.Run(nctx, cfg, func(n *virtualnode.Node) {
-				node = n
 				mu.Lock()
 				nodes = append(nodes, n)
 				all := len(nodes) == o.Count
@@ -593,7 +612,10 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				if all && o.Count > 1 {
 					returnStartupMemory(log, o.Count)
 				}
-				close(nodeUp)
+				if !early {
+					node = n
+					close(nodeUp)
+				}
 				if all && started != nil {
 					started(nodes)
 				}
@@ -603,9 +625,69 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 	return g.Wait()
 }
 
+// pluginListWait bounds how long a node waits for its in-process plugin
+// to register and list its devices before it registers its Node: a plugin
+// slower than that has its devices written to the Node's status once it
+// lists them.
+const pluginListWait = 10 * time.Second
+
+// waitListed returns once the device manager mgr has the devices of every
+// resource of the plugin's server (the one served hands over, nil for
+// none): each registered and listed. It returns earlier when ctx or
+// pluginsCtx ends, or after wait (logged).
+func waitListed(ctx, pluginsCtx context.Context, mgr *devicemanager.Manager, served <-chan *deviceplugin.Server, wait time.Duration, log *slog.Logger) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var srv *deviceplugin.Server
+	select {
+	case srv = <-served:
+	case <-ctx.Done():
+		return
+	case <-pluginsCtx.Done():
+		return
+	case <-timer.C:
+		log.Info("Registering the node before its in-process plugin started", "waited", wait)
+		return
+	}
+	if srv == nil {
+		return
+	}
+	changed, cancel := mgr.Subscribe()
+	defer cancel()
+	for {
+		listed := map[string]bool{}
+		for _, r := range mgr.Resources() {
+			listed[r.Name] = r.Connected
+		}
+		var missing []string
+		for _, st := range srv.Status() {
+			if !listed[st.Name] {
+				missing = append(missing, st.Name)
+			}
+		}
+		if len(missing) == 0 {
+			return
+		}
+		select {
+		case _, ok := <-changed:
+			if !ok {
+				return // the device manager stopped
+			}
+		case <-ctx.Done():
+			return
+		case <-pluginsCtx.Done():
+			return
+		case <-timer.C:
+			log.Info("Registering the node before its in-process plugin listed its devices; they go in the node status once listed", "resources", missing, "waited", wait)
+			return
+		}
+	}
+}
+
 // returnStartupMemory hands the memory the nodes' start left unused back
 // to the operating system, once every node of a --count above 1 runs (and
-// before the last one's plugin starts). Nodes registering together make
+// before the last one's plugin starts, where its plugins have the dra
+// front). Nodes registering together make
 // a burst of short-lived allocations, their first API writes, lists and
 // patches, that the process's steady state never repeats: the Go runtime
 // keeps what they leave as idle heap, and returns it only gradually. A

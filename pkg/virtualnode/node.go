@@ -110,6 +110,16 @@ type Config struct {
 	SharedPods *SharedPods
 	// NewBackend builds the backend. Required.
 	NewBackend NewBackend
+	// BeforeRegistration, when set, is called once the node's kubelet
+	// side runs (its device manager takes registrations and the plugin
+	// watcher watches) and before the node registers its Node, which is
+	// then created with the devices the device manager has. An error
+	// ends the node. A kubelet whose device plugins registered before it
+	// registered its Node creates the Node with their devices too:
+	// dpkit node starts its in-process device plugins here, so that the
+	// Node needs no status write for them (the node's Ready, with its
+	// devices, at its first request).
+	BeforeRegistration func(context.Context, *Node) error
 	// Resources are the declared capacity (cpu, memory, pods and any
 	// extended resource not served by device plugins). Device-plugin
 	// resources are added as plugins register.
@@ -242,8 +252,11 @@ type Node struct {
 	// resources).
 	pluginResources map[corev1.ResourceName]bool
 	// sentCapacity and sentAllocatable are what virtual-kubelet was
-	// last handed (sendChanged).
+	// last handed (sendChanged); stale says the Node in the API server
+	// was not written by this run (an earlier run's, taken as it is),
+	// so the status is sent even if these did not change.
 	sentCapacity, sentAllocatable corev1.ResourceList
+	stale                         bool
 	// classChecked are the device-plugin resources checked against the
 	// DeviceClasses (warnServedBothWays); classesOnce says once that
 	// they cannot be read.
@@ -507,7 +520,17 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			n.finishDeletion(ctx, api)
 		}
 	}
-	n.rememberPluginResources(ctx)
+	// The Node is created first; one an earlier run left is taken as
+	// it is, and this run's status written over it.
+	n.nodes.existing = n.takeNode
+	if cfg.BeforeRegistration != nil {
+		if err := cfg.BeforeRegistration(ctx, n); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped meanwhile
+			}
+			return err
+		}
+	}
 	n.node = n.nodeObject()
 	n.markSent(n.node)
 	n.prov.node = func() *corev1.Node {
@@ -521,15 +544,16 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		defer n.mu.Unlock()
 		return n.node.DeepCopy()
 	}
-	opts := []vknode.NodeControllerOpt{
-		vknode.WithNodeEnableLeaseV1(cfg.HeartbeatClient.CoordinationV1().Leases(corev1.NamespaceNodeLease), DefaultLeaseDuration),
-	}
 	interval := cfg.StatusUpdateInterval
 	if interval <= 0 {
 		interval = DefaultStatusReportInterval
 	}
-	opts = append(opts, vknode.WithNodeStatusUpdateInterval(interval))
-	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), n.nodes, opts...)
+	// The Lease is the node's own (runLease), not virtual-kubelet's
+	// controller's: that one renews it again as soon as it has created
+	// it, and reads it before it creates it. Without it, the node
+	// controller writes the status at its ping interval.
+	nc, err := vknode.NewNodeController(n, n.node.DeepCopy(), n.nodes,
+		vknode.WithNodeStatusUpdateInterval(interval), vknode.WithNodePingInterval(interval))
 	if err != nil {
 		return err
 	}
@@ -567,6 +591,15 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			return err
 		}
 	}
+	g.Go(func() error {
+		select {
+		case <-nc.Ready(): // the Node is registered
+		case <-gctx.Done():
+			return nil
+		}
+		n.runLease(gctx)
+		return nil
+	})
 	g.Go(func() error {
 		select {
 		case <-nc.Ready():

@@ -109,8 +109,16 @@ func TestRemovedResourceStaysAtZero(t *testing.T) {
 	})
 	declared := corev1.ResourceList{corev1.ResourceCPU: cpu, "example.com/declared": resource.MustParse("2")}
 	n = &Node{cfg: Config{Name: "vn2", Client: client, Resources: declared}, mgr: mgr, log: slog.New(slog.DiscardHandler), pluginResources: map[corev1.ResourceName]bool{},
-		nodes: newNodeCache(client.CoreV1().Nodes(), "vn2")}
-	n.rememberPluginResources(context.Background())
+		nodes: newNodeCache(client.CoreV1().Nodes(), "vn2"), statusKick: make(chan struct{}, 1)}
+	// The node registers: its Create finds the earlier run's Node and
+	// takes it.
+	n.nodes.existing = n.takeNode
+	if _, err := n.nodes.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "vn2"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("registering over the earlier run's Node: %v", err)
+	}
+	if !n.stale || !n.statusPending() {
+		t.Error("the earlier run's Node taken, but no status write asked for")
+	}
 	check("after a restart", map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2},
 		map[corev1.ResourceName]int64{"cpu": 4, foo: 3, "example.com/gone": 0, "example.com/declared": 2})
 }

@@ -39,6 +39,12 @@ import (
 // a third of the requests the nodes made while starting
 // (docs/performance.md).
 //
+// The node creates its Node before it reads it, as the kubelet registers
+// (a POST, then a GET only if the Node exists): the controller's first
+// read, whether the Node exists, is answered NotFound without a request,
+// and a Create that finds the Node there (a node that restarts) takes it
+// and hands it to existing, which has its status written over it.
+//
 // Until the node's Node is first written, its reads and writes are
 // retried when they fail for a reason that passes (the request timed out,
 // the API server is busy, restarting or unreachable), as the kubelet
@@ -59,9 +65,13 @@ type nodeCache struct {
 
 	mu   sync.Mutex
 	last *corev1.Node
-	// absent says the last read from the API server found no Node;
-	// the next Get answers NotFound without asking again, once.
+	// absent says the last read from the API server found no Node, or
+	// none was made yet; the next Get answers NotFound without asking,
+	// once.
 	absent bool
+	// existing, when set, is called with the Node that a Create found
+	// there and took.
+	existing func(*corev1.Node)
 }
 
 // registrationRetry is the kubelet's wait between attempts to register:
@@ -70,7 +80,7 @@ type nodeCache struct {
 var registrationRetry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 7 * time.Second}
 
 func newNodeCache(nodes corev1client.NodeInterface, name string) *nodeCache {
-	return &nodeCache{NodeInterface: nodes, name: name, log: slog.New(slog.DiscardHandler), retry: registrationRetry}
+	return &nodeCache{NodeInterface: nodes, name: name, log: slog.New(slog.DiscardHandler), retry: registrationRetry, absent: true}
 }
 
 // transient reports whether a request that failed with err may succeed if
@@ -181,16 +191,21 @@ func (c *nodeCache) Create(ctx context.Context, node *corev1.Node, opts metav1.C
 	if node.Name != c.name {
 		return c.NodeInterface.Create(ctx, node, opts)
 	}
-	again := false // an earlier attempt was made
-	return c.keep(untilRegistered(ctx, c, "create", func() (*corev1.Node, error) {
+	found := false
+	created, err := c.keep(untilRegistered(ctx, c, "create", func() (*corev1.Node, error) {
 		created, err := c.NodeInterface.Create(ctx, node, opts)
-		if again && apierrors.IsAlreadyExists(err) {
-			// The attempt that timed out created it.
+		if found = apierrors.IsAlreadyExists(err); found {
+			// An earlier run's, or an attempt of this one that timed
+			// out after it created the Node: the kubelet takes a
+			// Node of its name that exists.
 			return c.NodeInterface.Get(ctx, c.name, metav1.GetOptions{})
 		}
-		again = true
 		return created, err
 	}))
+	if err == nil && found && c.existing != nil {
+		c.existing(created)
+	}
+	return created, err
 }
 
 func (c *nodeCache) Update(ctx context.Context, node *corev1.Node, opts metav1.UpdateOptions) (*corev1.Node, error) {

@@ -43,6 +43,11 @@ func TestNodeCache(t *testing.T) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}})
 	c := newNodeCache(client.CoreV1().Nodes(), "vn")
 
+	// Created first, as the kubelet registers: the controller's first
+	// read asks nothing.
+	if _, err := c.Get(ctx, "vn", metav1.GetOptions{}); !apierrors.IsNotFound(err) || gets(client) != 0 {
+		t.Fatalf("first Get: %v after %d GETs, want NotFound without one", err, gets(client))
+	}
 	if _, err := c.read(ctx); !apierrors.IsNotFound(err) {
 		t.Fatalf("read of a Node not yet registered: %v, want NotFound", err)
 	}

@@ -117,23 +117,27 @@ func (n *Node) resources() (capacity, allocatable corev1.ResourceList) {
 // patches).
 const lastAppliedStatus = "virtual-kubelet.io/last-applied-node-status"
 
+// takeNode takes the Node an earlier run of this node left: the
+// device-plugin resources it applied are remembered, and the status is
+// written over it, changed or not (virtual-kubelet's node controller
+// writes none for a Node it was handed by a Create).
+func (n *Node) takeNode(node *corev1.Node) {
+	n.rememberPluginResources(node)
+	n.mu.Lock()
+	n.stale = true
+	n.mu.Unlock()
+	n.kickStatus()
+}
+
 // rememberPluginResources adds to pluginResources the extended resources
-// that an earlier run of this node applied and that are not declared:
-// device-plugin resources, kept at zero after a restart like the kubelet
-// keeps them on its Node. Without them virtual-kubelet's patch would
-// remove them. Resources set on the Node by others are left alone.
-func (n *Node) rememberPluginResources(ctx context.Context) {
-	// Read through the node cache: the node controller's first read,
-	// whether the Node exists, is answered by this one.
-	cur, err := n.nodes.read(ctx)
-	if err != nil {
-		if !apierrors.IsNotFound(err) {
-			n.log.Warn("Reading the node's last status; device-plugin resources removed before this run may leave it", "err", err)
-		}
-		return
-	}
+// that an earlier run of this node applied to node and that are not
+// declared: device-plugin resources, kept at zero after a restart like
+// the kubelet keeps them on its Node. Without them virtual-kubelet's
+// patch would remove them. Resources set on the Node by others are left
+// alone.
+func (n *Node) rememberPluginResources(node *corev1.Node) {
 	var applied corev1.NodeStatus
-	if a, ok := cur.Annotations[lastAppliedStatus]; !ok || json.Unmarshal([]byte(a), &applied) != nil {
+	if a, ok := node.Annotations[lastAppliedStatus]; !ok || json.Unmarshal([]byte(a), &applied) != nil {
 		return
 	}
 	n.mu.Lock()
@@ -218,13 +222,13 @@ func (n *Node) sendChanged(ctx context.Context) bool {
 	c, a := n.resources()
 	n.mu.Lock()
 	cb := n.notifyCB
-	if cb == nil || sameQuantities(c, n.sentCapacity) && sameQuantities(a, n.sentAllocatable) {
+	if cb == nil || !n.stale && sameQuantities(c, n.sentCapacity) && sameQuantities(a, n.sentAllocatable) {
 		n.mu.Unlock()
 		return false // with no callback yet, NotifyNodeStatus kicks again
 	}
 	n.node.Status.Capacity, n.node.Status.Allocatable = c, a
 	n.node.Status.Conditions = conditions()
-	n.sentCapacity, n.sentAllocatable = c.DeepCopy(), a.DeepCopy()
+	n.sentCapacity, n.sentAllocatable, n.stale = c.DeepCopy(), a.DeepCopy(), false
 	node := n.node.DeepCopy()
 	n.mu.Unlock()
 	n.log.Debug("Sending the node status", "allocatable", a)
@@ -291,7 +295,9 @@ func (n *Node) removeStartupTaints(ctx context.Context) {
 		// (no request), from the API server after a failed attempt.
 		cur, err := n.nodes.Get(ctx, n.cfg.Name, metav1.GetOptions{})
 		if err != nil {
-			n.log.Warn("Reading node to remove start-up taints", "err", err)
+			if ctx.Err() == nil {
+				n.log.Warn("Reading node to remove start-up taints", "err", err)
+			}
 			return
 		}
 		var keep []corev1.Taint
@@ -315,6 +321,9 @@ func (n *Node) removeStartupTaints(ctx context.Context) {
 		}
 		// A test that failed (the taints changed since they were
 		// read) is a 422 or a conflict: read them again.
+		if ctx.Err() != nil {
+			return // the node stops
+		}
 		if !isConflict(err) && !apierrors.IsInvalid(err) && !isUnprocessable(err) {
 			n.log.Warn("Could not remove start-up taints; pods must tolerate node.kubernetes.io/not-ready or kube-controller-manager must run", "err", err)
 			return

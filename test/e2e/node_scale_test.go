@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -691,9 +692,32 @@ func TestVirtualNodeInProcessPlugins(t *testing.T) {
 	c := cp.Client()
 	prefix := unique("inproc")
 	s := &scale{nodes: 3, devices: 4, prefix: prefix, resource: corev1.ResourceName("e2e.dpkit.io/" + prefix)}
+	w, err := c.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
 	startScale(t, ctx, cp.Kubeconfig, c, s)
 	if s.allocatableTotal != 12 {
 		t.Fatalf("allocatable %d, want 12", s.allocatableTotal)
+	}
+	// The plugins have no dra front: they start before their nodes
+	// register, and each Node is created with their devices.
+	for added := 0; added < s.nodes; {
+		var ev watch.Event
+		select {
+		case ev = <-w.ResultChan():
+		case <-ctx.Done():
+			t.Fatalf("%d of %d nodes seen created: %v", added, s.nodes, ctx.Err())
+		}
+		n, ok := ev.Object.(*corev1.Node)
+		if !ok || ev.Type != watch.Added || !strings.HasPrefix(n.Name, prefix+"-") {
+			continue
+		}
+		added++
+		if q := n.Status.Allocatable[s.resource]; q.Value() != 4 {
+			t.Errorf("node %s created with %s allocatable, want its plugin's 4 devices", n.Name, q.String())
+		}
 	}
 	ns := runScalePods(t, ctx, c, s)
 	checkNoDoubleAllocation(t, ctx, s, ns)
