@@ -552,55 +552,19 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 			}
 		}
 		cfg.EventRecorder = virtualnode.EventRecorder(events, cfg.Name)
-		// The plugin starts once nodeUp closes.
-		nodeUp := make(chan struct{})
-		var node *virtualnode.Node // set before nodeUp closes
-		early := false
+		np := &nodePlugin{up: make(chan struct{})}
 		if pluginCfg != nil {
 			pc, err := pluginCfg(cfg.Root, cfg.Name)
 			if err != nil {
 				return err
 			}
 			plog := log.With("node", cfg.Name, "component", "plugin")
-			// A plugin without the dra front needs nothing of the API
-			// server: it starts once the node's kubelet side runs, and
-			// the node registers its Node with the plugin's devices
-			// (virtualnode.Config.BeforeRegistration), as a kubelet
-			// does whose device plugins registered before its Node.
-			// The dra front publishes ResourceSlices owned by the Node:
-			// a plugin with it starts once the node runs, as a plugin
-			// DaemonSet starts on a running kubelet.
-			served := make(chan *deviceplugin.Server, 1)
-			if early = !pc.UsesFront(config.FrontDRA); early {
-				cfg.BeforeRegistration = func(ctx context.Context, n *virtualnode.Node) error {
-					node = n
-					close(nodeUp)
-					waitListed(ctx, gctx, n.DeviceManager(), served, pluginListWait, plog)
-					return nil
-				}
-			}
+			np.setUp(gctx, &cfg, pc, plog)
+			popts := pluginrun.Options{Clock: o.PluginClock, DRA: draFront, NoClaimGuard: true, FollowAllocated: true}
 			plugins.Add(1)
 			g.Go(func() error {
 				defer plugins.Done()
-				// Once the node serves its registration socket:
-				// started before, the plugin logs a failed
-				// registration first.
-				select {
-				case <-nodeUp:
-				case <-gctx.Done():
-					return nil
-				}
-				// The plugin's environment is the node's, not the
-				// process's: $NODE_NAME, $POD_UID and the directories
-				// are the node's own (pluginConfig).
-				popts := pluginrun.Options{Clock: o.PluginClock, DRA: draFront, Getenv: func(string) string { return "" }, NoClaimGuard: true, FollowAllocated: true}
-				if registration == RegistrationInProcess {
-					popts.InProcess = node.DeviceManager()
-				}
-				if err := pluginrun.RunWith(gctx, plog, pc, func(s pluginrun.Served) { served <- s.Server }, popts); err != nil && gctx.Err() == nil {
-					return fmt.Errorf("node %s: in-process plugin: %w", cfg.Name, err)
-				}
-				return nil
+				return np.run(gctx, cfg.Name, pc, popts, registration == RegistrationInProcess, plog)
 			})
 		}
 		g.Go(func() error {
@@ -612,10 +576,7 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 				if all && o.Count > 1 {
 					returnStartupMemory(log, o.Count)
 				}
-				if !early {
-					node = n
-					close(nodeUp)
-				}
+				np.nodeRuns(n)
 				if all && started != nil {
 					started(nodes)
 				}
@@ -623,6 +584,67 @@ func Run(ctx context.Context, log *slog.Logger, o Options, started func([]*virtu
 		})
 	}
 	return g.Wait()
+}
+
+// nodePlugin is a node's in-process plugin (--plugin-config), which
+// starts once up closes.
+type nodePlugin struct {
+	up    chan struct{}
+	node  *virtualnode.Node // set before up closes
+	early bool              // it starts before the node registers
+	// served hands the plugin's device plugin server over once it
+	// serves.
+	served chan *deviceplugin.Server
+}
+
+// setUp sets the node's cfg up for the plugin pc; call it before the
+// node runs. A plugin without the dra front needs nothing of the API
+// server: it starts once the node's kubelet side runs, and the node
+// registers its Node with the plugin's devices
+// (virtualnode.Config.BeforeRegistration), as a kubelet does whose device
+// plugins registered before its Node. The dra front publishes
+// ResourceSlices owned by the Node: a plugin with it starts once the node
+// runs (nodeRuns), as a plugin DaemonSet starts on a running kubelet.
+// Either way the node serves its registration socket by then: started
+// before, the plugin would log a failed registration first.
+func (p *nodePlugin) setUp(ctx context.Context, cfg *virtualnode.Config, pc *config.PluginConfig, log *slog.Logger) {
+	p.served = make(chan *deviceplugin.Server, 1)
+	if p.early = !pc.UsesFront(config.FrontDRA); p.early {
+		cfg.BeforeRegistration = func(nctx context.Context, n *virtualnode.Node) error {
+			p.node = n
+			close(p.up)
+			waitListed(nctx, ctx, n.DeviceManager(), p.served, pluginListWait, log)
+			return nil
+		}
+	}
+}
+
+// run serves the plugin until ctx ends, once the node lets it start.
+func (p *nodePlugin) run(ctx context.Context, node string, pc *config.PluginConfig, popts pluginrun.Options, inProcess bool, log *slog.Logger) error {
+	select {
+	case <-p.up:
+	case <-ctx.Done():
+		return nil
+	}
+	// The plugin's environment is the node's, not the process's:
+	// $NODE_NAME, $POD_UID and the directories are the node's own
+	// (pluginConfig).
+	popts.Getenv = func(string) string { return "" }
+	if inProcess {
+		popts.InProcess = p.node.DeviceManager()
+	}
+	if err := pluginrun.RunWith(ctx, log, pc, func(s pluginrun.Served) { p.served <- s.Server }, popts); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("node %s: in-process plugin: %w", node, err)
+	}
+	return nil
+}
+
+// nodeRuns lets a plugin that waits for its node to run start.
+func (p *nodePlugin) nodeRuns(n *virtualnode.Node) {
+	if !p.early {
+		p.node = n
+		close(p.up)
+	}
 }
 
 // pluginListWait bounds how long a node waits for its in-process plugin

@@ -24,17 +24,22 @@ import (
 const LeaseRenewInterval = DefaultLeaseDuration * time.Second / 4
 
 // runLease renews the node's Lease in kube-node-lease until ctx ends,
-// with the kubelet's own lease controller (component-helpers'
-// apimachinery/lease, as pkg/kubelet runs it): every LeaseRenewInterval,
-// jittered by 4%, for DefaultLeaseDuration, held by the node and owned by
-// its Node. Call it once the Node is registered: a Lease is only created
-// with its owner, whose UID comes from the Node as the node cache has it
-// (the kubelet reads it from its informer).
+// from when registered closes (the Node is registered), with the
+// kubelet's own lease controller (component-helpers' apimachinery/lease,
+// as pkg/kubelet runs it): every LeaseRenewInterval, jittered by 4%, for
+// DefaultLeaseDuration, held by the node and owned by its Node. A Lease is
+// only created with its owner, whose UID comes from the Node as the node
+// cache has it (the kubelet reads it from its informer).
 //
 // Its client creates the Lease before reading it (leaseCreateFirst): a
 // node that starts afresh makes one request for its Lease, where the
 // kubelet makes two (a GET that finds none, then the POST).
-func (n *Node) runLease(ctx context.Context) {
+func (n *Node) runLease(ctx context.Context, registered <-chan struct{}) {
+	select {
+	case <-registered:
+	case <-ctx.Done():
+		return
+	}
 	ownedByNode := func(l *coordinationv1.Lease) error {
 		if len(l.OwnerReferences) > 0 {
 			return nil
@@ -149,5 +154,5 @@ func (c *leaseCreateFirst) Create(ctx context.Context, l *coordinationv1.Lease, 
 	if len(cur.OwnerReferences) == 0 {
 		cur.OwnerReferences = l.OwnerReferences
 	}
-	return c.LeaseInterface.Update(ctx, cur, metav1.UpdateOptions{})
+	return c.Update(ctx, cur, metav1.UpdateOptions{})
 }

@@ -121,7 +121,9 @@ func TestRunLeaseOwnedByNode(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		n.runLease(ctx)
+		registered := make(chan struct{})
+		close(registered)
+		n.runLease(ctx, registered)
 	}()
 	defer func() { cancel(); <-done }()
 	var l *coordinationv1.Lease

@@ -520,16 +520,8 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			n.finishDeletion(ctx, api)
 		}
 	}
-	// The Node is created first; one an earlier run left is taken as
-	// it is, and this run's status written over it.
-	n.nodes.existing = n.takeNode
-	if cfg.BeforeRegistration != nil {
-		if err := cfg.BeforeRegistration(ctx, n); err != nil {
-			if ctx.Err() != nil {
-				return nil // stopped meanwhile
-			}
-			return err
-		}
+	if err := n.prepareRegistration(ctx); err != nil || ctx.Err() != nil {
+		return err // nil when stopped meanwhile
 	}
 	n.node = n.nodeObject()
 	n.markSent(n.node)
@@ -592,12 +584,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		}
 	}
 	g.Go(func() error {
-		select {
-		case <-nc.Ready(): // the Node is registered
-		case <-gctx.Done():
-			return nil
-		}
-		n.runLease(gctx)
+		n.runLease(gctx, nc.Ready())
 		return nil
 	})
 	g.Go(func() error {
@@ -653,6 +640,21 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 		return err
 	}
 	return werr
+}
+
+// prepareRegistration readies the node to register: the Node is created
+// first, and one an earlier run left is taken as it is and this run's
+// status written over it (takeNode); then Config.BeforeRegistration runs.
+// Its error is returned unless ctx ended meanwhile.
+func (n *Node) prepareRegistration(ctx context.Context) error {
+	n.nodes.existing = n.takeNode
+	if n.cfg.BeforeRegistration == nil {
+		return nil
+	}
+	if err := n.cfg.BeforeRegistration(ctx, n); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
 }
 
 // NewInformerFactory returns the informer factory that nodes of one
