@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	coordv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/component-helpers/apimachinery/lease"
@@ -136,7 +135,7 @@ func newLeaseCreateFirst(c coordv1client.LeaseInterface) *leaseCreateFirst {
 
 func (c *leaseCreateFirst) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
 	if c.read.CompareAndSwap(false, true) {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Group: coordinationv1.GroupName, Resource: "leases"}, name)
+		return nil, apierrors.NewNotFound(coordinationv1.Resource("leases"), name)
 	}
 	return c.LeaseInterface.Get(ctx, name, opts)
 }

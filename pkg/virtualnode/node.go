@@ -399,6 +399,9 @@ func Run(ctx context.Context, cfg Config, started func(*Node)) error {
 	n := &Node{cfg: cfg, log: log, mgr: mgr, dra: host.DRA, metrics: reg, apiLn: apiLn, apiReady: make(chan struct{}), statusKick: make(chan struct{}, 1), pluginResources: map[corev1.ResourceName]bool{},
 		nodes: newNodeCache(cfg.HeartbeatClient.CoreV1().Nodes(), cfg.Name)}
 	n.nodes.log = log.With("component", "registration")
+	// The Node is created first; one an earlier run left is taken as it
+	// is, and this run's status written over it.
+	n.nodes.existing = n.takeNode
 	n.prov = newProvider(log.With("component", "pods"), host)
 	n.prov.events.log = log.With("component", "events")
 	n.prov.nodeIP = cfg.NodeIP
@@ -520,7 +523,7 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 			n.finishDeletion(ctx, api)
 		}
 	}
-	if err := n.prepareRegistration(ctx); err != nil || ctx.Err() != nil {
+	if err := n.beforeRegistration(ctx); err != nil || ctx.Err() != nil {
 		return err // nil when stopped meanwhile
 	}
 	n.node = n.nodeObject()
@@ -642,12 +645,9 @@ func (n *Node) run(ctx context.Context, cancel context.CancelFunc, host *deviceh
 	return werr
 }
 
-// prepareRegistration readies the node to register: the Node is created
-// first, and one an earlier run left is taken as it is and this run's
-// status written over it (takeNode); then Config.BeforeRegistration runs.
-// Its error is returned unless ctx ended meanwhile.
-func (n *Node) prepareRegistration(ctx context.Context) error {
-	n.nodes.existing = n.takeNode
+// beforeRegistration runs Config.BeforeRegistration, when set, and
+// returns its error unless ctx ended meanwhile.
+func (n *Node) beforeRegistration(ctx context.Context) error {
 	if n.cfg.BeforeRegistration == nil {
 		return nil
 	}
