@@ -52,7 +52,7 @@ if [[ $rc -ne 0 ]]; then
   awk '
     /^ *--- FAIL: / { print; n = 0; infail = 1; next }
     /^(=== |--- |ok |FAIL|PASS)/ { infail = 0 }
-    infail && n < 4 && /^ +[A-Za-z0-9_]+_test\.go:[0-9]+: / { print substr($0, 1, 400); n++ }
+    infail && n < 4 && /^ +[A-Za-z0-9_]+_test\.go:[0-9]+: / { print substr($0, 1, 1000); n++ }
     /^(panic: |FAIL\t)/ { print }
   ' "$log"
 fi

@@ -915,3 +915,70 @@ func TestHealthReportsPublishedDevices(t *testing.T) {
 		t.Fatalf("health reported %q with dev-1 held through the device plugin front, want only the published dev-0", names)
 	}
 }
+
+// TestPrepareWaitsForFirstReport: the helper registers the driver as it
+// starts, which can be before the plugin's first device report (a rolling
+// update's new instance on a busy node). A Prepare that comes then waits
+// for the report within the kubelet's call and succeeds, rather than
+// failing the claim against no devices (the kubelet would try the pod
+// again only at its next sync, a minute later); a call whose deadline
+// passes first says the plugin has not reported.
+func TestPrepareWaitsForFirstReport(t *testing.T) {
+	n := newNode(t)
+	p := newPlugin()
+	logs := make(records, 1024)
+	inv := inventory.New("example.com/dev", p, nil)
+	drv, err := draplugin.New(draplugin.Config{
+		DriverName: driverName, NodeName: "node-1", PoolName: dratest.Pool,
+		PluginsDir: filepath.Join(n.root, "plugins"), RegistryDir: filepath.Join(n.root, "plugins_registry"), CDIDir: filepath.Join(n.root, "cdi"),
+		Client: n.client, Logger: slog.New(logs),
+	}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = inv.Run(ctx) })
+	wg.Go(func() { _ = drv.Run(ctx) })
+	n.waitRegistered(t) // registered, and the plugin has reported nothing
+	n.add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
+	client := drav1.NewDRAPluginClient(dial(t, drv.Endpoint()))
+	req := &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{{Namespace: "default", Name: "a", Uid: "uid-a"}}}
+
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = client.NodePrepareResources(short, req)
+	cancelShort()
+	if err == nil {
+		t.Fatal("Prepare before any device report answered within its deadline, want it to wait")
+	}
+
+	type answer struct {
+		resp *drav1.NodePrepareResourcesResponse
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := client.NodePrepareResources(ctx, req)
+		answered <- answer{resp, err}
+	}()
+	// Both calls say they wait: the second is waiting once it has.
+	for waits := 0; waits < 2; {
+		select {
+		case a := <-answered:
+			t.Fatalf("Prepare before any device report answered %v (%v), want it to wait for the report", a.resp, a.err)
+		case msg := <-logs:
+			if strings.HasPrefix(msg, "Waiting for the plugin's first device report") {
+				waits++
+			}
+		}
+	}
+	p.snaps <- healthy("dev-0", "dev-1")
+	a := <-answered
+	if a.err != nil || a.resp.Claims["uid-a"].GetError() != "" {
+		t.Fatalf("Prepare after the first report: %v (%v), want the claim prepared", a.resp, a.err)
+	}
+	if h, _ := inv.HeldBy("dev-1"); h != inventory.ClaimHolder("default", "a", "uid-a") {
+		t.Fatalf("dev-1 held by %v, want claim a", h)
+	}
+}

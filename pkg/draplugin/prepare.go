@@ -56,6 +56,9 @@ func baseRequest(name string) string {
 // reported; a checkpoint that cannot be written fails the claims of this
 // call.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	if err := d.waitDevicesKnown(ctx, claims); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.syncLocked(); err != nil {
@@ -123,6 +126,47 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1
 	}
 	d.metrics.prepared.Set(float64(len(d.prepared)))
 	return out, nil
+}
+
+// waitDevicesKnown waits, within the kubelet's call, for the plugin's
+// first device report when a claim is new to the driver. The helper
+// registers the driver as it starts, which may come before the plugin
+// reports (a slow discovery, a rolling update's new instance on a busy
+// node): a claim judged against no devices would fail, and the kubelet
+// tries a pod whose prepare failed only at its next sync, a minute later.
+// Claims prepared before answer from the checkpoint without waiting.
+func (d *Driver) waitDevicesKnown(ctx context.Context, claims []*resourcev1.ResourceClaim) error {
+	ch, stop := d.inv.Watch()
+	defer stop()
+	if _, known := d.inv.Devices(); known || d.allPrepared(claims) {
+		return nil
+	}
+	d.log.Info("Waiting for the plugin's first device report before preparing claims", "claims", len(claims))
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("DRA driver %s: the plugin has not reported its devices of %s yet, so no claim can be prepared: %w (its discovery is slow or failing: see the plugin's log; the kubelet retries)", d.cfg.DriverName, d.inv.Resource(), context.Cause(ctx))
+		case <-ch:
+		}
+		if _, known := d.inv.Devices(); known {
+			return nil
+		}
+	}
+}
+
+// allPrepared says whether the checkpoint lists every claim.
+func (d *Driver) allPrepared(claims []*resourcev1.ResourceClaim) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.syncLocked(); err != nil {
+		return false // PrepareResourceClaims says why
+	}
+	for _, c := range claims {
+		if _, ok := d.prepared[string(c.UID)]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func (d *Driver) saveLocked() error { return writeCheckpoint(d.checkpointPath, d.prepared) }

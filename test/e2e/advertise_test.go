@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -395,29 +397,119 @@ func getNode(t *testing.T, ctx context.Context, c kubernetes.Interface, name str
 // waitTimeout with what it was waiting for and the last state seen.
 func poll(t testing.TB, ctx context.Context, what string, cond func(context.Context) (bool, string, error)) {
 	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
+	if err := pollUntil(ctx, what, cond); err != nil {
+		t.Fatal(err)
 	}
 }
 
+// pollUntil is poll returning its failure: what it waited for and the last
+// state seen. A call that fails (the last one does when the deadline cuts
+// its request short) keeps the state an earlier call saw.
+func pollUntil(ctx context.Context, what string, cond func(context.Context) (bool, string, error)) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
+		ok, state, err := cond(ctx)
+		if err == nil || state != "" {
+			last = state
+		}
+		return ok, err
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %s: %w; last seen: %s", what, err, last)
+	}
+	return nil
+}
+
+// waitPod polls the pod until cond holds. Its failure says what the pod
+// last looked like and the warnings recorded on it (a kubelet's failed
+// prepare, mount or sandbox), so that the first line of a failed run
+// says why.
 func waitPod(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	poll(t, ctx, "pod "+ns+"/"+name+" "+what, func(ctx context.Context) (bool, string, error) {
+	err := pollUntil(ctx, "pod "+ns+"/"+name+" "+what, func(ctx context.Context) (bool, string, error) {
 		p, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, "", err
 		}
 		pod = p
-		return cond(p), fmt.Sprintf("node %q phase %s conditions %v", p.Spec.NodeName, p.Status.Phase, p.Status.Conditions), nil
+		return cond(p), podState(p), nil
 	})
+	if err != nil {
+		t.Fatalf("pod %s/%s warnings: %s; %v", ns, name, podWarnings(c, ns, name), err)
+	}
 	return pod
+}
+
+// podState is a pod's status in a line: node, phase, the conditions that
+// do not hold and why, and each container's state.
+func podState(p *corev1.Pod) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "node %q phase %s", p.Spec.NodeName, p.Status.Phase)
+	if p.Status.Reason != "" {
+		fmt.Fprintf(&b, " (%s: %s)", p.Status.Reason, p.Status.Message)
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			fmt.Fprintf(&b, "; %s %s", c.Type, c.Status)
+			if c.Reason != "" || c.Message != "" {
+				fmt.Fprintf(&b, " (%s: %s)", c.Reason, c.Message)
+			}
+		}
+	}
+	for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+		switch st := cs.State; {
+		case st.Waiting != nil:
+			fmt.Fprintf(&b, "; container %s waiting (%s: %s)", cs.Name, st.Waiting.Reason, st.Waiting.Message)
+		case st.Terminated != nil:
+			fmt.Fprintf(&b, "; container %s terminated (%s, exit %d: %s)", cs.Name, st.Terminated.Reason, st.Terminated.ExitCode, st.Terminated.Message)
+		case st.Running != nil:
+			fmt.Fprintf(&b, "; container %s running", cs.Name)
+		}
+	}
+	return b.String()
+}
+
+// podWarnings lists the Warning events recorded on a pod, oldest first,
+// each with its count: "none" when there are none.
+func podWarnings(c kubernetes.Interface, ns, name string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sel := fields.Set{"involvedObject.name": name, "type": corev1.EventTypeWarning}.AsSelector().String()
+	evs, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		return "(listing them failed: " + err.Error() + ")"
+	}
+	// The kubelet's events carry lastTimestamp and count; the
+	// scheduler's (events.k8s.io) eventTime and a series.
+	last := func(e corev1.Event) time.Time {
+		switch {
+		case e.Series != nil:
+			return e.Series.LastObservedTime.Time
+		case !e.LastTimestamp.IsZero():
+			return e.LastTimestamp.Time
+		}
+		return e.EventTime.Time
+	}
+	count := func(e corev1.Event) int32 {
+		if e.Series != nil {
+			return e.Series.Count
+		}
+		return max(e.Count, 1)
+	}
+	sort.SliceStable(evs.Items, func(i, j int) bool { return last(evs.Items[i]).Before(last(evs.Items[j])) })
+	var out []string
+	for _, e := range evs.Items {
+		from := e.Source.Component
+		if from == "" {
+			from = e.ReportingController
+		}
+		out = append(out, fmt.Sprintf("%s (%s) x%d, last at %s: %s", e.Reason, from, count(e), last(e).UTC().Format(time.TimeOnly), e.Message))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, " | ")
 }
 
 func waitEvent(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, pod, reason, substr string) corev1.Event {
