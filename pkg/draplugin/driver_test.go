@@ -942,15 +942,15 @@ func TestPrepareWaitsForFirstReport(t *testing.T) {
 	wg.Go(func() { _ = inv.Run(ctx) })
 	wg.Go(func() { _ = drv.Run(ctx) })
 	n.waitRegistered(t) // registered, and the plugin has reported nothing
-	n.add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
+	claim := n.add(t, "default", "a", "uid-a", []types.UID{"pod-1"}, "dev-1")
 	client := drav1.NewDRAPluginClient(dial(t, drv.Endpoint()))
 	req := &drav1.NodePrepareResourcesRequest{Claims: []*drav1.Claim{{Namespace: "default", Name: "a", Uid: "uid-a"}}}
 
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = client.NodePrepareResources(short, req)
+	_, err = drv.PrepareResourceClaims(short, []*resourcev1.ResourceClaim{claim})
 	cancelShort()
-	if err == nil {
-		t.Fatal("Prepare before any device report answered within its deadline, want it to wait")
+	if err == nil || !strings.Contains(err.Error(), "the plugin has not reported its devices of example.com/dev yet") {
+		t.Fatalf("Prepare before any device report, its deadline passed: %v, want an error saying the plugin has not reported", err)
 	}
 
 	type answer struct {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -128,24 +129,32 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourcev1
 	return out, nil
 }
 
+// FirstReportWait is how long a Prepare that comes before the plugin's
+// first device report waits for it.
+const FirstReportWait = 10 * time.Second
+
 // waitDevicesKnown waits, within the kubelet's call, for the plugin's
 // first device report when a claim is new to the driver. The helper
 // registers the driver as it starts, which may come before the plugin
 // reports (a slow discovery, a rolling update's new instance on a busy
 // node): a claim judged against no devices would fail, and the kubelet
 // tries a pod whose prepare failed only at its next sync, a minute later.
-// Claims prepared before answer from the checkpoint without waiting.
+// Claims prepared before answer from the checkpoint without waiting. The
+// wait is at most FirstReportWait: the call holds the lock that orders
+// the other instance's calls in a rolling update.
 func (d *Driver) waitDevicesKnown(ctx context.Context, claims []*resourcev1.ResourceClaim) error {
 	ch, stop := d.inv.Watch()
 	defer stop()
 	if _, known := d.inv.Devices(); known || d.allPrepared(claims) {
 		return nil
 	}
-	d.log.Info("Waiting for the plugin's first device report before preparing claims", "claims", len(claims))
+	d.log.Info("Waiting for the plugin's first device report before preparing claims", "claims", len(claims), "atMost", FirstReportWait)
+	ctx, cancel := context.WithTimeout(ctx, FirstReportWait)
+	defer cancel()
 	for {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("DRA driver %s: the plugin has not reported its devices of %s yet, so no claim can be prepared: %w (its discovery is slow or failing: see the plugin's log; the kubelet retries)", d.cfg.DriverName, d.inv.Resource(), context.Cause(ctx))
+			return fmt.Errorf("DRA driver %s: the plugin has not reported its devices of %s yet, so no claim can be prepared: %w (its discovery is slow or failing: see the plugin's log; the kubelet retries)", d.cfg.DriverName, d.inv.Resource(), ctx.Err())
 		case <-ch:
 		}
 		if _, known := d.inv.Devices(); known {
