@@ -22,7 +22,9 @@ import (
 
 // RemoveAllPods stops and removes every pod sandbox of the CRI runtime at
 // socket, as `crictl rmp -fa` does (stopping a sandbox kills its
-// containers at once), and fails naming the sandboxes still listed after.
+// containers at once; a removal refused while a container's start is under
+// way is tried again until ctx ends), and fails naming the sandboxes still
+// listed after.
 // Run it when no kubelet is left to start them again.
 func RemoveAllPods(ctx context.Context, socket string) error {
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -37,11 +39,8 @@ func RemoveAllPods(ctx context.Context, socket string) error {
 	}
 	var errs []error
 	for _, sb := range resp.Items {
-		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("stop sandbox %s (%s/%s): %w", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err))
-		}
-		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
-			errs = append(errs, fmt.Errorf("remove sandbox %s (%s/%s): %w", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err))
+		if err := removeSandbox(ctx, rt, sb); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	left, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
@@ -56,6 +55,33 @@ func RemoveAllPods(ctx context.Context, socket string) error {
 		names = append(names, fmt.Sprintf("%s (%s/%s, %s)", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), sb.State))
 	}
 	return errors.Join(append(errs, fmt.Errorf("remove pods: sandboxes still there: %s", strings.Join(names, ", ")))...)
+}
+
+// removeRetry is how often removeSandbox tries again.
+const removeRetry = 200 * time.Millisecond
+
+// removeSandbox stops and removes one sandbox. A runtime refuses to remove
+// a container while a start of it is still under way ("container is in
+// starting state": a node stopped while it restarted a container), so
+// it tries again until ctx ends and returns the last refusal.
+func removeSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sb *runtimeapi.PodSandbox) error {
+	tick := time.NewTicker(removeRetry)
+	defer tick.Stop()
+	for {
+		_, stopErr := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
+		_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+		if err == nil {
+			return nil
+		}
+		if stopErr != nil {
+			err = errors.Join(fmt.Errorf("stop: %w", stopErr), err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("remove sandbox %s (%s/%s): %w", sb.Id, sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err)
+		case <-tick.C:
+		}
+	}
 }
 
 // ProcessMatcher says whether a process (by PID) is one to end.
